@@ -1,0 +1,1 @@
+"""Network architectures (installed as ``twodg_pyro.models``)."""
