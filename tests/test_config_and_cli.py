@@ -1,0 +1,35 @@
+import json
+
+import pytest
+
+from twodg_pyro.cli import main
+from twodg_pyro.pipeline import ConfigError, RunConfig, config_from_dict, load_config
+
+
+def test_unknown_key_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) stage1.epoch\b"):
+        config_from_dict({"stage1": {"epoch": 3}})
+    p = tmp_path / "c.toml"
+    p.write_text("[sharing]\ntau_w = -1.0\n")
+    with pytest.raises(ConfigError, match=r"sharing.tau_w = -1.0"):
+        load_config(p)
+
+
+def test_config_round_trip_and_types(tmp_path):
+    cfg = config_from_dict({"seed": 3, "sharing": {"tau_g": "inf", "n_components": 8}})
+    assert cfg.seed == 3 and cfg.sharing.n_components == 8
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(cfg.to_dict()))
+    assert load_config(p) == cfg
+    with pytest.raises(ConfigError, match="num_samples = 0"):
+        RunConfig(num_samples=0)
+    with pytest.raises(ConfigError, match="stage1.epochs must be an integer"):
+        config_from_dict({"stage1": {"epochs": "ten"}})
+
+
+def test_cli_reports_config_errors(tmp_path, capsys):
+    p = tmp_path / "bad.toml"
+    p.write_text("bogus = 1\n")
+    assert main(["train", "--config", str(p), "--out", str(tmp_path / "o")]) == 2
+    assert "unknown setting(s) bogus" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

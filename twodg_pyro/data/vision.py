@@ -1,0 +1,514 @@
+"""Image data sets read from local files with torchvision (never downloaded).
+
+Every loader first checks that the expected files exist under ``root`` and
+raises :class:`~twodg_pyro.data.errors.DatasetNotFoundError` naming them if
+not; torchvision is always called with ``download=False``.
+
+Each loader returns a :class:`~twodg_pyro.data.digits.DataSplit` whose
+``val`` set is carved out of the official training set (stratified by class,
+fixed by ``seed``) and whose ``test`` set is the official test set (for
+ImageNet: the official validation set).  ``train`` and ``val`` are
+:class:`~torch.utils.data.Subset` views of two copies of the same training
+data that differ only in their transform, so the validation images are never
+augmented.
+
+Transforms (paper App. I.2):
+
+* CIFAR-10/100 train: ``RandomCrop(32, padding=4, padding_mode="reflect")``,
+  ``RandomHorizontalFlip()``, ``ToTensor()``, ``Normalize(mean, std)``;
+  val/test: ``ToTensor()``, ``Normalize(mean, std)``.
+* ImageNet train: ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``,
+  ``ColorJitter(0.4, 0.4, 0.4, 0.1)``, ``ToTensor()``, ``Normalize``;
+  val/test: ``Resize(256)``, ``CenterCrop(224)``, ``ToTensor()``, ``Normalize``.
+* MNIST / Fashion-MNIST (no augmentation): ``ToTensor()`` and, by default,
+  ``Normalize(mean, std)``.
+
+Random augmentations draw from torch's global RNG in the process that loads
+the images (see :func:`twodg_pyro.data.make_loader`).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset, Subset
+from torchvision import datasets, transforms
+from torchvision.datasets.utils import check_integrity
+from torchvision.datasets.vision import StandardTransform
+
+from .digits import DataSplit, stratified_split
+from .errors import DatasetNotFoundError
+
+__all__ = [
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "CIFAR100_MEAN",
+    "CIFAR100_STD",
+    "FASHION_MNIST_MEAN",
+    "FASHION_MNIST_STD",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "MNIST_MEAN",
+    "MNIST_STD",
+    "cifar_eval_transform",
+    "cifar_train_transform",
+    "imagenet_eval_transform",
+    "imagenet_train_transform",
+    "load_cifar10",
+    "load_cifar100",
+    "load_fashion_mnist",
+    "load_imagenet",
+    "load_mnist",
+]
+
+PathLike = str | os.PathLike[str]
+
+#: Per-channel statistics of the training sets, used by ``Normalize``.
+MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
+FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+MNIST_URL = "http://yann.lecun.com/exdb/mnist/"
+FASHION_MNIST_URL = "https://github.com/zalandoresearch/fashion-mnist"
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+IMAGENET_URL = "https://www.image-net.org/download.php"
+
+_MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+CIFAR10_CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+
+
+# --------------------------------------------------------------------------- transforms
+def cifar_train_transform(
+    mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD
+) -> transforms.Compose:
+    """CIFAR training augmentation: reflect-pad 4, random crop 32, flip, normalise."""
+    return transforms.Compose(
+        [
+            transforms.RandomCrop(32, padding=4, padding_mode="reflect"),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(mean, std),
+        ]
+    )
+
+
+def cifar_eval_transform(
+    mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD
+) -> transforms.Compose:
+    """CIFAR evaluation transform: normalise only."""
+    return transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
+
+
+def imagenet_train_transform(image_size: int = 224) -> transforms.Compose:
+    """ImageNet training augmentation: random-resized crop, flip, colour jitter, normalise."""
+    return transforms.Compose(
+        [
+            transforms.RandomResizedCrop(image_size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ColorJitter(0.4, 0.4, 0.4, 0.1),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+def imagenet_eval_transform(image_size: int = 224, resize_size: int = 256) -> transforms.Compose:
+    """ImageNet evaluation transform: resize 256, centre crop 224, normalise."""
+    return transforms.Compose(
+        [
+            transforms.Resize(resize_size),
+            transforms.CenterCrop(image_size),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+def _mnist_transform(mean: Sequence[float], std: Sequence[float], normalize: bool) -> Callable:
+    steps: list[Callable] = [transforms.ToTensor()]
+    if normalize:
+        steps.append(transforms.Normalize(mean, std))
+    return transforms.Compose(steps)
+
+
+# --------------------------------------------------------------------------- helpers
+def _require(
+    dataset: str,
+    root: Path,
+    expected: Sequence[str],
+    url: str,
+    hint: str | None = None,
+    present: Callable[[Path], bool] = Path.is_file,
+) -> None:
+    """Raise DatasetNotFoundError unless every ``root / e`` for ``e`` in ``expected`` exists."""
+    missing = [e for e in expected if not present(root / e)]
+    if missing:
+        raise DatasetNotFoundError(dataset, root, expected, url, missing=missing, hint=hint)
+
+
+def _with_transform(ds: Any, transform: Callable | None) -> Any:
+    """Shallow copy of a torchvision data set (sharing its data) with another transform."""
+    new = copy.copy(ds)
+    new.transform = transform
+    new.transforms = StandardTransform(transform, getattr(ds, "target_transform", None))
+    return new
+
+
+def _carve_val(
+    train_ds: Dataset,
+    eval_ds: Dataset,
+    targets: Sequence[int] | np.ndarray | Any,
+    val_fraction: float,
+    seed: int,
+) -> tuple[Subset, Subset]:
+    """Split the training set into (train Subset of ``train_ds``, val Subset of ``eval_ds``)."""
+    train_idx, val_idx = stratified_split(targets, val_fraction, seed)
+    return Subset(train_ds, train_idx.tolist()), Subset(eval_ds, val_idx.tolist())
+
+
+# --------------------------------------------------------------------------- MNIST family
+def _load_mnist_like(
+    cls: type[datasets.MNIST],
+    name: str,
+    title: str,
+    url: str,
+    root: PathLike,
+    val_fraction: float,
+    seed: int,
+    normalize: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> DataSplit:
+    root = Path(root)
+    folder = cls.__name__  # torchvision looks in ROOT/<class name>/raw
+    expected = [f"{folder}/raw/{f}" for f in _MNIST_FILES]
+    legacy = root / folder / "processed"
+    has_legacy = (legacy / "training.pt").is_file() and (legacy / "test.pt").is_file()
+    if not has_legacy:
+        _require(
+            title,
+            root,
+            expected,
+            url,
+            hint=f"Put the four files, decompressed (gunzip), in '{root / folder / 'raw'}'.",
+        )
+    tf = _mnist_transform(mean, std, normalize)
+    full = cls(str(root), train=True, transform=tf, download=False)
+    test = cls(str(root), train=False, transform=tf, download=False)
+    train, val = _carve_val(full, full, full.targets, val_fraction, seed)
+    return DataSplit(
+        train=train,
+        val=val,
+        test=test,
+        num_classes=10,
+        input_shape=(1, 28, 28),
+        name=name,
+        info={"mean": mean, "std": std, "classes": list(full.classes), "seed": seed},
+    )
+
+
+def load_mnist(
+    root: PathLike, val_fraction: float = 0.1, seed: int = 0, normalize: bool = True
+) -> DataSplit:
+    """Load MNIST from ``root/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte``.
+
+    Args:
+        root: folder holding the ``MNIST`` sub-folder.
+        val_fraction: fraction of the 60,000 training images held out for validation.
+        seed: seed of the stratified validation split.
+        normalize: normalise with the MNIST mean/std (else pixels are in [0, 1]).
+
+    Raises:
+        DatasetNotFoundError: if any of the four files is missing.
+    """
+    return _load_mnist_like(
+        datasets.MNIST,
+        name="mnist",
+        title="MNIST",
+        url=MNIST_URL,
+        root=root,
+        val_fraction=val_fraction,
+        seed=seed,
+        normalize=normalize,
+        mean=MNIST_MEAN,
+        std=MNIST_STD,
+    )
+
+
+def load_fashion_mnist(
+    root: PathLike, val_fraction: float = 0.1, seed: int = 0, normalize: bool = True
+) -> DataSplit:
+    """Load Fashion-MNIST from ``root/FashionMNIST/raw/`` (same file names as MNIST).
+
+    Args:
+        root: folder holding the ``FashionMNIST`` sub-folder.
+        val_fraction: fraction of the 60,000 training images held out for validation.
+        seed: seed of the stratified validation split.
+        normalize: normalise with the Fashion-MNIST mean/std (else pixels are in [0, 1]).
+
+    Raises:
+        DatasetNotFoundError: if any of the four files is missing.
+    """
+    return _load_mnist_like(
+        datasets.FashionMNIST,
+        name="fashion_mnist",
+        title="Fashion-MNIST",
+        url=FASHION_MNIST_URL,
+        root=root,
+        val_fraction=val_fraction,
+        seed=seed,
+        normalize=normalize,
+        mean=FASHION_MNIST_MEAN,
+        std=FASHION_MNIST_STD,
+    )
+
+
+# --------------------------------------------------------------------------- CIFAR
+class _LocalCIFAR10(datasets.CIFAR10):
+    """CIFAR-10 reader that checks file presence (MD5 only on request).
+
+    torchvision checks the MD5 sums of every batch file; that is optional here
+    (``verify_checksums``) so that subsets or re-pickled copies in the same
+    format can be read.  A missing or unverified ``batches.meta`` falls back
+    to the standard class names.
+    """
+
+    default_classes: Sequence[str] = CIFAR10_CLASSES
+
+    def __init__(self, root: str, train: bool, transform: Callable | None, verify: bool) -> None:
+        self._verify = verify
+        super().__init__(root, train=train, transform=transform, download=False)
+
+    def _check_integrity(self) -> bool:
+        if self._verify:
+            return super()._check_integrity()
+        return all(
+            os.path.isfile(os.path.join(self.root, self.base_folder, f))
+            for f, _ in self.train_list + self.test_list
+        )
+
+    def _load_meta(self) -> None:
+        path = os.path.join(self.root, self.base_folder, self.meta["filename"])
+        if os.path.isfile(path) and (not self._verify or check_integrity(path, self.meta["md5"])):
+            with open(path, "rb") as f:
+                self.classes = list(pickle.load(f, encoding="latin1")[self.meta["key"]])
+        else:
+            self.classes = list(self.default_classes)
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+
+class _LocalCIFAR100(_LocalCIFAR10):
+    base_folder = datasets.CIFAR100.base_folder
+    train_list = datasets.CIFAR100.train_list
+    test_list = datasets.CIFAR100.test_list
+    meta = datasets.CIFAR100.meta
+    default_classes = tuple(str(i) for i in range(100))
+
+
+def _load_cifar(
+    cls: type[_LocalCIFAR10],
+    name: str,
+    title: str,
+    num_classes: int,
+    root: PathLike,
+    val_fraction: float,
+    seed: int,
+    augment: bool,
+    verify_checksums: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> DataSplit:
+    root = Path(root)
+    files = [f for f, _ in cls.train_list + cls.test_list]
+    expected = [f"{cls.base_folder}/{f}" for f in files]
+    archive = datasets.CIFAR10.filename if num_classes == 10 else datasets.CIFAR100.filename
+    _require(
+        title,
+        root,
+        expected,
+        CIFAR_URL,
+        hint=f"Download the python version ({archive}) and unpack it there (tar xzf).",
+    )
+    eval_tf = cifar_eval_transform(mean, std)
+    train_tf = cifar_train_transform(mean, std) if augment else eval_tf
+    try:
+        full = cls(str(root), train=True, transform=train_tf, verify=verify_checksums)
+        test = cls(str(root), train=False, transform=eval_tf, verify=verify_checksums)
+    except RuntimeError as err:
+        if not verify_checksums:
+            raise
+        raise RuntimeError(
+            f"{title} files in '{root / cls.base_folder}' failed the MD5 check: {err}"
+        ) from err
+    train, val = _carve_val(full, _with_transform(full, eval_tf), full.targets, val_fraction, seed)
+    return DataSplit(
+        train=train,
+        val=val,
+        test=test,
+        num_classes=num_classes,
+        input_shape=(3, 32, 32),
+        name=name,
+        info={"mean": mean, "std": std, "classes": list(full.classes), "seed": seed},
+    )
+
+
+def load_cifar10(
+    root: PathLike,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    augment: bool = True,
+    verify_checksums: bool = False,
+) -> DataSplit:
+    """Load CIFAR-10 from ``root/cifar-10-batches-py/{data_batch_1..5,test_batch}``.
+
+    Args:
+        root: folder holding ``cifar-10-batches-py`` (the unpacked python version).
+        val_fraction: fraction of the 50,000 training images held out for validation.
+        seed: seed of the stratified validation split.
+        augment: apply the paper's training augmentation to ``train``
+            (reflect-pad 4, random crop 32, horizontal flip); val/test are only normalised.
+        verify_checksums: also check the official MD5 sums of the files.
+
+    Raises:
+        DatasetNotFoundError: if a batch file is missing.
+    """
+    return _load_cifar(
+        _LocalCIFAR10,
+        name="cifar10",
+        title="CIFAR-10",
+        num_classes=10,
+        root=root,
+        val_fraction=val_fraction,
+        seed=seed,
+        augment=augment,
+        verify_checksums=verify_checksums,
+        mean=CIFAR10_MEAN,
+        std=CIFAR10_STD,
+    )
+
+
+def load_cifar100(
+    root: PathLike,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    augment: bool = True,
+    verify_checksums: bool = False,
+) -> DataSplit:
+    """Load CIFAR-100 (fine labels) from ``root/cifar-100-python/{train,test}``.
+
+    Args:
+        root: folder holding ``cifar-100-python`` (the unpacked python version).
+        val_fraction: fraction of the 50,000 training images held out for validation.
+        seed: seed of the stratified validation split.
+        augment: apply the paper's training augmentation to ``train``.
+        verify_checksums: also check the official MD5 sums of the files.
+
+    Raises:
+        DatasetNotFoundError: if ``train`` or ``test`` is missing.
+    """
+    return _load_cifar(
+        _LocalCIFAR100,
+        name="cifar100",
+        title="CIFAR-100",
+        num_classes=100,
+        root=root,
+        val_fraction=val_fraction,
+        seed=seed,
+        augment=augment,
+        verify_checksums=verify_checksums,
+        mean=CIFAR100_MEAN,
+        std=CIFAR100_STD,
+    )
+
+
+# --------------------------------------------------------------------------- ImageNet
+def _has_class_folders(path: Path) -> bool:
+    return path.is_dir() and any(p.is_dir() for p in path.iterdir())
+
+
+def load_imagenet(
+    root: PathLike,
+    val_fraction: float = 0.01,
+    seed: int = 0,
+    augment: bool = True,
+    image_size: int = 224,
+    resize_size: int = 256,
+) -> DataSplit:
+    """Load ImageNet (ILSVRC-2012) from an ImageFolder layout.
+
+    Expected layout: ``root/train/<wnid>/*.JPEG`` and ``root/val/<wnid>/*.JPEG``
+    (the official validation images sorted into one folder per class).  The
+    official validation set becomes ``test``; ``val`` is carved from the
+    training images.
+
+    Args:
+        root: folder holding ``train`` and ``val``.
+        val_fraction: fraction of the training images held out for validation.
+        seed: seed of the stratified validation split.
+        augment: apply random-resized crop, flip and colour jitter to ``train``.
+        image_size: crop size (224 in the paper).
+        resize_size: resize before the centre crop for evaluation (256).
+
+    Raises:
+        DatasetNotFoundError: if ``train`` or ``val`` has no class sub-folders.
+        ValueError: if ``train`` and ``val`` have different class folders.
+    """
+    root = Path(root)
+    _require(
+        "ImageNet (ILSVRC-2012)",
+        root,
+        ["train/<wnid>/*.JPEG", "val/<wnid>/*.JPEG"],
+        IMAGENET_URL,
+        hint="Unpack ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar there and sort the "
+        "validation images into one sub-folder per class (wnid).",
+        present=lambda p: _has_class_folders(p.parent.parent),
+    )
+    eval_tf = imagenet_eval_transform(image_size, resize_size)
+    train_tf = imagenet_train_transform(image_size) if augment else eval_tf
+    full = datasets.ImageFolder(str(root / "train"), transform=train_tf)
+    test = datasets.ImageFolder(str(root / "val"), transform=eval_tf)
+    if full.classes != test.classes:
+        raise ValueError(
+            f"ImageNet class folders differ between '{root / 'train'}' ({len(full.classes)}) "
+            f"and '{root / 'val'}' ({len(test.classes)})"
+        )
+    train, val = _carve_val(full, _with_transform(full, eval_tf), full.targets, val_fraction, seed)
+    return DataSplit(
+        train=train,
+        val=val,
+        test=test,
+        num_classes=len(full.classes),
+        input_shape=(3, image_size, image_size),
+        name="imagenet",
+        info={
+            "mean": IMAGENET_MEAN,
+            "std": IMAGENET_STD,
+            "classes": list(full.classes),
+            "seed": seed,
+        },
+    )

@@ -1,0 +1,102 @@
+"""The training loop's callback protocol and a few general callbacks.
+
+A callback sees the whole :class:`~twodg_pyro.infer.trainer.TrainState` at four
+moments; :meth:`Callback.on_epoch_end` may stop training by returning ``True`` (or
+setting ``state.stop``).  The guide-refinement hooks of stage 3 (merging,
+Mahalanobis reassignment) are callbacks too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .trainer import TrainState
+
+__all__ = ["Callback", "KLAnnealing", "EarlyStopping", "History"]
+
+
+class Callback:
+    """Base class: override any of the four methods."""
+
+    def on_train_begin(self, state: TrainState) -> None:
+        """Called once before the first epoch (also when resuming)."""
+
+    def on_epoch_begin(self, state: TrainState) -> None:
+        """Called before each epoch."""
+
+    def on_epoch_end(self, state: TrainState) -> bool | None:
+        """Called after each epoch with ``state.history[-1]`` filled; ``True`` stops."""
+
+    def on_train_end(self, state: TrainState) -> None:
+        """Called once after the last epoch."""
+
+    def state_dict(self) -> dict:
+        """Whatever the callback needs to resume (JSON-serialisable)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from :meth:`state_dict`."""
+
+
+class KLAnnealing(Callback):
+    r"""Linear KL annealing: :math:`\beta_e = \beta_0 + (\beta_1 - \beta_0) \min(1, e / E_w)`.
+
+    Sets ``state.elbo.beta`` at the start of each epoch ``e``; after ``warmup_epochs``
+    epochs the true ELBO (:math:`\beta_1 = 1`) is optimised.
+    """
+
+    def __init__(self, warmup_epochs: int, start: float = 0.0, end: float = 1.0):
+        if int(warmup_epochs) < 0:
+            raise ValueError(f"warmup_epochs must be >= 0, got {warmup_epochs!r}")
+        for what, v in (("start", start), ("end", end)):
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(
+                    f"KLAnnealing {what} must be a finite non-negative number, got {v!r}"
+                )
+        self.warmup_epochs, self.start, self.end = int(warmup_epochs), float(start), float(end)
+
+    def beta(self, epoch: int) -> float:
+        """The KL weight of (0-based) epoch ``epoch``."""
+        if self.warmup_epochs == 0:
+            return self.end
+        frac = min(1.0, epoch / self.warmup_epochs)
+        return self.start + (self.end - self.start) * frac
+
+    def on_epoch_begin(self, state: TrainState) -> None:
+        state.elbo.beta = self.beta(state.epoch)
+
+
+class EarlyStopping(Callback):
+    """Stops when the mean loss has not improved by ``min_delta`` for ``patience`` epochs."""
+
+    def __init__(self, patience: int = 10, min_delta: float = 0.0, key: str = "loss"):
+        if int(patience) < 1:
+            raise ValueError(f"patience must be at least 1, got {patience!r}")
+        self.patience, self.min_delta, self.key = int(patience), float(min_delta), key
+        self.best, self.bad_epochs = math.inf, 0
+
+    def on_epoch_end(self, state: TrainState) -> bool:
+        value = state.history[-1][self.key]
+        if value < self.best - self.min_delta:
+            self.best, self.bad_epochs = value, 0
+        else:
+            self.bad_epochs += 1
+        return self.bad_epochs >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "bad_epochs": self.bad_epochs}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.bad_epochs = float(state["best"]), int(state["bad_epochs"])
+
+
+class History(Callback):
+    """Keeps a copy of every epoch's record (the trainer's ``state.history`` already does)."""
+
+    def __init__(self):
+        self.records: list[dict] = []
+
+    def on_epoch_end(self, state: TrainState) -> None:
+        self.records.append(dict(state.history[-1]))

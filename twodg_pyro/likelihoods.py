@@ -1,0 +1,89 @@
+r"""Likelihoods :math:`p(y \mid f_w(x))` with data-set-size subsampling.
+
+Each likelihood observes a minibatch inside ``pyro.plate("data", N)`` so that the
+log-likelihood of a batch of size ``B`` is scaled by ``N / B``: the ELBO then
+estimates :math:`\mathbb E_q[\log p(\mathcal D \mid w)]` for the whole data set.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import pyro
+import pyro.distributions as dist
+import torch
+
+__all__ = ["Likelihood", "Categorical", "Gaussian"]
+
+
+class Likelihood(ABC):
+    """Observation model for the network's output.
+
+    Args:
+        dataset_size: ``N``, the number of training examples (the plate size).
+    """
+
+    site_name = "obs"
+
+    def __init__(self, dataset_size: int):
+        if int(dataset_size) < 1:
+            raise ValueError(f"dataset_size must be at least 1, got {dataset_size!r}")
+        self.dataset_size = int(dataset_size)
+
+    @abstractmethod
+    def distribution(self, output: torch.Tensor) -> dist.Distribution:
+        """Distribution of the targets given the network ``output`` (batch first)."""
+
+    @abstractmethod
+    def predictive(self, outputs: torch.Tensor) -> torch.Tensor:
+        """Bayesian model average from per-sample outputs ``(S, B, ...)``.
+
+        Classification averages *probabilities* (never logits); regression returns the
+        mean prediction.
+        """
+
+    def __call__(self, output: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """Observe ``y`` (or sample it when ``None``) for a minibatch of ``output``."""
+        batch = output.shape[0]
+        # The DataLoader already drew the minibatch: the plate only needs the ratio N/B.
+        subsample = torch.arange(batch, device=output.device)
+        with pyro.plate("data", size=self.dataset_size, subsample=subsample):
+            return pyro.sample(self.site_name, self.distribution(output), obs=y)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dataset_size={self.dataset_size})"
+
+
+class Categorical(Likelihood):
+    r"""Classification: :math:`y \sim \mathrm{Categorical}(\mathrm{softmax}(f_w(x)))`."""
+
+    def distribution(self, output: torch.Tensor) -> dist.Distribution:
+        return dist.Categorical(logits=output, validate_args=False)
+
+    def predictive(self, outputs: torch.Tensor) -> torch.Tensor:
+        return outputs.softmax(-1).mean(0)
+
+
+class Gaussian(Likelihood):
+    r"""Regression: :math:`y \sim \mathcal N(f_w(x), \sigma^2)` with a fixed noise scale.
+
+    Targets of shape ``(B,)`` pair with a network output of shape ``(B, 1)`` or
+    ``(B,)``; multi-output targets ``(B, D)`` are one event of dimension ``D``.
+    """
+
+    def __init__(self, dataset_size: int, scale: float = 1.0):
+        super().__init__(dataset_size)
+        scale = float(scale)
+        if not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"Gaussian likelihood scale must be positive, got {scale!r}")
+        self.scale = scale
+
+    def distribution(self, output: torch.Tensor) -> dist.Distribution:
+        if output.dim() == 2 and output.shape[-1] == 1:
+            output = output.squeeze(-1)
+        d = dist.Normal(output, self.scale, validate_args=False)
+        return d.to_event(output.dim() - 1) if output.dim() > 1 else d
+
+    def predictive(self, outputs: torch.Tensor) -> torch.Tensor:
+        return outputs.mean(0)

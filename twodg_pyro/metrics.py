@@ -1,0 +1,86 @@
+r"""Predictive metrics from Bayesian-model-averaged class probabilities.
+
+With :math:`\bar p_n = \frac1S \sum_s p(y \mid x_n, w^{(s)})`:
+
+* accuracy: :math:`\frac1N \sum_n [\arg\max \bar p_n = y_n]`;
+* NLL: :math:`-\frac1N \sum_n \log \bar p_{n, y_n}`;
+* ECE (15 equal-width confidence bins):
+  :math:`\sum_b \frac{|B_b|}{N} |\mathrm{acc}(B_b) - \mathrm{conf}(B_b)|`;
+* Brier: :math:`\frac1N \sum_n \sum_c (\bar p_{n,c} - [y_n = c])^2`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["accuracy", "nll", "ece", "brier", "classification_metrics", "reliability_bins"]
+
+_EPS = 1e-12
+
+
+def _check(probs: torch.Tensor, labels: torch.Tensor) -> None:
+    if probs.dim() != 2 or labels.dim() != 1 or probs.shape[0] != labels.shape[0]:
+        raise ValueError(
+            f"expected probs (N, C) and labels (N,), got {tuple(probs.shape)} and "
+            f"{tuple(labels.shape)}"
+        )
+    if probs.shape[0] == 0:
+        raise ValueError("cannot compute metrics on an empty set (N = 0)")
+
+
+def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Fraction of examples whose most probable class is the label."""
+    _check(probs, labels)
+    return (probs.argmax(-1) == labels).float().mean().item()
+
+
+def nll(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean negative log predictive probability of the label."""
+    _check(probs, labels)
+    p = probs.gather(1, labels[:, None]).squeeze(1)
+    return (-(p.clamp_min(_EPS)).log()).mean().item()
+
+
+def reliability_bins(
+    probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15
+) -> dict[str, torch.Tensor]:
+    """Per-bin count, mean confidence and accuracy over equal-width bins of (0, 1]."""
+    _check(probs, labels)
+    if int(n_bins) < 1:
+        raise ValueError(f"n_bins must be at least 1, got {n_bins!r}")
+    conf, pred = probs.max(-1)
+    correct = (pred == labels).float()
+    # bin b holds confidences in (b/n, (b+1)/n]
+    idx = (torch.ceil(conf * n_bins).long() - 1).clamp(0, n_bins - 1)
+    count = torch.bincount(idx, minlength=n_bins).float()
+    conf_sum = torch.bincount(idx, weights=conf, minlength=n_bins)
+    acc_sum = torch.bincount(idx, weights=correct, minlength=n_bins)
+    safe = count.clamp_min(1)
+    return {"count": count, "confidence": conf_sum / safe, "accuracy": acc_sum / safe}
+
+
+def ece(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> float:
+    """Expected calibration error with ``n_bins`` equal-width bins (paper: 15)."""
+    bins = reliability_bins(probs, labels, n_bins)
+    weight = bins["count"] / bins["count"].sum()
+    return (weight * (bins["accuracy"] - bins["confidence"]).abs()).sum().item()
+
+
+def brier(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Multi-class Brier score (sum over classes, mean over examples)."""
+    _check(probs, labels)
+    onehot = torch.nn.functional.one_hot(labels, probs.shape[1]).to(probs.dtype)
+    return ((probs - onehot) ** 2).sum(-1).mean().item()
+
+
+def classification_metrics(
+    probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15
+) -> dict[str, float]:
+    """``{"accuracy", "nll", "ece", "brier"}`` of predictive probabilities."""
+    probs, labels = probs.detach().float().cpu(), labels.detach().long().cpu()
+    return {
+        "accuracy": accuracy(probs, labels),
+        "nll": nll(probs, labels),
+        "ece": ece(probs, labels, n_bins),
+        "brier": brier(probs, labels),
+    }

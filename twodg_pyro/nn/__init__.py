@@ -1,0 +1,5 @@
+"""Turning a torch network into a set of Bayesian sample sites."""
+
+from .sites import DEFAULT_LAYER_TYPES, BayesianSite, find_sites
+
+__all__ = ["BayesianSite", "DEFAULT_LAYER_TYPES", "find_sites"]

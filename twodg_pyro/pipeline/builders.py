@@ -1,0 +1,78 @@
+"""From settings to objects: data loaders, networks, priors, models."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pyro
+import torch
+from torch import nn
+
+from ..data import DataSplit, load_dataset, make_loader
+from ..likelihoods import Categorical
+from ..model import BNNModel
+from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, Prior
+from .config import DataConfig, NetworkConfig, PriorConfig
+
+__all__ = ["seed_everything", "load_data", "build_net", "build_prior", "build_model"]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy, torch and Pyro."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    pyro.set_rng_seed(seed)
+
+
+def load_data(cfg: DataConfig, image: bool) -> DataSplit:
+    """The configured data set (digits as flat vectors or 1x8x8 images)."""
+    if cfg.name == "digits":
+        return load_dataset(
+            "digits",
+            val_fraction=cfg.val_fraction,
+            test_fraction=cfg.test_fraction,
+            seed=cfg.split_seed,
+            image=image,
+        )
+    return load_dataset(cfg.name, cfg.root, val_fraction=cfg.val_fraction, seed=cfg.split_seed)
+
+
+def train_loader(split: DataSplit, cfg: DataConfig, seed: int):
+    """Shuffled, seeded training batches."""
+    return make_loader(split.train, cfg.batch_size, shuffle=True, seed=seed)
+
+
+def build_net(cfg: NetworkConfig, split: DataSplit) -> nn.Module:
+    """The deterministic network for ``split``'s input shape and classes."""
+    from ..models import build_network
+
+    shape = tuple(split.input_shape)
+    if cfg.arch == "mlp":
+        return build_network(
+            "mlp",
+            in_features=math.prod(shape),
+            hidden=tuple(cfg.hidden),
+            num_classes=split.num_classes,
+        )
+    if cfg.arch == "lenet5":
+        return build_network(
+            "lenet5", num_classes=split.num_classes, in_channels=shape[0], input_size=shape[-1]
+        )
+    return build_network(cfg.arch, num_classes=split.num_classes, in_channels=shape[0])
+
+
+def build_prior(cfg: PriorConfig) -> Prior:
+    """The configured prior."""
+    if cfg.kind == "normal":
+        return NormalPrior(cfg.scale)
+    if cfg.kind == "laplace":
+        return LaplacePrior(cfg.scale)
+    return LayerwiseNormalPrior(gain=cfg.scale)
+
+
+def build_model(net: nn.Module, prior: PriorConfig, n_train: int) -> BNNModel:
+    """A categorical-likelihood BNN model over ``net``."""
+    return BNNModel(net, prior=build_prior(prior), likelihood=Categorical(n_train))

@@ -1,0 +1,366 @@
+"""Validated settings of a run (data, network, prior, the three stages of Algorithm 1).
+
+Every threshold of the paper (spec section 4) is a field with the paper's value as
+default.  Settings load from TOML, JSON or YAML files; an unknown key or a bad
+value raises :class:`ConfigError` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "NetworkConfig",
+    "PriorConfig",
+    "Stage1Config",
+    "SharingConfig",
+    "Stage3Config",
+    "RunConfig",
+    "load_config",
+    "config_from_dict",
+]
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or out of range; the message names it."""
+
+
+def _require(cond: bool, name: str, value: Any, what: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name} = {value!r}: {what}")
+
+
+def _pos(name: str, value: float) -> None:
+    _require(
+        isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
+        name,
+        value,
+        "must be a positive number",
+    )
+
+
+def _nonneg_int(name: str, value: int) -> None:
+    _require(isinstance(value, int) and value >= 0, name, value, "must be an integer >= 0")
+
+
+def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
+    _require(value in options, name, value, f"must be one of {list(options)}")
+
+
+@dataclass
+class DataConfig:
+    """Which data set and how it is batched."""
+
+    name: str = "digits"
+    root: str | None = None
+    batch_size: int = 128
+    val_fraction: float = 0.1
+    test_fraction: float = 0.2
+    split_seed: int = 0
+
+    def __post_init__(self):
+        _choice(
+            "data.name",
+            self.name,
+            ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "imagenet"),
+        )
+        _require(
+            isinstance(self.batch_size, int) and self.batch_size >= 1,
+            "data.batch_size",
+            self.batch_size,
+            "must be an integer >= 1",
+        )
+        for n in ("val_fraction", "test_fraction"):
+            v = getattr(self, n)
+            _require(0 <= v < 1, f"data.{n}", v, "must be in [0, 1)")
+
+
+@dataclass
+class NetworkConfig:
+    """The deterministic architecture (see ``twodg_pyro.models.build_network``)."""
+
+    arch: str = "mlp"
+    hidden: list[int] = field(default_factory=lambda: [128])
+    pretrain_epochs: int = 0
+
+    def __post_init__(self):
+        _require(
+            isinstance(self.arch, str) and self.arch,
+            "network.arch",
+            self.arch,
+            "must name an architecture",
+        )
+        _require(
+            all(isinstance(h, int) and h > 0 for h in self.hidden),
+            "network.hidden",
+            self.hidden,
+            "must be positive integers",
+        )
+        _nonneg_int("network.pretrain_epochs", self.pretrain_epochs)
+
+
+@dataclass
+class PriorConfig:
+    """The prior over Bayesian weights: ``normal``, ``laplace`` or ``layerwise``."""
+
+    kind: str = "normal"
+    scale: float = 1.0
+
+    def __post_init__(self):
+        _choice("prior.kind", self.kind, ("normal", "laplace", "layerwise"))
+        _pos("prior.scale", self.scale)
+
+
+@dataclass
+class Stage1Config:
+    """Mean-field pretraining (Algorithm 1, stage 1)."""
+
+    epochs: int = 300
+    lr_loc: float = 1e-2
+    lr_scale: float = 1e-2
+    kl_warmup_epochs: int = 0
+    init_scale: str | float = "paper"
+    deterministic_epochs: int = 300
+    deterministic_lr: float = 1e-2
+
+    def __post_init__(self):
+        _nonneg_int("stage1.epochs", self.epochs)
+        _nonneg_int("stage1.kl_warmup_epochs", self.kl_warmup_epochs)
+        _nonneg_int("stage1.deterministic_epochs", self.deterministic_epochs)
+        for n in ("lr_loc", "lr_scale", "deterministic_lr"):
+            _pos(f"stage1.{n}", getattr(self, n))
+        if isinstance(self.init_scale, str):
+            _choice("stage1.init_scale", self.init_scale, ("paper",))
+        else:
+            _pos("stage1.init_scale", self.init_scale)
+
+
+@dataclass
+class SharingConfig:
+    """Outliers, the 2-D mixture and its refinement (stage 1 steps 3-5, stage 2)."""
+
+    coordinates: str = "sigma"  # (mu, sigma) as in the paper, or "log_sigma"
+    outlier_rule: str = "absolute"  # |mu| > tau_w; or "quantile" / "layer_std"
+    tau_w: float = 0.2
+    mu_quantile: float = 0.99
+    layer_std_multiple: float = 3.0
+    grad_percentile: float = 0.01  # P_g: top fraction of |dL/dmu|
+    grad_batches: int = 4
+    n_components: int = 2000
+    gmm_batch_size: int | None = None
+    gmm_max_iter: int = 100
+    n_min: int = 20
+    mahalanobis_threshold: float = 5.991
+    k_nearest: int = 5
+    merge_rule: str = "paper"  # or "moment"
+    merge_test: str = "both"  # or "difference"
+    tau_d: float = 1e-2  # W2 merge threshold T_W
+    tau_g: float = math.inf
+    tau_v: float = math.inf
+    use_outliers: bool = True
+    use_ellipses: bool = True
+    use_merging: bool = True
+
+    def __post_init__(self):
+        _choice("sharing.coordinates", self.coordinates, ("sigma", "log_sigma"))
+        _choice("sharing.outlier_rule", self.outlier_rule, ("absolute", "quantile", "layer_std"))
+        _choice("sharing.merge_rule", self.merge_rule, ("paper", "moment"))
+        _choice("sharing.merge_test", self.merge_test, ("both", "difference"))
+        _pos("sharing.tau_w", self.tau_w)
+        _require(
+            0 < self.mu_quantile < 1, "sharing.mu_quantile", self.mu_quantile, "must be in (0, 1)"
+        )
+        _pos("sharing.layer_std_multiple", self.layer_std_multiple)
+        _require(
+            0 <= self.grad_percentile < 1,
+            "sharing.grad_percentile",
+            self.grad_percentile,
+            "must be in [0, 1)",
+        )
+        _require(
+            isinstance(self.grad_batches, int) and self.grad_batches >= 1,
+            "sharing.grad_batches",
+            self.grad_batches,
+            "must be an integer >= 1",
+        )
+        _require(
+            isinstance(self.n_components, int) and self.n_components >= 1,
+            "sharing.n_components",
+            self.n_components,
+            "must be an integer >= 1",
+        )
+        _nonneg_int("sharing.n_min", self.n_min)
+        _pos("sharing.mahalanobis_threshold", self.mahalanobis_threshold)
+        _require(
+            isinstance(self.k_nearest, int) and self.k_nearest >= 1,
+            "sharing.k_nearest",
+            self.k_nearest,
+            "must be an integer >= 1",
+        )
+        _require(self.tau_d >= 0, "sharing.tau_d", self.tau_d, "must be >= 0")
+        for n in ("tau_g", "tau_v"):
+            _require(getattr(self, n) > 0, f"sharing.{n}", getattr(self, n), "must be > 0")
+
+
+@dataclass
+class Stage3Config:
+    """Training the shared-weight BNN (stage 3) and its refinement hooks."""
+
+    epochs: int = 100
+    lr_centre: float = 1e-3
+    lr_outlier: float = 1e-3
+    lr_cov: float = 1e-3
+    tying: str = "representative"  # or "stochastic", "tied"
+    merge_every: int = 0  # epochs between merge hooks (0: never during stage 3)
+    reassign_every: int = 0  # epochs between Mahalanobis reassignment hooks
+
+    def __post_init__(self):
+        _nonneg_int("stage3.epochs", self.epochs)
+        for n in ("lr_centre", "lr_outlier", "lr_cov"):
+            _pos(f"stage3.{n}", getattr(self, n))
+        _choice("stage3.tying", self.tying, ("representative", "stochastic", "tied"))
+        _nonneg_int("stage3.merge_every", self.merge_every)
+        _nonneg_int("stage3.reassign_every", self.reassign_every)
+
+
+@dataclass
+class RunConfig:
+    """A whole run: which methods, data, network, prior and the stages' settings."""
+
+    methods: list[str] = field(default_factory=lambda: ["deterministic", "mean_field", "2dg"])
+    seed: int = 0
+    device: str = "cpu"
+    num_samples: int = 30
+    progress: bool = True
+    data: DataConfig = field(default_factory=DataConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    prior: PriorConfig = field(default_factory=PriorConfig)
+    stage1: Stage1Config = field(default_factory=Stage1Config)
+    sharing: SharingConfig = field(default_factory=SharingConfig)
+    stage3: Stage3Config = field(default_factory=Stage3Config)
+
+    def __post_init__(self):
+        known = ("deterministic", "mean_field", "2dg", "rank1", "ssvi")
+        for m in self.methods:
+            _choice("methods[]", m, known)
+        _require(len(self.methods) > 0, "methods", self.methods, "must name at least one method")
+        _require(
+            isinstance(self.num_samples, int) and self.num_samples >= 1,
+            "num_samples",
+            self.num_samples,
+            "N_s must be an integer >= 1",
+        )
+        _require(
+            self.device == "cpu" or self.device.startswith("cuda"),
+            "device",
+            self.device,
+            "must be 'cpu' or 'cuda[:i]'",
+        )
+
+    def to_dict(self) -> dict:
+        """Plain, JSON-serialisable dictionary of every setting."""
+        return _jsonable(dataclasses.asdict(self))
+
+
+def _jsonable(obj):
+    if isinstance(obj, float) and math.isinf(obj):
+        return "inf" if obj > 0 else "-inf"
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def _coerce(name: str, hint, value):
+    """Coerce simple JSON/TOML values to a field's type (ints to floats, 'inf' strings)."""
+    origin = get_origin(hint)
+    args = get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name} must be a table/dict, got {value!r}")
+        return config_from_dict(value, hint, prefix=f"{name}.")
+    if hint is float or (args and float in args and not isinstance(value, str)):
+        if isinstance(value, str) and value in ("inf", "+inf", "-inf"):
+            return float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if value is None and type(None) in args:
+                return None
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+        return float(value) if hint is float else value
+    if hint is float and isinstance(value, str):
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if hint is bool and not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    if origin is list and not isinstance(value, list):
+        raise ConfigError(f"{name} must be a list, got {value!r}")
+    return value
+
+
+def config_from_dict(values: dict, cls: type = RunConfig, prefix: str = ""):
+    """Build a settings dataclass from a (nested) dict; unknown keys are errors."""
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown setting(s) {', '.join(prefix + u for u in unknown)}; "
+            f"known in this section: {sorted(names)}"
+        )
+    kwargs = {}
+    for key, value in values.items():
+        if isinstance(value, str) and value in ("inf", "+inf", "-inf"):
+            value = float(value)
+        kwargs[key] = _coerce(prefix + key, hints[key], value)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # pragma: no cover - defensive
+        raise ConfigError(f"{prefix}: {e}") from e
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
+    """Read a TOML (``.toml``), JSON (``.json``) or YAML (``.yaml``/``.yml``) config file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    text = path.read_text()
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            values = tomllib.loads(text)
+        elif suffix == ".json":
+            values = json.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError as e:
+                raise ConfigError("YAML configs need PyYAML (pip install pyyaml)") from e
+            values = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(
+                f"config file {str(path)!r}: unknown format {suffix!r} (use .toml, .json or .yaml)"
+            )
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"config file {str(path)!r} cannot be parsed: {e}") from e
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a table of settings")
+    values = _merge(values, overrides or {})
+    return config_from_dict(values)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
