@@ -1,0 +1,448 @@
+r"""The shared-GMM guide of stage 3 (Eqs. 8-10).
+
+Outliers keep their own Normal, :math:`w_i \sim \mathcal N(\mu_i, \sigma_i^2)`.  Every
+inlier is tied to a component :math:`c` of the 2-D mixture (an ellipse weight first
+draws :math:`c` from its blending weights :math:`\alpha_i`); how it is drawn from the
+component :math:`\mathcal N(m_c, S_c)` over the :math:`(\mu, \sigma)` plane is the
+*tying*:
+
+``representative`` (default)
+    the centre is a shared :math:`(\mu, \sigma)` pair:
+    :math:`w_i \sim \mathcal N(m_{c,0}, m_{c,1}^2)`, independently per weight.
+``stochastic``
+    :math:`(\tilde\mu_i, \tilde\sigma_i) \sim \mathcal N(m_c, S_c)` per weight
+    (:math:`\tilde\sigma` kept positive), then
+    :math:`w_i \sim \mathcal N(\tilde\mu_i, \tilde\sigma_i^2)`.
+``tied``
+    one draw :math:`z_k \sim \mathcal N(m_k, S_k)` per component and forward pass,
+    shared by all its weights: :math:`w_i = z_{c,0}`.
+
+The KL terms of Eq. 10 match the tying (:meth:`SharedGMMGuide.site_kl`), with
+:math:`N_{k,s} = \sum_{i \in s} r_{ik}` (1 for a plain inlier's component,
+:math:`\alpha_{ik}` for an ellipse weight):
+
+* representative: :math:`\sum_k N_{k,s}\,\mathrm{KL}(\mathcal N(m_{k,0}, m_{k,1}^2) \| p_s)`;
+* stochastic: :math:`\sum_{i \in s} \mathrm{KL}(\mathcal N(\tilde\mu_i, \tilde\sigma_i^2) \| p_s)`
+  at the drawn :math:`(\tilde\mu, \tilde\sigma)` (a Monte Carlo estimate of
+  :math:`\sum_k N_{k,s}\,\mathbb E_{\mathcal N(m_k, S_k)}\mathrm{KL}`);
+* tied: :math:`\sum_k \frac{N_{k,s}}{N_k}\,\mathrm{KL}(\mathcal N(m_{k,0}, S_{k,00}) \| p_s)`,
+  which sums over sites to :math:`\sum_k \mathrm{KL}(q(z_k) \| p)` when all sites share
+  the prior;
+* outliers: :math:`\sum_{i \in s}\mathrm{KL}(\mathcal N(\mu_i, \sigma_i^2) \| p_s)`.
+
+Closed form for a Normal prior that is the same for every weight of a site; a
+Monte Carlo estimate :math:`\log q(w) - \log p(w)` at the drawn weights otherwise.
+
+Drawing is vectorised: the guide draws the flat vector of all :math:`n_w` weights with
+gathers over index tensors built once, then hands each site its view.  Gradients
+reach the component centres, the Cholesky factors of :math:`S_k` (stochastic, tied)
+and the outlier parameters.
+"""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from pyro.distributions.kl import kl_divergence
+from torch import nn
+
+from ..sharing.structure import SharingStructure
+from .base import BNNGuide
+from .mean_field import inverse_softplus
+
+__all__ = ["SharedGMMGuide", "TYINGS"]
+
+TYINGS = ("representative", "stochastic", "tied")
+_MIN_SIGMA = 1e-8
+
+
+def scalar_prior(fn: dist.Distribution) -> dist.Distribution | None:
+    """The one scalar distribution behind a prior expanded over a site, or ``None`` when the
+    prior differs between weights."""
+    base = fn.base_dist if isinstance(fn, dist.Independent) else fn
+    params = {}
+    for name in base.arg_constraints:
+        value = base.__dict__.get(name)
+        if value is None:
+            continue
+        if not torch.is_tensor(value):
+            return None
+        if value.numel() > 1 and any(st != 0 for st in value.stride()):
+            return None
+        params[name] = value.reshape(-1)[0]
+    try:
+        return type(base)(**params, validate_args=False)
+    except (TypeError, ValueError):
+        return None
+
+
+def _normal_kl(loc: torch.Tensor, scale: torch.Tensor, prior: dist.Distribution) -> torch.Tensor:
+    """Elementwise KL(N(loc, scale^2) || prior), closed form if registered, else None."""
+    return kl_divergence(dist.Normal(loc, scale, validate_args=False), prior)
+
+
+def _chol_params(covs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log diag (K, 2), off-diagonal (K,))`` of the Cholesky factors of 2x2 SPD ``covs``."""
+    a, b, d = covs[:, 0, 0], covs[:, 1, 0], covs[:, 1, 1]
+    l00 = a.clamp_min(1e-30).sqrt()
+    l10 = b / l00
+    l11 = (d - l10**2).clamp_min(1e-30).sqrt()
+    return torch.stack([l00.log(), l11.log()], 1), l10
+
+
+class SharedGMMGuide(BNNGuide):
+    """Stage-3 guide: inliers drawn from the shared mixture, outliers from their own Normals.
+
+    Args:
+        model: the :class:`~twodg_pyro.model.BNNModel` whose sites the guide covers.
+        structure: the :class:`~twodg_pyro.sharing.SharingStructure` from stages 1-2.
+        tying: ``"representative"``, ``"stochastic"`` or ``"tied"``.
+
+    Trainable: component centres (2K) and outlier means and scales (2 per outlier);
+    the Cholesky factors of the covariances (3K) only for ``stochastic``/``tied``.
+    """
+
+    def __init__(self, model, structure: SharingStructure, tying: str = "representative"):
+        super().__init__()
+        if tying not in TYINGS:
+            raise ValueError(f"unknown tying {tying!r}; choose one of {list(TYINGS)}")
+        structure.check_matches(model.site_names, [tuple(s.shape) for s in model.sites])
+        self.sites = list(model.sites)
+        self.tying = tying
+        self.coordinates = structure.coordinates
+        self._info = dict(structure.info)
+        self.outlier_loc = nn.Parameter(structure.outlier_loc.detach().clone().float())
+        self.outlier_rho = nn.Parameter(inverse_softplus(structure.outlier_scale.float()))
+        self._set_components(structure.means, structure.covariances)
+        self._set_assignments(structure)
+        self._cache: dict = {}
+
+    # ------------------------------------------------------------------ parameters
+    def _set_components(self, means: torch.Tensor, covs: torch.Tensor) -> None:
+        device = self.outlier_loc.device
+        means, covs = means.detach().float().to(device), covs.detach().float().to(device)
+        m1 = means[:, 1]
+        raw = inverse_softplus(m1.clamp_min(_MIN_SIGMA)) if self.coordinates == "sigma" else m1
+        self.centre_mu = nn.Parameter(means[:, 0].clone())
+        self.centre_raw = nn.Parameter(raw.clone())
+        log_diag, off = _chol_params(covs)
+        trainable = self.tying != "representative"
+        for name, value in (("chol_log_diag", log_diag), ("chol_off", off)):
+            if name in self._parameters:
+                del self._parameters[name]
+            if name in self._buffers:
+                del self._buffers[name]
+            if trainable:
+                setattr(self, name, nn.Parameter(value.clone()))
+            else:
+                self.register_buffer(name, value.clone())
+
+    def _set_assignments(self, s: SharingStructure) -> None:
+        device = self.outlier_loc.device
+        n_w = s.num_weights
+        K = s.n_gaussians
+        reg = lambda name, t: self.register_buffer(name, t.to(device), persistent=True)  # noqa: E731
+        reg("outlier_index", s.outlier_index.long())
+        reg("plain_index", s.plain_index.long())
+        reg("plain_component", s.plain_component.long())
+        reg("ellipse_index", s.ellipse_index.long())
+        reg("ellipse_components", s.ellipse_components.long())
+        reg("ellipse_alphas", s.ellipse_alphas.float())
+        reg("inlier_points", s.inlier_points.float())
+        order = torch.cat([s.outlier_index, s.plain_index, s.ellipse_index]).long()
+        inv = torch.empty(n_w, dtype=torch.long)
+        inv[order] = torch.arange(n_w)
+        reg("inverse_order", inv)
+        # per-site ranges of the (sorted) index lists, and N_{k,s}
+        ends = torch.tensor([lay.offset + lay.numel for lay in s.sites])
+        site_of = lambda idx: torch.searchsorted(ends, idx, right=True)  # noqa: E731
+        n_sites = len(s.sites)
+        counts = torch.zeros(n_sites, K)
+        if s.plain_index.numel():
+            counts.view(-1).index_add_(
+                0,
+                site_of(s.plain_index) * K + s.plain_component,
+                torch.ones(s.plain_index.numel()),
+            )
+        if s.ellipse_index.numel():
+            k = s.ellipse_components.shape[1]
+            rows = site_of(s.ellipse_index)[:, None].expand(-1, k)
+            counts.view(-1).index_add_(
+                0, (rows * K + s.ellipse_components).reshape(-1), s.ellipse_alphas.reshape(-1)
+            )
+        reg("site_counts", counts)
+        self._ranges = {}
+        n_out, n_plain = s.outlier_index.numel(), s.plain_index.numel()
+        for lay in s.sites:
+            lo, hi = lay.offset, lay.offset + lay.numel
+            r = []
+            for idx in (s.outlier_index, s.plain_index, s.ellipse_index):
+                r += [int(torch.searchsorted(idx, lo)), int(torch.searchsorted(idx, hi))]
+            self._ranges[lay.name] = r
+        self._n = (n_out, n_plain, s.ellipse_index.numel())
+        self._layout = {lay.name: (lay.offset, lay.numel, lay.shape) for lay in s.sites}
+        self._site_pos = {lay.name: i for i, lay in enumerate(s.sites)}
+
+    # ------------------------------------------------------------------ components
+    @property
+    def n_components(self) -> int:
+        return int(self.centre_mu.shape[0])
+
+    def centre_sigma(self) -> torch.Tensor:
+        r""":math:`\sigma` of each centre (``softplus`` or ``exp`` of its raw parameter)."""
+        if self.coordinates == "sigma":
+            return F.softplus(self.centre_raw).clamp_min(_MIN_SIGMA)
+        return self.centre_raw.exp()
+
+    def centres(self) -> torch.Tensor:
+        """Component means :math:`m_k` in the mixture's coordinates, ``(K, 2)``."""
+        m1 = F.softplus(self.centre_raw) if self.coordinates == "sigma" else self.centre_raw
+        return torch.stack([self.centre_mu, m1], 1)
+
+    def cholesky(self) -> torch.Tensor:
+        """Lower Cholesky factors :math:`L_k` of :math:`S_k`, ``(K, 2, 2)``."""
+        d = self.chol_log_diag.exp()
+        zero = torch.zeros_like(self.chol_off)
+        row0 = torch.stack([d[:, 0], zero], 1)
+        row1 = torch.stack([self.chol_off, d[:, 1]], 1)
+        return torch.stack([row0, row1], 1)
+
+    def covariances(self) -> torch.Tensor:
+        r""":math:`S_k = L_k L_k^\top`, ``(K, 2, 2)``."""
+        L = self.cholesky()
+        return L @ L.transpose(-1, -2)
+
+    def component_counts(self) -> torch.Tensor:
+        r""":math:`N_k` summed over sites."""
+        return self.site_counts.sum(0)
+
+    # ------------------------------------------------------------------ drawing
+    def _draw(self, S: int) -> tuple[torch.Tensor, dict]:
+        """Flat weights ``(S, n_w)`` and what the KL needs of this draw."""
+        dev = self.centre_mu.device
+        n_out, n_plain, n_ell = self._n
+        parts, cache = [], {}
+        if n_out:
+            w_out = self.outlier_loc + F.softplus(self.outlier_rho) * torch.randn(
+                S, n_out, device=dev
+            )
+            parts.append(w_out)
+            cache["w_out"] = w_out
+        comps = self.plain_component.expand(S, n_plain)
+        if n_ell:
+            # component of each ellipse weight for each of the S draws, ~ Categorical(alpha_i)
+            pick = torch.multinomial(self.ellipse_alphas, S, replacement=True)  # (n_e, S)
+            chosen = self.ellipse_components.gather(1, pick).T  # (S, n_e)
+            comps = torch.cat([comps, chosen], 1)
+        cache["comps"] = comps
+        n_in = n_plain + n_ell
+        if n_in:
+            if self.tying == "representative":
+                w_in = self.centre_mu[comps] + self.centre_sigma()[comps] * torch.randn(
+                    S, n_in, device=dev
+                )
+            elif self.tying == "stochastic":
+                L = self.cholesky()
+                eps = torch.randn(S, n_in, 2, 1, device=dev)
+                theta = self.centres()[comps] + (L[comps] @ eps).squeeze(-1)
+                mu_t = theta[..., 0]
+                if self.coordinates == "sigma":
+                    sig_t = theta[..., 1].abs().clamp_min(_MIN_SIGMA)
+                else:
+                    sig_t = theta[..., 1].exp()
+                w_in = mu_t + sig_t * torch.randn(S, n_in, device=dev)
+                cache["mu_t"], cache["sig_t"] = mu_t, sig_t
+            else:  # tied
+                L = self.cholesky()
+                z = self.centres() + (
+                    L @ torch.randn(S, self.n_components, 2, 1, device=dev)
+                ).squeeze(-1)
+                w_in = z[..., 0].gather(1, comps)
+                cache["z0"] = z[..., 0]
+            parts.append(w_in)
+        flat = torch.cat(parts, 1)[:, self.inverse_order]
+        cache["flat"] = flat
+        return flat, cache
+
+    def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {}
+        lead = flat.shape[:-1]
+        for name, (off, n, shape) in self._layout.items():
+            out[name] = flat[..., off : off + n].reshape(*lead, *shape)
+        return out
+
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        flat, self._cache = self._draw(1)
+        weights = self._split(flat[0])
+        return {
+            s.name: pyro.sample(s.name, dist.Delta(weights[s.name], event_dim=len(s.shape)))
+            for s in self.sites
+        }
+
+    def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
+        S = 1 if num_samples is None else int(num_samples)
+        flat, _ = self._draw(S)
+        weights = self._split(flat)
+        return {k: v[0] for k, v in weights.items()} if num_samples is None else weights
+
+    # ------------------------------------------------------------------ KL (Eq. 10)
+    def site_kl(self, name: str, prior_fn, value: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{"kl_inlier": ..., "kl_outlier": ...}`` of one site for the last draw."""
+        o0, o1, p0, p1, e0, e1 = self._ranges[name]
+        n_plain = self._n[1]
+        prior = scalar_prior(prior_fn)
+        zero = self.centre_mu.new_zeros(())
+        log_p_elem = None
+
+        def elementwise_log_p(kind_range_global_idx):
+            nonlocal log_p_elem
+            if log_p_elem is None:
+                base = prior_fn.base_dist if isinstance(prior_fn, dist.Independent) else prior_fn
+                log_p_elem = base.log_prob(value).reshape(-1)
+            return log_p_elem[kind_range_global_idx - self._layout[name][0]]
+
+        # ---- outliers
+        kl_out = zero
+        if o1 > o0:
+            loc = self.outlier_loc[o0:o1]
+            scale = F.softplus(self.outlier_rho[o0:o1])
+            try:
+                if prior is None:
+                    raise NotImplementedError
+                kl_out = _normal_kl(loc, scale, prior).sum()
+            except NotImplementedError:
+                w = self._cache["w_out"][0, o0:o1]
+                log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
+                log_p = (
+                    prior.log_prob(w)
+                    if prior is not None
+                    else elementwise_log_p(self.outlier_index[o0:o1])
+                )
+                kl_out = (log_q - log_p).sum()
+        # ---- inliers
+        kl_in = zero
+        if p1 > p0 or e1 > e0:
+            sel = torch.cat([torch.arange(p0, p1), n_plain + torch.arange(e0, e1)]).to(
+                self.centre_mu.device
+            )
+            kl_in = self._inlier_kl(name, prior, sel, elementwise_log_p)
+        return {"kl_inlier": kl_in, "kl_outlier": kl_out}
+
+    def _inlier_kl(self, name, prior, sel, elementwise_log_p) -> torch.Tensor:
+        counts = self.site_counts[self._site_pos[name]]
+        is_normal = isinstance(prior, dist.Normal)
+        if self.tying == "representative":
+            if is_normal:
+                kl_k = _normal_kl(self.centre_mu, self.centre_sigma(), prior)
+                return (counts * kl_k).sum()
+            comps = self._cache["comps"][0, sel]
+            loc, scale = self.centre_mu[comps], self.centre_sigma()[comps]
+        elif self.tying == "stochastic":
+            loc, scale = self._cache["mu_t"][0, sel], self._cache["sig_t"][0, sel]
+            if is_normal:
+                return _normal_kl(loc, scale, prior).sum()
+        else:  # tied: one term per component, shared among the sites it spans
+            if prior is None:
+                raise ValueError(
+                    f"tied tying needs a prior that is the same for every weight of site "
+                    f"{name!r}; got a per-weight prior"
+                )
+            frac = counts / self.component_counts().clamp_min(1e-12)
+            sd = self.covariances()[:, 0, 0].clamp_min(1e-30).sqrt()
+            if is_normal:
+                return (frac * _normal_kl(self.centre_mu, sd, prior)).sum()
+            z0 = self._cache["z0"][0]
+            log_q = dist.Normal(self.centre_mu, sd, validate_args=False).log_prob(z0)
+            return (frac * (log_q - prior.log_prob(z0))).sum()
+        # Monte Carlo at the drawn weights: log q(w | drawn component) - log p(w)
+        global_idx = torch.cat([self.plain_index, self.ellipse_index])[sel]
+        w = self._last_weights_flat()[global_idx]
+        log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
+        log_p = prior.log_prob(w) if prior is not None else elementwise_log_p(global_idx)
+        return (log_q - log_p).sum()
+
+    def _last_weights_flat(self) -> torch.Tensor:
+        return self._cache["flat"][0]
+
+    # ------------------------------------------------------------------ refinement
+    def load_structure(self, structure: SharingStructure, components: bool = True) -> None:
+        """Adopt a refined structure (after a merge or a reassignment).
+
+        With ``components=True`` the component parameters are rebuilt from the
+        structure's means and covariances (new parameter objects: rebuild the
+        optimiser); otherwise they are kept and only the assignments change.  Outlier
+        parameters are kept when the set of outliers is unchanged.
+        """
+        structure.check_matches([s.name for s in self.sites], [tuple(s.shape) for s in self.sites])
+        if structure.coordinates != self.coordinates:
+            raise ValueError(
+                f"structure coordinates {structure.coordinates!r} differ from the guide's "
+                f"{self.coordinates!r}"
+            )
+        if not torch.equal(structure.outlier_index, self.outlier_index.cpu()):
+            dev = self.outlier_loc.device
+            self.outlier_loc = nn.Parameter(structure.outlier_loc.float().to(dev))
+            self.outlier_rho = nn.Parameter(
+                inverse_softplus(structure.outlier_scale.float()).to(dev)
+            )
+        if components:
+            self._set_components(structure.means, structure.covariances)
+        elif structure.n_gaussians != self.n_components:
+            raise ValueError("components=False needs the same number of components")
+        self._set_assignments(structure)
+        self._cache = {}
+
+    def centre_gradients(self, model, batches, n_batches: int = 1, elbo=None) -> torch.Tensor:
+        r""":math:`\partial(-\mathrm{ELBO})/\partial m_k`, ``(K, 2)``, averaged over minibatches."""
+        from ..infer.elbo import DecomposedELBO
+
+        elbo = elbo or DecomposedELBO()
+        total = torch.zeros(self.n_components, 2, device=self.centre_mu.device)
+        seen = 0
+        for batch in batches:
+            x, y = (t.to(self.centre_mu.device) for t in batch[:2])
+            g_mu, g_raw = torch.autograd.grad(
+                elbo.differentiable_loss(model, self, x, y), [self.centre_mu, self.centre_raw]
+            )
+            # chain rule from the raw parameter to the coordinate m_{k,1}
+            dm1 = torch.sigmoid(self.centre_raw) if self.coordinates == "sigma" else 1.0
+            total += torch.stack([g_mu, g_raw / dm1], 1).detach()
+            seen += 1
+            if seen >= n_batches:
+                break
+        return total / max(seen, 1)
+
+    # ------------------------------------------------------------------ BNNGuide API
+    def param_groups(self) -> list[dict]:
+        groups = [
+            {"name": "centre", "params": [self.centre_mu, self.centre_raw]},
+            {"name": "outlier", "params": [self.outlier_loc, self.outlier_rho]},
+        ]
+        if self.tying != "representative":
+            groups.append({"name": "cov", "params": [self.chol_log_diag, self.chol_off]})
+        return groups
+
+    def structure(self) -> SharingStructure:
+        """The current sharing structure (centres and covariances as trained so far)."""
+        from ..sharing.structure import SiteLayout
+
+        sites = [SiteLayout(n, tuple(shape), off) for n, (off, _, shape) in self._layout.items()]
+        with torch.no_grad():
+            return SharingStructure(
+                sites=sites,
+                coordinates=self.coordinates,
+                means=self.centres().cpu(),
+                covariances=self.covariances().cpu(),
+                outlier_index=self.outlier_index.cpu(),
+                outlier_loc=self.outlier_loc.cpu(),
+                outlier_scale=F.softplus(self.outlier_rho).cpu(),
+                plain_index=self.plain_index.cpu(),
+                plain_component=self.plain_component.cpu(),
+                ellipse_index=self.ellipse_index.cpu(),
+                ellipse_components=self.ellipse_components.cpu(),
+                ellipse_alphas=self.ellipse_alphas.cpu(),
+                inlier_points=self.inlier_points.cpu(),
+                info=dict(self._info),
+            )

@@ -1,0 +1,206 @@
+r"""Guide-refinement hooks: merging and Mahalanobis reassignment during stage 3.
+
+Both are :class:`~twodg_pyro.infer.callbacks.Callback` objects for
+:func:`~twodg_pyro.infer.fit`, each with its own schedule: run every ``every``
+epochs, and (``until_fixed_point=True``) stop running once a run changes nothing.
+
+After a merge the number of components changes: the guide rebuilds its component
+parameters and the optimiser is rebuilt; the Adam moments of a merged component are
+the mean of its parents' moments, every other parameter keeps its state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .callbacks import Callback
+
+__all__ = ["MergeHook", "MahalanobisHook", "remap_optimizer_rows"]
+
+
+def remap_optimizer_rows(
+    optimizer: torch.optim.Optimizer,
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    mapping: torch.Tensor,
+    n_new: int,
+) -> None:
+    """Move per-parameter optimiser state from old to new component parameters.
+
+    Row ``j`` of an old state tensor contributes to row ``mapping[j]`` of the new one
+    (rows that merge are averaged).  Scalars such as Adam's ``step`` are kept.
+    """
+    mapping = mapping.to(pairs[0][0].device) if pairs else mapping
+    for old, new in pairs:
+        st = optimizer.state.pop(old, None)
+        if not st:
+            continue
+        moved = {}
+        for key, value in st.items():
+            if torch.is_tensor(value) and value.shape == old.shape and value.dim() >= 1:
+                acc = value.new_zeros((n_new, *value.shape[1:])).index_add(0, mapping, value)
+                cnt = torch.bincount(mapping, minlength=n_new).clamp_min(1).to(value.dtype)
+                moved[key] = acc / cnt.view(-1, *([1] * (value.dim() - 1)))
+            else:
+                moved[key] = value
+        optimizer.state[new] = moved
+
+
+class _Scheduled(Callback):
+    def __init__(self, every: int, until_fixed_point: bool):
+        if int(every) < 1:
+            raise ValueError(f"hook schedule 'every' must be at least 1 epoch, got {every!r}")
+        self.every = int(every)
+        self.until_fixed_point = bool(until_fixed_point)
+        self.done = False
+        self.log: list[dict] = []
+
+    def due(self, state) -> bool:
+        return not self.done and state.epoch % self.every == 0
+
+    def state_dict(self) -> dict:
+        return {"done": self.done, "log": self.log}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.done, self.log = bool(state["done"]), list(state["log"])
+
+
+class MergeHook(_Scheduled):
+    r"""Merge components whose :math:`W_2 < \tau_d` (and gradient/variance tests pass).
+
+    Args:
+        tau_d: W2 threshold :math:`T_W` (on :math:`W_2`, not its square).
+        rule: ``"paper"`` (Eqs. 5-6 as printed) or ``"moment"`` (count-weighted).
+        test: ``"both"`` (each cluster below the thresholds) or ``"difference"``.
+        tau_g: centre-gradient threshold; ``inf`` skips the gradient test (and its cost).
+        tau_v: within-cluster variance threshold (trace of :math:`S_k`).
+        data: minibatches for the centre gradients (needed when ``tau_g`` is finite).
+        grad_batches: minibatches averaged for the gradients.
+        every: run every ``every`` epochs.
+        until_fixed_point: stop running once a run merges nothing.
+    """
+
+    def __init__(
+        self,
+        tau_d: float = 1e-2,
+        rule: str = "paper",
+        test: str = "both",
+        tau_g: float = math.inf,
+        tau_v: float = math.inf,
+        data=None,
+        grad_batches: int = 1,
+        every: int = 1,
+        until_fixed_point: bool = True,
+    ):
+        super().__init__(every, until_fixed_point)
+        if not (tau_d >= 0):
+            raise ValueError(f"tau_d must be >= 0, got {tau_d!r}")
+        if rule not in ("paper", "moment"):
+            raise ValueError(f"merge rule must be 'paper' or 'moment', got {rule!r}")
+        if test not in ("both", "difference"):
+            raise ValueError(f"merge test must be 'both' or 'difference', got {test!r}")
+        if math.isfinite(tau_g) and data is None:
+            raise ValueError("a finite tau_g needs data to compute centre gradients")
+        self.tau_d, self.rule, self.test = float(tau_d), rule, test
+        self.tau_g, self.tau_v = float(tau_g), float(tau_v)
+        self.data, self.grad_batches = data, int(grad_batches)
+
+    def on_epoch_end(self, state) -> None:
+        if not self.due(state):
+            return
+        merged = self.apply(state)
+        if merged == 0 and self.until_fixed_point:
+            self.done = True
+
+    def apply(self, state) -> int:
+        """Run the merge on ``state.guide`` now; returns the number of merges."""
+        from ..gmm import merge_components
+        from ..sharing.refine import apply_mapping
+
+        guide = state.guide
+        grads = None
+        if math.isfinite(self.tau_g):
+            grads = guide.centre_gradients(state.model, self.data, self.grad_batches)
+        with torch.no_grad():
+            result = merge_components(
+                guide.centres().detach().cpu(),
+                guide.covariances().detach().cpu(),
+                guide.component_counts().detach().cpu(),
+                tau_w=self.tau_d,
+                rule=self.rule,
+                grads=None if grads is None else grads.cpu(),
+                tau_g=self.tau_g,
+                tau_v=self.tau_v,
+                test=self.test,
+            )
+        k_before = guide.n_components
+        n_merged = k_before - int(result.means.shape[0])
+        self.log.append({"epoch": state.epoch, "before": k_before, "after": k_before - n_merged})
+        if n_merged == 0:
+            return 0
+        old = [guide.centre_mu, guide.centre_raw]
+        if guide.tying != "representative":
+            old += [guide.chol_log_diag, guide.chol_off]
+        guide.load_structure(
+            apply_mapping(guide.structure(), result.mapping, result.means, result.covs)
+        )
+        new = [guide.centre_mu, guide.centre_raw]
+        if guide.tying != "representative":
+            new += [guide.chol_log_diag, guide.chol_off]
+        remap_optimizer_rows(
+            state.optimizer, list(zip(old, new, strict=True)), result.mapping, guide.n_components
+        )
+        state.rebuild_optimizer()
+        return n_merged
+
+
+class MahalanobisHook(_Scheduled):
+    r"""Re-run the hard assignment and the :math:`D^2 > T_M` ellipse check of all inliers
+    against the current mixture (component parameters are kept)."""
+
+    def __init__(
+        self,
+        threshold: float = 5.991,
+        k: int = 5,
+        every: int = 1,
+        until_fixed_point: bool = True,
+    ):
+        super().__init__(every, until_fixed_point)
+        if not (threshold > 0):
+            raise ValueError(f"Mahalanobis threshold must be positive, got {threshold!r}")
+        if int(k) < 1:
+            raise ValueError(f"k (nearest components) must be at least 1, got {k!r}")
+        self.threshold, self.k = float(threshold), int(k)
+
+    def on_epoch_end(self, state) -> None:
+        if not self.due(state):
+            return
+        changed = self.apply(state)
+        if changed == 0 and self.until_fixed_point:
+            self.done = True
+
+    def apply(self, state) -> int:
+        """Reassign now; returns how many weights changed component or kind."""
+        from ..sharing.refine import reassign
+
+        guide = state.guide
+        before = guide.structure()
+        after = reassign(
+            before, before.means, before.covariances, threshold=self.threshold, k=self.k
+        )
+        changed = _n_changed(before, after)
+        self.log.append({"epoch": state.epoch, "changed": changed, "ellipses": after.n_ellipses})
+        if changed:
+            guide.load_structure(after, components=False)
+        return changed
+
+
+def _n_changed(a, b) -> int:
+    def table(s):
+        t = torch.full((s.num_weights,), -1, dtype=torch.long)
+        t[s.plain_index] = s.plain_component
+        t[s.ellipse_index] = -2 - s.ellipse_components[:, 0] if s.n_ellipses else t[s.ellipse_index]
+        return t
+
+    return int((table(a) != table(b)).sum())

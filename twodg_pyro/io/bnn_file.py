@@ -1,0 +1,140 @@
+"""Saving and loading a trained 2DG BNN.
+
+One file holds plain tensors and a JSON header (no pickled objects), readable with
+``torch.load(path, weights_only=True)``:
+
+* ``header``: kind, ``format_version``, tying, coordinates, the likelihood, the prior
+  (when it is one of the library's), and optionally how to rebuild the network
+  (``{"name": ..., "kwargs": {...}}`` for :func:`twodg_pyro.models.build_network`);
+* ``structure/<name>``: the :class:`~twodg_pyro.sharing.SharingStructure` tensors;
+* ``guide/<name>``: the guide's parameters and buffers;
+* ``net/<name>``: the network's state (deterministic parts such as BatchNorm).
+
+A loaded model predicts exactly what the saved one did under the same seed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import nn
+
+from .files import atomic_torch_save, safe_torch_load
+
+__all__ = ["save_2dg", "load_2dg", "FILE_FORMAT_VERSION"]
+
+FILE_FORMAT_VERSION = 1
+_KIND = "twodg_pyro.SharedGMMBNN"
+
+
+def _likelihood_spec(lik) -> dict:
+    from ..likelihoods import Gaussian
+
+    spec = {"kind": type(lik).__name__, "dataset_size": lik.dataset_size}
+    if isinstance(lik, Gaussian):
+        spec["scale"] = lik.scale
+    return spec
+
+
+def _prior_spec(prior) -> dict:
+    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior
+
+    if isinstance(prior, (NormalPrior, LaplacePrior)):
+        return {"kind": type(prior).__name__, "loc": prior.loc, "scale": prior.scale}
+    if isinstance(prior, LayerwiseNormalPrior):
+        return {"kind": "LayerwiseNormalPrior", "gain": prior.gain, "bias_scale": prior.bias_scale}
+    return {"kind": "custom", "repr": repr(prior)}
+
+
+def save_2dg(path: str | Path, model, guide, network: dict | None = None) -> None:
+    """Write ``model`` + shared-GMM ``guide`` atomically to ``path``."""
+    structure = guide.structure()
+    header = {
+        "kind": _KIND,
+        "format_version": FILE_FORMAT_VERSION,
+        "tying": guide.tying,
+        "coordinates": guide.coordinates,
+        "likelihood": _likelihood_spec(model.likelihood),
+        "prior": _prior_spec(model.prior),
+        "network": network,
+        "site_names": model.site_names,
+    }
+    payload: dict = {"header": json.dumps(header)}
+    for k, v in structure.to_payload().items():
+        payload[f"structure/{k}"] = v
+    for k, v in guide.state_dict().items():
+        payload[f"guide/{k}"] = v.detach().cpu().clone()
+    for k, v in model.net.state_dict().items():
+        payload[f"net/{k}"] = v.detach().cpu().clone()
+    atomic_torch_save(payload, path)
+
+
+def _rebuild_prior(spec: dict):
+    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior
+
+    kind = spec.get("kind")
+    if kind == "NormalPrior":
+        return NormalPrior(spec["scale"], spec["loc"])
+    if kind == "LaplacePrior":
+        return LaplacePrior(spec["scale"], spec["loc"])
+    if kind == "LayerwiseNormalPrior":
+        return LayerwiseNormalPrior(spec["gain"], spec["bias_scale"])
+    return None
+
+
+def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device="cpu"):
+    """Read a file written by :func:`save_2dg`; returns ``(model, guide)``.
+
+    Args:
+        net: the network architecture (its weights are restored from the file); built
+            from the file's ``network`` spec when ``None``.
+        prior: the prior (default: the saved one, when it is a library prior).
+
+    Raises:
+        ValueError: not such a file, another format version, a truncated or corrupted
+            file, or a network that does not match the saved sharing structure.
+    """
+    from ..guides.shared_gmm import SharedGMMGuide
+    from ..likelihoods import Categorical, Gaussian
+    from ..model import BNNModel
+    from ..sharing.structure import SharingStructure
+
+    payload = safe_torch_load(path)
+    if not isinstance(payload, dict) or "header" not in payload:
+        raise ValueError(f"{str(path)!r} is not a twodg_pyro model file (no header)")
+    header = json.loads(payload["header"])
+    if header.get("kind") != _KIND:
+        raise ValueError(f"{str(path)!r} is not a 2DG BNN file (kind {header.get('kind')!r})")
+    if header.get("format_version") != FILE_FORMAT_VERSION:
+        raise ValueError(
+            f"{str(path)!r} has format version {header.get('format_version')!r}; this version "
+            f"of twodg_pyro reads version {FILE_FORMAT_VERSION}"
+        )
+
+    def section(prefix: str) -> dict:
+        n = len(prefix)
+        return {k[n:]: v for k, v in payload.items() if k.startswith(prefix)}
+
+    if net is None:
+        spec = header.get("network")
+        if not spec:
+            raise ValueError(f"{str(path)!r} does not say how to build its network: pass net=")
+        from ..models import build_network
+
+        net = build_network(spec["name"], **spec.get("kwargs", {}))
+    try:
+        net.load_state_dict(section("net/"))
+    except RuntimeError as e:
+        raise ValueError(f"the network does not match the one saved in {str(path)!r}: {e}") from e
+    lik_spec = header["likelihood"]
+    if lik_spec["kind"] == "Gaussian":
+        lik = Gaussian(lik_spec["dataset_size"], lik_spec["scale"])
+    else:
+        lik = Categorical(lik_spec["dataset_size"])
+    prior = prior if prior is not None else _rebuild_prior(header.get("prior", {}))
+    model = BNNModel(net, prior=prior, likelihood=lik)
+    structure = SharingStructure.from_payload(section("structure/"))
+    guide = SharedGMMGuide(model, structure, tying=header["tying"])
+    guide.load_state_dict(section("guide/"))
+    return model.to(device), guide.to(device)

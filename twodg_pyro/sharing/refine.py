@@ -1,0 +1,151 @@
+r"""Structure-level refinement: cluster-size reduction, Mahalanobis reassignment, merging.
+
+These take a :class:`SharingStructure` (plus the current mixture) and return a new,
+consistent one; the guide-refinement hooks apply them during stage 3.
+
+* **Size reduction**: components with fewer than :math:`N_\min` hard-assigned
+  inliers are deleted; their weights become outliers (or, when outliers are
+  switched off, move to their most responsible surviving component).
+* **Reassignment** (Eq. 7): each inlier goes to its most responsible component;
+  if :math:`D^2_i = (x_i - m_c)^\top S_c^{-1} (x_i - m_c) > T_M` it becomes an ellipse
+  weight tied to its :math:`k` nearest components (Mahalanobis distance) with
+  :math:`\alpha_{ij} \propto \mathcal N(x_i \mid m_j, S_j)`.
+* **Merging** (Eqs. 4-6): components mapped by a merge result are renumbered in
+  every plain and ellipse assignment.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .structure import SharingStructure
+
+__all__ = ["hard_assign", "reassign", "apply_mapping", "drop_small_components"]
+
+
+def hard_assign(
+    points: torch.Tensor,
+    means: torch.Tensor,
+    covs: torch.Tensor,
+    weights: torch.Tensor,
+    chunk_size: int = 65536,
+) -> torch.Tensor:
+    r""":math:`\arg\max_k \log\pi_k + \log\mathcal N(x_i \mid m_k, S_k)` per point (chunked)."""
+    from ..gmm.linalg2x2 import gaussian_log_prob
+
+    log_pi = weights.clamp_min(1e-30).log()
+    out = []
+    for chunk in points.split(chunk_size):
+        out.append((gaussian_log_prob(chunk, means, covs) + log_pi).argmax(1))
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+def reassign(
+    s: SharingStructure,
+    means: torch.Tensor,
+    covs: torch.Tensor,
+    threshold: float = 5.991,
+    k: int = 5,
+    use_ellipses: bool = True,
+) -> SharingStructure:
+    """Re-run the hard assignment and the Mahalanobis check of every inlier."""
+    from ..gmm import ellipse_assign
+
+    means, covs = means.detach().cpu().float(), covs.detach().cpu().float()
+    idx = torch.cat([s.plain_index, s.ellipse_index])
+    order = idx.argsort()
+    idx, points = idx[order], s.inlier_points[order]
+    K = means.shape[0]
+    weights = _component_weights(s, K)
+    assign = hard_assign(points, means, covs, weights)
+    if use_ellipses and points.shape[0]:
+        ell = ellipse_assign(points, means, covs, assign, threshold=threshold, k=k)
+        mask, comps, alphas = ell.mask, ell.components, ell.alphas
+    else:
+        mask = torch.zeros(points.shape[0], dtype=torch.bool)
+        comps = torch.zeros(0, min(k, K), dtype=torch.long)
+        alphas = torch.zeros(0, min(k, K))
+    return _rebuild(s, means, covs, idx, points, assign, mask, comps, alphas)
+
+
+def _component_weights(s: SharingStructure, K: int) -> torch.Tensor:
+    counts = s.component_counts() if s.n_gaussians == K else torch.ones(K)
+    return counts / counts.sum().clamp_min(1e-30)
+
+
+def _rebuild(s, means, covs, idx, points, assign, mask, comps, alphas, outliers=None):
+    plain = ~mask
+    out_index, out_loc, out_scale = outliers or (s.outlier_index, s.outlier_loc, s.outlier_scale)
+    return SharingStructure(
+        sites=s.sites,
+        coordinates=s.coordinates,
+        means=means,
+        covariances=covs,
+        outlier_index=out_index,
+        outlier_loc=out_loc,
+        outlier_scale=out_scale,
+        plain_index=idx[plain],
+        plain_component=assign[plain],
+        ellipse_index=idx[mask],
+        ellipse_components=comps,
+        ellipse_alphas=alphas,
+        inlier_points=torch.cat([points[plain], points[mask]]),
+        info=dict(s.info),
+    )
+
+
+def apply_mapping(
+    s: SharingStructure, mapping: torch.Tensor, means: torch.Tensor, covs: torch.Tensor
+) -> SharingStructure:
+    """Renumber assignments after a merge (old component ``j`` becomes ``mapping[j]``)."""
+    mapping = mapping.long().cpu()
+    if mapping.numel() != s.n_gaussians:
+        raise ValueError(
+            f"merge mapping has {mapping.numel()} entries for {s.n_gaussians} components"
+        )
+    return SharingStructure(
+        sites=s.sites,
+        coordinates=s.coordinates,
+        means=means.detach().cpu().float(),
+        covariances=covs.detach().cpu().float(),
+        outlier_index=s.outlier_index,
+        outlier_loc=s.outlier_loc,
+        outlier_scale=s.outlier_scale,
+        plain_index=s.plain_index,
+        plain_component=mapping[s.plain_component],
+        ellipse_index=s.ellipse_index,
+        ellipse_components=mapping[s.ellipse_components] if s.n_ellipses else s.ellipse_components,
+        ellipse_alphas=s.ellipse_alphas,
+        inlier_points=s.inlier_points,
+        info=dict(s.info),
+    )
+
+
+def drop_small_components(
+    points: torch.Tensor,
+    assign: torch.Tensor,
+    means: torch.Tensor,
+    covs: torch.Tensor,
+    n_min: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""Remove components with fewer than ``n_min`` hard-assigned points.
+
+    Returns ``(keep_points_mask, new_assign, means, covs)``: points of removed components
+    are flagged ``False`` in the mask (they become outliers); components are renumbered.
+
+    Raises:
+        ValueError: if no component keeps ``n_min`` points.
+    """
+    K = means.shape[0]
+    counts = torch.bincount(assign, minlength=K)
+    keep = counts >= n_min
+    if not bool(keep.any()):
+        raise ValueError(
+            f"no component has at least N_min = {n_min} points (largest has "
+            f"{int(counts.max()) if K else 0}): no inliers would be left; lower n_min or "
+            "n_components"
+        )
+    new_id = torch.full((K,), -1, dtype=torch.long)
+    new_id[keep] = torch.arange(int(keep.sum()))
+    point_keep = keep[assign]
+    return point_keep, new_id[assign[point_keep]], means[keep], covs[keep]

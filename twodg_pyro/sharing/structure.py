@@ -1,0 +1,255 @@
+r"""The sharing structure of a whole network: who is an outlier, who is tied to what.
+
+Every Bayesian weight of the network, flattened in site order (global index
+:math:`g \in [0, n_w)`), is exactly one of
+
+* an **outlier**: its own Normal posterior :math:`\mathcal N(\mu_i, \sigma_i^2)`;
+* a **plain inlier**: tied to one component :math:`c_i`;
+* an **ellipse** weight: an inlier whose Mahalanobis distance to its component
+  exceeds :math:`T_M`, tied to its :math:`k` nearest components with blending
+  weights :math:`\alpha_{ij}` (:math:`\sum_j \alpha_{ij} = 1`).
+
+The components are 2-D Gaussians :math:`\mathcal N(m_k, S_k)` over the
+:math:`(\mu, \sigma)` plane (or :math:`(\mu, \log\sigma)`, ``coordinates``).
+The structure also keeps each inlier's stage-1 point :math:`x_i` (for
+re-running the Mahalanobis check during stage 3) and the outliers' stage-1
+:math:`(\mu, \sigma)` (their initial posterior).
+
+Saved as one file of plain tensors plus a JSON header, loadable with
+``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["SharingStructure", "SiteLayout", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+_KIND = "twodg_pyro.SharingStructure"
+
+
+@dataclass(frozen=True)
+class SiteLayout:
+    """Name, shape and flat offset of one Bayesian site."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class SharingStructure:
+    """The result of stages 1-2 for the whole network (see module docstring).
+
+    Index tensors are ``int64`` global flat indices, sorted ascending.
+    """
+
+    sites: list[SiteLayout]
+    coordinates: str
+    means: torch.Tensor  # (K, 2)
+    covariances: torch.Tensor  # (K, 2, 2)
+    outlier_index: torch.Tensor  # (n_out,)
+    outlier_loc: torch.Tensor  # (n_out,)
+    outlier_scale: torch.Tensor  # (n_out,)
+    plain_index: torch.Tensor  # (n_plain,)
+    plain_component: torch.Tensor  # (n_plain,)
+    ellipse_index: torch.Tensor  # (n_e,)
+    ellipse_components: torch.Tensor  # (n_e, k)
+    ellipse_alphas: torch.Tensor  # (n_e, k)
+    inlier_points: torch.Tensor  # (n_plain + n_e, 2): points of plain_index then ellipse_index
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.validate()
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def num_weights(self) -> int:
+        """:math:`n_w`."""
+        return sum(s.numel for s in self.sites)
+
+    @property
+    def n_outliers(self) -> int:
+        return int(self.outlier_index.numel())
+
+    @property
+    def n_ellipses(self) -> int:
+        return int(self.ellipse_index.numel())
+
+    @property
+    def n_gaussians(self) -> int:
+        return int(self.means.shape[0])
+
+    @property
+    def n_inliers(self) -> int:
+        return int(self.plain_index.numel() + self.ellipse_index.numel())
+
+    def counts(self) -> dict[str, int]:
+        """``#outliers``, ``#ellipses``, ``#Gaussians`` and inlier/weight totals."""
+        return {
+            "n_weights": self.num_weights,
+            "n_outliers": self.n_outliers,
+            "n_inliers": self.n_inliers,
+            "n_ellipses": self.n_ellipses,
+            "n_gaussians": self.n_gaussians,
+        }
+
+    def component_counts(self) -> torch.Tensor:
+        r""":math:`N_k = \sum_i r_{ik}`: 1 per plain inlier, :math:`\alpha_{ik}` per ellipse
+        weight."""
+        K = self.n_gaussians
+        n = torch.bincount(self.plain_component, minlength=K).to(self.means.dtype)
+        if self.n_ellipses:
+            n = n.index_add(0, self.ellipse_components.reshape(-1), self.ellipse_alphas.reshape(-1))
+        return n
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Check that every weight is covered exactly once and indices are in range.
+
+        Raises:
+            ValueError: naming the inconsistency.
+        """
+        n_w = self.num_weights
+        K = int(self.means.shape[0]) if self.means.dim() == 2 else -1
+        if self.means.dim() != 2 or self.means.shape[1] != 2:
+            raise ValueError(f"means must be (K, 2), got {tuple(self.means.shape)}")
+        if self.covariances.shape != (K, 2, 2):
+            raise ValueError(
+                f"covariances must be ({K}, 2, 2), got {tuple(self.covariances.shape)}"
+            )
+        if self.coordinates not in ("sigma", "log_sigma"):
+            raise ValueError(
+                f"coordinates must be 'sigma' or 'log_sigma', got {self.coordinates!r}"
+            )
+        all_idx = torch.cat([self.outlier_index, self.plain_index, self.ellipse_index])
+        if all_idx.numel() != n_w or (
+            n_w and not torch.equal(torch.sort(all_idx).values, torch.arange(n_w))
+        ):
+            raise ValueError(
+                f"the sharing structure covers {all_idx.numel()} indices "
+                f"({all_idx.unique().numel()} distinct) but the network has {n_w} weights: "
+                "every weight must be exactly one of outlier / plain inlier / ellipse"
+            )
+        for name, idx in (
+            ("outlier", self.outlier_index),
+            ("plain", self.plain_index),
+            ("ellipse", self.ellipse_index),
+        ):
+            if idx.numel() > 1 and not bool((idx[1:] > idx[:-1]).all()):
+                raise ValueError(f"{name}_index must be sorted ascending")
+        if self.outlier_loc.shape != self.outlier_index.shape or (
+            self.outlier_scale.shape != self.outlier_index.shape
+        ):
+            raise ValueError("outlier_loc/outlier_scale must match outlier_index")
+        if self.plain_component.shape != self.plain_index.shape:
+            raise ValueError("plain_component must match plain_index")
+        for name, comp in (
+            ("plain_component", self.plain_component),
+            ("ellipse_components", self.ellipse_components),
+        ):
+            if comp.numel() and (int(comp.min()) < 0 or int(comp.max()) >= K):
+                raise ValueError(f"{name} refers to a component outside [0, {K})")
+        if self.n_ellipses:
+            if self.ellipse_components.shape != self.ellipse_alphas.shape or (
+                self.ellipse_components.shape[0] != self.n_ellipses
+            ):
+                raise ValueError("ellipse_components/alphas must be (n_ellipses, k)")
+            if not torch.allclose(self.ellipse_alphas.sum(1), torch.ones(()), atol=1e-4):
+                raise ValueError("ellipse alphas must sum to one per weight")
+        if self.inlier_points.shape != (self.n_inliers, 2):
+            raise ValueError(
+                f"inlier_points must be ({self.n_inliers}, 2), "
+                f"got {tuple(self.inlier_points.shape)}"
+            )
+
+    def check_matches(self, site_names: list[str], site_shapes: list[tuple[int, ...]]) -> None:
+        """Raise ``ValueError`` if the structure was built for another network."""
+        mine = [(s.name, tuple(s.shape)) for s in self.sites]
+        theirs = [(n, tuple(sh)) for n, sh in zip(site_names, site_shapes, strict=True)]
+        if mine != theirs:
+            diff = next(
+                ((a, b) for a, b in zip(mine, theirs, strict=False) if a != b),
+                (f"{len(mine)} sites", f"{len(theirs)} sites"),
+            )
+            raise ValueError(
+                "the sharing structure does not match the network: "
+                f"structure has {diff[0]}, network has {diff[1]}"
+            )
+
+    # ------------------------------------------------------------------ I/O
+    _TENSORS = (
+        "means",
+        "covariances",
+        "outlier_index",
+        "outlier_loc",
+        "outlier_scale",
+        "plain_index",
+        "plain_component",
+        "ellipse_index",
+        "ellipse_components",
+        "ellipse_alphas",
+        "inlier_points",
+    )
+
+    def to_payload(self) -> dict:
+        """Plain tensors and a JSON header (no pickled objects)."""
+        header = {
+            "kind": _KIND,
+            "format_version": FORMAT_VERSION,
+            "coordinates": self.coordinates,
+            "sites": [[s.name, list(s.shape), s.offset] for s in self.sites],
+            "info": self.info,
+        }
+        payload = {k: getattr(self, k).detach().cpu().contiguous() for k in self._TENSORS}
+        payload["header"] = json.dumps(header)
+        return payload
+
+    @classmethod
+    def from_payload(cls, payload: dict) -> SharingStructure:
+        """Inverse of :meth:`to_payload`, checking kind and format version."""
+        if not isinstance(payload, dict) or "header" not in payload:
+            raise ValueError("not a twodg_pyro sharing structure (no header)")
+        header = json.loads(payload["header"])
+        if header.get("kind") != _KIND:
+            raise ValueError(f"not a sharing structure: kind {header.get('kind')!r}")
+        if header.get("format_version") != FORMAT_VERSION:
+            raise ValueError(
+                f"sharing structure format version {header.get('format_version')!r} is not "
+                f"supported (this version reads {FORMAT_VERSION})"
+            )
+        missing = [k for k in cls._TENSORS if k not in payload]
+        if missing:
+            raise ValueError(f"sharing structure is missing tensors {missing}")
+        sites = [SiteLayout(n, tuple(sh), int(o)) for n, sh, o in header["sites"]]
+        return cls(
+            sites=sites,
+            coordinates=header["coordinates"],
+            info=header.get("info", {}),
+            **{k: payload[k] for k in cls._TENSORS},
+        )
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically (temporary file then rename)."""
+        from ..io.files import atomic_torch_save
+
+        atomic_torch_save(self.to_payload(), path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> SharingStructure:
+        """Read a file written by :meth:`save` without unpickling code."""
+        from ..io.files import safe_torch_load
+
+        return cls.from_payload(safe_torch_load(path))
