@@ -60,7 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("run", "train"):
             over = _overrides(args)
-            cfg = load_config(args.config, over) if args.config else config_from_dict(over)
+            if args.config:
+                cfg = load_config(args.config, over)
+            else:  # the main job: the digits preset
+                from .pipeline.config import merge_settings
+                from .pipeline.presets import preset
+
+                cfg = config_from_dict(merge_settings(preset("digits"), over))
             out = Path(args.out or f"runs/{args.command}")
             run_pipeline(cfg, out)
             print(f"wrote {out / 'results.json'}")

@@ -44,17 +44,15 @@ def stage3(cfg: RunConfig, model, structure, loader, progress: bool = True):
             )
         )
     s3 = cfg.stage3
+    lr = {"centre": s3.lr_centre, "outlier": s3.lr_outlier, "default": s3.lr_centre}
+    if s3.tying != "representative":
+        lr["cov"] = s3.lr_cov
     state = fit(
         model,
         guide,
         loader,
         epochs=s3.epochs,
-        lr={
-            "centre": s3.lr_centre,
-            "outlier": s3.lr_outlier,
-            "cov": s3.lr_cov,
-            "default": s3.lr_centre,
-        },
+        lr=lr,
         elbo=DecomposedELBO(),
         callbacks=hooks,
         device=cfg.device,

@@ -23,6 +23,8 @@ __all__ = [
     "Stage1Config",
     "SharingConfig",
     "Stage3Config",
+    "Rank1Config",
+    "SSVIConfig",
     "RunConfig",
     "load_config",
     "config_from_dict",
@@ -232,6 +234,87 @@ class Stage3Config:
 
 
 @dataclass
+class Rank1Config:
+    """Rank-1 BNN (Dusenberry et al. 2020): ``M`` mixture components over rank-1 factors.
+
+    ``prior`` is ``normal`` or ``cauchy``, centred at 1 with scale ``prior_scale``; factor
+    means start at random signs (``init_mean = "random_sign"``) or at 1 (``"ones"``) and
+    their standard deviations at ``init_scale``; ``routing`` sends example ``i`` to
+    component ``i mod M`` (``"modulo"``) or every example to every component
+    (``"tile"``).  The KL is annealed linearly over the first two thirds of ``epochs``.
+    """
+
+    components: int = 4
+    epochs: int = 300
+    lr: float = 1e-2
+    prior: str = "normal"
+    prior_scale: float = 1.0
+    init_scale: float = 1e-3
+    init_mean: str = "random_sign"
+    routing: str = "modulo"
+
+    def __post_init__(self):
+        _require(
+            isinstance(self.components, int)
+            and not isinstance(self.components, bool)
+            and self.components >= 1,
+            "rank1.components",
+            self.components,
+            "M (mixture components) must be an integer >= 1",
+        )
+        _nonneg_int("rank1.epochs", self.epochs)
+        _pos("rank1.lr", self.lr)
+        _choice("rank1.prior", self.prior, ("normal", "cauchy"))
+        _pos("rank1.prior_scale", self.prior_scale)
+        _pos("rank1.init_scale", self.init_scale)
+        _choice("rank1.init_mean", self.init_mean, ("random_sign", "ones"))
+        _choice("rank1.routing", self.routing, ("modulo", "tile"))
+
+
+@dataclass
+class SSVIConfig:
+    """Sparse Subspace VI (Li et al. 2024): a mean-field posterior on ``density`` of the
+    coordinates of each Bayesian tensor, the subspace updated every ``update_every``
+    epochs by ``removal`` (``mu``, ``snr``, ``snr_abs_theta``) and ``addition``
+    (``gradient``, ``random``), moving ``move_fraction`` of the active coordinates at
+    first, decaying by a cosine to 0 at ``stop_fraction`` of training."""
+
+    density: float = 0.1
+    removal: str = "snr_abs_theta"
+    addition: str = "gradient"
+    update_every: int = 5
+    move_fraction: float = 0.3
+    stop_fraction: float = 0.75
+    epochs: int = 300
+    lr: float = 1e-2
+
+    def __post_init__(self):
+        _require(
+            isinstance(self.density, (int, float))
+            and not isinstance(self.density, bool)
+            and 0 < self.density <= 1,
+            "ssvi.density",
+            self.density,
+            "must be in (0, 1]",
+        )
+        _choice("ssvi.removal", self.removal, ("mu", "snr", "snr_abs_theta"))
+        _choice("ssvi.addition", self.addition, ("gradient", "random"))
+        _require(
+            isinstance(self.update_every, int) and self.update_every >= 1,
+            "ssvi.update_every",
+            self.update_every,
+            "must be an integer >= 1",
+        )
+        for n in ("move_fraction", "stop_fraction"):
+            v = getattr(self, n)
+            _require(
+                isinstance(v, (int, float)) and 0 <= v <= 1, f"ssvi.{n}", v, "must be in [0, 1]"
+            )
+        _nonneg_int("ssvi.epochs", self.epochs)
+        _pos("ssvi.lr", self.lr)
+
+
+@dataclass
 class RunConfig:
     """A whole run: which methods, data, network, prior and the stages' settings."""
 
@@ -246,6 +329,8 @@ class RunConfig:
     stage1: Stage1Config = field(default_factory=Stage1Config)
     sharing: SharingConfig = field(default_factory=SharingConfig)
     stage3: Stage3Config = field(default_factory=Stage3Config)
+    rank1: Rank1Config = field(default_factory=Rank1Config)
+    ssvi: SSVIConfig = field(default_factory=SSVIConfig)
 
     def __post_init__(self):
         known = ("deterministic", "mean_field", "2dg", "rank1", "ssvi")
@@ -355,12 +440,14 @@ def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
         raise ConfigError(f"config file {str(path)!r} cannot be parsed: {e}") from e
     if not isinstance(values, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a table of settings")
-    values = _merge(values, overrides or {})
+    values = merge_settings(values, overrides or {})
     return config_from_dict(values)
 
 
-def _merge(base: dict, over: dict) -> dict:
+def merge_settings(base: dict, over: dict) -> dict:
+    """Recursively update nested settings ``base`` with ``over`` (a new dict)."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        nested = isinstance(v, dict) and isinstance(out.get(k), dict)
+        out[k] = merge_settings(out[k], v) if nested else v
     return out

@@ -127,6 +127,16 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None) -> RunArtifacts:
 
         art.records.append(run_2dg(cfg, split, art, _to(eval_data, cfg.device)))
 
+    if "rank1" in cfg.methods:
+        from .alternatives import run_rank1
+
+        art.records.append(run_rank1(cfg, split, _to(eval_data, cfg.device)))
+
+    if "ssvi" in cfg.methods:
+        from .alternatives import run_ssvi
+
+        art.records.append(run_ssvi(cfg, split, _to(eval_data, cfg.device)))
+
     print(format_table(art.records))
     if out_dir is not None:
         write_results(out_dir, art.records, cfg.to_dict())

@@ -1,0 +1,113 @@
+"""Outlier rules, cluster-size reduction and the stage-2 builder on real data."""
+
+import pytest
+import torch
+
+from twodg_pyro.data import make_loader
+from twodg_pyro.pipeline import SharingConfig
+from twodg_pyro.sharing import (
+    SharingStructure,
+    build_sharing,
+    drop_small_components,
+    select_outliers,
+)
+
+
+def test_outlier_rules_select_the_right_elements():
+    mus = torch.tensor([0.1, -0.3, 0.05, 0.25, -0.01, 0.0, 0.19, -0.21])
+    grads = torch.tensor([0.0, 0.0, 9.0, 0.0, 0.0, 8.0, 0.0, 0.0])
+    rep = select_outliers(mus, grads, rule="absolute", tau_w=0.2, grad_percentile=0.25)
+    assert rep.mask.nonzero().squeeze(1).tolist() == [1, 2, 3, 5, 7]
+    assert (rep.by_mean, rep.by_gradient, rep.both) == (3, 2, 0)
+    q = select_outliers(mus, None, rule="quantile", mu_quantile=0.8)
+    assert q.mask.nonzero().squeeze(1).tolist() == [1, 3]  # |mu| above the 80% quantile
+    # layer rule: second "layer" has one far value
+    mus2 = torch.tensor([0.0, 0.1, -0.1, 0.0, 0.1, 0.1, 0.1, 0.1, 0.1, 5.0])
+    lay = select_outliers(mus2, None, rule="layer_std", layer_std_multiple=2.0, layer_sizes=[4, 6])
+    assert lay.mask.nonzero().squeeze(1).tolist() == [9]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"rule": "absolute", "tau_w": -0.1}, "tau_w must be a positive number, got -0.1"),
+        ({"rule": "quantile", "mu_quantile": 1.5}, r"mu_quantile must be in \(0, 1\), got 1.5"),
+        ({"grad_percentile": 1.0}, r"P_g\) must be in \[0, 1\), got 1.0"),
+        ({"rule": "nearest"}, "unknown outlier rule 'nearest'"),
+    ],
+)
+def test_outlier_settings_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        select_outliers(torch.zeros(4), torch.zeros(4), **kwargs)
+
+
+def test_nan_weights_are_named():
+    mus = torch.tensor([0.0, float("nan"), 1.0])
+    with pytest.raises(ValueError, match=r"1 NaN or infinite value\(s\) \(first at flat index 1\)"):
+        select_outliers(mus)
+
+
+def test_size_reduction_drops_small_clusters():
+    points = torch.randn(10, 2)
+    assign = torch.tensor([0, 0, 0, 1, 2, 2, 2, 2, 1, 0])
+    means, covs = torch.randn(3, 2), torch.eye(2).expand(3, 2, 2)
+    keep, new_assign, m, c = drop_small_components(points, assign, means, covs, n_min=3)
+    assert keep.tolist() == [True] * 3 + [False] + [True] * 4 + [False, True]
+    assert new_assign.tolist() == [0, 0, 0, 1, 1, 1, 1, 0]
+    torch.testing.assert_close(m, means[[0, 2]])
+    with pytest.raises(ValueError, match="no component has at least N_min = 9"):
+        drop_small_components(points, assign, means, covs, n_min=9)
+
+
+def _cfg(**kw):
+    base = dict(
+        outlier_rule="quantile",
+        mu_quantile=0.995,
+        grad_percentile=0.005,
+        n_components=16,
+        n_min=20,
+        tau_d=0.01,
+    )
+    base.update(kw)
+    return SharingConfig(**base)
+
+
+def test_stage2_on_a_trained_mean_field_bnn(trained_mean_field, digits):
+    model, guide = trained_mean_field
+    loader = make_loader(digits.train, 128, shuffle=True, seed=0)
+    structure, report = build_sharing(model, guide, loader, _cfg())
+    n_w = model.num_weights
+    assert structure.num_weights == n_w == 64 * 128 + 128 + 128 * 10 + 10
+    rules = report["outlier_rules"]
+    assert rules["by_mean"] == pytest.approx(0.005 * n_w, abs=2)
+    assert rules["by_gradient"] == int(torch.tensor(0.005 * n_w).ceil())
+    assert structure.n_outliers >= rules["n_outliers"]  # + points of deleted clusters
+    counts = torch.bincount(structure.plain_component, minlength=structure.n_gaussians)
+    assert 1 <= structure.n_gaussians <= 16
+    assert structure.ellipse_alphas.sum(1).allclose(torch.ones(structure.n_ellipses))
+    assert int(counts.sum()) + structure.n_ellipses + structure.n_outliers == n_w
+    # without outliers every weight is an inlier; without ellipses there are none
+    s2, _ = build_sharing(model, guide, loader, _cfg(use_outliers=False, use_ellipses=False))
+    assert s2.n_outliers == 0 and s2.n_ellipses == 0 and s2.n_inliers == n_w
+
+
+def test_stage2_bad_inputs(trained_mean_field, digits):
+    model, guide = trained_mean_field
+    loader = make_loader(digits.train, 128)
+    with pytest.raises(ValueError, match=r"n_components K = 20000 is larger than the number"):
+        build_sharing(model, guide, loader, _cfg(n_components=20000))
+    with pytest.raises(ValueError, match="no inliers would be left"):
+        build_sharing(model, guide, loader, _cfg(n_min=100000))
+
+
+def test_structure_file_round_trip_and_version(tmp_path, trained_mean_field, digits):
+    model, guide = trained_mean_field
+    structure, _ = build_sharing(model, guide, make_loader(digits.train, 128), _cfg())
+    structure.save(tmp_path / "s.pt")
+    back = SharingStructure.load(tmp_path / "s.pt")
+    assert back.counts() == structure.counts()
+    assert torch.equal(back.plain_component, structure.plain_component)
+    payload = torch.load(tmp_path / "s.pt", weights_only=True)
+    payload["header"] = payload["header"].replace('"format_version": 1', '"format_version": 7')
+    with pytest.raises(ValueError, match="format version 7 is not supported"):
+        SharingStructure.from_payload(payload)
