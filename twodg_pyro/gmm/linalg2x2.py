@@ -1,0 +1,211 @@
+"""Closed-form linear algebra on batches of 2x2 symmetric positive-definite matrices.
+
+Every function takes tensors shaped ``(..., 2, 2)`` (any leading batch shape) and
+works elementwise on the batch, with no call into ``torch.linalg``: for 2x2
+matrices the determinant, inverse, square root and Cholesky factor have short
+closed forms that vectorise over millions of matrices and run on any device.
+
+For ``S = [[a, b], [b, c]]``:
+
+* ``det S = a c - b^2``, ``tr S = a + c``;
+* ``S^{-1} = [[c, -b], [-b, a]] / det S``;
+* ``S^{1/2} = (S + sqrt(det S) I) / sqrt(tr S + 2 sqrt(det S))`` (the unique SPD
+  square root; follows from Cayley-Hamilton);
+* ``chol S = [[sqrt(a), 0], [b / sqrt(a), sqrt(c - b^2 / a)]]`` (lower factor L,
+  ``L L^T = S``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "det2x2",
+    "trace2x2",
+    "inv2x2",
+    "sqrtm2x2",
+    "cholesky2x2",
+    "logdet2x2",
+    "eigvalsh2x2",
+    "gaussian_log_prob",
+    "check_spd",
+]
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def _check_square2(S: Tensor, name: str = "S") -> None:
+    if not isinstance(S, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(S).__name__}")
+    if S.dim() < 2 or S.shape[-2:] != (2, 2):
+        raise ValueError(f"{name} must have shape (..., 2, 2), got {tuple(S.shape)}")
+
+
+def det2x2(S: Tensor) -> Tensor:
+    """Determinant ``det S = S00 S11 - S01 S10`` of each 2x2 matrix; shape ``(...)``."""
+    _check_square2(S)
+    return S[..., 0, 0] * S[..., 1, 1] - S[..., 0, 1] * S[..., 1, 0]
+
+
+def trace2x2(S: Tensor) -> Tensor:
+    """Trace ``tr S = S00 + S11`` of each 2x2 matrix; shape ``(...)``."""
+    _check_square2(S)
+    return S[..., 0, 0] + S[..., 1, 1]
+
+
+def logdet2x2(S: Tensor) -> Tensor:
+    """``log det S`` of each 2x2 SPD matrix; shape ``(...)``."""
+    return torch.log(det2x2(S))
+
+
+def inv2x2(S: Tensor) -> Tensor:
+    """Inverse ``S^{-1} = adj(S) / det S`` with ``adj [[a, b], [c, d]] = [[d, -b], [-c, a]]``."""
+    det = det2x2(S)
+    adj = torch.stack(
+        (
+            torch.stack((S[..., 1, 1], -S[..., 0, 1]), dim=-1),
+            torch.stack((-S[..., 1, 0], S[..., 0, 0]), dim=-1),
+        ),
+        dim=-2,
+    )
+    return adj / det[..., None, None]
+
+
+def sqrtm2x2(S: Tensor) -> Tensor:
+    """Principal square root of SPD ``S``: ``(S + s I) / sqrt(tr S + 2 s)``, ``s = sqrt(det S)``.
+
+    The result ``R`` is SPD and satisfies ``R @ R = S``. Tiny negative determinants
+    from round-off are clamped to zero (PSD input then still gives a PSD root).
+    """
+    s = torch.sqrt(det2x2(S).clamp_min(0.0))
+    t = torch.sqrt(trace2x2(S) + 2.0 * s)
+    eye = torch.eye(2, dtype=S.dtype, device=S.device)
+    return (S + s[..., None, None] * eye) / t[..., None, None]
+
+
+def cholesky2x2(S: Tensor) -> Tensor:
+    """Lower Cholesky factor ``L`` with ``L L^T = S``.
+
+    ``L = [[sqrt(a), 0], [b / sqrt(a), sqrt(c - b^2 / a)]]`` for ``S = [[a, b], [b, c]]``.
+    """
+    _check_square2(S)
+    l11 = torch.sqrt(S[..., 0, 0])
+    l21 = S[..., 1, 0] / l11
+    l22 = torch.sqrt((S[..., 1, 1] - l21 * l21).clamp_min(0.0))
+    zero = torch.zeros_like(l11)
+    return torch.stack((torch.stack((l11, zero), dim=-1), torch.stack((l21, l22), dim=-1)), dim=-2)
+
+
+def eigvalsh2x2(S: Tensor) -> tuple[Tensor, Tensor]:
+    """Eigenvalues ``(lambda_min, lambda_max)`` of symmetric 2x2 ``S``.
+
+    ``lambda = tr/2 -+ sqrt((a - c)^2 / 4 + b^2)``; the smaller one is computed as
+    ``det / lambda_max`` to avoid cancellation.
+    """
+    _check_square2(S)
+    a, b, c = S[..., 0, 0], S[..., 0, 1], S[..., 1, 1]
+    half_tr = 0.5 * (a + c)
+    rad = torch.sqrt(0.25 * (a - c) ** 2 + b * b)
+    lmax = half_tr + rad
+    lmin = torch.where(lmax > 0, (a * c - b * b) / lmax.clamp_min(torch.finfo(S.dtype).tiny), 0.0)
+    return lmin, lmax
+
+
+def gaussian_log_prob(
+    points: Tensor, means: Tensor, covs: Tensor, *, chunk_size: int = 65_536
+) -> Tensor:
+    """Log-density of every point under every component: ``(N, K)``.
+
+    ``log N(x | m, S) = -log(2 pi) - 0.5 log det S - 0.5 (x - m)^T S^{-1} (x - m)``,
+    evaluated on the centred differences ``x - m`` (no expanded quadratic, so no
+    cancellation), in chunks of ``chunk_size`` points.
+    """
+    _check_points(points, "points")
+    _check_square2(covs, "covs")
+    if means.dim() != 2 or means.shape[1] != 2 or covs.shape[:-2] != means.shape[:1]:
+        raise ValueError(
+            f"means must be (K, 2) and covs (K, 2, 2); got {tuple(means.shape)} and "
+            f"{tuple(covs.shape)}"
+        )
+    prec = inv2x2(covs)
+    pa, pb, pc = prec[:, 0, 0], prec[:, 0, 1], prec[:, 1, 1]
+    const = -_LOG_2PI - 0.5 * logdet2x2(covs)
+    out = torch.empty(points.shape[0], means.shape[0], dtype=points.dtype, device=points.device)
+    for start in range(0, points.shape[0], chunk_size):
+        x = points[start : start + chunk_size]
+        d0 = x[:, 0:1] - means[None, :, 0]
+        d1 = x[:, 1:2] - means[None, :, 1]
+        q = pa * d0 * d0 + 2.0 * pb * d0 * d1 + pc * d1 * d1
+        out[start : start + chunk_size] = const - 0.5 * q
+    return out
+
+
+def _check_points(points: Tensor, name: str) -> None:
+    if not isinstance(points, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(points).__name__}")
+    if points.dim() != 2 or points.shape[1] != 2:
+        raise ValueError(f"{name} must have shape (N, 2), got {tuple(points.shape)}")
+
+
+def _fmt_index(flat: int, batch_shape: tuple[int, ...]) -> str:
+    if len(batch_shape) <= 1:
+        return str(flat)
+    idx = []
+    for size in reversed(batch_shape):
+        idx.append(flat % size)
+        flat //= size
+    return ", ".join(str(i) for i in reversed(idx))
+
+
+def check_spd(covs: Tensor, name: str = "covs", *, sym_rtol: float = 1e-5) -> None:
+    """Raise ``ValueError`` unless every 2x2 matrix in ``covs`` is symmetric positive definite.
+
+    Checks, in order: shape ``(..., 2, 2)``; all entries finite; symmetry
+    ``|S01 - S10| <= sym_rtol * sqrt(S00 S11)`` (plus a tiny absolute slack);
+    ``S00 > 0`` and ``det S > 0`` (Sylvester's criterion). The message names the
+    first offending index and the offending value, e.g.
+    ``covs[3] is not positive definite: det = -0.25``.
+    """
+    if not isinstance(covs, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(covs).__name__}")
+    if covs.dim() < 2 or covs.shape[-2:] != (2, 2):
+        raise ValueError(f"{name} must have shape (..., 2, 2), got {tuple(covs.shape)}")
+    batch_shape = tuple(covs.shape[:-2])
+    flat = covs.reshape(-1, 2, 2)
+    if flat.shape[0] == 0:
+        return
+
+    def first(mask: Tensor) -> int | None:
+        bad = torch.nonzero(mask).flatten()
+        return None if bad.numel() == 0 else int(bad[0])
+
+    i = first(~torch.isfinite(flat).all(dim=(-2, -1)))
+    if i is not None:
+        raise ValueError(
+            f"{name}[{_fmt_index(i, batch_shape)}] has non-finite entries: {flat[i].tolist()}"
+        )
+    s00, s01, s10, s11 = flat[:, 0, 0], flat[:, 0, 1], flat[:, 1, 0], flat[:, 1, 1]
+    scale = torch.sqrt((s00 * s11).abs())
+    tiny = torch.finfo(flat.dtype).tiny if flat.is_floating_point() else 0.0
+    i = first((s01 - s10).abs() > sym_rtol * scale + tiny)
+    if i is not None:
+        raise ValueError(
+            f"{name}[{_fmt_index(i, batch_shape)}] is not symmetric: "
+            f"S01 = {float(s01[i]):.6g}, S10 = {float(s10[i]):.6g}"
+        )
+    i = first(s00 <= 0)
+    if i is not None:
+        raise ValueError(
+            f"{name}[{_fmt_index(i, batch_shape)}] is not positive definite: "
+            f"S00 = {float(s00[i]):.6g}"
+        )
+    det = s00 * s11 - s01 * s10
+    i = first(det <= 0)
+    if i is not None:
+        raise ValueError(
+            f"{name}[{_fmt_index(i, batch_shape)}] is not positive definite: "
+            f"det = {float(det[i]):.6g}"
+        )
