@@ -1,0 +1,437 @@
+r"""SVI across processes: the ELBO module under ``DistributedDataParallel`` (stages 1 and 3).
+
+:func:`fit_distributed` is :func:`~twodg_pyro.infer.fit` for a process group: every rank
+runs it with the same arguments; without a group it runs the same loop in one process.
+
+**The loss on each rank, and why the gradient is the single-process one.**  Let the
+configured (global) batch have :math:`G = W b` examples, :math:`W` ranks holding
+:math:`b` each (:math:`\mathcal B_r`), :math:`N` the training-set size (the
+likelihood's ``dataset_size``, *global*), :math:`\ell_i(w) = -\log p(y_i \mid f_w(x_i))`
+and :math:`\varepsilon` the noise of the guide's reparameterised draw
+:math:`w = w(\theta, \varepsilon)`.  One process on the whole global batch minimises
+
+.. math::
+    L_G(\theta) = \frac{N}{G} \sum_{i \in \cup_r \mathcal B_r} \ell_i(w)
+        + \beta\,\mathrm{KL}(\theta).
+
+Rank :math:`r` evaluates the ordinary minibatch loss of its own examples — the data
+plate scales its log-likelihood by :math:`N / b` — with the KL *unscaled*:
+
+.. math::
+    L_r(\theta) = \frac{N}{b} \sum_{i \in \mathcal B_r} \ell_i(w_r)
+        + \beta\,\mathrm{KL}(\theta),
+
+and DDP all-reduces the *mean* of the gradients,
+:math:`g = \frac1W \sum_r \nabla L_r`.  Because
+:math:`\frac1W \sum_r \frac{N}{b} \sum_{\mathcal B_r} \ell_i = \frac{N}{G}
+\sum_{\cup_r \mathcal B_r} \ell_i` and :math:`\frac1W \sum_r \beta\,\mathrm{KL} =
+\beta\,\mathrm{KL}`, :math:`g = \nabla L_G` whenever every rank uses the same draw
+(``noise="shared"``): the likelihood is scaled by the global :math:`N` and the KL is
+counted once.  (In the equivalent sum convention each rank contributes
+:math:`\frac{N}{G}\sum_{\mathcal B_r}\ell_i + \beta\,\mathrm{KL}/W`.)  With
+``noise="independent"`` (default) every rank draws its own :math:`w_r`; then
+:math:`\mathbb E[g] = \nabla\,\mathbb E_\varepsilon[L_G]`, the same unbiased gradient
+averaged over :math:`W` weight draws instead of one (lower variance).  A Monte Carlo KL
+is likewise averaged over the ranks' draws.  ``DistributedSampler`` gives every rank the
+same number of examples per epoch (repeating at most :math:`W - 1` examples when
+:math:`W \nmid N`), so the last, smaller global batch splits evenly too.
+
+**Agreement between ranks.**  Parameters start equal (DDP broadcasts rank 0's at
+wrapping) and stay equal (identical averaged gradients, identical optimiser steps).
+Each step all-reduces the loss and its terms (one small vector) *before* the backward
+pass: the history is the global one on every rank, and a NaN on any rank stops every
+rank with the same error instead of leaving the others waiting.  Callbacks (KL
+annealing, the merge and Mahalanobis hooks) run on every rank under a random seed that
+is the same on every rank, so they take identical decisions; afterwards a checksum of
+all parameters and buffers is compared across ranks (a divergence is an error on every
+rank), the optimiser has been rebuilt on every rank by the hook itself, and when a hook
+replaced parameter objects (a merge) the module is wrapped anew in DDP.  BatchNorm-like
+buffers of the model are averaged over ranks at each epoch's end.  Only rank 0 writes
+progress; a callback that writes files (the :class:`~twodg_pyro.io.checkpoint.Checkpoint`
+of the pipeline, ...) is wrapped in :class:`MainOnly`: it runs on rank 0, and its outcome
+(an error, or a request to stop) reaches every rank.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyro
+import torch
+from pyro.infer.elbo import ELBOModule
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+from tqdm.auto import tqdm
+
+from ..infer.callbacks import Callback
+from ..infer.elbo import DecomposedELBO
+from ..infer.trainer import TrainState, build_optimizer
+from . import env
+
+__all__ = [
+    "ELBOTermsModule",
+    "MainOnly",
+    "ShardedLoader",
+    "fit_distributed",
+    "local_batch_size",
+    "shard_loader",
+    "state_checksum",
+]
+
+_NOISE = ("independent", "shared")
+_DDP_ARGS = inspect.signature(DDP.__init__).parameters
+_BUFFER_SYNC_ARG = (
+    "forward_sync_buffers" if "forward_sync_buffers" in _DDP_ARGS else "broadcast_buffers"
+)
+_HAS_INIT_SYNC = "init_sync" in _DDP_ARGS
+
+
+def local_batch_size(batch_size: int, world_size: int | None = None) -> int:
+    """Per-rank batch of a configured global ``batch_size``; it must divide evenly."""
+    world = env.get_world_size() if world_size is None else int(world_size)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch size must be a positive integer, got {batch_size!r}")
+    if batch_size % world:
+        lo = batch_size // world * world
+        options = f"{lo} or {lo + world}" if lo else f"{world}"
+        raise ValueError(
+            f"the global batch size {batch_size} is not divisible by the world size {world}: "
+            f"every process must take the same number of examples per step; use a multiple "
+            f"of {world} (e.g. {options}) or a different number of processes"
+        )
+    return batch_size // world
+
+
+class ShardedLoader:
+    """A ``DataLoader`` over this rank's shard (``DistributedSampler``), global batch in.
+
+    Iterating it advances the sampler's epoch (a new shuffle each pass, the same on
+    every rank); :meth:`set_epoch` fixes it explicitly (resuming).  With one process it
+    is a seeded shuffled loader over the whole data set.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        world_size: int | None = None,
+        rank: int | None = None,
+    ):
+        world = env.get_world_size() if world_size is None else int(world_size)
+        rank = env.get_rank() if rank is None else int(rank)
+        self.global_batch_size = int(batch_size)
+        self.batch_size = local_batch_size(batch_size, world)
+        if len(dataset) < world:
+            raise ValueError(f"the data set has {len(dataset)} examples, fewer than {world} ranks")
+        self.sampler = DistributedSampler(
+            dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
+        self.dataset = dataset
+        self.loader = DataLoader(
+            dataset, batch_size=self.batch_size, sampler=self.sampler, num_workers=num_workers
+        )
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self):
+        self.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+def shard_loader(dataset: Dataset, batch_size: int, seed: int = 0, **kwargs) -> ShardedLoader:
+    """This rank's :class:`ShardedLoader` for a global ``batch_size``."""
+    return ShardedLoader(dataset, batch_size, seed=seed, **kwargs)
+
+
+class ELBOTermsModule(ELBOModule):
+    """Pyro's ``ELBOModule`` (model + guide + ELBO) returning ``(loss, terms)``: the DDP unit."""
+
+    def forward(self, *args, **kwargs):
+        terms = self.elbo.loss_terms(self.model, self.guide, *args, **kwargs)
+        return self.elbo.combine(terms), terms
+
+
+def _derive_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) % (2**32) for p in parts]).generate_state(1)[0])
+
+
+def _seed_common(seed: int, epoch: int, tag: int) -> None:
+    """A seed that is the same on every rank (for callbacks and hooks)."""
+    pyro.set_rng_seed(_derive_seed(seed, tag, epoch))
+
+
+def state_checksum(*modules: nn.Module) -> torch.Tensor:
+    """``[n_tensors, n_elements, sum, position-weighted sum, sum |.|]`` of all parameters
+    and floating buffers (float64): equal on every rank while the ranks agree."""
+    n_t, n_e = 0, 0
+    s = torch.zeros(3, dtype=torch.float64)
+    for m in modules:
+        for t in list(m.parameters()) + list(m.buffers()):
+            t64 = t.detach().to(torch.float64)
+            n_t += 1
+            n_e += t.numel()
+            total = t64.sum().cpu()
+            s += torch.stack([total, total * n_t, t64.abs().sum().cpu()])
+    return torch.cat([torch.tensor([float(n_t), float(n_e)], dtype=torch.float64), s])
+
+
+def _param_ids(module: nn.Module) -> list[int]:
+    return [id(p) for p in module.parameters()]
+
+
+def _wrap(
+    module: nn.Module, device: torch.device | None, options: Mapping | None, sync: bool = True
+) -> nn.Module:
+    """``module`` under DDP (itself without a group).  ``sync=False`` skips DDP's broadcast
+    of rank 0's parameters and buffers when the ranks are known to agree (re-wrapping
+    after a merge, right after the cross-rank checksum)."""
+    if not env.is_distributed():
+        return module
+    ids = None
+    if device is not None and device.type == "cuda":
+        ids = [device.index if device.index is not None else torch.cuda.current_device()]
+    # static_graph: the same parameters take part in every step (a guide's empty
+    # parameter, e.g. no outliers, is then handled without a graph search per step);
+    # no buffer broadcast in forward: guide buffers are structure (kept equal by the
+    # hooks), model buffers (BatchNorm statistics) are averaged at each epoch's end
+    kwargs = {"device_ids": ids, "static_graph": True, _BUFFER_SYNC_ARG: False}
+    if not sync and _HAS_INIT_SYNC:
+        kwargs["init_sync"] = False
+    kwargs.update(options or {})
+    return DDP(module, **kwargs)
+
+
+def _average_buffers(module: nn.Module) -> None:
+    """Mean over ranks of the module's floating buffers (BatchNorm running statistics)."""
+    if not env.is_distributed():
+        return
+    world = env.get_world_size()
+    with torch.no_grad():
+        for b in module.buffers():
+            if b.is_floating_point() and b.numel():
+                b.copy_(env.all_reduce_sum(b) / world)
+
+
+class MainOnly(Callback):
+    """Run ``callback`` on rank 0 only (a checkpoint writer, a logger, ...).
+
+    Each call is a barrier that carries rank 0's outcome: an exception on rank 0 is
+    raised on every rank, and ``on_epoch_end``'s request to stop reaches every rank.
+    Attributes not defined here are the wrapped callback's.
+    """
+
+    def __init__(self, callback: Callback):
+        self.callback = callback
+
+    def __getattr__(self, name):
+        if name == "callback":
+            raise AttributeError(name)
+        return getattr(self.callback, name)
+
+    def _call(self, method: str, state):
+        what = f"run {type(self.callback).__name__}.{method}"
+        return env.on_main(lambda: getattr(self.callback, method)(state), what, share=True)
+
+    def on_train_begin(self, state) -> None:
+        self._call("on_train_begin", state)
+
+    def on_epoch_begin(self, state) -> None:
+        self._call("on_epoch_begin", state)
+
+    def on_epoch_end(self, state) -> bool | None:
+        return self._call("on_epoch_end", state)
+
+    def on_train_end(self, state) -> None:
+        self._call("on_train_end", state)
+
+    def state_dict(self) -> dict:
+        return self.callback.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.callback.load_state_dict(state)
+
+
+def fit_distributed(
+    model: nn.Module,
+    guide: nn.Module,
+    data: Dataset | ShardedLoader,
+    epochs: int,
+    *,
+    batch_size: int | None = None,
+    lr: float | Mapping[str, float] = 1e-3,
+    elbo: DecomposedELBO | None = None,
+    callbacks: Sequence[Callback] = (),
+    device: torch.device | str | None = None,
+    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
+    clip_norm: float | None = None,
+    progress: bool = True,
+    seed: int = 0,
+    noise: str = "independent",
+    ddp_options: Mapping | None = None,
+    state: TrainState | None = None,
+) -> TrainState:
+    """Train ``guide`` (and the model's deterministic parameters) by SVI on every rank.
+
+    Every rank calls it with the same arguments (see the module docstring for the
+    loss each rank computes).  Without a process group it is a single-process loop
+    with the same sampler, seeds and history.
+
+    Args:
+        model, guide: as :func:`~twodg_pyro.infer.fit`; ``model.likelihood.dataset_size``
+            is the size of the *whole* training set.
+        data: the whole training ``Dataset`` (each rank reads its shard through a
+            ``DistributedSampler``), or a :class:`ShardedLoader`.
+        epochs: total number of epochs (a resumed ``state`` continues up to it).
+        batch_size: the global batch (all ranks together) when ``data`` is a Dataset;
+            it must be a multiple of the world size.
+        lr, elbo, device, optimizer, clip_norm, progress, state: as ``fit``.
+        callbacks: as ``fit``; they run on every rank (under a seed common to all ranks)
+            and must leave every rank in the same state: wrap a callback that writes
+            files in :class:`MainOnly`.
+        seed: seeds the shuffling, the guide's noise and the callbacks' randomness.
+        noise: ``"independent"`` (each rank its own weight draw) or ``"shared"`` (every
+            rank the same draw per step: the result is that of one process on the
+            global batch, up to floating-point summation order).
+        ddp_options: keyword arguments for ``DistributedDataParallel`` over the defaults
+            ``static_graph=True`` and no buffer broadcast in forward; e.g.
+            ``{"static_graph": False, "find_unused_parameters": True}`` for a model whose
+            set of used parameters changes from step to step.
+
+    Raises:
+        ValueError: bad settings, e.g. a batch size the world size does not divide
+            (the same message on every rank, before any communication).
+        FloatingPointError: the loss became non-finite on some rank (every rank raises).
+        RuntimeError: the ranks' parameters diverged, or a collective timed out.
+    """
+    if int(epochs) < 0:
+        raise ValueError(f"epochs must be >= 0, got {epochs!r}")
+    if noise not in _NOISE:
+        raise ValueError(f"noise must be one of {list(_NOISE)}, got {noise!r}")
+    if clip_norm is not None and not (clip_norm > 0):
+        raise ValueError(f"clip_norm must be positive, got {clip_norm!r}")
+    if isinstance(data, ShardedLoader):
+        loader = data
+        if batch_size is not None and batch_size != loader.global_batch_size:
+            raise ValueError(
+                f"batch_size={batch_size} differs from the loader's global batch "
+                f"{loader.global_batch_size}"
+            )
+    else:
+        if batch_size is None:
+            raise ValueError("batch_size (the global batch) is required when data is a Dataset")
+        loader = ShardedLoader(data, batch_size, seed=seed)
+    rank, world = env.get_rank(), env.get_world_size()
+    dev = torch.device(device) if device is not None else None
+    main = rank == 0
+    elbo = elbo if elbo is not None else (state.elbo if state else DecomposedELBO())
+    if state is None:
+        opt = build_optimizer(model, guide, lr, optimizer)
+        state = TrainState(model, guide, elbo, opt, lr, int(epochs))
+    state.epochs = int(epochs)
+    callbacks = list(callbacks)
+    module = ELBOTermsModule(model, guide, state.elbo)
+    wrapped = _wrap(module, dev, ddp_options)
+    ids = _param_ids(module)
+    _seed_common(seed, state.epoch, 1)
+    for cb in callbacks:
+        cb.on_train_begin(state)
+    model.train()
+    bar = tqdm(total=state.epochs, initial=state.epoch, desc="SVI", disable=not (progress and main))
+    try:
+        while state.epoch < state.epochs and not state.stop:
+            epoch = state.epoch
+            _seed_common(seed, epoch, 2)
+            for cb in callbacks:
+                cb.on_epoch_begin(state)
+            loader.set_epoch(epoch)
+            if noise == "independent":
+                torch.manual_seed(_derive_seed(seed, 3, epoch, rank))
+            sums: torch.Tensor | None = None
+            keys: list[str] = []
+            n_batches = 0
+            for j, batch in enumerate(loader):
+                if noise == "shared":
+                    torch.manual_seed(_derive_seed(seed, 4, epoch, j))
+                x, y = (b.to(dev) if dev is not None else b for b in batch[:2])
+                state.optimizer.zero_grad(set_to_none=True)
+                loss, terms = wrapped(x, y)
+                keys = sorted(terms)
+                local = torch.stack([loss.detach().reshape(())] + [terms[k].detach() for k in keys])
+                glob = env.all_reduce_sum(local.to(torch.float64)) / world
+                if not bool(torch.isfinite(glob).all()):
+                    _raise_non_finite(state, keys, local, glob, rank)
+                loss.backward()
+                if clip_norm is not None:
+                    params = [p for g in state.optimizer.param_groups for p in g["params"]]
+                    torch.nn.utils.clip_grad_norm_(params, clip_norm)
+                state.optimizer.step()
+                state.step += 1
+                n_batches += 1
+                sums = glob if sums is None else sums + glob
+            record = {}
+            if sums is not None:
+                means = (sums / max(n_batches, 1)).tolist()
+                record = {"loss": means[0], **dict(zip(keys, means[1:], strict=True))}
+            record.update(epoch=epoch, beta=state.elbo.beta)
+            state.history.append(record)
+            state.epoch += 1
+            _average_buffers(model)
+            _seed_common(seed, epoch, 5)
+            stop = False
+            for cb in callbacks:
+                if cb.on_epoch_end(state):
+                    stop = True
+            state.stop = state.stop or stop
+            env.check_same_across_ranks(
+                torch.cat([state_checksum(model, guide), torch.tensor([float(state.stop)])]),
+                f"the model and guide state after epoch {epoch} (callbacks: "
+                f"{[type(c).__name__ for c in callbacks]})",
+            )
+            new_ids = _param_ids(module)
+            if new_ids != ids:  # a hook replaced parameters: a new DDP reducer over them
+                del wrapped
+                wrapped = _wrap(module, dev, ddp_options, sync=False)
+                ids = new_ids
+            bar.update(1)
+            if main and progress:
+                bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k != "epoch"})
+        _seed_common(seed, state.epoch, 6)
+        for cb in callbacks:
+            cb.on_train_end(state)
+    finally:
+        bar.close()
+    model.eval()
+    env.barrier()
+    return state
+
+
+def _raise_non_finite(state, keys, local, glob, rank) -> None:
+    bad_local = {
+        k: float(v) for k, v in zip(["loss", *keys], local.tolist(), strict=True) if not _finite(v)
+    }
+    raise FloatingPointError(
+        f"loss is not finite at epoch {state.epoch}, step {state.step} (rank {rank}); "
+        f"global mean terms {dict(zip(['loss', *keys], glob.tolist(), strict=True))}; "
+        f"non-finite terms on this rank: {bad_local or 'none (another rank)'}; "
+        f"last good epoch: {state.epoch - 1}"
+    )
+
+
+def _finite(v: float) -> bool:
+    return math.isfinite(v)
