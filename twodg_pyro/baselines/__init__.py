@@ -1,5 +1,6 @@
 """Non-Bayesian and post-hoc baselines the BNNs are compared with."""
 
 from .deterministic import train_deterministic
+from .quantized import dequantize, quantize_mean_field, quantized_size_mb
 
-__all__ = ["train_deterministic"]
+__all__ = ["dequantize", "quantize_mean_field", "quantized_size_mb", "train_deterministic"]

@@ -1,0 +1,54 @@
+"""Several stage-2/3 variants of Algorithm 1 on top of one stage-1 mean-field BNN.
+
+Ablations (Table 5), merging on/off (Table 10), tyings, merge rules and coordinates
+change only what happens after stage 1, so :func:`run_variants` trains the
+mean-field BNN once and runs each variant on a copy of it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from .algorithm1 import run_2dg
+from .config import RunConfig, config_from_dict, merge_settings
+from .runner import RunArtifacts, run
+
+__all__ = ["run_variants"]
+
+_STAGE1_KEYS = ("data", "network", "prior", "stage1", "seed", "device")
+
+
+def run_variants(base: RunConfig, variants: dict[str, dict]) -> tuple[list[dict], RunArtifacts]:
+    """Run ``base.methods`` once, then the 2DG stages for each variant.
+
+    Args:
+        base: settings of the shared part (stage 1 and the baselines).
+        variants: ``{name: overrides}``; overrides may touch ``sharing`` and ``stage3``
+            (and ``num_samples``), never stage-1 settings.
+
+    Returns:
+        ``(records, artifacts)``: the baseline records then one 2DG record per variant
+        (with a ``variant`` key).
+    """
+    for name, over in variants.items():
+        bad = [k for k in over if k in _STAGE1_KEYS]
+        if bad:
+            raise ValueError(f"variant {name!r} changes stage-1 settings {bad}; run it separately")
+    methods = [m for m in base.methods if m != "2dg"] or ["mean_field"]
+    if "mean_field" not in methods:
+        methods.append("mean_field")
+    shared = config_from_dict(merge_settings(base.to_dict(), {"methods": methods}))
+    art = run(shared)
+    records = [dict(r, variant="-") for r in art.records if r["method"] in base.methods]
+    eval_data = art.extras["eval_data"]
+    for name, over in variants.items():
+        cfg = config_from_dict(merge_settings(base.to_dict(), over))
+        v_art = RunArtifacts()
+        v_art.mean_field = copy.deepcopy(art.mean_field)
+        from .builders import seed_everything
+
+        seed_everything(cfg.seed)
+        rec = run_2dg(cfg, art.split, v_art, eval_data)
+        rec["variant"] = name
+        records.append(rec)
+    return records, art
