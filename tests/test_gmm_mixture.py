@@ -158,6 +158,7 @@ def test_fit_labels_counts_and_reproducibility(k16_data, k16_fit):
     assert torch.allclose(a.means_, b.means_) and torch.allclose(a.weights_, b.weights_)
 
 
+@pytest.mark.filterwarnings("ignore:GaussianMixture2D did not converge")
 def test_pruned_estep_matches_dense():
     w, mu, cov = bnn_like_mixture(40, seed=3)
     x = sample(w, mu, cov, 30_000, seed=4)
@@ -178,6 +179,7 @@ def test_inits_and_float64(init, k16_data):
     check_spd(g.covariances_)
 
 
+@pytest.mark.filterwarnings("ignore:GaussianMixture2D did not converge")
 def test_many_components_on_degenerate_data_stay_finite():
     rng = np.random.default_rng(0)
     x = np.concatenate(

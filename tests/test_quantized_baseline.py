@@ -1,7 +1,6 @@
 """The INT8 quantisation baseline of Table 4: size arithmetic and the quantiser."""
 
 import pytest
-import torch
 
 from twodg_pyro.baselines import quantize_mean_field, quantized_size_mb
 
@@ -15,7 +14,8 @@ def test_size_arithmetic_against_a_hand_computation():
     # the anchors' 0.718 / 0.598 / 0.538 MB (without the per-tensor scales)
     assert round(quantized_size_mb(478410, 0, 4), 3) == 0.718
     assert round(quantized_size_mb(478410, 0, 1), 3) == 0.538
-    assert quantized_size_mb(10, 1, 8, n_deterministic=5) == pytest.approx((10 + 10 + 12 + 20) / 1e6)
+    expected = (10 + 10 + 12 + 20) / 1e6
+    assert quantized_size_mb(10, 1, 8, n_deterministic=5) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4])

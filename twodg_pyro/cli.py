@@ -1,7 +1,11 @@
-"""Command-line interface: ``twodg-pyro run | train | report``.
+"""Command-line interface: ``twodg-pyro run | train | evaluate | diagnose | report``.
 
 ``run`` is the main job on the bundled digits; ``train --config FILE`` runs any
-configuration; ``report RUN_DIR`` rebuilds the table of a finished run.
+configuration (both write the table, the 2DG model file, the InferenceData,
+diagnostics and figures into ``--out``); ``evaluate MODEL_FILE`` prints the
+predictive metrics of a saved 2DG BNN; ``diagnose MODEL_FILE`` writes its
+InferenceData, k-hat, PSIS-LOO, posterior summary and figures; ``report RUN_DIR``
+rebuilds the table of a finished run.
 """
 
 from __future__ import annotations
@@ -20,6 +24,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
+_RESUME_HELP = (
+    "continue a killed run from the checkpoints in RUN_DIR (written with checkpoint_every > 0); "
+    "its stored settings are used"
+)
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default="digits", help="evaluation data set (default: digits)")
+    p.add_argument("--root", default=None, help="folder of a file-based data set")
+    p.add_argument("--num-samples", type=int, default=30, help="posterior samples N_s (30)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``twodg-pyro``."""
     parser = argparse.ArgumentParser(
@@ -29,10 +45,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="the main job: every method on the bundled digits")
     p.add_argument("--config", default=None, help="optional config file (TOML/JSON/YAML)")
     p.add_argument("--methods", nargs="+", default=None, help="subset of methods to run")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
     _common(p)
     p = sub.add_parser("train", help="run the configuration in a config file")
-    p.add_argument("--config", required=True, help="config file (TOML, JSON or YAML)")
+    p.add_argument("--config", default=None, help="config file (TOML, JSON or YAML)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
     _common(p)
+    p = sub.add_parser("evaluate", help="metrics of a saved 2DG model file")
+    p.add_argument("model_file", help="a model file written by run/train (model_2dg.pt)")
+    _data_args(p)
+    p.add_argument("--split", choices=["test", "val"], default="test", help="default: test")
+    p.add_argument("--out", default=None, help="also write the metrics as JSON to this file")
+    p.add_argument("--seed", type=int, default=0, help="seed of the posterior draws")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p = sub.add_parser("diagnose", help="ArviZ diagnostics and figures of a saved 2DG model")
+    p.add_argument("model_file", help="a model file written by run/train (model_2dg.pt)")
+    _data_args(p)
+    p.add_argument("--out", default=None, help="output folder (default: runs/diagnose)")
+    p.add_argument("--khat-samples", type=int, default=100, help="draws for k-hat (100)")
+    p.add_argument("--n-weights", type=int, default=200, help="weights exported (200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the draws and subsets")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p = sub.add_parser("report", help="rebuild the results table of a run folder")
     p.add_argument("run_dir")
     return parser
@@ -59,7 +92,25 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command in ("run", "train"):
+            from .distributed import env_rank, env_world_size
+
             over = _overrides(args)
+            resume = getattr(args, "resume", None)
+            if resume and env_world_size() > 1:
+                raise ValueError("--resume runs in one process; start it without torchrun")
+            if resume:
+                from .pipeline.resume import load_run_config
+
+                if args.out and Path(args.out).resolve() != Path(resume).resolve():
+                    raise ValueError(f"--out {args.out!r} and --resume {resume!r} differ")
+                # the stored settings; a --config given too must agree with them
+                cfg = load_config(args.config, over) if args.config else None
+                cfg = cfg or load_run_config(resume, over)
+                run_pipeline(cfg, Path(resume), resume=True)
+                print(f"wrote {Path(resume) / 'results.json'}")
+                return 0
+            if args.command == "train" and not args.config:
+                raise ValueError("train needs --config FILE (or --resume RUN_DIR)")
             if args.config:
                 cfg = load_config(args.config, over)
             else:  # the main job: the digits preset
@@ -68,9 +119,19 @@ def main(argv: list[str] | None = None) -> int:
 
                 cfg = config_from_dict(merge_settings(preset("digits"), over))
             out = Path(args.out or f"runs/{args.command}")
-            run_pipeline(cfg, out)
-            print(f"wrote {out / 'results.json'}")
+            if env_world_size() > 1:  # started by torchrun: every stage on all processes
+                from .distributed import run_distributed
+
+                run_distributed(cfg, out)
+            else:
+                run_pipeline(cfg, out)
+            if env_rank() == 0:
+                print(f"wrote {out / 'results.json'}")
             return 0
+        if args.command == "evaluate":
+            return _evaluate(args)
+        if args.command == "diagnose":
+            return _diagnose(args)
         if args.command == "report":
             payload = read_results(args.run_dir)
             table = format_table(payload["records"])
@@ -81,6 +142,65 @@ def main(argv: list[str] | None = None) -> int:
         print(f"twodg-pyro {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 1  # pragma: no cover
+
+
+def _check_device(device: str) -> None:
+    from .pipeline import ConfigError
+
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise ConfigError(f"device = {device!r}: must be 'cpu' or 'cuda[:i]'")
+
+
+def _evaluate(args) -> int:
+    import json
+
+    from .pipeline.artifacts import evaluate_model_file
+    from .pipeline.results import atomic_write_text
+
+    _check_device(args.device)
+    metrics = evaluate_model_file(
+        args.model_file,
+        data=args.data,
+        root=args.root,
+        split_name=args.split,
+        num_samples=args.num_samples,
+        seed=args.seed,
+        device=args.device,
+    )
+    text = json.dumps(metrics, indent=2, sort_keys=True)
+    print(text)
+    if args.out:
+        atomic_write_text(args.out, text + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _diagnose(args) -> int:
+    from .pipeline.artifacts import diagnose_model_file
+
+    _check_device(args.device)
+    out = Path(args.out or "runs/diagnose")
+    report = diagnose_model_file(
+        args.model_file,
+        out,
+        data=args.data,
+        root=args.root,
+        num_samples=args.num_samples,
+        khat_samples=args.khat_samples,
+        n_weights=args.n_weights,
+        seed=args.seed,
+        device=args.device,
+    )
+    vi, loo = report.get("vi") or {}, report.get("loo") or {}
+    if vi:
+        print(f"k-hat = {vi['khat']:.3f} ({vi['khat_assessment']}, log q: {vi['log_q_method']})")
+    if loo:
+        print(f"PSIS-LOO elpd = {loo['elpd_loo']:.2f} (se {loo['se']:.2f})")
+    for name, path in sorted(report["files"].items()):
+        print(f"wrote {name}: {path}")
+    for name, message in sorted(report["errors"].items()):
+        print(f"twodg-pyro diagnose: error in {name}: {message}", file=sys.stderr)
+    return 1 if report["errors"] else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -55,11 +55,38 @@ class Likelihood(ABC):
         return f"{type(self).__name__}(dataset_size={self.dataset_size})"
 
 
+def check_labels(output: torch.Tensor, y: torch.Tensor) -> None:
+    """Raise ``ValueError`` naming the first bad label: not an integer, a shape that does
+    not match the outputs, or a class outside ``[0, C)`` for ``C`` outputs."""
+    if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+        raise ValueError(f"class labels must be integers, got dtype {y.dtype}")
+    if tuple(y.shape) != tuple(output.shape[:-1]):
+        raise ValueError(
+            f"labels of shape {tuple(y.shape)} do not match network outputs of shape "
+            f"{tuple(output.shape)} (expected labels of shape {tuple(output.shape[:-1])})"
+        )
+    n_classes = output.shape[-1]
+    bad = (y < 0) | (y >= n_classes)
+    if bad.any():
+        flat = bad.reshape(-1)
+        first = int(flat.nonzero()[0, 0])
+        raise ValueError(
+            f"label {int(y.reshape(-1)[first])} is out of range [0, {n_classes}) for a network "
+            f"with {n_classes} outputs ({int(flat.sum())} bad label(s) in the minibatch, "
+            f"first at position {first})"
+        )
+
+
 class Categorical(Likelihood):
     r"""Classification: :math:`y \sim \mathrm{Categorical}(\mathrm{softmax}(f_w(x)))`."""
 
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
         return dist.Categorical(logits=output, validate_args=False)
+
+    def __call__(self, output: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        if y is not None:
+            check_labels(output, y)
+        return super().__call__(output, y)
 
     def predictive(self, outputs: torch.Tensor) -> torch.Tensor:
         return outputs.softmax(-1).mean(0)

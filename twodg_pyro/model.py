@@ -101,6 +101,14 @@ class BNNModel(nn.Module):
     # ------------------------------------------------------------------ program
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         weights = {site.name: pyro.sample(site.name, self.prior(site)) for site in self.sites}
-        output = self.network_forward(weights, x)
+        try:
+            output = self.network_forward(weights, x)
+        except RuntimeError as e:
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
+            raise ValueError(
+                f"input of shape {tuple(x.shape)} does not fit the network "
+                f"{type(self.net).__name__}: {e}"
+            ) from e
         self.likelihood(output, y)
         return output

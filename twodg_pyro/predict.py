@@ -9,6 +9,10 @@ of them in one vectorised call (:func:`torch.func.vmap` over
 :func:`torch.func.functional_call`), instead of one Pyro trace-and-replay per sample.
 Each chunk is applied to every data batch before the next is drawn, so all examples
 see the same ``S`` weight samples and memory stays bounded by one chunk.
+
+A model whose ``network_forward`` returns ``K`` outputs per weight sample (shape
+``(K, B, ...)``, e.g. the ``M`` components of a rank-1 BNN) declares
+``output_components = K``; the average then runs over all ``S K`` predictions.
 """
 
 from __future__ import annotations
@@ -73,8 +77,9 @@ def predict(
         num_samples: ``N_s`` (paper: 30).
         batch_size: examples per forward when ``data`` is a tensor or a pair.
         sample_chunk: weight samples drawn and evaluated at once.
-        keep_samples: also return the per-sample predictions ``(S, N, ...)``.
-        device: where inputs are moved.
+        keep_samples: also return the per-sample predictions ``(S, N, ...)`` (``(S K, N, ...)``
+            for a model with ``output_components = K``, sample-major).
+        device: where inputs are moved (default: the guide's device).
     """
     if int(num_samples) < 1:
         raise ValueError(f"num_samples (N_s) must be at least 1, got {num_samples!r}")
@@ -84,7 +89,10 @@ def predict(
     batches = _batches(data, int(batch_size))
     if not batches:
         raise ValueError("no data to predict on (empty data set)")
+    if device is None:  # where the guide lives (inputs from a CPU DataLoader are moved there)
+        device = _device_of(guide) or _device_of(model)
     lik = model.likelihood
+    components = int(getattr(model, "output_components", 1))
 
     def one(weights, x):
         return model.network_forward(weights, x)
@@ -98,14 +106,16 @@ def predict(
         weights = guide.sample_weights(s)
         for i, (xb, _) in enumerate(batches):
             xb = xb.to(device) if device is not None else xb
-            outputs = batched(weights, xb)  # (s, B, ...)
+            outputs = batched(weights, xb)  # (s, B, ...), or (s, K, B, ...)
+            if components > 1:
+                outputs = outputs.flatten(0, 1)
             preds = _per_sample_predictions(lik, outputs)
             total = preds.sum(0)
             sums[i] = total if sums[i] is None else sums[i] + total
             if keep_samples:
                 per_sample[i].append(preds.cpu())
         done += s
-    mean = torch.cat([(t / num_samples).cpu() for t in sums])
+    mean = torch.cat([(t / (num_samples * components)).cpu() for t in sums])
     targets = None
     if all(yb is not None for _, yb in batches):
         targets = torch.cat([yb.cpu() for _, yb in batches])
@@ -113,6 +123,14 @@ def predict(
     if keep_samples:
         samples = torch.cat([torch.cat(chunks, 0) for chunks in per_sample], 1)
     return Prediction(mean=mean, targets=targets, samples=samples)
+
+
+def _device_of(module) -> torch.device | None:
+    """The device of a module's first parameter or buffer (``None`` if it has neither)."""
+    for tensors in (getattr(module, "parameters", None), getattr(module, "buffers", None)):
+        for t in tensors() if tensors is not None else ():
+            return t.device
+    return None
 
 
 def _per_sample_predictions(likelihood, outputs: torch.Tensor) -> torch.Tensor:
@@ -127,8 +145,9 @@ def deterministic_predict(net: torch.nn.Module, data, batch_size: int = 512) -> 
     """Softmax predictions of a plain network (the deterministic baseline)."""
     net.eval()
     batches = _batches(data, int(batch_size))
-    probs = torch.cat([net(xb).softmax(-1) for xb, _ in batches])
+    dev = _device_of(net)
+    probs = torch.cat([net(xb.to(dev) if dev else xb).softmax(-1).cpu() for xb, _ in batches])
     targets = None
     if all(yb is not None for _, yb in batches):
-        targets = torch.cat([yb for _, yb in batches])
+        targets = torch.cat([yb.cpu() for _, yb in batches])
     return Prediction(mean=probs, targets=targets)

@@ -43,8 +43,8 @@ from ..baselines import train_deterministic
 from ..data import make_loader
 from ..guides import MeanFieldGuide, SharedGMMGuide
 from ..infer import DecomposedELBO, KLAnnealing
-from ..infer.hooks import MahalanobisHook, MergeHook
 from ..metrics import classification_metrics
+from ..pipeline.algorithm1 import stage3_hooks
 from ..pipeline.builders import build_model, build_net, load_data, seed_everything
 from ..pipeline.checks import check_split
 from ..pipeline.config import RunConfig
@@ -235,33 +235,6 @@ def _checkpoint(checkpoints, stage: str, callbacks, extra) -> list:
     """The pipeline's checkpoint callback for ``stage``, on rank 0 only (or nothing)."""
     cb = checkpoints.callback(stage, callbacks, [], extra) if checkpoints is not None else None
     return [] if cb is None else [MainOnly(cb)]
-
-
-def stage3_hooks(cfg: RunConfig, loader) -> list:
-    """The stage-3 refinement hooks of ``cfg`` (as :func:`~twodg_pyro.pipeline.algorithm1.stage3`);
-    ``loader`` must yield the same minibatches on every rank."""
-    hooks = []
-    if cfg.sharing.use_merging and cfg.stage3.merge_every:
-        hooks.append(
-            MergeHook(
-                tau_d=cfg.sharing.tau_d,
-                rule=cfg.sharing.merge_rule,
-                test=cfg.sharing.merge_test,
-                tau_g=cfg.sharing.tau_g,
-                tau_v=cfg.sharing.tau_v,
-                data=loader,
-                every=cfg.stage3.merge_every,
-            )
-        )
-    if cfg.sharing.use_ellipses and cfg.stage3.reassign_every:
-        hooks.append(
-            MahalanobisHook(
-                threshold=cfg.sharing.mahalanobis_threshold,
-                k=cfg.sharing.k_nearest,
-                every=cfg.stage3.reassign_every,
-            )
-        )
-    return hooks
 
 
 def structure_checksum(s) -> torch.Tensor:

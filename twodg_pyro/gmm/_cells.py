@@ -17,20 +17,23 @@ For a cell ``B`` and a component ``k`` with precision ``P_k``, eigenvalues
 
 A component whose ``UB_k < max_j LB_j - margin`` has responsibility below
 ``exp(-margin)`` at every point of the cell and is dropped from the cell's
-*candidate list*. The E-step then runs one batched GEMM per group of cells over
-its candidates only. With ``margin = 20`` the truncation changes each
-responsibility by less than ``K exp(-20) ~ 2e-9 K`` (relative); this is a
-truncated-posterior EM, and every update still increases a lower bound of the
-likelihood.
+*candidate list* (found in two levels: blocks of 8 cells against all components,
+then each cell against its block's list). The E-step then runs one batched GEMM
+per group of cells over its candidates only. With ``margin = 20`` the truncation
+changes each responsibility by less than ``K exp(-20) ~ 2e-9 K`` (relative): a
+truncated-posterior EM that is exact to that tolerance, and the hard assignment
+``argmax_k`` is exact (the best component is always a candidate).
 
 Log-densities are evaluated as one GEMM, ``phi(u)^T w_k`` with
 ``phi(u) = [1, u1, u2, u1^2, u1 u2, u2^2]`` in *cell-local* coordinates
 ``u = x - centre`` and ``w_k = [c_k - 0.5 m'^T P m', (P m')_1, (P m')_2, -P11/2,
 -P12, -P22/2]``, ``m' = m_k - centre``. Working in local coordinates keeps the
 expanded quadratic free of float32 cancellation for the components near the
-cell (the only ones that matter). Sufficient statistics
-``[sum r, sum r u, sum r u u^T]`` are formed by a second GEMM ``phi^T R`` in
-float32 inside the cell and shifted to the global origin in float64.
+cell (the only ones that matter). With ``x = u + z``, ``phi(x) = T(z) phi(u)`` for
+a 6x6 matrix ``T(z)``, so the local weights are ``T(z)^T w`` (global weights ``w``).
+Sufficient statistics ``sum r phi(u)`` are formed by a second GEMM ``phi^T R`` in
+float32 inside the cell and mapped to the global origin, ``sum r phi(x) =
+T(z) sum r phi(u)``, in float64.
 """
 
 from __future__ import annotations
@@ -197,54 +200,105 @@ class Components:
             wglobal=wglobal,
         )
 
-    def gemm_weights(self, centre: Tensor, cand: Tensor | None, dtype: torch.dtype) -> Tensor:
-        """``(B, 6, C)`` weights ``w_k`` for cells with ``centre (B, 2)`` and candidates ``cand``.
+    def gemm_weights(self, shift: Tensor, cand: Tensor | None, dtype: torch.dtype) -> Tensor:
+        """``(B, 6, C)`` weights ``w_k`` in the local coordinates of ``B`` cells.
 
-        ``cand`` is ``(B, C)`` component indices, or ``None`` for all ``K`` components.
-        From the global-origin weights ``W`` (``x = u + z``), only three rows change:
-        ``W'_0 = W_0 + W_1 z0 + W_2 z1 + W_3 z0^2 + W_4 z0 z1 + W_5 z1^2``,
-        ``W'_1 = W_1 + 2 W_3 z0 + W_4 z1``, ``W'_2 = W_2 + W_4 z0 + 2 W_5 z1`` (float64).
+        ``shift`` is :func:`shift_matrices` of the cell centres; ``cand`` is ``(B, C)``
+        component indices, or ``None`` for all ``K`` components. With ``x = u + z``,
+        ``phi(x) = T(z) phi(u)``, so the local weights are ``T(z)^T W`` (float64).
         """
         k = self.n_components
         if cand is None:
-            g = self.wglobal[:k][None].expand(centre.shape[0], k, 6)
+            g = self.wglobal[:k].t()[None].expand(shift.shape[0], 6, k)
         else:
-            g = self.wglobal[cand]
-        z0 = centre[:, 0:1]
-        z1 = centre[:, 1:2]
-        w0, w1, w2, w3, w4, w5 = g.unbind(dim=-1)
-        out = torch.empty(g.shape[0], 6, g.shape[1], dtype=dtype, device=g.device)
-        out[:, 0] = w0 + z0 * (w1 + w3 * z0 + w4 * z1) + z1 * (w2 + w5 * z1)
-        out[:, 1] = w1 + 2.0 * w3 * z0 + w4 * z1
-        out[:, 2] = w2 + w4 * z0 + 2.0 * w5 * z1
-        out[:, 3] = w3
-        out[:, 4] = w4
-        out[:, 5] = w5
-        return out
+            g = self.wglobal[cand].transpose(1, 2)
+        return torch.bmm(shift.transpose(1, 2), g).to(dtype)
 
-    def candidate_mask(self, centre: Tensor, half: Tensor, margin: float) -> Tensor:
-        """``(B, K)`` bool: ``UB_k >= max_j LB_j - margin`` for cells ``centre, half (B, 2)``.
+    def candidate_mask(
+        self, centre: Tensor, half: Tensor, margin: float, cand: Tensor | None = None
+    ) -> Tensor:
+        """Bool mask ``UB_k >= max_j LB_j - margin`` for boxes ``centre, half (B, 2)``.
 
-        Evaluated in float32 (the 20-nat margin dwarfs the rounding).
+        Over all ``K`` components (``(B, K)``), or over the ``(B, W)`` component indices
+        ``cand`` (``(B, W)``; the null index ``K`` is never kept). The maximum of ``LB``
+        over a subset is still a valid lower bound of the per-point maximum. Evaluated
+        in float32 (the 20-nat margin dwarfs the rounding).
         """
         k = self.n_components
         f32 = torch.float32
         z = centre.to(f32)
         h = half.to(f32)
-        mean = self.mean[:k].to(f32)
-        const = self.const[:k].to(f32)
-        d0 = (mean[None, :, 0] - z[:, 0:1]).abs_()
-        d1 = (mean[None, :, 1] - z[:, 1:2]).abs_()
+        if cand is None:
+            mean = self.mean[:k].to(f32)[None]
+            const = self.const[:k].to(f32)[None]
+            lmin = self.lam_min[:k].to(f32)[None]
+            lmax = self.lam_max[:k].to(f32)[None]
+        else:
+            mean = self.mean.to(f32)[cand]
+            const = self.const.to(f32)[cand]
+            lmin = self.lam_min.to(f32)[cand]
+            lmax = self.lam_max.to(f32)[cand]
+        d0 = (mean[..., 0] - z[:, 0:1]).abs_()
+        d1 = (mean[..., 1] - z[:, 1:2]).abs_()
         far = (d0 + h[:, 0:1]).square_()
         far.addcmul_(d1 + h[:, 1:2], d1 + h[:, 1:2])
-        lb = torch.addcmul(const, far, (-0.5 * self.lam_max[:k]).to(f32))
+        lb = torch.addcmul(const, far, lmax, value=-0.5)
         thr = lb.amax(dim=1, keepdim=True) - margin
         del far, lb
         near = d0.sub_(h[:, 0:1]).clamp_min_(0.0).square_()
         gap1 = d1.sub_(h[:, 1:2]).clamp_min_(0.0)
         near.addcmul_(gap1, gap1)
-        ub = torch.addcmul(const, near, (-0.5 * self.lam_min[:k]).to(f32))
-        return ub >= thr
+        ub = torch.addcmul(const, near, lmin, value=-0.5)
+        keep = ub >= thr
+        if cand is not None:
+            keep &= cand < k
+        return keep
+
+
+def _compact(mask: Tensor, fill: int, values: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Row-wise indices of the True entries of ``mask (B, W)``, padded with ``fill``.
+
+    Returns ``(cand (B, max count), counts (B,))``; with ``values (B, W)``, the entries
+    are ``values[r, c]`` instead of the column ``c``.
+    """
+    counts = mask.sum(dim=1)
+    r, c = torch.nonzero(mask, as_tuple=True)
+    start = torch.cumsum(counts, 0) - counts
+    width = max(1, int(counts.max()))
+    cand = torch.full((int(mask.shape[0]), width), fill, dtype=torch.long, device=mask.device)
+    cand[r, torch.arange(int(r.shape[0]), device=mask.device) - start[r]] = (
+        c if values is None else values[r, c]
+    )
+    return cand, counts
+
+
+_SHIFT_BASIS: dict[torch.device, Tensor] = {}
+
+
+def _shift_basis(device: torch.device) -> Tensor:
+    """``A (6, 36)`` with ``T(z) = (pz @ A).view(6, 6)``, ``pz = [1, z0, z1, z0^2, z0 z1, z1^2]``.
+
+    ``T(z)`` maps the features ``phi(u) = [1, u0, u1, u0^2, u0 u1, u1^2]`` to
+    ``phi(u + z) = T(z) phi(u)``.
+    """
+    a = torch.zeros(6, 6, 6, dtype=torch.float64)
+    for f in range(6):
+        a[0, f, f] = 1.0  # identity
+    a[1, 1, 0] = a[1, 4, 2] = 1.0  # z0: x0 <- z0, x0 x1 <- z0 u1
+    a[1, 3, 1] = 2.0  # x0^2 <- 2 z0 u0
+    a[2, 2, 0] = a[2, 4, 1] = 1.0  # z1: x1 <- z1, x0 x1 <- z1 u0
+    a[2, 5, 2] = 2.0  # x1^2 <- 2 z1 u1
+    a[3, 3, 0] = a[4, 4, 0] = a[5, 5, 0] = 1.0  # z0^2, z0 z1, z1^2 constants
+    if device not in _SHIFT_BASIS:
+        _SHIFT_BASIS[device] = a.view(6, 36).to(device)
+    return _SHIFT_BASIS[device]
+
+
+def shift_matrices(centre: Tensor) -> Tensor:
+    """``(B, 6, 6)`` float64 ``T(z)`` for cell centres ``z (B, 2)``: ``phi(u + z) = T phi(u)``."""
+    z0, z1 = centre[:, 0], centre[:, 1]
+    pz = torch.stack((torch.ones_like(z0), z0, z1, z0 * z0, z0 * z1, z1 * z1), dim=1)
+    return (pz.to(torch.float64) @ _shift_basis(centre.device)).view(-1, 6, 6)
 
 
 @dataclass
@@ -262,13 +316,18 @@ def make_plan(
     margin: float = 20.0,
     dense_fraction: float = 0.5,
     bound_chunk: int = 1 << 22,
+    block: int = 8,
 ) -> Plan:
     """Prune each cell's candidate components with the box bounds (see module docstring).
 
-    Cells are processed ``bound_chunk // K`` at a time; inside a chunk they are
-    grouped by candidate count (geometric buckets of ratio 1.5) and each group is
-    padded to its largest count with the null component. Cells (or the whole plan)
-    whose count exceeds ``dense_fraction * K`` use all components.
+    Two levels: blocks of ``block`` consecutive cells (the union of their boxes) are
+    pruned against all ``K`` components, then each cell against its block's
+    candidates only; this is exact, because a cell's bounds are at least as tight as
+    its block's, and costs ``O(n_cells K / block + n_cells C_block)`` instead of
+    ``O(n_cells K)``. Blocks are processed ``bound_chunk // K`` at a time; inside a
+    chunk, cells are grouped by candidate count (geometric buckets of ratio 1.5) and
+    each group is padded to its largest count with the null component. Cells (or the
+    whole plan) whose count exceeds ``dense_fraction * K`` use all components.
     """
     k = comps.n_components
     n_cells = layout.n_cells
@@ -276,19 +335,27 @@ def make_plan(
     all_cells = torch.arange(n_cells, device=device)
     if margin == math.inf or k <= 8:
         return Plan([(all_cells, None)], float(k))
+    block = max(1, block if n_cells >= 4 * block and k >= 64 else 1)
+    n_blocks = math.ceil(n_cells / block)
+    pad = n_blocks * block - n_cells
+    lo = layout.centre - layout.half
+    hi = layout.centre + layout.half
+    if pad:
+        lo = torch.cat((lo, lo[-1:].expand(pad, 2)))
+        hi = torch.cat((hi, hi[-1:].expand(pad, 2)))
+    blo = lo.view(n_blocks, block, 2).amin(dim=1)
+    bhi = hi.view(n_blocks, block, 2).amax(dim=1)
+    bcentre, bhalf = 0.5 * (blo + bhi), 0.5 * (bhi - blo)
     rows = max(1, bound_chunk // k)
     groups: list[tuple[Tensor, Tensor | None]] = []
     total = 0
-    for s in range(0, n_cells, rows):
-        ids = all_cells[s : s + rows]
-        mask = comps.candidate_mask(layout.centre[ids], layout.half[ids], margin)
-        counts = mask.sum(dim=1)
-        r, c = torch.nonzero(mask, as_tuple=True)
-        del mask
-        start = torch.cumsum(counts, 0) - counts
-        width = int(counts.max())
-        cand = torch.full((int(ids.shape[0]), width), k, dtype=torch.long, device=device)
-        cand[r, torch.arange(int(r.shape[0]), device=device) - start[r]] = c
+    for s in range(0, n_blocks, rows):
+        bmask = comps.candidate_mask(bcentre[s : s + rows], bhalf[s : s + rows], margin)
+        if block == 1:
+            ids = all_cells[s : s + rows]
+            cand, counts = _compact(bmask, k)
+        else:
+            ids, cand, counts = _refine_blocks(layout, comps, bmask, s, block, margin)
         bucket = torch.floor(torch.log(counts.double().clamp_min(1.0)) / math.log(1.5)).long()
         order = torch.argsort(bucket)
         _, sizes = torch.unique_consecutive(bucket[order], return_counts=True)
@@ -307,6 +374,45 @@ def make_plan(
     if mean_count > dense_fraction * k:
         return Plan([(all_cells, None)], float(k))
     return Plan(groups, mean_count)
+
+
+def _refine_blocks(
+    layout: CellLayout, comps: Components, bmask: Tensor, first: int, block: int, margin: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Cell-level candidates inside blocks ``first, first + 1, ...`` with mask ``bmask``.
+
+    Blocks are bucketed by candidate count (ratio 2) so that each bucket's cells are
+    checked against a list padded only to that bucket's width. Returns the cell ids,
+    their candidates ``(n, C)`` (padded with the null index ``K``) and counts.
+    """
+    k = comps.n_components
+    n_cells = layout.n_cells
+    device = bmask.device
+    bcand, bcounts = _compact(bmask, k)
+    bucket = torch.floor(torch.log2(bcounts.double().clamp_min(1.0))).long()
+    order = torch.argsort(bucket)
+    _, sizes = torch.unique_consecutive(bucket[order], return_counts=True)
+    offs = torch.arange(block, device=device)
+    parts = []
+    pos = 0
+    for size in sizes.tolist():
+        blocks = order[pos : pos + size]
+        pos += size
+        width = int(bcounts[blocks].max())
+        ids = ((first + blocks)[:, None] * block + offs[None, :]).flatten()
+        valid = ids < n_cells
+        sub = bcand[blocks, :width].repeat_interleave(block, dim=0)[valid]
+        ids = ids[valid]
+        cmask = comps.candidate_mask(layout.centre[ids], layout.half[ids], margin, sub)
+        cand, counts = _compact(cmask, k, sub)
+        parts.append((ids, cand, counts))
+    width = max(int(p[1].shape[1]) for p in parts)
+    ids = torch.cat([p[0] for p in parts])
+    cand = torch.cat(
+        [torch.nn.functional.pad(p[1], (0, width - int(p[1].shape[1])), value=k) for p in parts]
+    )
+    counts = torch.cat([p[2] for p in parts])
+    return ids, cand, counts
 
 
 @dataclass
@@ -387,8 +493,8 @@ class Engine:
                 b = int(sub.shape[0])
                 f = feats_v.index_select(0, sub)
                 w = weight_v.index_select(0, sub)
-                centre = layout.centre.index_select(0, sub)
-                wk = comps.gemm_weights(centre, csub, self.dtype)
+                shift = shift_matrices(layout.centre.index_select(0, sub))
+                wk = comps.gemm_weights(shift, csub, self.dtype)
                 lg = self._buffer(b * rows * c).view(b, rows, c)
                 torch.bmm(f, wk, out=lg)
                 mx = lg.amax(dim=-1, keepdim=True)
@@ -400,7 +506,10 @@ class Engine:
                 if want_stats:
                     fw = f * (w / tot.squeeze(-1)).unsqueeze(-1)
                     st = torch.bmm(fw.transpose(1, 2), lg).to(f64)
-                    _accumulate(stats, st, centre, all_k if csub is None else csub)
+                    # local moments -> global: sum r phi(x) = T(z) sum r phi(u)
+                    gst = torch.bmm(shift, st).transpose(1, 2).reshape(-1, 6)
+                    idx = all_k.expand(b, k) if csub is None else csub
+                    stats.index_add_(0, idx.reshape(-1), gst)
                 if want_lse or want_argmax or resp_out is not None:
                     real = w.flatten() > 0
                     dest = index_v.index_select(0, sub).flatten()[real]
@@ -422,22 +531,3 @@ class Engine:
             lse=lse_out,
             argmax=am_out,
         )
-
-
-def _accumulate(stats: Tensor, st: Tensor, centre: Tensor, cand: Tensor) -> None:
-    """Shift cell-local statistics ``st (B, 6, C)`` to the global origin and scatter-add.
-
-    With local moments ``n, u = sum r (x - z), Q = sum r (x - z)(x - z)^T``:
-    ``sum r x = u + n z`` and ``sum r x x^T = Q + z u^T + u z^T + n z z^T``.
-    """
-    n, ux, uy, qxx, qxy, qyy = st.unbind(dim=1)
-    zx = centre[:, 0:1]
-    zy = centre[:, 1:2]
-    sx = ux + n * zx
-    sy = uy + n * zy
-    sxx = qxx + 2.0 * zx * ux + n * zx * zx
-    sxy = qxy + zx * uy + zy * ux + n * zx * zy
-    syy = qyy + 2.0 * zy * uy + n * zy * zy
-    vals = torch.stack((n, sx, sy, sxx, sxy, syy), dim=-1)  # (B, C, 6)
-    idx = cand.expand(vals.shape[0], -1) if cand.dim() == 1 else cand
-    stats.index_add_(0, idx.reshape(-1), vals.reshape(-1, 6))

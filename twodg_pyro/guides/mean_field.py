@@ -126,7 +126,11 @@ class MeanFieldGuide(BNNGuide):
         for site in self.sites:
             loc, scale = self.loc(site.name), self.scale(site.name)
             shape = loc.shape if num_samples is None else (num_samples, *loc.shape)
-            out[site.name] = loc + scale * torch.randn(shape, device=loc.device, dtype=loc.dtype)
+            eps = torch.randn(shape, device=loc.device, dtype=loc.dtype)
+            if torch.is_grad_enabled() and (loc.requires_grad or scale.requires_grad):
+                out[site.name] = torch.addcmul(loc, scale, eps)
+            else:  # prediction: one fused pass, in place
+                out[site.name] = torch.addcmul(loc, scale, eps, out=eps)
         return out
 
     def param_groups(self) -> list[dict]:

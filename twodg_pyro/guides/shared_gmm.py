@@ -155,6 +155,13 @@ class SharedGMMGuide(BNNGuide):
         inv = torch.empty(n_w, dtype=torch.long)
         inv[order] = torch.arange(n_w)
         reg("inverse_order", inv)
+        # natural-order table index: plain weight -> its component k, j-th outlier -> K + j,
+        # ellipse weight -> 0 (overwritten per draw); drawing gathers with it (index_select /
+        # gather: deterministic backward on CPU, unlike advanced indexing)
+        nat = torch.zeros(n_w, dtype=torch.long)
+        nat[s.plain_index] = s.plain_component.long()
+        nat[s.outlier_index] = K + torch.arange(s.outlier_index.numel())
+        self.register_buffer("nat_index", nat.to(device), persistent=False)
         # per-site ranges of the (sorted) index lists, and N_{k,s}
         ends = torch.tensor([lay.offset + lay.numel for lay in s.sites])
         site_of = lambda idx: torch.searchsorted(ends, idx, right=True)  # noqa: E731
@@ -219,59 +226,170 @@ class SharedGMMGuide(BNNGuide):
         return self.site_counts.sum(0)
 
     # ------------------------------------------------------------------ drawing
-    def _draw(self, S: int) -> tuple[torch.Tensor, dict]:
-        """Flat weights ``(S, n_w)`` and what the KL needs of this draw."""
+    def _outlier_m1(self, scale: torch.Tensor) -> torch.Tensor:
+        """An outlier's scale in the mixture's second coordinate."""
+        return scale if self.coordinates == "sigma" else scale.log()
+
+    def _sigma_of(self, t1: torch.Tensor) -> torch.Tensor:
+        r""":math:`\tilde\sigma` from a drawn second coordinate."""
+        if self.coordinates == "sigma":
+            return t1.abs().clamp_min(_MIN_SIGMA)
+        return t1.exp()
+
+    def _ellipse_components(self, S: int) -> torch.Tensor | None:
+        """Component of each ellipse weight in each of ``S`` draws, ``(S, n_e)``."""
+        if not self._n[2]:
+            return None
+        pick = torch.multinomial(self.ellipse_alphas, S, replacement=True)  # (n_e, S)
+        return self.ellipse_components.gather(1, pick).T
+
+    def _draw(self, S: int, fast: bool = False) -> tuple[torch.Tensor, dict]:
+        r"""Flat weights ``(S, n_w)`` in site order and what the KL needs of this draw.
+
+        Every weight is drawn in natural (site) order from per-weight parameters gathered
+        through :attr:`nat_index` (outliers are their own degenerate "components"), so a
+        draw costs about one normal per weight plus one gather; ellipse weights, whose
+        component changes per draw, are drawn apart and copied in.  ``fast=True`` (no
+        gradients needed: prediction) draws the ``stochastic`` tying with two normals per
+        weight instead of three, by drawing :math:`\tilde\mu` given :math:`\tilde\sigma`
+        analytically; the cache then lacks ``mu_t``/``sig_t``.
+        """
         dev = self.centre_mu.device
-        n_out, n_plain, n_ell = self._n
-        parts, cache = [], {}
-        if n_out:
-            w_out = self.outlier_loc + F.softplus(self.outlier_rho) * torch.randn(
-                S, n_out, device=dev
+        n_w = self.nat_index.numel()
+        out_scale = F.softplus(self.outlier_rho)
+        chosen = self._ellipse_components(S)
+        cache: dict = {"chosen": chosen}
+        ell = None
+        if self.tying == "representative":
+            loc_tab = torch.cat([self.centre_mu, self.outlier_loc])
+            scale_tab = torch.cat([self.centre_sigma(), out_scale])
+            loc = loc_tab.index_select(0, self.nat_index)
+            scale = scale_tab.index_select(0, self.nat_index)
+            eps = torch.randn(S, n_w, device=dev, dtype=loc.dtype)
+            flat = torch.addcmul(loc, scale, eps, out=None if torch.is_grad_enabled() else eps)
+            if chosen is not None:
+                c = chosen.reshape(-1)
+                ell = torch.addcmul(
+                    self.centre_mu.index_select(0, c),
+                    self.centre_sigma().index_select(0, c),
+                    torch.randn(c.numel(), device=dev, dtype=loc.dtype),
+                ).view(chosen.shape)
+        elif self.tying == "stochastic":
+            flat, ell, extra = self._draw_stochastic(S, chosen, out_scale, fast)
+            cache.update(extra)
+        else:  # tied
+            L = self.cholesky()
+            z = self.centres() + (
+                L @ torch.randn(S, self.n_components, 2, 1, device=dev, dtype=L.dtype)
+            ).squeeze(-1)
+            z0 = z[..., 0]
+            w_out = torch.addcmul(
+                self.outlier_loc, out_scale, torch.randn(S, self._n[0], device=dev, dtype=L.dtype)
             )
-            parts.append(w_out)
-            cache["w_out"] = w_out
-        comps = self.plain_component.expand(S, n_plain)
-        if n_ell:
-            # component of each ellipse weight for each of the S draws, ~ Categorical(alpha_i)
-            pick = torch.multinomial(self.ellipse_alphas, S, replacement=True)  # (n_e, S)
-            chosen = self.ellipse_components.gather(1, pick).T  # (S, n_e)
-            comps = torch.cat([comps, chosen], 1)
-        cache["comps"] = comps
-        n_in = n_plain + n_ell
-        if n_in:
-            if self.tying == "representative":
-                w_in = self.centre_mu[comps] + self.centre_sigma()[comps] * torch.randn(
-                    S, n_in, device=dev
-                )
-            elif self.tying == "stochastic":
-                L = self.cholesky()
-                eps = torch.randn(S, n_in, 2, 1, device=dev)
-                theta = self.centres()[comps] + (L[comps] @ eps).squeeze(-1)
-                mu_t = theta[..., 0]
-                if self.coordinates == "sigma":
-                    sig_t = theta[..., 1].abs().clamp_min(_MIN_SIGMA)
-                else:
-                    sig_t = theta[..., 1].exp()
-                w_in = mu_t + sig_t * torch.randn(S, n_in, device=dev)
-                cache["mu_t"], cache["sig_t"] = mu_t, sig_t
-            else:  # tied
-                L = self.cholesky()
-                z = self.centres() + (
-                    L @ torch.randn(S, self.n_components, 2, 1, device=dev)
-                ).squeeze(-1)
-                w_in = z[..., 0].gather(1, comps)
-                cache["z0"] = z[..., 0]
-            parts.append(w_in)
-        flat = torch.cat(parts, 1)[:, self.inverse_order]
+            table = torch.cat([z0, w_out], 1)
+            flat = table.gather(1, self.nat_index.expand(S, n_w))
+            if chosen is not None:
+                ell = z0.gather(1, chosen)
+            cache["z0"] = z0
+        if ell is not None:
+            if torch.is_grad_enabled():
+                flat = flat.index_copy(1, self.ellipse_index, ell)
+            else:
+                flat.index_copy_(1, self.ellipse_index, ell)
         cache["flat"] = flat
         return flat, cache
 
+    def _draw_stochastic(self, S: int, chosen, out_scale, fast: bool):
+        r""":math:`(\tilde\mu, \tilde\sigma) \sim \mathcal N(m_c, S_c)`, then
+        :math:`w \sim \mathcal N(\tilde\mu, \tilde\sigma^2)`, per weight and draw."""
+        dev = self.centre_mu.device
+        n_w = self.nat_index.numel()
+        d = self.chol_log_diag.exp()
+        zeros = self.outlier_loc.new_zeros(self._n[0])
+        m1 = self.centres()[:, 1]
+        # per component (outliers: zero covariance): m0, m1, L00, L10, L11
+        cols = [
+            torch.cat([self.centre_mu, self.outlier_loc]),
+            torch.cat([m1, self._outlier_m1(out_scale)]),
+            torch.cat([d[:, 0], zeros]),
+            torch.cat([self.chol_off, zeros]),
+            torch.cat([d[:, 1], zeros]),
+        ]
+        # 1-D gathers: their backward is a fast serial (deterministic) index_add
+        per = [c.index_select(0, self.nat_index) for c in cols]  # 5 x (n_w,)
+        e_per = None
+        if chosen is not None:
+            c = chosen.reshape(-1)
+            e_per = [col.index_select(0, c).view(chosen.shape) for col in cols]
+        extra = {}
+        if fast:
+            # t1 ~ N(m1, S11); mu~ | t1 ~ N(m0 + S01/S11 (t1 - m1), S00 - S01^2/S11); both
+            # normals of w = mu~ + sigma~ eps merged into one: w | t1 ~ N(mean, var + sigma~^2)
+            def coefficients(p):
+                m0, m1_, l00, l10, l11 = p
+                s11 = l10 * l10 + l11 * l11
+                b = torch.where(s11 > 0, l00 * l10 / s11.clamp_min(1e-30), torch.zeros_like(s11))
+                cond_var = torch.where(
+                    s11 > 0, (l00 * l11) ** 2 / s11.clamp_min(1e-30), torch.zeros_like(s11)
+                )
+                a = s11.sqrt()
+                return m0, m1_, a, b * a, cond_var
+
+            def draw_into(out, m0, m1_, a, ba, cond_var):
+                # w = m0 + b a u + sqrt(cond_var + sigma~(m1 + a u)^2) eps, u, eps ~ N(0, 1)
+                u = torch.randn(out.shape, device=dev, dtype=out.dtype)
+                t1 = torch.addcmul(m1_, a, u)  # the drawn second coordinate
+                torch.addcmul(m0, ba, u, out=out)
+                if self.coordinates == "sigma":  # sigma~^2 = t1^2
+                    var = torch.addcmul(cond_var, t1, t1, out=t1)
+                else:  # sigma~^2 = exp(2 t1)
+                    var = t1.mul_(2).exp_().add_(cond_var)
+                eps = torch.randn(out.shape, device=dev, dtype=out.dtype, out=u)
+                out.addcmul_(var.sqrt_(), eps)
+
+            def draw(p, shape):
+                coef = coefficients(p)
+                out = torch.empty(shape, device=dev, dtype=coef[0].dtype)
+                draw_into(out, *coef)
+                return out
+
+            flat = draw(per, (S, n_w))
+            ell = draw(e_per, chosen.shape) if chosen is not None else None
+            return flat, ell, extra
+
+        def draw_full(p, shape):
+            m0, m1_, l00, l10, l11 = p
+            e0, e1, e2 = torch.randn(3, *shape, device=dev, dtype=m0.dtype)
+            mu_t = torch.addcmul(m0, l00, e0)
+            sig_t = self._sigma_of(torch.addcmul(torch.addcmul(m1_, l10, e0), l11, e1))
+            return torch.addcmul(mu_t, sig_t, e2), mu_t, sig_t
+
+        flat, mu_t, sig_t = draw_full(per, (S, n_w))
+        ell = None
+        if chosen is not None:
+            ell, mu_e, sig_e = draw_full(e_per, chosen.shape)
+            mu_t = mu_t.index_copy(1, self.ellipse_index, mu_e)
+            sig_t = sig_t.index_copy(1, self.ellipse_index, sig_e)
+        extra["mu_t"], extra["sig_t"] = mu_t, sig_t
+        return flat, ell, extra
+
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = {}
         lead = flat.shape[:-1]
-        for name, (off, n, shape) in self._layout.items():
-            out[name] = flat[..., off : off + n].reshape(*lead, *shape)
-        return out
+        items = sorted(self._layout.items(), key=lambda kv: kv[1][0])
+        offsets = [off for _, (off, _, _) in items]
+        sizes = [n for _, (_, n, _) in items]
+        if offsets == [sum(sizes[:i]) for i in range(len(sizes))]:
+            # one split: its backward is one concatenation, where per-site slices would
+            # each build a zero-filled gradient of all n_w weights (n_sites x n_w work)
+            parts = flat.split(sizes, dim=-1)
+            return {
+                name: part.reshape(*lead, *shape)
+                for (name, (_, _, shape)), part in zip(items, parts, strict=True)
+            }
+        return {
+            name: flat[..., off : off + n].reshape(*lead, *shape)
+            for name, (off, n, shape) in self._layout.items()
+        }
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         flat, self._cache = self._draw(1)
@@ -283,7 +401,7 @@ class SharedGMMGuide(BNNGuide):
 
     def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
         S = 1 if num_samples is None else int(num_samples)
-        flat, _ = self._draw(S)
+        flat, _ = self._draw(S, fast=not torch.is_grad_enabled())
         weights = self._split(flat)
         return {k: v[0] for k, v in weights.items()} if num_samples is None else weights
 
@@ -291,7 +409,6 @@ class SharedGMMGuide(BNNGuide):
     def site_kl(self, name: str, prior_fn, value: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{"kl_inlier": ..., "kl_outlier": ...}`` of one site for the last draw."""
         o0, o1, p0, p1, e0, e1 = self._ranges[name]
-        n_plain = self._n[1]
         prior = scalar_prior(prior_fn)
         zero = self.centre_mu.new_zeros(())
         log_p_elem = None
@@ -313,7 +430,7 @@ class SharedGMMGuide(BNNGuide):
                     raise NotImplementedError
                 kl_out = _normal_kl(loc, scale, prior).sum()
             except NotImplementedError:
-                w = self._cache["w_out"][0, o0:o1]
+                w = self._cache["flat"][0].index_select(0, self.outlier_index[o0:o1])
                 log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
                 log_p = (
                     prior.log_prob(w)
@@ -324,23 +441,27 @@ class SharedGMMGuide(BNNGuide):
         # ---- inliers
         kl_in = zero
         if p1 > p0 or e1 > e0:
-            sel = torch.cat([torch.arange(p0, p1), n_plain + torch.arange(e0, e1)]).to(
-                self.centre_mu.device
-            )
-            kl_in = self._inlier_kl(name, prior, sel, elementwise_log_p)
+            kl_in = self._inlier_kl(name, prior, elementwise_log_p)
         return {"kl_inlier": kl_in, "kl_outlier": kl_out}
 
-    def _inlier_kl(self, name, prior, sel, elementwise_log_p) -> torch.Tensor:
+    def _inlier_kl(self, name, prior, elementwise_log_p) -> torch.Tensor:
         counts = self.site_counts[self._site_pos[name]]
         is_normal = isinstance(prior, dist.Normal)
+        _, _, p0, p1, e0, e1 = self._ranges[name]
+        # the site's plain then ellipse weights, as flat indices
+        global_idx = torch.cat([self.plain_index[p0:p1], self.ellipse_index[e0:e1]])
         if self.tying == "representative":
             if is_normal:
                 kl_k = _normal_kl(self.centre_mu, self.centre_sigma(), prior)
                 return (counts * kl_k).sum()
-            comps = self._cache["comps"][0, sel]
-            loc, scale = self.centre_mu[comps], self.centre_sigma()[comps]
+            comps = self.plain_component[p0:p1]
+            if e1 > e0:
+                comps = torch.cat([comps, self._cache["chosen"][0, e0:e1]])
+            loc = self.centre_mu.index_select(0, comps)
+            scale = self.centre_sigma().index_select(0, comps)
         elif self.tying == "stochastic":
-            loc, scale = self._cache["mu_t"][0, sel], self._cache["sig_t"][0, sel]
+            loc = self._cache["mu_t"][0].index_select(0, global_idx)
+            scale = self._cache["sig_t"][0].index_select(0, global_idx)
             if is_normal:
                 return _normal_kl(loc, scale, prior).sum()
         else:  # tied: one term per component, shared among the sites it spans
@@ -357,8 +478,7 @@ class SharedGMMGuide(BNNGuide):
             log_q = dist.Normal(self.centre_mu, sd, validate_args=False).log_prob(z0)
             return (frac * (log_q - prior.log_prob(z0))).sum()
         # Monte Carlo at the drawn weights: log q(w | drawn component) - log p(w)
-        global_idx = torch.cat([self.plain_index, self.ellipse_index])[sel]
-        w = self._last_weights_flat()[global_idx]
+        w = self._last_weights_flat().index_select(0, global_idx)
         log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
         log_p = prior.log_prob(w) if prior is not None else elementwise_log_p(global_idx)
         return (log_q - log_p).sum()

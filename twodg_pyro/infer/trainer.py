@@ -181,10 +181,13 @@ def fit(
                         for k, v in terms.items()
                         if not torch.isfinite(v).all()
                     }
+                    ckpt = [c.last_checkpoint() for c in callbacks if hasattr(c, "last_checkpoint")]
+                    value = float(loss.detach())
                     raise FloatingPointError(
-                        f"loss is {float(loss)} at epoch {state.epoch}, step {state.step}; "
+                        f"loss is {value} at epoch {state.epoch}, step {state.step}; "
                         f"non-finite ELBO terms: {bad or 'none (overflow in the sum)'}; "
                         f"last good epoch: {state.epoch - 1}"
+                        + (f"; last good checkpoint: {ckpt[0]}" if ckpt else "")
                     )
                 loss.backward()
                 if clip_norm is not None:
@@ -196,6 +199,8 @@ def fit(
                 sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
                 for k, v in terms.items():
                     sums[k] = sums.get(k, 0.0) + float(v.detach())
+            if n_batches == 0:
+                raise ValueError(f"no minibatches in epoch {state.epoch}: the data set is empty")
             record = {k: v / max(n_batches, 1) for k, v in sums.items()}
             record.update(epoch=state.epoch, beta=state.elbo.beta)
             state.history.append(record)

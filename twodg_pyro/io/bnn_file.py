@@ -101,11 +101,15 @@ def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device=
     from ..sharing.structure import SharingStructure
 
     payload = safe_torch_load(path)
-    if not isinstance(payload, dict) or "header" not in payload:
+    if not isinstance(payload, dict) or not isinstance(payload.get("header"), str):
         raise ValueError(f"{str(path)!r} is not a twodg_pyro model file (no header)")
-    header = json.loads(payload["header"])
-    if header.get("kind") != _KIND:
-        raise ValueError(f"{str(path)!r} is not a 2DG BNN file (kind {header.get('kind')!r})")
+    try:
+        header = json.loads(payload["header"])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{str(path)!r}: the model file's header is not valid JSON: {e}") from e
+    if not isinstance(header, dict) or header.get("kind") != _KIND:
+        kind = header.get("kind") if isinstance(header, dict) else None
+        raise ValueError(f"{str(path)!r} is not a 2DG BNN file (kind {kind!r})")
     if header.get("format_version") != FILE_FORMAT_VERSION:
         raise ValueError(
             f"{str(path)!r} has format version {header.get('format_version')!r}; this version "

@@ -10,18 +10,19 @@ from ..accounting import compression_report
 from ..guides import SharedGMMGuide
 from ..infer import DecomposedELBO, fit
 from ..infer.hooks import MahalanobisHook, MergeHook
+from ..io.checkpoint import restore_state
 from ..metrics import classification_metrics
 from ..predict import predict
 from ..sharing import build_sharing
 from .builders import train_loader
 from .config import RunConfig
 
-__all__ = ["run_2dg", "stage3"]
+__all__ = ["run_2dg", "stage3", "stage3_hooks"]
 
 
-def stage3(cfg: RunConfig, model, structure, loader, progress: bool = True):
-    """Train the shared-GMM guide over ``structure``; returns ``(guide, state, hooks)``."""
-    guide = SharedGMMGuide(model, structure, tying=cfg.stage3.tying).to(cfg.device)
+def stage3_hooks(cfg: RunConfig, loader) -> list:
+    """The stage-3 refinement hooks that ``cfg`` asks for (merging, Mahalanobis
+    reassignment), each on its own schedule; ``loader`` feeds the merge's gradient test."""
     hooks = []
     if cfg.sharing.use_merging and cfg.stage3.merge_every:
         hooks.append(
@@ -43,10 +44,29 @@ def stage3(cfg: RunConfig, model, structure, loader, progress: bool = True):
                 every=cfg.stage3.reassign_every,
             )
         )
+    return hooks
+
+
+def stage3(
+    cfg: RunConfig, model, structure, loader, progress: bool = True, checkpoints=None, extra=None
+):
+    """Train the shared-GMM guide over ``structure``; returns ``(guide, state, hooks)``.
+
+    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) it writes
+    ``stage3.pt`` checkpoints (holding ``extra``) and continues from one when resuming.
+    """
+    guide = SharedGMMGuide(model, structure, tying=cfg.stage3.tying).to(cfg.device)
+    hooks = stage3_hooks(cfg, loader)
     s3 = cfg.stage3
     lr = {"centre": s3.lr_centre, "outlier": s3.lr_outlier, "default": s3.lr_centre}
     if s3.tying != "representative":
         lr["cov"] = s3.lr_cov
+    state, ckpt = None, None
+    if checkpoints is not None:
+        resumed = checkpoints.load("stage3")
+        if resumed is not None:
+            state = restore_state(resumed, model, guide, lr, callbacks=hooks, generators=[loader])
+        ckpt = checkpoints.callback("stage3", hooks, [loader], extra)
     state = fit(
         model,
         guide,
@@ -54,28 +74,38 @@ def stage3(cfg: RunConfig, model, structure, loader, progress: bool = True):
         epochs=s3.epochs,
         lr=lr,
         elbo=DecomposedELBO(),
-        callbacks=hooks,
+        callbacks=hooks + ([ckpt] if ckpt is not None else []),
         device=cfg.device,
         progress=progress,
+        state=state,
     )
     return guide, state, hooks
 
 
-def run_2dg(cfg: RunConfig, split, art, eval_data) -> dict:
-    """Stages 1-3 on top of the trained mean-field BNN in ``art``; returns the 2DG record."""
+def run_2dg(cfg: RunConfig, split, art, eval_data, checkpoints=None) -> dict:
+    """Stages 1-3 on top of the trained mean-field BNN in ``art``; returns the 2DG record.
+
+    When resuming from a stage-3 checkpoint (``checkpoints``), stage 2 is not rerun: its
+    structure and report come from the checkpoint.
+    """
     model, mf_guide, _ = art.mean_field
     loader = train_loader(split, cfg.data, cfg.seed)
     t0 = time.perf_counter()
-    structure, report = build_sharing(
-        model,
-        mf_guide,
-        loader,
-        cfg.sharing,
-        seed=cfg.seed,
-        device=cfg.device,
-        progress=cfg.progress,
-    )
-    guide, state, hooks = stage3(cfg, model, structure, loader, cfg.progress)
+    resumed = checkpoints.load("stage3") if checkpoints is not None else None
+    if resumed is None:
+        structure, report = build_sharing(
+            model,
+            mf_guide,
+            loader,
+            cfg.sharing,
+            seed=cfg.seed,
+            device=cfg.device,
+            progress=cfg.progress,
+        )
+    else:
+        structure, report = resumed.structure(), resumed.extra["report"]
+    extra = {"records": list(art.records), "report": report}
+    guide, state, hooks = stage3(cfg, model, structure, loader, cfg.progress, checkpoints, extra)
     seconds = time.perf_counter() - t0
     pred = predict(model, guide, eval_data, cfg.num_samples)
     record = {

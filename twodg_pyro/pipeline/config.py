@@ -323,6 +323,7 @@ class RunConfig:
     device: str = "cpu"
     num_samples: int = 30
     progress: bool = True
+    checkpoint_every: int = 0  # epochs between checkpoints of stages 1 and 3 (0: none)
     data: DataConfig = field(default_factory=DataConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)
@@ -343,6 +344,7 @@ class RunConfig:
             self.num_samples,
             "N_s must be an integer >= 1",
         )
+        _nonneg_int("checkpoint_every", self.checkpoint_every)
         _require(
             self.device == "cpu" or self.device.startswith("cuda"),
             "device",

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
+
+from ..io.files import atomic_write_text
 
 __all__ = ["write_results", "read_results", "format_table", "atomic_write_text"]
 
@@ -37,23 +37,6 @@ _COLUMNS = [
     ("size_mb_with_index", "MB+index", "{:.4f}"),
     ("train_seconds", "train s", "{:.1f}"),
 ]
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def format_table(records: list[dict]) -> str:

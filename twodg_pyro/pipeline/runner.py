@@ -11,11 +11,14 @@ import torch
 from ..baselines import train_deterministic
 from ..guides import MeanFieldGuide
 from ..infer import DecomposedELBO, KLAnnealing, fit
+from ..io.checkpoint import restore_state
 from ..metrics import classification_metrics
 from ..predict import deterministic_predict, predict
 from .builders import build_model, build_net, load_data, seed_everything, train_loader
+from .checks import check_split
 from .config import RunConfig
 from .results import format_table, write_results
+from .resume import RunCheckpoints
 
 __all__ = ["run", "RunArtifacts", "train_mean_field"]
 
@@ -38,47 +41,71 @@ def _eval_split(split):
     return torch.utils.data.DataLoader(split.test, batch_size=512)
 
 
-def train_mean_field(cfg: RunConfig, split, net, progress: bool):
-    """Stage 1: a mean-field BNN over ``net`` trained by SVI on the (annealed) ELBO."""
+def train_mean_field(cfg: RunConfig, split, net, progress: bool, checkpoints=None, extra=None):
+    """Stage 1: a mean-field BNN over ``net`` trained by SVI on the (annealed) ELBO.
+
+    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) it writes
+    ``stage1.pt`` checkpoints (holding ``extra``) and continues from one when resuming.
+    """
     n_train = len(split.train)
     model = build_model(net, cfg.prior, n_train).to(cfg.device)
     guide = MeanFieldGuide(model, init_scale=cfg.stage1.init_scale, seed=cfg.seed).to(cfg.device)
     callbacks = []
     if cfg.stage1.kl_warmup_epochs:
         callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs))
+    loader = train_loader(split, cfg.data, cfg.seed)
+    lr = {"loc": cfg.stage1.lr_loc, "scale": cfg.stage1.lr_scale, "default": cfg.stage1.lr_loc}
+    state, ckpt = None, None
+    if checkpoints is not None:
+        resumed = checkpoints.load("stage1")
+        if resumed is not None:
+            state = restore_state(
+                resumed, model, guide, lr, callbacks=callbacks, generators=[loader]
+            )
+        ckpt = checkpoints.callback("stage1", callbacks, [loader], extra)
     state = fit(
         model,
         guide,
-        train_loader(split, cfg.data, cfg.seed),
+        loader,
         epochs=cfg.stage1.epochs,
-        lr={"loc": cfg.stage1.lr_loc, "scale": cfg.stage1.lr_scale, "default": cfg.stage1.lr_loc},
+        lr=lr,
         elbo=DecomposedELBO(),
-        callbacks=callbacks,
+        callbacks=callbacks + ([ckpt] if ckpt is not None else []),
         device=cfg.device,
         progress=progress,
+        state=state,
     )
     return model, guide, state
 
 
-def run(cfg: RunConfig, out_dir: str | Path | None = None) -> RunArtifacts:
+def run(cfg: RunConfig, out_dir: str | Path | None = None, resume: bool = False) -> RunArtifacts:
     """Run every method of ``cfg.methods`` and write ``results.json``/``results.md``.
 
-    Returns the records and trained objects.  The table is also printed.
+    Returns the records and trained objects.  The table is also printed.  The data are
+    checked (finite inputs, labels in range, not empty) before anything is trained or
+    written.  With ``cfg.checkpoint_every > 0`` stages 1 and 3 write checkpoints under
+    ``out_dir/checkpoints``; ``resume=True`` continues a killed run from them (see
+    :mod:`twodg_pyro.pipeline.resume`).
     """
     art = RunArtifacts()
     seed_everything(cfg.seed)
     split = load_data(cfg.data, image=cfg.network.arch != "mlp")
+    check_split(split)
+    checkpoints = RunCheckpoints(out_dir, cfg, resume)
+    checkpoints.start()
+    resume_from = checkpoints.latest()
     art.split = split
     eval_data = _eval_split(split)
+    art.extras["eval_data"] = _to(eval_data, cfg.device)
     seed_everything(cfg.seed)
     net = build_net(cfg.network, split).to(cfg.device)
     loader = train_loader(split, cfg.data, cfg.seed)
     n_det = sum(p.numel() for p in net.parameters())
+    pretrained = None
 
-    if "deterministic" in cfg.methods or cfg.network.pretrain_epochs:
+    def train_det(epochs: int):
         det = copy.deepcopy(net)
         t0 = time.perf_counter()
-        epochs = cfg.stage1.deterministic_epochs
         train_deterministic(
             det,
             loader,
@@ -87,27 +114,39 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None) -> RunArtifacts:
             device=cfg.device,
             progress=cfg.progress,
         )
-        seconds = time.perf_counter() - t0
-        if "deterministic" in cfg.methods:
-            pred = deterministic_predict(det, _to(eval_data, cfg.device))
-            art.records.append(
-                {
-                    "method": "deterministic",
-                    **classification_metrics(pred.mean, pred.targets),
-                    "trainable_params": n_det,
-                    "train_seconds": seconds,
-                }
-            )
-        if cfg.network.pretrain_epochs:
-            net = det  # stage-1 means start from the pretrained network
+        return det, time.perf_counter() - t0
+
+    if resume_from is not None:  # records of the methods finished before the checkpoint
+        art.records = [dict(r) for r in checkpoints.load(resume_from).extra["records"]]
+    if "deterministic" in cfg.methods and resume_from is None:
+        det, seconds = train_det(cfg.stage1.deterministic_epochs)
+        pred = deterministic_predict(det, _to(eval_data, cfg.device))
+        art.records.append(
+            {
+                "method": "deterministic",
+                **classification_metrics(pred.mean, pred.targets),
+                "trainable_params": n_det,
+                "size_mb": 4 * n_det / 1e6,
+                "train_seconds": seconds,
+            }
+        )
+        if cfg.network.pretrain_epochs == cfg.stage1.deterministic_epochs:
+            pretrained = det
+    if cfg.network.pretrain_epochs and resume_from is None:
+        # stage-1 means start from a pretrained deterministic network
+        if pretrained is None:
+            pretrained, _ = train_det(cfg.network.pretrain_epochs)
+        net = pretrained
 
     if {"mean_field", "2dg"} & set(cfg.methods):
         seed_everything(cfg.seed)
         t0 = time.perf_counter()
-        model, guide, state = train_mean_field(cfg, split, copy.deepcopy(net), cfg.progress)
+        model, guide, state = train_mean_field(
+            cfg, split, copy.deepcopy(net), cfg.progress, checkpoints, {"records": art.records}
+        )
         seconds = time.perf_counter() - t0
         art.mean_field = (model, guide, state)
-        if "mean_field" in cfg.methods:
+        if "mean_field" in cfg.methods and resume_from != "stage3":
             pred = predict(model, guide, _to(eval_data, cfg.device), cfg.num_samples)
             n_train = guide.num_trainable() + sum(
                 p.numel() for p in model.deterministic_parameters()
@@ -117,6 +156,7 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None) -> RunArtifacts:
                     "method": "mean_field",
                     **classification_metrics(pred.mean, pred.targets),
                     "trainable_params": n_train,
+                    "size_mb": 4 * n_train / 1e6,
                     "train_seconds": seconds,
                     "final_elbo_terms": state.history[-1] if state.history else {},
                 }
@@ -125,7 +165,7 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None) -> RunArtifacts:
     if "2dg" in cfg.methods:
         from .algorithm1 import run_2dg
 
-        art.records.append(run_2dg(cfg, split, art, _to(eval_data, cfg.device)))
+        art.records.append(run_2dg(cfg, split, art, _to(eval_data, cfg.device), checkpoints))
 
     if "rank1" in cfg.methods:
         from .alternatives import run_rank1
@@ -140,6 +180,9 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None) -> RunArtifacts:
     print(format_table(art.records))
     if out_dir is not None:
         write_results(out_dir, art.records, cfg.to_dict())
+        from .artifacts import write_artifacts  # model file, InferenceData, diagnostics, plots
+
+        write_artifacts(art, cfg, out_dir)
     return art
 
 

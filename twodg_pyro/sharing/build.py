@@ -35,7 +35,9 @@ def weight_points(mus: torch.Tensor, sigmas: torch.Tensor, coordinates: str) -> 
     raise ValueError(f"coordinates must be 'sigma' or 'log_sigma', got {coordinates!r}")
 
 
-def build_sharing(model, guide, data, cfg, seed: int = 0, device=None, progress: bool = False):
+def build_sharing(
+    model, guide, data, cfg, seed: int = 0, device=None, progress: bool = False, mixture=None
+):
     """Build the sharing structure from a trained mean-field ``guide``.
 
     Args:
@@ -44,6 +46,8 @@ def build_sharing(model, guide, data, cfg, seed: int = 0, device=None, progress:
         data: minibatches for the gradient rule.
         cfg: a :class:`~twodg_pyro.pipeline.config.SharingConfig`.
         seed: seed of the mixture fit.
+        mixture: the mixture class (default :class:`~twodg_pyro.gmm.GaussianMixture2D`;
+            e.g. :class:`~twodg_pyro.distributed.DistributedGaussianMixture2D`).
 
     Returns:
         ``(structure, report)`` where ``report`` holds counts per step and timings.
@@ -106,7 +110,7 @@ def build_sharing(model, guide, data, cfg, seed: int = 0, device=None, progress:
 
     # ---- mixture (Eq. 3)
     t1 = time.perf_counter()
-    gmm = GaussianMixture2D(
+    gmm = (mixture or GaussianMixture2D)(
         cfg.n_components,
         batch_size=cfg.gmm_batch_size,
         max_iter=cfg.gmm_max_iter,

@@ -1,0 +1,82 @@
+"""Bit-identical training under a seed (the shared-GMM guide's gathers have deterministic
+backward passes on CPU), and the fast prediction draws have the guide's distribution."""
+
+import sys
+from pathlib import Path
+
+import pyro
+import pytest
+import torch
+
+from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
+from twodg_pyro.infer import fit
+from twodg_pyro.likelihoods import Categorical
+from twodg_pyro.model import BNNModel
+from twodg_pyro.models import MLP
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from bench_svi_step import make_structure  # noqa: E402
+
+
+def _data(n=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 64, generator=g)
+    return [(x[i : i + 64], (x[i : i + 64, :10].argmax(1))) for i in range(0, n, 64)]
+
+
+@pytest.mark.parametrize("tying", ["representative", "stochastic", "tied"])
+def test_two_seeded_fits_are_bit_identical(tying):
+    # 45k weights: above the size where torch's CPU index_put(accumulate) goes parallel
+    # with atomic adds (nondeterministic); the guide must not rely on it
+    torch.manual_seed(0)
+    model = BNNModel(MLP(64, (600,), 10), likelihood=Categorical(256))
+    structure = make_structure(model, n_components=16)
+    data = _data()
+    runs = []
+    for _ in range(2):
+        pyro.set_rng_seed(3)
+        guide = SharedGMMGuide(model, structure, tying)
+        state = fit(model, guide, data, 2, 1e-2, progress=False)
+        runs.append((state.history, {k: v.clone() for k, v in guide.state_dict().items()}))
+    assert runs[0][0] == runs[1][0]
+    for k, v in runs[0][1].items():
+        assert torch.equal(v, runs[1][1][k]), k
+
+
+@pytest.mark.parametrize("coordinates", ["sigma", "log_sigma"])
+def test_fast_stochastic_draw_has_the_guide_distribution(coordinates):
+    torch.manual_seed(0)
+    model = BNNModel(MLP(4, (3,), 2), likelihood=Categorical(10))  # 12 + 3 + 6 + 2 = 23
+    s = make_structure(model, n_components=3, outlier_frac=0.15, ellipse_frac=0.15, seed=1)
+    s.coordinates = coordinates
+    s.means = torch.tensor([[0.1, 0.05], [-0.2, 0.1], [0.3, 0.02]])
+    if coordinates == "log_sigma":
+        s.means[:, 1] = s.means[:, 1].log()
+    s.covariances = torch.tensor(
+        [[[4e-3, 1e-3], [1e-3, 2e-3]], [[1e-3, 0.0], [0.0, 1e-3]], [[2e-3, -5e-4], [-5e-4, 1e-3]]]
+    )
+    guide = SharedGMMGuide(model, s, "stochastic")
+    n = 60000
+    with torch.no_grad():
+        fast, _ = guide._draw(n, fast=True)
+        full, _ = guide._draw(n, fast=False)
+    se = (full.var(0) / n).sqrt()
+    assert ((fast.mean(0) - full.mean(0)).abs() < 6 * se + 1e-6).all()
+    torch.testing.assert_close(fast.var(0), full.var(0), rtol=0.05, atol=1e-7)
+    # and the outliers keep exactly their own Normal
+    out = s.outlier_index
+    torch.testing.assert_close(fast[:, out].mean(0), s.outlier_loc, atol=0.02, rtol=0)
+
+
+def test_mean_field_prediction_draws_match_training_draws():
+    torch.manual_seed(0)
+    model = BNNModel(MLP(8, (5,), 3), likelihood=Categorical(10))
+    guide = MeanFieldGuide(model, init_scale=0.3)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        a = guide.sample_weights(4)
+    torch.manual_seed(1)
+    b = guide.sample_weights(4)  # with gradients: the out-of-place path
+    for k in a:
+        assert torch.equal(a[k], b[k].detach())
+    assert b["layers.0.weight"].requires_grad

@@ -1,0 +1,86 @@
+"""Checks of a data split before any training, each error naming the bad value."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Subset, TensorDataset
+
+__all__ = ["check_split"]
+
+
+def _tensors(ds):
+    """``(x, y)`` of a TensorDataset (or a Subset of one), else ``None``."""
+    if isinstance(ds, TensorDataset) and len(ds.tensors) >= 2:
+        return ds.tensors[0], ds.tensors[1]
+    if isinstance(ds, Subset) and isinstance(ds.dataset, TensorDataset):
+        idx = torch.as_tensor(ds.indices, dtype=torch.long)
+        x, y = ds.dataset.tensors[:2]
+        return x[idx], y[idx]
+    return None
+
+
+def _check_labels(name: str, y: torch.Tensor, num_classes: int) -> None:
+    if y.dtype.is_floating_point or y.dtype == torch.bool:
+        raise ValueError(f"{name} labels must be integers, got dtype {y.dtype}")
+    bad = (y < 0) | (y >= num_classes)
+    if bad.any():
+        i = int(bad.reshape(-1).nonzero()[0, 0])
+        raise ValueError(
+            f"{name} label {int(y.reshape(-1)[i])} at example {i} is out of range "
+            f"[0, {num_classes}) ({int(bad.sum())} bad label(s))"
+        )
+
+
+def check_split(split) -> None:
+    """Validate a :class:`~twodg_pyro.data.DataSplit` before training.
+
+    Checks that the training and test sets are not empty; and, for in-memory data
+    (``TensorDataset``), that every input is finite, inputs have the split's
+    ``input_shape`` and labels are integers in ``[0, num_classes)``.  For file-backed
+    data sets the first example's shape and the ``targets`` (when the data set has them)
+    are checked.
+
+    Raises:
+        ValueError: naming the set, the bad value and where it is.
+    """
+    if int(split.num_classes) < 1:
+        raise ValueError(f"num_classes must be at least 1, got {split.num_classes!r}")
+    shape = tuple(split.input_shape)
+    for name in ("train", "val", "test"):
+        ds = getattr(split, name)
+        n = len(ds)
+        if n == 0:
+            if name == "val":
+                continue
+            raise ValueError(f"the {name} set of {split.name!r} is empty (0 examples)")
+        tensors = _tensors(ds)
+        if tensors is None:
+            x0, _ = ds[0][:2]
+            if torch.is_tensor(x0) and tuple(x0.shape) != shape:
+                raise ValueError(
+                    f"{name} example 0 has shape {tuple(x0.shape)}, the split declares "
+                    f"input shape {shape}"
+                )
+            targets = getattr(getattr(ds, "dataset", ds), "targets", None)
+            if targets is not None and not isinstance(ds, Subset):
+                _check_labels(name, torch.as_tensor(targets), split.num_classes)
+            continue
+        x, y = tensors
+        if tuple(x.shape[1:]) != shape:
+            raise ValueError(
+                f"{name} inputs have shape {tuple(x.shape[1:])} per example, the split "
+                f"declares input shape {shape}"
+            )
+        if x.dtype.is_floating_point:
+            bad = ~torch.isfinite(x)
+            if bad.any():
+                rows = bad.reshape(n, -1).any(1)
+                first = int(rows.nonzero()[0, 0])
+                value = x.reshape(n, -1)[first][bad.reshape(n, -1)[first]][0].item()
+                raise ValueError(
+                    f"{name} inputs hold {int(bad.sum())} non-finite value(s) ({value} first, "
+                    f"in example {first}; {int(rows.sum())} example(s) affected)"
+                )
+        if y.shape[0] != n:
+            raise ValueError(f"{name} has {n} inputs but {y.shape[0]} labels")
+        _check_labels(name, y, split.num_classes)

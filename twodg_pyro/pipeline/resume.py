@@ -1,0 +1,179 @@
+"""Checkpoints of a pipeline run, and resuming a killed run (``--resume RUN_DIR``).
+
+With ``checkpoint_every = E > 0`` a run writes, in ``RUN_DIR/checkpoints/``:
+
+* ``config.json``: the run's settings (written when the run starts; ``--resume`` reads
+  it);
+* ``stage1.pt``: the mean-field BNN being trained (every ``E`` epochs and after the
+  last), with the records of the methods already finished (the deterministic
+  baseline);
+* ``stage3.pt``: the shared-GMM BNN being trained (every ``E`` epochs and after the
+  last), with its current sharing structure, the hook states, the stage-2 report and
+  the records of the methods already finished (deterministic, mean-field).
+
+Every file is replaced atomically (:func:`~twodg_pyro.io.files.atomic_torch_save`).
+
+Resuming continues from the latest checkpoint: a ``stage3.pt`` continues stage 3; a
+``stage1.pt`` continues stage 1 and then runs stages 2 and 3 from it.  What is
+*recomputed* rather than restored, because it is cheap and deterministic given the
+seed: loading and splitting the data, building the network; the deterministic
+baseline when the run was killed before the first stage-1 checkpoint (then the whole
+run restarts from the seed); stage 2 (outliers, mixture, merging, ellipses: it is
+recomputed only when resuming from stage 1, as the stage-3 checkpoint holds its
+result); the methods after ``2dg`` (``rank1``, ``ssvi``, each seeded on its own).  All
+random states (torch, NumPy, Python, the data loaders' shuffling generators) are
+restored with each checkpoint, so on CPU a resumed run ends with exactly the results
+of an uninterrupted one (timings aside).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..io.checkpoint import Checkpoint, CheckpointData, load_checkpoint
+from .config import ConfigError, RunConfig, config_from_dict
+from .results import atomic_write_text
+
+__all__ = ["RunCheckpoints", "load_run_config", "STAGES"]
+
+#: Stages with checkpoints, latest first.
+STAGES = ("stage3", "stage1")
+_IGNORED = ("progress", "device", "checkpoint_every")
+
+
+def _config_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if not prefix and k in _IGNORED:
+            continue
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _differences(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} (checkpoint) vs {vb!r} (given)")
+    return out
+
+
+def load_run_config(run_dir: str | Path, overrides: dict | None = None) -> RunConfig:
+    """The settings a checkpointed run was started with (``--resume``), with
+    ``overrides`` (e.g. ``progress``, ``device``) applied.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` has no ``checkpoints/config.json``.
+        ConfigError: the stored settings are unreadable.
+    """
+    path = _config_dir(run_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"cannot resume {str(run_dir)!r}: no {path.name} in {str(path.parent)!r} (was the "
+            "run started with checkpoint_every > 0?)"
+        )
+    try:
+        values = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{str(path)!r} is not valid JSON: {e}") from e
+    from .config import merge_settings
+
+    return config_from_dict(merge_settings(values, overrides or {}))
+
+
+class RunCheckpoints:
+    """The checkpoint folder of one run.
+
+    Args:
+        run_dir: the run's output folder (``None``: no checkpoints).
+        cfg: the run's settings.
+        resume: continue from the checkpoints found there; otherwise any checkpoints
+            of an earlier run in that folder are removed when the run starts.
+    """
+
+    def __init__(self, run_dir: str | Path | None, cfg: RunConfig, resume: bool = False):
+        self.cfg = cfg
+        self.every = int(getattr(cfg, "checkpoint_every", 0) or 0)
+        self.dir = _config_dir(run_dir) if run_dir is not None else None
+        self.resume = bool(resume)
+        if self.resume and self.dir is None:
+            raise ValueError("resuming needs the run folder")
+        self._loaded: dict[str, CheckpointData | None] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.dir is not None and self.every > 0
+
+    def path(self, stage: str) -> Path:
+        return self.dir / f"{stage}.pt"
+
+    def start(self) -> None:
+        """Called once the run's inputs are validated: a fresh run clears old checkpoints
+        and writes ``config.json``; a resumed run checks the settings and removes
+        temporary files a killed writer left behind."""
+        if self.dir is None:
+            return
+        if self.resume:
+            if not self.dir.is_dir():
+                raise FileNotFoundError(f"cannot resume: no checkpoint folder {str(self.dir)!r}")
+            for tmp in self.dir.glob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
+            stored = load_run_config(self.dir.parent).to_dict()
+            diff = _differences(stored, self.cfg.to_dict())
+            if diff:
+                raise ConfigError(
+                    f"cannot resume {str(self.dir.parent)!r} with other settings: "
+                    + "; ".join(diff)
+                )
+            return
+        if not self.enabled:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for stage in STAGES:
+            self.path(stage).unlink(missing_ok=True)
+        atomic_write_text(
+            self.dir / "config.json", json.dumps(self.cfg.to_dict(), indent=2, sort_keys=True)
+        )
+
+    def load(self, stage: str) -> CheckpointData | None:
+        """The checkpoint of ``stage`` when resuming and one exists, else ``None``."""
+        if not self.resume or self.dir is None:
+            return None
+        if stage not in self._loaded:
+            path = self.path(stage)
+            ckpt = load_checkpoint(path, stage=stage) if path.is_file() else None
+            if ckpt is not None and ckpt.config is not None:
+                diff = _differences(ckpt.config, self.cfg.to_dict())
+                if diff:
+                    raise ValueError(
+                        f"checkpoint {str(path)!r} belongs to a run with other settings: "
+                        + "; ".join(diff)
+                    )
+            self._loaded[stage] = ckpt
+        return self._loaded[stage]
+
+    def latest(self) -> str | None:
+        """The latest stage with a checkpoint to resume from, or ``None``."""
+        for stage in STAGES:
+            if self.load(stage) is not None:
+                return stage
+        return None
+
+    def callback(self, stage: str, callbacks=(), generators=(), extra=None) -> Checkpoint | None:
+        """A :class:`~twodg_pyro.io.checkpoint.Checkpoint` for ``stage``, or ``None`` when
+        checkpoints are off."""
+        if not self.enabled:
+            return None
+        cb = Checkpoint(
+            self.path(stage),
+            every=self.every,
+            stage=stage,
+            callbacks=callbacks,
+            generators=generators,
+            config=self.cfg.to_dict(),
+            extra=extra,
+        )
+        ckpt = self._loaded.get(stage)
+        cb.last_saved = (str(self.path(stage)), ckpt.epoch) if ckpt is not None else None
+        return cb
