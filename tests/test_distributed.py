@@ -334,12 +334,6 @@ def test_distributed_gmm_on_sharded_input(dist_run):
         torch.testing.assert_close(r0["sharded"][key], r0["dense"][key], atol=1e-10, rtol=0)
 
 
-@pytest.mark.xfail(
-    reason="known issue: after the shared-GMM guide's draw was rewritten (natural-order "
-    "gather), centre_raw differs between 2 ranks x B and 1 process x 2B beyond 1e-9; "
-    "to be investigated (closing note of the founding session)",
-    strict=False,
-)
 def test_stage3_epoch_two_ranks_equals_one_process_with_twice_the_batch(dist_run):
     inputs = dist_run["inputs"]
     ref_state, ref_hist = _stage3_epoch(inputs)

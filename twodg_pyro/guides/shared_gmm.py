@@ -22,9 +22,11 @@ The KL terms of Eq. 10 match the tying (:meth:`SharedGMMGuide.site_kl`), with
 :math:`\alpha_{ik}` for an ellipse weight):
 
 * representative: :math:`\sum_k N_{k,s}\,\mathrm{KL}(\mathcal N(m_{k,0}, m_{k,1}^2) \| p_s)`;
-* stochastic: :math:`\sum_{i \in s} \mathrm{KL}(\mathcal N(\tilde\mu_i, \tilde\sigma_i^2) \| p_s)`
-  at the drawn :math:`(\tilde\mu, \tilde\sigma)` (a Monte Carlo estimate of
-  :math:`\sum_k N_{k,s}\,\mathbb E_{\mathcal N(m_k, S_k)}\mathrm{KL}`);
+* stochastic: :math:`\sum_k N_{k,s}\,\mathbb E_{\mathcal N(m_k, S_k)}
+  \mathrm{KL}(\mathcal N(\tilde\mu, \tilde\sigma^2) \| p_s)`, exact for a Normal prior
+  (:mod:`~twodg_pyro.guides.stochastic_kl`: the Monte Carlo estimate's gradient has
+  infinite variance), otherwise estimated at the drawn :math:`(\tilde\mu_i, \tilde\sigma_i)`
+  of each weight;
 * tied: :math:`\sum_k \frac{N_{k,s}}{N_k}\,\mathrm{KL}(\mathcal N(m_{k,0}, S_{k,00}) \| p_s)`,
   which sums over sites to :math:`\sum_k \mathrm{KL}(q(z_k) \| p)` when all sites share
   the prior;
@@ -51,6 +53,7 @@ from torch import nn
 from ..sharing.structure import SharingStructure
 from .base import BNNGuide
 from .mean_field import inverse_softplus
+from .stochastic_kl import expected_normal_kl
 
 __all__ = ["SharedGMMGuide", "TYINGS"]
 
@@ -460,10 +463,13 @@ class SharedGMMGuide(BNNGuide):
             loc = self.centre_mu.index_select(0, comps)
             scale = self.centre_sigma().index_select(0, comps)
         elif self.tying == "stochastic":
+            if is_normal:  # the exact expectation over (mu~, sigma~): no Monte Carlo noise
+                kl_k = expected_normal_kl(
+                    self.centres(), self.covariances(), prior.loc, prior.scale, self.coordinates
+                )
+                return (counts * kl_k).sum()
             loc = self._cache["mu_t"][0].index_select(0, global_idx)
             scale = self._cache["sig_t"][0].index_select(0, global_idx)
-            if is_normal:
-                return _normal_kl(loc, scale, prior).sum()
         else:  # tied: one term per component, shared among the sites it spans
             if prior is None:
                 raise ValueError(
