@@ -27,6 +27,15 @@ def test_config_round_trip_and_types(tmp_path):
         config_from_dict({"stage1": {"epochs": "ten"}})
 
 
+def test_booleans_are_not_numbers_in_settings_built_directly():
+    from twodg_pyro.pipeline.config import PriorConfig, Stage1Config
+
+    with pytest.raises(ConfigError, match=r"stage1.epochs = True: must be an integer >= 0"):
+        Stage1Config(epochs=True)
+    with pytest.raises(ConfigError, match=r"prior.scale = True: must be a positive number"):
+        PriorConfig(scale=True)
+
+
 def test_cli_reports_config_errors(tmp_path, capsys):
     p = tmp_path / "bad.toml"
     p.write_text("bogus = 1\n")

@@ -42,7 +42,10 @@ def _require(cond: bool, name: str, value: Any, what: str) -> None:
 
 def _pos(name: str, value: float) -> None:
     _require(
-        isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0,
         name,
         value,
         "must be a positive number",
@@ -50,7 +53,12 @@ def _pos(name: str, value: float) -> None:
 
 
 def _nonneg_int(name: str, value: int) -> None:
-    _require(isinstance(value, int) and value >= 0, name, value, "must be an integer >= 0")
+    _require(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        name,
+        value,
+        "must be an integer >= 0",
+    )
 
 
 def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
