@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("table", ["table5", "table10", "tyings", "merge_rules", "coordinates"])
+@pytest.mark.parametrize(
+    "table", ["table4", "table5", "table10", "tyings", "merge_rules", "coordinates"]
+)
 def test_committed_table_is_reproduced_by_its_command(table, tmp_path):
     committed = json.loads((ROOT / "experiments" / "results" / f"{table}.json").read_text())
     cmd = [
@@ -30,3 +32,19 @@ def test_committed_table_is_reproduced_by_its_command(table, tmp_path):
         assert (a["method"], a["variant"]) == (b["method"], b["variant"])
         for key in ("accuracy", "nll", "ece", "trainable_params"):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (table, a["variant"], key)
+
+
+@pytest.mark.slow
+def test_committed_guide_comparison_is_reproduced_for_its_first_seed(tmp_path):
+    """``compare_guides.py`` for seed 0 alone gives the committed per-seed records."""
+    committed = json.loads((ROOT / "experiments" / "results" / "compare_guides.json").read_text())
+    seed = committed["seeds"][0]
+    cmd = [sys.executable, str(ROOT / "experiments" / "compare_guides.py")]
+    cmd += ["--seeds", str(seed), "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=3600)
+    fresh = json.loads((tmp_path / "compare_guides.json").read_text())["per_seed"][str(seed)]
+    want = committed["per_seed"][str(seed)]
+    assert [r["method"] for r in fresh] == [r["method"] for r in want]
+    for a, b in zip(fresh, want, strict=True):
+        for key in ("accuracy", "nll", "ece", "trainable_params"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["method"], key)
