@@ -99,3 +99,15 @@ def test_bad_inputs_raise_with_the_value():
         mahalanobis_squared(nan_pts, means, covs)
     with pytest.raises(ValueError, match=r"points must be an \(N, 2\) tensor, got \(20, 3\)"):
         mahalanobis_squared(torch.zeros(20, 3, dtype=F64), means, covs)
+
+
+def test_progress_bar_goes_to_stderr_and_leaves_the_result_unchanged(capsys):
+    pts, means, covs, assign = setup()
+    quiet = ellipse_assign(pts, means, covs, assign, k=3, chunk_size=128)
+    assert capsys.readouterr() == ("", "")
+    shown = ellipse_assign(pts, means, covs, assign, k=3, chunk_size=128, progress=True)
+    out, err = capsys.readouterr()
+    assert out == "" and "Mahalanobis" in err
+    assert int(quiet.mask.sum()) > 128  # several chunks
+    for key in ("mask", "indices", "components", "alphas", "d2_own"):
+        assert torch.equal(getattr(quiet, key), getattr(shown, key)), key

@@ -187,3 +187,15 @@ def test_bad_inputs_raise_with_the_value():
     nan_means[1, 0] = math.nan
     with pytest.raises(ValueError, match=r"means\[1\] is not finite"):
         merge_components(nan_means, covs, counts, tau_w=1.0)
+
+
+def test_progress_bar_goes_to_stderr_and_leaves_the_merge_unchanged(capsys):
+    means, covs, counts = random_components(300, 8, spread=0.2, size=0.05)
+    quiet = merge_components(means, covs, counts, tau_w=0.1, rule="moment")
+    assert capsys.readouterr() == ("", "")
+    shown = merge_components(means, covs, counts, tau_w=0.1, rule="moment", progress=True)
+    out, err = capsys.readouterr()
+    assert out == "" and "merge" in err
+    assert quiet.n_rounds == shown.n_rounds > 1
+    for key in ("means", "covs", "counts", "mapping", "variances"):
+        assert torch.equal(getattr(quiet, key), getattr(shown, key)), key

@@ -234,3 +234,38 @@ def test_bad_inputs_raise_with_the_value():
     g = GaussianMixture2D(2, random_state=0).fit(x)
     with pytest.raises(ValueError, match=r"X contains 1 non-finite"):
         g.score_samples(np.array([[0.0, 0.0], [np.nan, 1.0]]))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # max_iter=3 does not converge
+@pytest.mark.parametrize("batch_size", [None, 500])
+def test_progress_bar_goes_to_stderr_and_leaves_the_fit_unchanged(capsys, batch_size):
+    w, mu, cov = bnn_like_mixture(6, seed=3)
+    x = sample(w, mu, cov, 4000, seed=4)
+    kw = dict(batch_size=batch_size, n_epochs=2, max_iter=3, random_state=0)
+    quiet = GaussianMixture2D(6, **kw).fit(x)
+    assert capsys.readouterr() == ("", "")
+    shown = GaussianMixture2D(6, progress=True, **kw).fit(x)
+    out, err = capsys.readouterr()
+    assert out == "" and "GMM EM" in err
+    for key in ("weights_", "means_", "covariances_", "counts_"):
+        assert torch.equal(getattr(quiet, key), getattr(shown, key)), key
+    assert (quiet.lower_bound_, quiet.n_iter_, quiet.n_steps_, quiet.n_reseeded_) == (
+        shown.lower_bound_,
+        shown.n_iter_,
+        shown.n_steps_,
+        shown.n_reseeded_,
+    )
+
+
+def test_progress_bar_is_closed_when_the_fit_fails(monkeypatch, capsys):
+    from tqdm import tqdm
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("M-step failed")
+
+    monkeypatch.setattr(GaussianMixture2D, "_m_step", boom)
+    x = sample(*bnn_like_mixture(3, seed=5), 500, seed=6)
+    with pytest.raises(RuntimeError, match="M-step failed"):
+        GaussianMixture2D(3, progress=True, random_state=0).fit(x)
+    assert "GMM EM" in capsys.readouterr().err
+    assert not [b for b in list(tqdm._instances) if b.desc == "GMM EM"]

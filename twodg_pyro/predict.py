@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.func import vmap
+from tqdm.auto import tqdm
 
 from .likelihoods import Categorical
 
@@ -67,6 +68,7 @@ def predict(
     sample_chunk: int = 10,
     keep_samples: bool = False,
     device: torch.device | str | None = None,
+    progress: bool = False,
 ) -> Prediction:
     """Bayesian model average of ``model``'s likelihood over ``num_samples`` guide draws.
 
@@ -80,6 +82,8 @@ def predict(
         keep_samples: also return the per-sample predictions ``(S, N, ...)`` (``(S K, N, ...)``
             for a model with ``output_components = K``, sample-major).
         device: where inputs are moved (default: the guide's device).
+        progress: show a tqdm bar (``"predict"``, on stderr) over the (weight-sample
+            chunk, data batch) passes, with the draws done so far.
     """
     if int(num_samples) < 1:
         raise ValueError(f"num_samples (N_s) must be at least 1, got {num_samples!r}")
@@ -101,20 +105,32 @@ def predict(
     sums: list[torch.Tensor | None] = [None] * len(batches)
     per_sample: list[list[torch.Tensor]] = [[] for _ in batches]
     done = 0
-    while done < num_samples:
-        s = min(int(sample_chunk), num_samples - done)
-        weights = guide.sample_weights(s)
-        for i, (xb, _) in enumerate(batches):
-            xb = xb.to(device) if device is not None else xb
-            outputs = batched(weights, xb)  # (s, B, ...), or (s, K, B, ...)
-            if components > 1:
-                outputs = outputs.flatten(0, 1)
-            preds = _per_sample_predictions(lik, outputs)
-            total = preds.sum(0)
-            sums[i] = total if sums[i] is None else sums[i] + total
-            if keep_samples:
-                per_sample[i].append(preds.cpu())
-        done += s
+    n_chunks = -(-int(num_samples) // int(sample_chunk))
+    with tqdm(
+        total=n_chunks * len(batches),
+        desc="predict",
+        unit="batch",
+        disable=not progress,
+        leave=False,
+    ) as bar:
+        while done < num_samples:
+            s = min(int(sample_chunk), num_samples - done)
+            weights = guide.sample_weights(s)
+            for i, (xb, _) in enumerate(batches):
+                xb = xb.to(device) if device is not None else xb
+                outputs = batched(weights, xb)  # (s, B, ...), or (s, K, B, ...)
+                if components > 1:
+                    outputs = outputs.flatten(0, 1)
+                preds = _per_sample_predictions(lik, outputs)
+                total = preds.sum(0)
+                sums[i] = total if sums[i] is None else sums[i] + total
+                if keep_samples:
+                    per_sample[i].append(preds.cpu())
+                bar.set_postfix_str(
+                    f"draws {done + s}/{num_samples}, batches {len(batches)}", False
+                )
+                bar.update(1)
+            done += s
     mean = torch.cat([(t / (num_samples * components)).cpu() for t in sums])
     targets = None
     if all(yb is not None for _, yb in batches):

@@ -4,7 +4,10 @@ EM only needs, per component :math:`k`, the sufficient statistics
 :math:`s_k = \sum_i r_{ik}\,[1,\ z_i,\ z_i z_i^\top]` (count, first and second moments) and
 the log-likelihood; both are sums over points, so the sum over ranks of the per-shard
 sums is the full-data sum.  :class:`DistributedGaussianMixture2D` is
-:class:`~twodg_pyro.gmm.GaussianMixture2D` with
+:class:`~twodg_pyro.gmm.GaussianMixture2D` — the same EM code — with its process seams
+(``_shard``, ``_standardise``, ``_seed``, ``_initial_params``, ``_layout``,
+``_global_points``, ``_online_schedule``, ``_reduce_estep``, ``_all_sum``,
+``_gather_labels``, ``_is_main``) filled in:
 
 * the standardisation :math:`z = (x - \bar x) / s_x` from all-reduced sums (two passes,
   as the single-process fit);
@@ -32,23 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import warnings
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..gmm._cells import (
-    Components,
-    Engine,
-    PassResult,
-    Plan,
-    build_cells,
-    default_cell_size,
-    make_plan,
-)
-from ..gmm.mixture import _MAX_ELEMS, GaussianMixture2D, _stats_from_params, as_points
+from ..gmm._cells import CellLayout, PassResult, build_cells, default_cell_size, grid_shape
+from ..gmm.mixture import GaussianMixture2D
 from . import env
 
 __all__ = ["DistributedGaussianMixture2D"]
@@ -129,14 +122,6 @@ def _pack(w: Tensor, mu: Tensor, cov: Tensor) -> Tensor:
     return torch.cat([w.reshape(-1), mu.reshape(-1), cov.reshape(-1)]).to(torch.float64)
 
 
-def _layout_draw_shape(n_pts: int, cell_size: int) -> tuple[int, int]:
-    """Shape of the one uniform draw ``build_cells`` makes for ``n_pts`` points."""
-    n_target = max(1, math.ceil(n_pts / max(1, cell_size)))
-    g1 = max(1, math.ceil(math.sqrt(n_target)))
-    g2 = max(1, math.ceil(n_target / g1))
-    return g1 * g2, math.ceil(n_pts / (g1 * g2))
-
-
 class DistributedGaussianMixture2D(GaussianMixture2D):
     """:class:`~twodg_pyro.gmm.GaussianMixture2D` fitted by all processes of the group.
 
@@ -159,20 +144,26 @@ class DistributedGaussianMixture2D(GaussianMixture2D):
         self.sharded = bool(sharded)
         super().__init__(n_components, **kwargs)
 
-    # ------------------------------------------------------------------ fitting
-    def _fit(self, X: Any) -> Tensor:
+    # ------------------------------------------------------------------ seams
+    # GaussianMixture2D's EM with its process seams filled in; each is the plain
+    # single-process one without a process group of more than one process.
+    def _is_main(self) -> bool:
+        return env.is_main()
+
+    def _seed(self) -> int:
+        seed = super()._seed()
+        return seed if self.random_state is not None else int(env.broadcast_object(seed))
+
+    def _shard(self, x: Tensor) -> tuple[Tensor, int, int]:
+        """This rank's slice (``sharded=False``) or its own points, with their global
+        offset and the global count; every rank needs at least one point."""
         if not env.is_distributed():
-            labels = super()._fit(X)
-            self.n_local_ = self._n_fit
-            return labels
-        self._validate_params()
+            self.n_local_ = int(x.shape[0])
+            return super()._shard(x)
         world, rank = env.get_world_size(), env.get_rank()
-        device = self._device_for(X)
-        x = as_points(X, "X", device=device)
-        k = self.n_components
         n_in = int(x.shape[0])
         if self.sharded:
-            sizes = env.all_gather_rows(torch.tensor([n_in], device=device)).tolist()
+            sizes = env.all_gather_rows(torch.tensor([n_in], device=x.device)).tolist()
             offset, n = sum(sizes[:rank]), sum(sizes)
             x_local = x
         else:
@@ -187,70 +178,53 @@ class DistributedGaussianMixture2D(GaussianMixture2D):
                 f"every process needs at least one point; shard sizes are {sizes} "
                 f"(N={n}, world size {world})"
             )
-        if k > n:
-            raise ValueError(
-                f"n_components={k} is larger than the number of points N={n}; "
-                "use at most one component per point"
-            )
-        n_local = int(x_local.shape[0])
-        x64 = x_local.to(torch.float64)
+        self.n_local_ = int(x_local.shape[0])
+        return x_local, offset, n
+
+    def _standardise(self, x64: Tensor, n: int) -> tuple[Tensor, Tensor]:
+        """Mean and standard deviation from all-reduced sums (two passes)."""
+        if not env.is_distributed():
+            return super()._standardise(x64, n)
         loc = env.all_reduce_sum(x64.sum(dim=0)) / n
-        scale = (env.all_reduce_sum((x64 - loc).square().sum(dim=0)) / n).sqrt()
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        z = ((x64 - loc) / scale).to(self.dtype)
-        del x64
-        self._n_fit = n
+        return loc, (env.all_reduce_sum((x64 - loc).square().sum(dim=0)) / n).sqrt()
 
-        seed = self.random_state
-        if seed is None:
-            seed = env.broadcast_object(int.from_bytes(os.urandom(8), "little") % (2**63))
-        gen = torch.Generator(device=device)
-        gen.manual_seed(int(seed))
-        w, mu, cov = self._initialise_distributed(z, offset, n, gen)
-        # advance the stream as the single-process fit's cell layout does, so that the
-        # draws that follow (re-seeding) are the same as in a single process
-        cell_size = default_cell_size(n, k)
-        torch.rand(*_layout_draw_shape(n, cell_size), generator=gen, device=device)
-        local_gen = torch.Generator(device=device)
-        local_gen.manual_seed((int(seed) * 1_000_003 + 7919 * (rank + 1)) % (2**63))
-        self._local_gen = local_gen
-        layout = build_cells(z, cell_size, self.dtype, local_gen)
-        engine = Engine(self.dtype, device, self.chunk_size, _MAX_ELEMS)
-        zg = _GlobalPoints(z, offset, n)
-        self.n_reseeded_ = 0
-        self.n_epochs_ = 0
-        self.n_steps_ = 0
-        converged = False
-        if self.batch_size is not None:
-            w, mu, cov, converged = self._online_em(zg, layout, engine, w, mu, cov, gen)
-        self.n_iter_ = 0
-        if self.max_iter > 0:
-            w, mu, cov, converged = self._batch_em(zg, layout, engine, w, mu, cov, gen)
-            if not converged and self.batch_size is None and rank == 0:
-                warnings.warn(
-                    f"DistributedGaussianMixture2D did not converge in max_iter={self.max_iter} "
-                    f"iterations (tol={self.tol}); increase max_iter or tol",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-        self.converged_ = converged
+    def _layout(
+        self, z: Tensor, n: int, gen: torch.Generator
+    ) -> tuple[CellLayout, torch.Generator]:
+        """Cells of the local points, shuffled by a per-rank generator; the shared ``gen``
+        advances as the single-process layout advances it, so that the draws that
+        follow (re-seeding) are the same as in a single process."""
+        if not env.is_distributed():
+            return super()._layout(z, n, gen)
+        cell_size = default_cell_size(n, self.n_components)
+        g1, g2, m = grid_shape(n, cell_size)
+        torch.rand(g1 * g2, m, generator=gen, device=z.device)
+        local_gen = torch.Generator(device=z.device)
+        rank = env.get_rank()
+        local_gen.manual_seed((gen.initial_seed() * 1_000_003 + 7919 * (rank + 1)) % (2**63))
+        return build_cells(z, cell_size, self.dtype, local_gen), local_gen
 
-        comps = Components.from_params(w, mu, cov)
-        plan = make_plan(layout, comps, margin=self.prune_margin)
-        res = engine.run(layout, comps, plan, want_argmax=True)
-        engine.release()
-        log_jac = float(torch.log(scale).sum())
-        self.lower_bound_ = float(env.all_reduce_sum(res.ll_sum)) / n - log_jac
-        labels = res.argmax
-        self.counts_ = env.all_reduce_sum(torch.bincount(labels, minlength=k))
-        self._set_params(w, mu, cov, loc, scale)
-        self.n_local_ = n_local
-        self._local_gen = None
-        if not self.sharded:
-            labels = env.all_gather_rows(labels)
-        return labels
+    def _global_points(self, z: Tensor, offset: int, n: int) -> Any:
+        return _GlobalPoints(z, offset, n) if env.is_distributed() else z
 
-    def _initialise_distributed(
+    def _online_schedule(self, layout: CellLayout) -> tuple[int, int]:
+        """About ``batch_size * n_local / N`` points a step from this rank; every rank
+        takes the largest number of steps (a rank whose cells run out adds nothing)."""
+        if not env.is_distributed():
+            return super()._online_schedule(layout)
+        m = layout.cell_size
+        share = self.batch_size * layout.n_points / self._n_fit
+        cols = int(min(m, max(1, round(share / layout.n_cells))))
+        n_steps = _all_max(math.ceil(m / cols))
+        return math.ceil(m / n_steps), n_steps
+
+    def _all_sum(self, t: Tensor) -> Tensor:
+        return env.all_reduce_sum(t)
+
+    def _gather_labels(self, labels: Tensor) -> Tensor:
+        return labels if self.sharded else env.all_gather_rows(labels)
+
+    def _initial_params(
         self, z: Tensor, offset: int, n: int, gen: torch.Generator
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Rank 0 runs the single-process initialisation on the global points; the
@@ -261,6 +235,8 @@ class DistributedGaussianMixture2D(GaussianMixture2D):
         indexes (the subsample, drawn exactly as in a single process) is fetched from
         the ranks that hold it, which serve rank 0 until it is done.
         """
+        if not env.is_distributed():
+            return super()._initial_params(z, offset, n, gen)
         k = self.n_components
         n_sub = int(min(n, max(self.init_subsample or max(50_000, 25 * k), k)))
         main = env.is_main()
@@ -294,84 +270,6 @@ class DistributedGaussianMixture2D(GaussianMixture2D):
         total = env.all_reduce_sum(torch.cat(parts))
         stats = None if res.stats is None else total[2:].view_as(res.stats)
         return dataclasses.replace(res, ll_sum=total[0], weight_sum=total[1], stats=stats)
-
-    def _online_em(
-        self,
-        z,
-        layout,
-        engine: Engine,
-        w: Tensor,
-        mu: Tensor,
-        cov: Tensor,
-        gen: torch.Generator,
-    ) -> tuple[Tensor, Tensor, Tensor, bool]:
-        """Online EM (Cappe & Moulines) whose every step uses a stratified batch of about
-        ``batch_size * n_local / N`` points from each rank; all ranks take the same steps."""
-        if not env.is_distributed():
-            return super()._online_em(z, layout, engine, w, mu, cov, gen)
-        n = self._n_fit
-        reg_eye = self.reg_covar * torch.eye(2, dtype=torch.float64, device=w.device)
-        s = _stats_from_params(w, mu, cov - reg_eye)
-        m = layout.cell_size
-        share = self.batch_size * layout.n_points / n
-        cols = int(min(m, max(1, round(share / layout.n_cells))))
-        n_steps = _all_max(math.ceil(m / cols))
-        cols = math.ceil(m / n_steps)
-        replan_every = max(1, n_steps // 4)
-        comps = Components.from_params(w, mu, cov)
-        k = self.n_components
-        t = 0
-        prev = None
-        converged = False
-        gamma = float("nan")
-        for epoch in range(1, self.n_epochs + 1):
-            layout.shuffle_within_cells(self._local_gen)
-            ll_acc = 0.0
-            w_acc = 0.0
-            plan: Plan | None = None
-            for j in range(n_steps):
-                c0 = j * cols
-                if c0 < m:
-                    if plan is None or j % replan_every == 0:
-                        plan = make_plan(layout, comps, margin=self.prune_margin)
-                    res = engine.run(
-                        layout, comps, plan, cols=(c0, min(m, c0 + cols)), want_stats=True
-                    )
-                else:  # this rank's cells are used up: it contributes nothing this step
-                    zero = torch.zeros((), dtype=torch.float64, device=w.device)
-                    res = PassResult(
-                        ll_sum=zero,
-                        weight_sum=zero,
-                        stats=torch.zeros(k, 6, dtype=torch.float64, device=w.device),
-                        lse=None,
-                        argmax=None,
-                    )
-                res = self._reduce_estep(res)
-                wsum = float(res.weight_sum)
-                if wsum <= 0:
-                    continue
-                gamma = (t + self.learning_offset) ** (-self.learning_decay)
-                s = (1.0 - gamma) * s + gamma * (res.stats / wsum)
-                w, mu, cov, s, n_dead = self._m_step(s, z, gen)
-                comps = Components.from_params(w, mu, cov)
-                if n_dead:
-                    plan = None
-                t += 1
-                ll_acc += float(res.ll_sum)
-                w_acc += wsum
-            self.n_epochs_ = epoch
-            self.n_steps_ = t
-            ll = ll_acc / max(w_acc, 1.0)
-            if self.verbose and env.is_main():
-                print(
-                    f"[DistributedGaussianMixture2D] epoch {epoch}: mean batch log-lik {ll:.6f} "
-                    f"({n_steps} steps, gamma {gamma:.3g})"
-                )
-            if prev is not None and abs(ll - prev) < self.tol:
-                converged = True
-                break
-            prev = ll
-        return w, mu, cov, converged
 
     def __repr__(self) -> str:
         return super().__repr__().replace("GaussianMixture2D(", "DistributedGaussianMixture2D(", 1)

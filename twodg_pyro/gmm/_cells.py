@@ -99,6 +99,15 @@ def default_cell_size(n_points: int, n_components: int) -> int:
     return int(min(4096, max(64, n_points // max(1, n_components))))
 
 
+def grid_shape(n_pts: int, cell_size: int) -> tuple[int, int, int]:
+    """``(g1, g2, m)``: the ``g1 x g2`` grid of cells of ``m`` points that
+    :func:`build_cells` makes for ``n_pts`` points (its one random draw is ``(g1 g2, m)``)."""
+    n_target = max(1, math.ceil(n_pts / max(1, cell_size)))
+    g1 = max(1, math.ceil(math.sqrt(n_target)))
+    g2 = max(1, math.ceil(n_target / g1))
+    return g1, g2, math.ceil(n_pts / (g1 * g2))
+
+
 def build_cells(
     z: Tensor, cell_size: int, dtype: torch.dtype, generator: torch.Generator | None = None
 ) -> CellLayout:
@@ -110,10 +119,7 @@ def build_cells(
     """
     n_pts = int(z.shape[0])
     device = z.device
-    n_target = max(1, math.ceil(n_pts / max(1, cell_size)))
-    g1 = max(1, math.ceil(math.sqrt(n_target)))
-    g2 = max(1, math.ceil(n_target / g1))
-    m = math.ceil(n_pts / (g1 * g2))
+    g1, g2, m = grid_shape(n_pts, cell_size)
     total = g1 * g2 * m
     order = torch.argsort(z[:, 0])
     if total > n_pts:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from .linalg2x2 import check_spd, inv2x2, logdet2x2
 
@@ -133,6 +134,7 @@ def ellipse_assign(
     threshold: float = CHI2_2DOF_95,
     k: int = 5,
     chunk_size: int = 65_536,
+    progress: bool = False,
 ) -> EllipseAssignment:
     """Flag ellipse points and compute their ``k`` nearest components and blending weights.
 
@@ -141,7 +143,8 @@ def ellipse_assign(
     and ``alphas = softmax_j(-0.5 D2_j - 0.5 log det S_j)`` over those ``k``, i.e.
     ``N(x | m_j, S_j)`` normalised to sum to one (the ``2 pi`` factor cancels). If
     ``k > K`` all ``K`` components are used (``k = K``). Work is chunked over
-    ``chunk_size`` points; no Python loop over points or components.
+    ``chunk_size`` points; no Python loop over points or components. ``progress`` shows
+    a tqdm bar (``"Mahalanobis"``, on stderr) over the flagged points.
     """
     _check_inputs(points, means, covs)
     n, kk = int(points.shape[0]), int(means.shape[0])
@@ -168,12 +171,15 @@ def ellipse_assign(
     comps = torch.empty(n_e, k_eff, dtype=torch.long, device=points.device)
     alphas = torch.empty(n_e, k_eff, dtype=points.dtype, device=points.device)
     rows = max(1, min(chunk_size, (1 << 24) // kk))
-    for s in range(0, n_e, rows):
-        sel = idx[s : s + rows]
-        d2 = _d2_all(points[sel], means, prec, rows)
-        val, nb = torch.topk(d2, k_eff, dim=1, largest=False, sorted=True)
-        comps[s : s + rows] = nb
-        alphas[s : s + rows] = torch.softmax(-0.5 * val - half_logdet[nb], dim=1)
+    with tqdm(total=n_e, desc="Mahalanobis", unit="pt", disable=not progress, leave=False) as bar:
+        bar.set_postfix_str(f"K {kk}, flagged {n_e} of {n}")
+        for s in range(0, n_e, rows):
+            sel = idx[s : s + rows]
+            d2 = _d2_all(points[sel], means, prec, rows)
+            val, nb = torch.topk(d2, k_eff, dim=1, largest=False, sorted=True)
+            comps[s : s + rows] = nb
+            alphas[s : s + rows] = torch.softmax(-0.5 * val - half_logdet[nb], dim=1)
+            bar.update(int(sel.numel()))
     return EllipseAssignment(
         mask=mask, indices=idx, components=comps, alphas=alphas, d2_own=d2_own, k=k_eff
     )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from .linalg2x2 import check_spd, sqrtm2x2, trace2x2
 from .wasserstein import pairwise_w2_squared
@@ -238,6 +239,7 @@ def merge_components(
     test: str = "both",
     max_rounds: int | None = None,
     chunk_size: int = 512,
+    progress: bool = False,
 ) -> MergeResult:
     """Merge qualifying pairs of components until none qualifies (see module docstring).
 
@@ -255,6 +257,8 @@ def merge_components(
         test: ``"both"`` (each of the two below the threshold) or ``"difference"``.
         max_rounds: stop after this many rounds (None = until the fixed point).
         chunk_size: rows of the pairwise ``W2`` matrix evaluated at once.
+        progress: show a tqdm bar (``"merge"``, on stderr) over the merge rounds, with
+            the number of components and of qualifying pairs left.
 
     Returns:
         :class:`MergeResult`; merged counts are ``n_a + n_b`` and outputs keep the
@@ -302,36 +306,42 @@ def merge_components(
     n_rounds = 0
     n_merged = 0
     big = k0
-    while src.numel() > 0 and (max_rounds is None or n_rounds < max_rounds):
-        u = torch.cat((src, dst))
-        v = torch.cat((dst, src))
-        d = torch.cat((d2, d2))
-        best_d = torch.full((k0,), math.inf, dtype=d.dtype, device=dev)
-        best_d = best_d.scatter_reduce(0, u, d, reduce="amin")
-        cand = torch.where(d == best_d[u], v, big)
-        best_v = torch.full((k0,), big, dtype=torch.long, device=dev)
-        best_v = best_v.scatter_reduce(0, u, cand, reduce="amin")
-        mutual = (best_v[src] == dst) & (best_v[dst] == src)
-        a, b = src[mutual], dst[mutual]
-        if a.numel() == 0:  # cannot happen for exact symmetric W2; guards the loop
-            break
-        st.merge(a, b)
-        redirect = torch.arange(k0, device=dev)
-        redirect[b] = a
-        slot_of = redirect[slot_of]
-        touched = torch.zeros(k0, dtype=torch.bool, device=dev)
-        touched[a] = True
-        touched[b] = True
-        keep = ~(touched[src] | touched[dst])
-        src, dst, d2 = src[keep], dst[keep], d2[keep]
-        ns, nd, ndist = st.qualify(a, chunk_size)
-        # an edge between two new components is found from both ends: keep one
-        keep = ~touched[nd] | (nd > ns)
-        ns, nd, ndist = ns[keep], nd[keep], ndist[keep]
-        lo, hi = torch.minimum(ns, nd), torch.maximum(ns, nd)
-        src, dst, d2 = torch.cat((src, lo)), torch.cat((dst, hi)), torch.cat((d2, ndist))
-        n_rounds += 1
-        n_merged += int(a.numel())
+    with tqdm(
+        total=max_rounds, desc="merge", unit="round", disable=not progress, leave=False
+    ) as bar:
+        bar.set_postfix_str(f"K {k0}, pairs {int(src.numel())}")
+        while src.numel() > 0 and (max_rounds is None or n_rounds < max_rounds):
+            u = torch.cat((src, dst))
+            v = torch.cat((dst, src))
+            d = torch.cat((d2, d2))
+            best_d = torch.full((k0,), math.inf, dtype=d.dtype, device=dev)
+            best_d = best_d.scatter_reduce(0, u, d, reduce="amin")
+            cand = torch.where(d == best_d[u], v, big)
+            best_v = torch.full((k0,), big, dtype=torch.long, device=dev)
+            best_v = best_v.scatter_reduce(0, u, cand, reduce="amin")
+            mutual = (best_v[src] == dst) & (best_v[dst] == src)
+            a, b = src[mutual], dst[mutual]
+            if a.numel() == 0:  # cannot happen for exact symmetric W2; guards the loop
+                break
+            st.merge(a, b)
+            redirect = torch.arange(k0, device=dev)
+            redirect[b] = a
+            slot_of = redirect[slot_of]
+            touched = torch.zeros(k0, dtype=torch.bool, device=dev)
+            touched[a] = True
+            touched[b] = True
+            keep = ~(touched[src] | touched[dst])
+            src, dst, d2 = src[keep], dst[keep], d2[keep]
+            ns, nd, ndist = st.qualify(a, chunk_size)
+            # an edge between two new components is found from both ends: keep one
+            keep = ~touched[nd] | (nd > ns)
+            ns, nd, ndist = ns[keep], nd[keep], ndist[keep]
+            lo, hi = torch.minimum(ns, nd), torch.maximum(ns, nd)
+            src, dst, d2 = torch.cat((src, lo)), torch.cat((dst, hi)), torch.cat((d2, ndist))
+            n_rounds += 1
+            n_merged += int(a.numel())
+            bar.set_postfix_str(f"K {k0 - n_merged}, pairs {int(src.numel())}", False)
+            bar.update(1)
 
     compact = torch.cumsum(st.active.long(), 0) - 1
     act = st.active

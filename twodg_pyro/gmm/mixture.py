@@ -36,11 +36,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ._cells import (
     CellLayout,
     Components,
     Engine,
+    PassResult,
     Plan,
     build_cells,
     default_cell_size,
@@ -96,6 +98,32 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+class _FitProgress:
+    """The fit's tqdm bar (``"GMM EM"``, on stderr): one tick per online-EM step and per
+    full-data iteration; the postfix shows the phase, the mean log-likelihood per point in
+    data units (the running batch mean during online EM), ``K`` and the components
+    re-seeded so far. It only reads numbers the fit has computed anyway."""
+
+    def __init__(self, enabled: bool, total: int = 0, log_jac: float = 0.0, k: int = 0):
+        self.bar = tqdm(total=total, desc="GMM EM", unit="step", disable=not enabled, leave=False)
+        self.log_jac, self.k = log_jac, k
+
+    def add(self, steps: int) -> None:
+        if not self.bar.disable:
+            self.bar.total += steps
+            self.bar.refresh()
+
+    def tick(self, phase: str, ll: float, reseeded: int) -> None:
+        if self.bar.disable:
+            return
+        ll_data = f"{ll - self.log_jac:.5g}"
+        self.bar.set_postfix_str(f"{phase}, ll {ll_data}, K {self.k}, reseeded {reseeded}", False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 class GaussianMixture2D:
     """Full-covariance Gaussian mixture on 2-D points, fitted by EM or mini-batch online EM.
 
@@ -133,6 +161,9 @@ class GaussianMixture2D:
         dtype: ``torch.float32`` or ``torch.float64`` for the E-step (statistics are
             always accumulated in float64).
         verbose: print progress.
+        progress: show a tqdm bar (``"GMM EM"``, on stderr) over the online-EM steps
+            and full-data iterations, with the mean log-likelihood, ``K`` and the
+            re-seeded count; it does not change the fit.
 
     Fitted attributes: ``weights_ (K,)``, ``means_ (K, 2)``, ``covariances_ (K, 2, 2)``
     (data units), ``n_iter_`` (full-data EM iterations), ``n_epochs_`` and ``n_steps_``
@@ -161,6 +192,7 @@ class GaussianMixture2D:
         device: str | torch.device | None = None,
         dtype: torch.dtype = torch.float32,
         verbose: bool = False,
+        progress: bool = False,
     ) -> None:
         self.n_components = n_components
         self.max_iter = max_iter
@@ -179,6 +211,7 @@ class GaussianMixture2D:
         self.device = device
         self.dtype = dtype
         self.verbose = verbose
+        self.progress = progress
         self._validate_params()
 
     # ------------------------------------------------------------------ validation
@@ -229,12 +262,73 @@ class GaussianMixture2D:
         return torch.device("cpu")
 
     def _generator(self, device: torch.device) -> torch.Generator:
-        seed = self.random_state
-        if seed is None:
-            seed = int.from_bytes(os.urandom(8), "little") % (2**63)
         gen = torch.Generator(device=device)
-        gen.manual_seed(int(seed))
+        gen.manual_seed(self._seed())
         return gen
+
+    # ------------------------------------------------------------------ seams
+    # The EM below is written once.  In one process the methods of this section are
+    # trivial; a subclass whose processes each hold a shard of the points (see
+    # twodg_pyro.distributed.DistributedGaussianMixture2D) overrides them, and only them,
+    # to fit the mixture of all the shards: sums over points become sums over processes,
+    # and the random draws that decide the mixture are agreed on.
+    def _is_main(self) -> bool:
+        """Whether this process reports (warnings, ``verbose`` lines, the progress bar)."""
+        return True
+
+    def _seed(self) -> int:
+        """The fit's seed: ``random_state``, or a fresh one (the same on every process)."""
+        if self.random_state is not None:
+            return int(self.random_state)
+        return int.from_bytes(os.urandom(8), "little") % (2**63)
+
+    def _shard(self, x: Tensor) -> tuple[Tensor, int, int]:
+        """``(local points, global row of the first one, global number of points N)``."""
+        return x, 0, int(x.shape[0])
+
+    def _standardise(self, x64: Tensor, n: int) -> tuple[Tensor, Tensor]:
+        """Per-dimension mean and population standard deviation of all ``n`` points."""
+        return x64.mean(dim=0), x64.std(dim=0, correction=0)
+
+    def _initial_params(
+        self, z: Tensor, offset: int, n: int, gen: torch.Generator
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Initial weights, means, covariances (:meth:`_initialise` on all ``n`` points,
+        drawing from ``gen``); identical on every process."""
+        return self._initialise(z, gen)
+
+    def _layout(
+        self, z: Tensor, n: int, gen: torch.Generator
+    ) -> tuple[CellLayout, torch.Generator]:
+        """Spatial cells of the local points (sized for ``n`` points in all), and the
+        generator that shuffles them for online EM. ``gen`` must be left as the
+        single-process layout leaves it: re-seeding draws from it afterwards."""
+        return build_cells(z, default_cell_size(n, self.n_components), self.dtype, gen), gen
+
+    def _global_points(self, z: Tensor, offset: int, n: int) -> Any:
+        """All ``n`` standardised points as the M-step sees them: it reads ``shape[0]``,
+        ``device`` and ``z[rows]`` (the rows re-seeded components move to)."""
+        return z
+
+    def _online_schedule(self, layout: CellLayout) -> tuple[int, int]:
+        """``(cols, n_steps)``: online step ``j`` uses columns ``[j cols, (j + 1) cols)``
+        of every local cell (a stratified batch of about ``batch_size`` points)."""
+        m = layout.cell_size
+        cols = int(min(m, max(1, round(self.batch_size / layout.n_cells))))
+        return cols, math.ceil(m / cols)
+
+    def _reduce_estep(self, res: PassResult) -> PassResult:
+        """Hook on every E-step result (``ll_sum``, ``weight_sum``, ``stats``); identity
+        here, a sum over processes in the distributed subclass."""
+        return res
+
+    def _all_sum(self, t: Tensor) -> Tensor:
+        """``t`` summed over processes (identity in one process)."""
+        return t
+
+    def _gather_labels(self, labels: Tensor) -> Tensor:
+        """The labels ``fit_predict`` returns, from those of the local points."""
+        return labels
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X: Any) -> GaussianMixture2D:
@@ -250,7 +344,7 @@ class GaussianMixture2D:
         self._validate_params()
         device = self._device_for(X)
         x = as_points(X, "X", device=device)
-        n = int(x.shape[0])
+        x, offset, n = self._shard(x)
         k = self.n_components
         if k > n:
             raise ValueError(
@@ -258,51 +352,59 @@ class GaussianMixture2D:
                 "use at most one component per point"
             )
         x64 = x.to(torch.float64)
-        loc = x64.mean(dim=0)
-        scale = x64.std(dim=0, correction=0)
+        loc, scale = self._standardise(x64, n)
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
         z = ((x64 - loc) / scale).to(self.dtype)
         del x64
         gen = self._generator(device)
         self._n_fit = n
+        name = type(self).__name__
+        verbose = self.verbose and self._is_main()
 
         t0 = time.perf_counter()
-        w, mu, cov = self._initialise(z, gen)
-        layout = build_cells(z, default_cell_size(n, k), self.dtype, gen)
-        if self.verbose:
+        w, mu, cov = self._initial_params(z, offset, n, gen)
+        layout, shuffle_gen = self._layout(z, n, gen)
+        if verbose:
             print(
-                f"[GaussianMixture2D] init {self.init!r} and {layout.n_cells} cells of "
+                f"[{name}] init {self.init!r} and {layout.n_cells} cells of "
                 f"{layout.cell_size} points: {time.perf_counter() - t0:.2f} s"
             )
         engine = Engine(self.dtype, device, self.chunk_size, _MAX_ELEMS)
+        zg = self._global_points(z, offset, n)
+        log_jac = float(torch.log(scale).sum())
         self.n_reseeded_ = 0
         self.n_epochs_ = 0
         self.n_steps_ = 0
-        converged = False
-        if self.batch_size is not None:
-            w, mu, cov, converged = self._online_em(z, layout, engine, w, mu, cov, gen)
         self.n_iter_ = 0
-        if self.max_iter > 0:
-            w, mu, cov, converged = self._batch_em(z, layout, engine, w, mu, cov, gen)
-            if not converged and self.batch_size is None:
-                warnings.warn(
-                    f"GaussianMixture2D did not converge in max_iter={self.max_iter} "
-                    f"iterations (tol={self.tol}); increase max_iter or tol",
-                    RuntimeWarning,
-                    stacklevel=3,
+        converged = False
+        bar = _FitProgress(self.progress and self._is_main(), self.max_iter, log_jac, k)
+        try:
+            if self.batch_size is not None:
+                w, mu, cov, converged = self._online_em(
+                    zg, layout, engine, w, mu, cov, gen, shuffle_gen, bar
                 )
+            if self.max_iter > 0:
+                w, mu, cov, converged = self._batch_em(zg, layout, engine, w, mu, cov, gen, bar)
+        finally:
+            bar.close()
+        if self.max_iter > 0 and not converged and self.batch_size is None and self._is_main():
+            warnings.warn(
+                f"{name} did not converge in max_iter={self.max_iter} "
+                f"iterations (tol={self.tol}); increase max_iter or tol",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         self.converged_ = converged
 
         comps = Components.from_params(w, mu, cov)
         plan = make_plan(layout, comps, margin=self.prune_margin)
         res = engine.run(layout, comps, plan, want_argmax=True)
         engine.release()
-        log_jac = float(torch.log(scale).sum())
-        self.lower_bound_ = float(res.ll_sum) / n - log_jac
+        self.lower_bound_ = float(self._all_sum(res.ll_sum)) / n - log_jac
         labels = res.argmax
-        self.counts_ = torch.bincount(labels, minlength=k)
+        self.counts_ = self._all_sum(torch.bincount(labels, minlength=k))
         self._set_params(w, mu, cov, loc, scale)
-        return labels
+        return self._gather_labels(labels)
 
     def _set_params(self, w: Tensor, mu: Tensor, cov: Tensor, loc: Tensor, scale: Tensor) -> None:
         self._w64, self._mu64, self._cov64 = w, mu, cov
@@ -338,11 +440,6 @@ class GaussianMixture2D:
         return _params_from_labels(sub, labels, centres, k, self.reg_covar)
 
     # ------------------------------------------------------------------ EM loops
-    def _reduce_estep(self, res):
-        """Hook on every full-data E-step result (``ll_sum``, ``weight_sum``, ``stats``);
-        identity here, a sum over processes in the distributed subclass."""
-        return res
-
     def _m_step(self, s: Tensor, z: Tensor, gen: torch.Generator) -> tuple[Tensor, ...]:
         """M-step on per-point statistics ``s (K, 6)``; re-seeds emptied components.
 
@@ -387,7 +484,9 @@ class GaussianMixture2D:
         mu: Tensor,
         cov: Tensor,
         gen: torch.Generator,
+        bar: _FitProgress | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, bool]:
+        bar = bar or _FitProgress(False)
         n = self._n_fit
         prev = -math.inf
         converged = False
@@ -400,9 +499,10 @@ class GaussianMixture2D:
             w, mu, cov, _, n_dead = self._m_step(res.stats / n, z, gen)
             self.n_iter_ = it
             change = ll - prev
-            if self.verbose:
+            bar.tick(f"iter {it}", ll, self.n_reseeded_)
+            if self.verbose and self._is_main():
                 print(
-                    f"[GaussianMixture2D] EM iter {it}: mean log-lik {ll:.6f} "
+                    f"[{type(self).__name__}] EM iter {it}: mean log-lik {ll:.6f} "
                     f"(change {change:.3g}, candidates/point {plan.mean_candidates:.1f}, "
                     f"reseeded {n_dead}, {time.perf_counter() - t0:.2f} s)"
                 )
@@ -421,28 +521,41 @@ class GaussianMixture2D:
         mu: Tensor,
         cov: Tensor,
         gen: torch.Generator,
+        shuffle_gen: torch.Generator,
+        bar: _FitProgress | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, bool]:
+        """Online EM; ``gen`` draws re-seeded rows, ``shuffle_gen`` shuffles the cells."""
+        bar = bar or _FitProgress(False)
         reg_eye = self.reg_covar * torch.eye(2, dtype=torch.float64, device=w.device)
         s = _stats_from_params(w, mu, cov - reg_eye)
         m = layout.cell_size
-        cols = int(min(m, max(1, round(self.batch_size / layout.n_cells))))
-        starts = list(range(0, m, cols))
-        replan_every = max(1, len(starts) // 4)
+        cols, n_steps = self._online_schedule(layout)
+        bar.add(self.n_epochs * n_steps)
+        replan_every = max(1, n_steps // 4)
         comps = Components.from_params(w, mu, cov)
+        k = self.n_components
         t = 0
         prev = None
         converged = False
         gamma = math.nan
         for epoch in range(1, self.n_epochs + 1):
             t0 = time.perf_counter()
-            layout.shuffle_within_cells(gen)
+            layout.shuffle_within_cells(shuffle_gen)
             ll_acc = 0.0
             w_acc = 0.0
             plan: Plan | None = None
-            for j, c0 in enumerate(starts):
-                if plan is None or j % replan_every == 0:
-                    plan = make_plan(layout, comps, margin=self.prune_margin)
-                res = engine.run(layout, comps, plan, cols=(c0, min(m, c0 + cols)), want_stats=True)
+            for j in range(n_steps):
+                c0 = j * cols
+                if c0 < m:
+                    if plan is None or j % replan_every == 0:
+                        plan = make_plan(layout, comps, margin=self.prune_margin)
+                    cs = (c0, min(m, c0 + cols))
+                    res = engine.run(layout, comps, plan, cols=cs, want_stats=True)
+                else:  # this process's cells are used up (sharded fits): it adds nothing
+                    zero = torch.zeros((), dtype=torch.float64, device=w.device)
+                    stats = torch.zeros(k, 6, dtype=torch.float64, device=w.device)
+                    res = PassResult(zero, zero, stats, None, None)
+                res = self._reduce_estep(res)
                 wsum = float(res.weight_sum)
                 if wsum <= 0:
                     continue
@@ -455,13 +568,14 @@ class GaussianMixture2D:
                 t += 1
                 ll_acc += float(res.ll_sum)
                 w_acc += wsum
+                bar.tick(f"epoch {epoch}/{self.n_epochs}", ll_acc / w_acc, self.n_reseeded_)
             self.n_epochs_ = epoch
             self.n_steps_ = t
             ll = ll_acc / max(w_acc, 1.0)
-            if self.verbose:
+            if self.verbose and self._is_main():
                 print(
-                    f"[GaussianMixture2D] epoch {epoch}: mean batch log-lik {ll:.6f} "
-                    f"({len(starts)} steps of ~{cols * layout.n_cells} points, gamma {gamma:.3g}, "
+                    f"[{type(self).__name__}] epoch {epoch}: mean batch log-lik {ll:.6f} "
+                    f"({n_steps} steps of ~{cols * layout.n_cells} points, gamma {gamma:.3g}, "
                     f"{time.perf_counter() - t0:.2f} s)"
                 )
             if prev is not None and abs(ll - prev) < self.tol:

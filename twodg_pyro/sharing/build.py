@@ -46,6 +46,7 @@ def build_sharing(
         data: minibatches for the gradient rule.
         cfg: a :class:`~twodg_pyro.pipeline.config.SharingConfig`.
         seed: seed of the mixture fit.
+        progress: tqdm bars for the mixture fit, the merging and the Mahalanobis step.
         mixture: the mixture class (default :class:`~twodg_pyro.gmm.GaussianMixture2D`;
             e.g. :class:`~twodg_pyro.distributed.DistributedGaussianMixture2D`).
 
@@ -116,6 +117,7 @@ def build_sharing(
         max_iter=cfg.gmm_max_iter,
         random_state=seed,
         device=device,
+        progress=progress,
     ).fit(points[inlier_idx])
     report["gmm_seconds"] = time.perf_counter() - t1
     report["gmm_components"] = cfg.n_components
@@ -152,6 +154,7 @@ def build_sharing(
             tau_g=cfg.tau_g,
             tau_v=cfg.tau_v,
             test=cfg.merge_test,
+            progress=progress,
         )
         means, covs = result.means.float(), result.covs.float()
         assign = result.mapping[assign]
@@ -161,7 +164,13 @@ def build_sharing(
     # ---- Mahalanobis check and alpha-blending (Eq. 7)
     if cfg.use_ellipses:
         ell = ellipse_assign(
-            in_points, means, covs, assign, threshold=cfg.mahalanobis_threshold, k=cfg.k_nearest
+            in_points,
+            means,
+            covs,
+            assign,
+            threshold=cfg.mahalanobis_threshold,
+            k=cfg.k_nearest,
+            progress=progress,
         )
         mask, comps, alphas = ell.mask.cpu(), ell.components.cpu(), ell.alphas.cpu().float()
     else:
