@@ -20,12 +20,20 @@ from pathlib import Path
 
 from torch import nn
 
-from .files import atomic_torch_save, safe_torch_load
+from .files import atomic_torch_save
+from .payload import PayloadFormat, payload_section, read_payload
 
 __all__ = ["save_2dg", "load_2dg", "FILE_FORMAT_VERSION"]
 
 FILE_FORMAT_VERSION = 1
 _KIND = "twodg_pyro.SharedGMMBNN"
+_FORMAT = PayloadFormat(
+    kind=_KIND,
+    version=FILE_FORMAT_VERSION,
+    noun="a twodg_pyro model file",
+    header_noun="the model file's header",
+    kind_noun="a 2DG BNN file",
+)
 
 
 def _likelihood_spec(lik) -> dict:
@@ -100,26 +108,7 @@ def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device=
     from ..model import BNNModel
     from ..sharing.structure import SharingStructure
 
-    payload = safe_torch_load(path)
-    if not isinstance(payload, dict) or not isinstance(payload.get("header"), str):
-        raise ValueError(f"{str(path)!r} is not a twodg_pyro model file (no header)")
-    try:
-        header = json.loads(payload["header"])
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{str(path)!r}: the model file's header is not valid JSON: {e}") from e
-    if not isinstance(header, dict) or header.get("kind") != _KIND:
-        kind = header.get("kind") if isinstance(header, dict) else None
-        raise ValueError(f"{str(path)!r} is not a 2DG BNN file (kind {kind!r})")
-    if header.get("format_version") != FILE_FORMAT_VERSION:
-        raise ValueError(
-            f"{str(path)!r} has format version {header.get('format_version')!r}; this version "
-            f"of twodg_pyro reads version {FILE_FORMAT_VERSION}"
-        )
-
-    def section(prefix: str) -> dict:
-        n = len(prefix)
-        return {k[n:]: v for k, v in payload.items() if k.startswith(prefix)}
-
+    payload, header = read_payload(path, _FORMAT)
     if net is None:
         spec = header.get("network")
         if not spec:
@@ -128,7 +117,7 @@ def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device=
 
         net = build_network(spec["name"], **spec.get("kwargs", {}))
     try:
-        net.load_state_dict(section("net/"))
+        net.load_state_dict(payload_section(payload, "net/"))
     except RuntimeError as e:
         raise ValueError(f"the network does not match the one saved in {str(path)!r}: {e}") from e
     lik_spec = header["likelihood"]
@@ -138,7 +127,7 @@ def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device=
         lik = Categorical(lik_spec["dataset_size"])
     prior = prior if prior is not None else _rebuild_prior(header.get("prior", {}))
     model = BNNModel(net, prior=prior, likelihood=lik)
-    structure = SharingStructure.from_payload(section("structure/"))
+    structure = SharingStructure.from_payload(payload_section(payload, "structure/"))
     guide = SharedGMMGuide(model, structure, tying=header["tying"])
-    guide.load_state_dict(section("guide/"))
+    guide.load_state_dict(payload_section(payload, "guide/"))
     return model.to(device), guide.to(device)

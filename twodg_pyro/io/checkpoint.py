@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from ..infer.callbacks import Callback
-from .files import atomic_torch_save, safe_torch_load
+from .files import atomic_torch_save
+from .payload import PayloadFormat, payload_section, read_payload
 
 __all__ = [
     "CHECKPOINT_FORMAT_VERSION",
@@ -59,6 +60,14 @@ __all__ = [
 
 CHECKPOINT_FORMAT_VERSION = 1
 _KIND = "twodg_pyro.Checkpoint"
+_FORMAT = PayloadFormat(
+    kind=_KIND,
+    version=CHECKPOINT_FORMAT_VERSION,
+    noun="a twodg_pyro checkpoint",
+    header_noun="the checkpoint header",
+    kind_noun="a twodg_pyro checkpoint",
+    version_noun="checkpoint format version",
+)
 
 
 # ---------------------------------------------------------------------- RNG states
@@ -314,8 +323,7 @@ class CheckpointData:
         return self.header.get("extra") or {}
 
     def section(self, prefix: str) -> dict:
-        n = len(prefix)
-        return {k[n:]: v for k, v in self.payload.items() if k.startswith(prefix)}
+        return payload_section(self.payload, prefix)
 
     def structure(self):
         """The saved :class:`~twodg_pyro.sharing.SharingStructure`, or ``None``."""
@@ -338,22 +346,8 @@ def load_checkpoint(path: str | Path, stage: str | None = None) -> CheckpointDat
         ValueError: truncated, corrupted or foreign file (a pickle with code, another
             kind of file), another format version, or another stage than ``stage``.
     """
-    payload = safe_torch_load(path)
+    payload, header = read_payload(path, _FORMAT)
     where = str(path)
-    if not isinstance(payload, dict) or not isinstance(payload.get("header"), str):
-        raise ValueError(f"{where!r} is not a twodg_pyro checkpoint (no header)")
-    try:
-        header = json.loads(payload["header"])
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where!r}: the checkpoint header is not valid JSON: {e}") from e
-    if not isinstance(header, dict) or header.get("kind") != _KIND:
-        kind = header.get("kind") if isinstance(header, dict) else None
-        raise ValueError(f"{where!r} is not a twodg_pyro checkpoint (kind {kind!r})")
-    if header.get("format_version") != CHECKPOINT_FORMAT_VERSION:
-        raise ValueError(
-            f"{where!r} has checkpoint format version {header.get('format_version')!r}; this "
-            f"version of twodg_pyro reads version {CHECKPOINT_FORMAT_VERSION}"
-        )
     missing = [k for k in ("optimizer", "callbacks", "rng") if k not in payload]
     if missing:
         raise ValueError(f"{where!r} is an incomplete checkpoint: missing {missing}")
