@@ -30,6 +30,14 @@ from twodg_pyro.data import (
     make_loader,
     stratified_split,
 )
+from twodg_pyro.data.vision import (
+    CIFAR100_MEAN,
+    CIFAR100_STD,
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+    MNIST_MEAN,
+    MNIST_STD,
+)
 
 # --------------------------------------------------------------------------- digits
 
@@ -273,11 +281,12 @@ def test_fake_cifar10_without_augmentation_or_meta(tmp_path: Path) -> None:
         load_cifar10(tmp_path, verify_checksums=True)
 
 
-def test_fake_cifar100_loads(tmp_path: Path) -> None:
-    rng = np.random.default_rng(1)
-    folder = tmp_path / "cifar-100-python"
-    folder.mkdir()
-    for name, n in (("train", 6), ("test", 3)):
+def write_fake_cifar100(root: Path, n_train: int = 6, n_test: int = 3, seed: int = 1) -> Path:
+    """Write a tiny CIFAR-100 (no ``meta`` file) in the official pickle format."""
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    for name, n in (("train", n_train), ("test", n_test)):
         _dump(
             folder / name,
             {
@@ -286,6 +295,11 @@ def test_fake_cifar100_loads(tmp_path: Path) -> None:
                 "coarse_labels": [0] * n,
             },
         )
+    return folder
+
+
+def test_fake_cifar100_loads(tmp_path: Path) -> None:
+    write_fake_cifar100(tmp_path)
     split = load_cifar100(tmp_path, val_fraction=0.0)
     assert split.num_classes == 100 and len(split.train) == 6 and len(split.test) == 3
     x, y = split.train[5]
@@ -306,15 +320,21 @@ def _write_idx(folder: Path, prefix: str, n: int, rng: np.random.Generator) -> N
     )
 
 
+def write_fake_mnist(root: Path, folder: str, n_train: int = 20, n_test: int = 10) -> Path:
+    """Write tiny idx files in ``root/<folder>/raw`` (the torchvision layout); return it."""
+    raw = root / folder / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    _write_idx(raw, "train", n_train, rng)
+    _write_idx(raw, "t10k", n_test, rng)
+    return raw
+
+
 @pytest.mark.parametrize(
     ("loader", "folder"), [(load_mnist, "MNIST"), (load_fashion_mnist, "FashionMNIST")]
 )
 def test_fake_mnist_loads(tmp_path: Path, loader, folder: str) -> None:
-    raw = tmp_path / folder / "raw"
-    raw.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    _write_idx(raw, "train", 20, rng)
-    _write_idx(raw, "t10k", 10, rng)
+    write_fake_mnist(tmp_path, folder)
     split = loader(tmp_path, val_fraction=0.5, seed=0)
     assert (len(split.train), len(split.val), len(split.test)) == (10, 10, 10)
     assert split.input_shape == (1, 28, 28)
@@ -322,6 +342,99 @@ def test_fake_mnist_loads(tmp_path: Path, loader, folder: str) -> None:
     assert x.shape == (1, 28, 28) and y == 3
     # stratified: each of the 10 classes (2 images each) lands once in train and once in val
     assert sorted(split.val[i][1] for i in range(10)) == list(range(10))
+
+
+# --------------------------------------------------------------------------- data-set families
+
+MNIST_RAW_FILES = [
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+]
+MNIST_VARIANTS = [
+    (load_mnist, "MNIST", "MNIST", "mnist", MNIST_MEAN, MNIST_STD),
+    (
+        load_fashion_mnist,
+        "Fashion-MNIST",
+        "FashionMNIST",
+        "fashion_mnist",
+        FASHION_MNIST_MEAN,
+        FASHION_MNIST_STD,
+    ),
+]
+CIFAR_VARIANTS = [
+    (
+        load_cifar10,
+        "CIFAR-10",
+        "cifar-10-batches-py",
+        [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"],
+        "cifar-10-python.tar.gz",
+    ),
+    (load_cifar100, "CIFAR-100", "cifar-100-python", ["train", "test"], "cifar-100-python.tar.gz"),
+]
+
+
+@pytest.mark.parametrize(("loader", "title", "folder", "name", "mean", "std"), MNIST_VARIANTS)
+def test_missing_mnist_folder_names_files_and_place(
+    tmp_path: Path, loader, title: str, folder: str, name: str, mean, std
+) -> None:
+    with pytest.raises(DatasetNotFoundError) as info:
+        loader(tmp_path)
+    err = info.value
+    assert err.dataset == title and err.missing == err.expected
+    assert err.expected == [f"{folder}/raw/{f}" for f in MNIST_RAW_FILES]
+    where = tmp_path / folder / "raw"
+    assert f"Put the four files, decompressed (gunzip), in '{where}'." in str(err)
+
+
+@pytest.mark.parametrize(("loader", "title", "folder", "files", "archive"), CIFAR_VARIANTS)
+def test_missing_cifar_folder_names_files_and_archive(
+    tmp_path: Path, loader, title: str, folder: str, files: list[str], archive: str
+) -> None:
+    with pytest.raises(DatasetNotFoundError) as info:
+        loader(tmp_path)
+    err = info.value
+    assert err.dataset == title and err.url == "https://www.cs.toronto.edu/~kriz/cifar.html"
+    assert err.expected == [f"{folder}/{f}" for f in files]
+    assert f"Download the python version ({archive}) and unpack it there (tar xzf)." in str(err)
+
+
+@pytest.mark.parametrize(("loader", "title", "folder", "name", "mean", "std"), MNIST_VARIANTS)
+def test_mnist_variants_metadata_and_normalisation(
+    tmp_path: Path, loader, title: str, folder: str, name: str, mean, std
+) -> None:
+    write_fake_mnist(tmp_path, folder)
+    split = loader(tmp_path, val_fraction=0.5, seed=3)
+    assert split.name == name and split.num_classes == 10
+    assert split.info["mean"] == mean and split.info["std"] == std and split.info["seed"] == 3
+    assert len(split.info["classes"]) == 10
+    plain = loader(tmp_path, val_fraction=0.5, seed=3, normalize=False)
+    x = plain.test[0][0]
+    assert 0.0 <= float(x.min()) and float(x.max()) <= 1.0
+    assert torch.allclose(split.test[0][0], (x - mean[0]) / std[0], atol=1e-5)
+    assert plain.train.indices == split.train.indices
+
+
+@pytest.mark.parametrize(
+    ("loader", "write", "name", "num_classes", "mean", "std"),
+    [
+        (load_cifar10, write_fake_cifar10, "cifar10", 10, CIFAR10_MEAN, CIFAR10_STD),
+        (load_cifar100, write_fake_cifar100, "cifar100", 100, CIFAR100_MEAN, CIFAR100_STD),
+    ],
+)
+def test_cifar_variants_metadata_and_normalisation(
+    tmp_path: Path, loader, write, name: str, num_classes: int, mean, std
+) -> None:
+    write(tmp_path)
+    split = loader(tmp_path, val_fraction=0.0, seed=2, augment=False)
+    assert split.name == name and split.num_classes == num_classes
+    assert split.input_shape == (3, 32, 32)
+    assert split.info["mean"] == mean and split.info["std"] == std and split.info["seed"] == 2
+    assert len(split.info["classes"]) == num_classes
+    raw = torch.from_numpy(split.test.data[0]).permute(2, 0, 1).float() / 255.0
+    expected = (raw - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+    assert torch.allclose(split.test[0][0], expected, atol=1e-5)
 
 
 def test_fake_imagenet_loads(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ import copy
 import os
 import pickle
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -192,18 +193,36 @@ def _carve_val(
 
 
 # --------------------------------------------------------------------------- MNIST family
+@dataclass(frozen=True)
+class _MnistVariant:
+    """One member of the MNIST family: its torchvision class and its statistics.
+
+    Every member has the same four idx files, in ``ROOT/<class name>/raw``.
+    """
+
+    cls: type[datasets.MNIST]
+    name: str  # DataSplit.name
+    title: str  # in error messages
+    url: str
+    mean: Sequence[float]
+    std: Sequence[float]
+
+
+_MNIST = _MnistVariant(datasets.MNIST, "mnist", "MNIST", MNIST_URL, MNIST_MEAN, MNIST_STD)
+_FASHION_MNIST = _MnistVariant(
+    datasets.FashionMNIST,
+    "fashion_mnist",
+    "Fashion-MNIST",
+    FASHION_MNIST_URL,
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+)
+
+
 def _load_mnist_like(
-    cls: type[datasets.MNIST],
-    name: str,
-    title: str,
-    url: str,
-    root: PathLike,
-    val_fraction: float,
-    seed: int,
-    normalize: bool,
-    mean: Sequence[float],
-    std: Sequence[float],
+    variant: _MnistVariant, root: PathLike, val_fraction: float, seed: int, normalize: bool
 ) -> DataSplit:
+    cls, mean, std = variant.cls, variant.mean, variant.std
     root = Path(root)
     folder = cls.__name__  # torchvision looks in ROOT/<class name>/raw
     expected = [f"{folder}/raw/{f}" for f in _MNIST_FILES]
@@ -211,10 +230,10 @@ def _load_mnist_like(
     has_legacy = (legacy / "training.pt").is_file() and (legacy / "test.pt").is_file()
     if not has_legacy:
         _require(
-            title,
+            variant.title,
             root,
             expected,
-            url,
+            variant.url,
             hint=f"Put the four files, decompressed (gunzip), in '{root / folder / 'raw'}'.",
         )
     tf = _mnist_transform(mean, std, normalize)
@@ -227,7 +246,7 @@ def _load_mnist_like(
         test=test,
         num_classes=10,
         input_shape=(1, 28, 28),
-        name=name,
+        name=variant.name,
         info={"mean": mean, "std": std, "classes": list(full.classes), "seed": seed},
     )
 
@@ -246,18 +265,7 @@ def load_mnist(
     Raises:
         DatasetNotFoundError: if any of the four files is missing.
     """
-    return _load_mnist_like(
-        datasets.MNIST,
-        name="mnist",
-        title="MNIST",
-        url=MNIST_URL,
-        root=root,
-        val_fraction=val_fraction,
-        seed=seed,
-        normalize=normalize,
-        mean=MNIST_MEAN,
-        std=MNIST_STD,
-    )
+    return _load_mnist_like(_MNIST, root, val_fraction, seed, normalize)
 
 
 def load_fashion_mnist(
@@ -274,18 +282,7 @@ def load_fashion_mnist(
     Raises:
         DatasetNotFoundError: if any of the four files is missing.
     """
-    return _load_mnist_like(
-        datasets.FashionMNIST,
-        name="fashion_mnist",
-        title="Fashion-MNIST",
-        url=FASHION_MNIST_URL,
-        root=root,
-        val_fraction=val_fraction,
-        seed=seed,
-        normalize=normalize,
-        mean=FASHION_MNIST_MEAN,
-        std=FASHION_MNIST_STD,
-    )
+    return _load_mnist_like(_FASHION_MNIST, root, val_fraction, seed, normalize)
 
 
 # --------------------------------------------------------------------------- CIFAR
@@ -330,29 +327,57 @@ class _LocalCIFAR100(_LocalCIFAR10):
     default_classes = tuple(str(i) for i in range(100))
 
 
+@dataclass(frozen=True)
+class _CifarVariant:
+    """CIFAR-10 or CIFAR-100: the local reader (file names, folder), archive and statistics."""
+
+    cls: type[_LocalCIFAR10]
+    name: str  # DataSplit.name
+    title: str  # in error messages
+    num_classes: int
+    archive: str  # the official python-version archive
+    mean: Sequence[float]
+    std: Sequence[float]
+
+
+_CIFAR10 = _CifarVariant(
+    _LocalCIFAR10,
+    "cifar10",
+    "CIFAR-10",
+    10,
+    datasets.CIFAR10.filename,
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+)
+_CIFAR100 = _CifarVariant(
+    _LocalCIFAR100,
+    "cifar100",
+    "CIFAR-100",
+    100,
+    datasets.CIFAR100.filename,
+    CIFAR100_MEAN,
+    CIFAR100_STD,
+)
+
+
 def _load_cifar(
-    cls: type[_LocalCIFAR10],
-    name: str,
-    title: str,
-    num_classes: int,
+    variant: _CifarVariant,
     root: PathLike,
     val_fraction: float,
     seed: int,
     augment: bool,
     verify_checksums: bool,
-    mean: Sequence[float],
-    std: Sequence[float],
 ) -> DataSplit:
+    cls, title, mean, std = variant.cls, variant.title, variant.mean, variant.std
     root = Path(root)
     files = [f for f, _ in cls.train_list + cls.test_list]
     expected = [f"{cls.base_folder}/{f}" for f in files]
-    archive = datasets.CIFAR10.filename if num_classes == 10 else datasets.CIFAR100.filename
     _require(
         title,
         root,
         expected,
         CIFAR_URL,
-        hint=f"Download the python version ({archive}) and unpack it there (tar xzf).",
+        hint=f"Download the python version ({variant.archive}) and unpack it there (tar xzf).",
     )
     eval_tf = cifar_eval_transform(mean, std)
     train_tf = cifar_train_transform(mean, std) if augment else eval_tf
@@ -370,9 +395,9 @@ def _load_cifar(
         train=train,
         val=val,
         test=test,
-        num_classes=num_classes,
+        num_classes=variant.num_classes,
         input_shape=(3, 32, 32),
-        name=name,
+        name=variant.name,
         info={"mean": mean, "std": std, "classes": list(full.classes), "seed": seed},
     )
 
@@ -397,19 +422,7 @@ def load_cifar10(
     Raises:
         DatasetNotFoundError: if a batch file is missing.
     """
-    return _load_cifar(
-        _LocalCIFAR10,
-        name="cifar10",
-        title="CIFAR-10",
-        num_classes=10,
-        root=root,
-        val_fraction=val_fraction,
-        seed=seed,
-        augment=augment,
-        verify_checksums=verify_checksums,
-        mean=CIFAR10_MEAN,
-        std=CIFAR10_STD,
-    )
+    return _load_cifar(_CIFAR10, root, val_fraction, seed, augment, verify_checksums)
 
 
 def load_cifar100(
@@ -431,19 +444,7 @@ def load_cifar100(
     Raises:
         DatasetNotFoundError: if ``train`` or ``test`` is missing.
     """
-    return _load_cifar(
-        _LocalCIFAR100,
-        name="cifar100",
-        title="CIFAR-100",
-        num_classes=100,
-        root=root,
-        val_fraction=val_fraction,
-        seed=seed,
-        augment=augment,
-        verify_checksums=verify_checksums,
-        mean=CIFAR100_MEAN,
-        std=CIFAR100_STD,
-    )
+    return _load_cifar(_CIFAR100, root, val_fraction, seed, augment, verify_checksums)
 
 
 # --------------------------------------------------------------------------- ImageNet
