@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import math
 
-import pyro
-import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..model import BNNModel
 from ..nn.sites import BayesianSite
-from .base import BNNGuide, site_key
+from .base import DiagonalNormalGuide, site_key
 
 __all__ = ["MeanFieldGuide", "paper_initial_scales", "inverse_softplus"]
 
@@ -54,8 +51,11 @@ def paper_initial_scales(site: BayesianSite, generator: torch.Generator | None =
     return scales.clamp_min(_MIN_SCALE)
 
 
-class MeanFieldGuide(BNNGuide):
+class MeanFieldGuide(DiagonalNormalGuide):
     r"""Per-weight Normal posterior over every Bayesian site of ``model``.
+
+    Its posterior, sampling and parameter groups are those of
+    :class:`~twodg_pyro.guides.base.DiagonalNormalGuide`.
 
     Args:
         model: the :class:`~twodg_pyro.model.BNNModel`.
@@ -102,43 +102,6 @@ class MeanFieldGuide(BNNGuide):
         self.rhos = nn.ParameterDict(rhos)
 
     # ------------------------------------------------------------------ posterior
-    def loc(self, name: str) -> torch.Tensor:
-        r""":math:`\mu` of a site."""
-        return self.locs[site_key(name)]
-
-    def scale(self, name: str) -> torch.Tensor:
-        r""":math:`\sigma = \operatorname{softplus}(\rho)` of a site."""
-        return F.softplus(self.rhos[site_key(name)])
-
-    def site_distribution(self, site: BayesianSite) -> dist.Distribution:
-        r""":math:`q(w_s) = \prod_i \mathcal N(\mu_i, \sigma_i^2)` as one event."""
-        d = dist.Normal(self.loc(site.name), self.scale(site.name), validate_args=False)
-        return d.to_event(len(site.shape))
-
-    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        return {
-            site.name: pyro.sample(site.name, self.site_distribution(site)) for site in self.sites
-        }
-
-    # ------------------------------------------------------------------ BNNGuide API
-    def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
-        out = {}
-        for site in self.sites:
-            loc, scale = self.loc(site.name), self.scale(site.name)
-            shape = loc.shape if num_samples is None else (num_samples, *loc.shape)
-            eps = torch.randn(shape, device=loc.device, dtype=loc.dtype)
-            if torch.is_grad_enabled() and (loc.requires_grad or scale.requires_grad):
-                out[site.name] = torch.addcmul(loc, scale, eps)
-            else:  # prediction: one fused pass, in place
-                out[site.name] = torch.addcmul(loc, scale, eps, out=eps)
-        return out
-
-    def param_groups(self) -> list[dict]:
-        return [
-            {"name": "loc", "params": list(self.locs.values())},
-            {"name": "scale", "params": list(self.rhos.values())},
-        ]
-
     def means_and_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
         r"""All :math:`(\mu_i, \sigma_i)` flattened in site order: the 2-D points of stage 2."""
         with torch.no_grad():

@@ -55,7 +55,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import pyro
 import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..infer.callbacks import KLAnnealing
@@ -64,7 +63,7 @@ from ..likelihoods import Categorical, Likelihood
 from ..nn.rank1 import RANK1_LAYER_TYPES, Rank1Layer, find_rank1_layers, rank1_factors
 from ..nn.sites import BayesianSite
 from ..priors import NormalPrior, Prior, _positive, as_prior
-from .base import BNNGuide, site_key
+from .base import DiagonalNormalGuide, site_key, standard_normal
 from .mean_field import inverse_softplus
 
 __all__ = [
@@ -284,12 +283,15 @@ class Rank1BNNModel(nn.Module):
         return output
 
 
-class Rank1Guide(BNNGuide):
+class Rank1Guide(DiagonalNormalGuide):
     r"""Mixture of ``M`` mean-field Normals over the factors of a :class:`Rank1BNNModel`.
 
     Component ``m`` of site ``"<layer>.r"`` is
     :math:`\mathcal N(\mu_m, \operatorname{diag}\sigma_m^2)`, :math:`\sigma =
     \operatorname{softplus}(\rho)`; a site's parameters are ``(M, dim)`` tensors.
+    The :class:`~twodg_pyro.guides.base.DiagonalNormalGuide` methods work on them
+    whole: :meth:`loc` and :meth:`scale` are ``(M, dim)``, :meth:`site_distribution`
+    holds all ``M`` components of a site as one event of shape ``(M, dim)``.
 
     Args:
         model: the :class:`Rank1BNNModel`.
@@ -333,24 +335,6 @@ class Rank1Guide(BNNGuide):
         self.locs = nn.ParameterDict(locs)
         self.rhos = nn.ParameterDict(rhos)
 
-    def loc(self, name: str) -> torch.Tensor:
-        r""":math:`\mu` of a factor site, ``(M, dim)``."""
-        return self.locs[site_key(name)]
-
-    def scale(self, name: str) -> torch.Tensor:
-        r""":math:`\sigma = \operatorname{softplus}(\rho)` of a factor site, ``(M, dim)``."""
-        return F.softplus(self.rhos[site_key(name)])
-
-    def site_distribution(self, site: BayesianSite) -> dist.Distribution:
-        r"""All ``M`` components of one site as one event of shape ``(M, dim)``."""
-        d = dist.Normal(self.loc(site.name), self.scale(site.name), validate_args=False)
-        return d.to_event(2)
-
-    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        return {
-            site.name: pyro.sample(site.name, self.site_distribution(site)) for site in self.sites
-        }
-
     def site_kl(self, name: str, prior_fn, value: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""``{"kl": (1/M) sum_m KL(q_m || p)}`` for one factor site.
 
@@ -363,15 +347,10 @@ class Rank1Guide(BNNGuide):
     # ------------------------------------------------------------------ BNNGuide API
     def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
         """Factor draws: ``(M, dim)`` per site, or ``(num_samples, M, dim)``."""
+        # loc + scale * eps in two roundings, not DiagonalNormalGuide's fused addcmul:
+        # keeps the factor draws bit for bit what they have always been
         out = {}
         for site in self.sites:
             loc, scale = self.loc(site.name), self.scale(site.name)
-            shape = loc.shape if num_samples is None else (num_samples, *loc.shape)
-            out[site.name] = loc + scale * torch.randn(shape, device=loc.device, dtype=loc.dtype)
+            out[site.name] = loc + scale * standard_normal(loc, num_samples)
         return out
-
-    def param_groups(self) -> list[dict]:
-        return [
-            {"name": "loc", "params": list(self.locs.values())},
-            {"name": "scale", "params": list(self.rhos.values())},
-        ]
