@@ -471,6 +471,83 @@ def test_run_distributed_rejects_methods_without_support():
         run_distributed(RunConfig(methods=["mean_field", "rank1"]))
 
 
+def test_data_parallel_execution_refuses_resume():
+    from twodg_pyro.distributed.runner import DataParallel
+    from twodg_pyro.pipeline import RunConfig, run
+
+    with pytest.raises(ValueError, match="--resume runs in one process"):
+        run(RunConfig(methods=["mean_field"]), "unused", resume=True, execution=DataParallel())
+
+
+# ---------------------------------------------------------------------- the pipeline
+TINY_RUN = """\
+methods = ['deterministic', 'mean_field', '2dg']
+num_samples = 4
+progress = false
+checkpoint_every = 2
+[data]
+batch_size = 128
+[network]
+hidden = [16]
+pretrain_epochs = 1
+[stage1]
+epochs = 2
+deterministic_epochs = 1
+[sharing]
+n_components = 8
+n_min = 5
+grad_batches = 1
+gmm_max_iter = 20
+[stage3]
+epochs = 2
+merge_every = 1
+reassign_every = 1
+"""
+
+
+def _one_set_of_files(out: Path) -> list[dict]:
+    """Check that the run folder ``out`` holds one set of results, the model file and the
+    stage checkpoints; returns the records of its ``results.json``."""
+    import json
+
+    names = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert [n for n in names if n.startswith("results")] == ["results.json", "results.md"]
+    assert [n for n in names if n.startswith("checkpoints/")] == [
+        "checkpoints/config.json",
+        "checkpoints/stage1.pt",
+        "checkpoints/stage3.pt",
+    ]
+    assert "model_2dg.pt" in names
+    return json.loads((out / "results.json").read_text())["records"]
+
+
+def test_pipeline_on_two_ranks_writes_one_set_of_results(tmp_path):
+    """The whole small pipeline (``twodg-pyro train``) on 2 gloo ranks through the one
+    orchestration (:func:`~twodg_pyro.pipeline.run` with a ``DataParallel`` execution):
+    every method runs on both ranks; rank 0 alone prints and writes the files."""
+    from twodg_pyro.distributed.launch import run_local
+    from twodg_pyro.io.checkpoint import load_checkpoint
+
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY_RUN)
+    out = tmp_path / "run"
+    argv = ["-m", "twodg_pyro.cli", "train", "--config", str(cfg), "--out", str(out)]
+    env = {"OMP_NUM_THREADS": "1", "TWODG_DIST_TIMEOUT_S": "120"}
+    ranks = run_local(argv, 2, timeout_s=240.0, env=env)
+    for r in ranks:
+        assert r.returncode == 0 and not r.timed_out, (
+            f"rank {r.rank} exited with {r.returncode} (timed out: {r.timed_out}):\n"
+            f"{r.stderr[-4000:]}"
+        )
+    assert ranks[0].stdout.count("wrote ") == 1 and "| method |" in ranks[0].stdout
+    assert "wrote " not in ranks[1].stdout and "| method |" not in ranks[1].stdout
+    records = _one_set_of_files(out)
+    assert [r["method"] for r in records] == ["deterministic", "mean_field", "2dg"]
+    assert all(r["world_size"] == 2 for r in records)
+    assert all(r["accuracy"] > 0.5 for r in records if r["method"] != "deterministic")
+    assert load_checkpoint(out / "checkpoints" / "stage3.pt").epoch == 2
+
+
 # ---------------------------------------------------------------------- the CLI
 @pytest.mark.slow
 def test_cli_under_torchrun_writes_one_set_of_files(tmp_path):
@@ -492,16 +569,7 @@ def test_cli_under_torchrun_writes_one_set_of_files(tmp_path):
     r = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-4000:]
     assert r.stdout.count("wrote ") == 1  # rank 0 only
-    names = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
-    assert [n for n in names if n.startswith("results")] == ["results.json", "results.md"]
-    assert [n for n in names if n.startswith("checkpoints/")] == [
-        "checkpoints/config.json",
-        "checkpoints/stage1.pt",
-        "checkpoints/stage3.pt",
-    ]
-    import json
-
-    recs = {x["method"]: x for x in json.loads((out / "results.json").read_text())["records"]}
+    recs = {x["method"]: x for x in _one_set_of_files(out)}
     assert recs["2dg"]["world_size"] == 2 and recs["2dg"]["accuracy"] > 0.5
 
 

@@ -1,21 +1,26 @@
 """Algorithm 1 end to end: stage 1 (mean-field) -> outliers -> GMM -> size reduction ->
 stage 2 (merging, ellipses) -> stage 3 (SVI on the shared-GMM guide, with hooks) ->
-evaluation and compression accounting."""
+evaluation and compression accounting.
+
+Every stage runs through an :class:`~twodg_pyro.pipeline.execution.Execution`: in one
+process (the default), or on every rank of a process group with the same result on each
+(:class:`~twodg_pyro.distributed.runner.DataParallel`)."""
 
 from __future__ import annotations
 
 import time
 
 from ..accounting import compression_report
+from ..distributed import env
 from ..guides import SharedGMMGuide
-from ..infer import DecomposedELBO, fit
 from ..infer.hooks import MahalanobisHook, MergeHook
-from ..io.checkpoint import restore_state
 from ..metrics import classification_metrics
 from ..predict import predict
 from ..sharing import build_sharing
 from .builders import train_loader
 from .config import RunConfig
+from .execution import LOCAL, Execution
+from .runner import train_svi
 
 __all__ = ["run_2dg", "stage3", "stage3_hooks"]
 
@@ -48,12 +53,22 @@ def stage3_hooks(cfg: RunConfig, loader) -> list:
 
 
 def stage3(
-    cfg: RunConfig, model, structure, loader, progress: bool = True, checkpoints=None, extra=None
+    cfg: RunConfig,
+    model,
+    structure,
+    loader,
+    progress: bool = True,
+    checkpoints=None,
+    extra=None,
+    execution: Execution = LOCAL,
 ):
     """Train the shared-GMM guide over ``structure``; returns ``(guide, state, hooks)``.
 
+    ``loader`` is the seeded training loader: the merge hook's gradients use it as it is
+    (the same minibatches on every rank), the SVI loop ``execution.shard(loader)``.
     With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) it writes
-    ``stage3.pt`` checkpoints (holding ``extra``) and continues from one when resuming.
+    ``stage3.pt`` checkpoints (holding ``extra``, on rank 0) and continues from one when
+    resuming.
     """
     guide = SharedGMMGuide(model, structure, tying=cfg.stage3.tying).to(cfg.device)
     hooks = stage3_hooks(cfg, loader)
@@ -61,38 +76,41 @@ def stage3(
     lr = {"centre": s3.lr_centre, "outlier": s3.lr_outlier, "default": s3.lr_centre}
     if s3.tying != "representative":
         lr["cov"] = s3.lr_cov
-    state, ckpt = None, None
-    if checkpoints is not None:
-        resumed = checkpoints.load("stage3")
-        if resumed is not None:
-            state = restore_state(resumed, model, guide, lr, callbacks=hooks, generators=[loader])
-        ckpt = checkpoints.callback("stage3", hooks, [loader], extra)
-    state = fit(
+    state = train_svi(
+        cfg,
+        "stage3",
         model,
         guide,
         loader,
-        epochs=s3.epochs,
-        lr=lr,
-        elbo=DecomposedELBO(),
-        callbacks=hooks + ([ckpt] if ckpt is not None else []),
-        device=cfg.device,
-        progress=progress,
-        state=state,
+        s3.epochs,
+        lr,
+        hooks,
+        progress,
+        checkpoints,
+        extra,
+        execution,
     )
     return guide, state, hooks
 
 
-def run_2dg(cfg: RunConfig, split, art, eval_data, checkpoints=None) -> dict:
+def run_2dg(
+    cfg: RunConfig, split, art, eval_data, checkpoints=None, execution: Execution = LOCAL
+) -> dict:
     """Stages 1-3 on top of the trained mean-field BNN in ``art``; returns the 2DG record.
 
     When resuming from a stage-3 checkpoint (``checkpoints``), stage 2 is not rerun: its
-    structure and report come from the checkpoint.
+    structure and report come from the checkpoint.  Under a process group (``execution``)
+    every rank builds the structure from the same, unsharded minibatches under a common
+    seed, its mixture fitted by ``execution.mixture``, and the ranks agree on it before
+    stage 3.
     """
     model, mf_guide, _ = art.mean_field
+    progress = cfg.progress and env.is_main()
     loader = train_loader(split, cfg.data, cfg.seed)
     t0 = time.perf_counter()
     resumed = checkpoints.load("stage3") if checkpoints is not None else None
     if resumed is None:
+        execution.seed_common(cfg.seed)
         structure, report = build_sharing(
             model,
             mf_guide,
@@ -100,14 +118,22 @@ def run_2dg(cfg: RunConfig, split, art, eval_data, checkpoints=None) -> dict:
             cfg.sharing,
             seed=cfg.seed,
             device=cfg.device,
-            progress=cfg.progress,
+            progress=progress,
+            mixture=execution.mixture,
         )
+        structure = execution.agree(structure)
     else:
         structure, report = resumed.structure(), resumed.extra["report"]
     extra = {"records": list(art.records), "report": report}
-    guide, state, hooks = stage3(cfg, model, structure, loader, cfg.progress, checkpoints, extra)
+    guide, state, hooks = stage3(
+        cfg, model, structure, loader, progress, checkpoints, extra, execution
+    )
     seconds = time.perf_counter() - t0
-    pred = predict(model, guide, eval_data, cfg.num_samples)
+    pred = execution.predict(
+        lambda d: predict(model, guide, d, cfg.num_samples, progress=progress),
+        eval_data,
+        cfg.device,
+    )
     record = {
         "method": "2dg",
         **classification_metrics(pred.mean, pred.targets),
@@ -120,6 +146,7 @@ def run_2dg(cfg: RunConfig, split, art, eval_data, checkpoints=None) -> dict:
         "hooks": {type(h).__name__: h.log for h in hooks},
         "train_seconds": seconds,
         "final_elbo_terms": state.history[-1] if state.history else {},
+        **execution.record_fields(),
     }
     art.extras["2dg"] = {"model": model, "guide": guide, "state": state, "structure": structure}
     return record

@@ -11,6 +11,7 @@ bytes) and ``train_seconds``, plus a few method-specific fields.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ..guides.rank1 import Rank1BNNModel, Rank1Guide, rank1_kl_annealing, rank1_prior
 from ..guides.ssvi import SSVIGuide, SubspaceUpdate
@@ -27,6 +28,53 @@ __all__ = ["run_rank1", "run_ssvi", "size_mb"]
 def size_mb(n_params: int, bytes_per_param: int = 4) -> float:
     """Storage of ``n_params`` float32 numbers in MB (:math:`10^6` bytes)."""
     return n_params * bytes_per_param / 1e6
+
+
+def _train_and_evaluate(
+    cfg: RunConfig,
+    model,
+    guide,
+    loader,
+    eval_data,
+    *,
+    method: str,
+    epochs: int,
+    lr: float,
+    callbacks: list,
+    extra: Callable[[int, int], dict],
+) -> dict:
+    """Fit ``guide`` (timed), predict ``eval_data`` and return the method's record.
+
+    ``extra(n_guide, n_det)`` gives the method-specific fields, placed after ``size_mb``
+    (``n_guide`` counts the guide's trainable parameters, ``n_det`` the network's
+    deterministic ones); it is called after training.
+    """
+    t0 = time.perf_counter()
+    state = fit(
+        model,
+        guide,
+        loader,
+        epochs=epochs,
+        lr=lr,
+        elbo=DecomposedELBO(),
+        callbacks=callbacks,
+        device=cfg.device,
+        progress=cfg.progress,
+    )
+    seconds = time.perf_counter() - t0
+    pred = predict(model, guide, eval_data, cfg.num_samples, progress=cfg.progress)
+    n_guide = guide.num_trainable()
+    n_det = sum(p.numel() for p in model.deterministic_parameters())
+    return {
+        "method": method,
+        **classification_metrics(pred.mean, pred.targets),
+        "trainable_params": n_guide + n_det,
+        "guide_trainable_params": n_guide,
+        "size_mb": size_mb(n_guide + n_det),
+        **extra(n_guide, n_det),
+        "train_seconds": seconds,
+        "final_elbo_terms": state.history[-1] if state.history else {},
+    }
 
 
 def run_rank1(cfg: RunConfig, split, eval_data) -> dict:
@@ -47,33 +95,18 @@ def run_rank1(cfg: RunConfig, split, eval_data) -> dict:
     ).to(cfg.device)
     guide = Rank1Guide(model, init_scale=rc.init_scale, init_mean=rc.init_mean, seed=cfg.seed)
     guide = guide.to(cfg.device)
-    t0 = time.perf_counter()
-    state = fit(
+    return _train_and_evaluate(
+        cfg,
         model,
         guide,
         train_loader(split, cfg.data, cfg.seed),
+        eval_data,
+        method="rank1",
         epochs=rc.epochs,
         lr=rc.lr,
-        elbo=DecomposedELBO(),
         callbacks=[rank1_kl_annealing(rc.epochs)],
-        device=cfg.device,
-        progress=cfg.progress,
+        extra=lambda n_guide, n_det: {"components": rc.components, "prior": rc.prior},
     )
-    seconds = time.perf_counter() - t0
-    pred = predict(model, guide, eval_data, cfg.num_samples)
-    n_guide = guide.num_trainable()
-    n_det = sum(p.numel() for p in model.deterministic_parameters())
-    return {
-        "method": "rank1",
-        **classification_metrics(pred.mean, pred.targets),
-        "trainable_params": n_guide + n_det,
-        "guide_trainable_params": n_guide,
-        "size_mb": size_mb(n_guide + n_det),
-        "components": rc.components,
-        "prior": rc.prior,
-        "train_seconds": seconds,
-        "final_elbo_terms": state.history[-1] if state.history else {},
-    }
 
 
 def run_ssvi(cfg: RunConfig, split, eval_data) -> dict:
@@ -103,35 +136,27 @@ def run_ssvi(cfg: RunConfig, split, eval_data) -> dict:
     callbacks = [update]
     if cfg.stage1.kl_warmup_epochs:
         callbacks.insert(0, KLAnnealing(cfg.stage1.kl_warmup_epochs))
-    t0 = time.perf_counter()
-    state = fit(
+
+    def extra(n_guide: int, n_det: int) -> dict:
+        return {
+            "size_mb_with_index": size_mb(n_guide + n_det + guide.num_active),
+            "compression_ratio": 2 * model.num_weights / max(n_guide, 1),
+            "density": sc.density,
+            "active": guide.num_active,
+            "removal": sc.removal,
+            "addition": sc.addition,
+            "subspace_updates": len(update.updates),
+        }
+
+    return _train_and_evaluate(
+        cfg,
         model,
         guide,
         loader,
+        eval_data,
+        method="ssvi",
         epochs=sc.epochs,
         lr=sc.lr,
-        elbo=DecomposedELBO(),
         callbacks=callbacks,
-        device=cfg.device,
-        progress=cfg.progress,
+        extra=extra,
     )
-    seconds = time.perf_counter() - t0
-    pred = predict(model, guide, eval_data, cfg.num_samples)
-    n_guide = guide.num_trainable()
-    n_det = sum(p.numel() for p in model.deterministic_parameters())
-    return {
-        "method": "ssvi",
-        **classification_metrics(pred.mean, pred.targets),
-        "trainable_params": n_guide + n_det,
-        "guide_trainable_params": n_guide,
-        "size_mb": size_mb(n_guide + n_det),
-        "size_mb_with_index": size_mb(n_guide + n_det + guide.num_active),
-        "compression_ratio": 2 * model.num_weights / max(n_guide, 1),
-        "density": sc.density,
-        "active": guide.num_active,
-        "removal": sc.removal,
-        "addition": sc.addition,
-        "subspace_updates": len(update.updates),
-        "train_seconds": seconds,
-        "final_elbo_terms": state.history[-1] if state.history else {},
-    }

@@ -1,4 +1,11 @@
-"""The main job: train and evaluate the configured methods, write the results table."""
+"""The main job: train and evaluate the configured methods, write the results table.
+
+One orchestration for a plain run and a data-parallel one under ``torchrun``: the
+pieces that differ come in as an :class:`~twodg_pyro.pipeline.execution.Execution`
+(:data:`~twodg_pyro.pipeline.execution.LOCAL` by default), and every file is written
+on rank 0 only (:func:`~twodg_pyro.distributed.env.on_main`,
+:class:`~twodg_pyro.distributed.MainOnly`: plain calls in one process).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +15,20 @@ from pathlib import Path
 
 import torch
 
-from ..baselines import train_deterministic
+from ..distributed import env
 from ..guides import MeanFieldGuide
-from ..infer import DecomposedELBO, KLAnnealing, fit
+from ..infer import DecomposedELBO, KLAnnealing
 from ..io.checkpoint import restore_state
 from ..metrics import classification_metrics
 from ..predict import deterministic_predict, predict
 from .builders import build_model, build_net, load_data, seed_everything, train_loader
 from .checks import check_split
 from .config import RunConfig
+from .execution import LOCAL, Execution, main_only
 from .results import format_table, write_results
 from .resume import RunCheckpoints
 
-__all__ = ["run", "RunArtifacts", "train_mean_field"]
+__all__ = ["run", "RunArtifacts", "train_mean_field", "train_svi"]
 
 
 class RunArtifacts:
@@ -41,11 +49,20 @@ def _eval_split(split):
     return torch.utils.data.DataLoader(split.test, batch_size=512)
 
 
-def train_mean_field(cfg: RunConfig, split, net, progress: bool, checkpoints=None, extra=None):
+def train_mean_field(
+    cfg: RunConfig,
+    split,
+    net,
+    progress: bool,
+    checkpoints=None,
+    extra=None,
+    execution: Execution = LOCAL,
+):
     """Stage 1: a mean-field BNN over ``net`` trained by SVI on the (annealed) ELBO.
 
     With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) it writes
-    ``stage1.pt`` checkpoints (holding ``extra``) and continues from one when resuming.
+    ``stage1.pt`` checkpoints (holding ``extra``, on rank 0) and continues from one when
+    resuming.  ``execution`` runs the SVI loop (one process, or every rank).
     """
     n_train = len(split.train)
     model = build_model(net, cfg.prior, n_train).to(cfg.device)
@@ -55,30 +72,74 @@ def train_mean_field(cfg: RunConfig, split, net, progress: bool, checkpoints=Non
         callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs))
     loader = train_loader(split, cfg.data, cfg.seed)
     lr = {"loc": cfg.stage1.lr_loc, "scale": cfg.stage1.lr_scale, "default": cfg.stage1.lr_loc}
-    state, ckpt = None, None
-    if checkpoints is not None:
-        resumed = checkpoints.load("stage1")
-        if resumed is not None:
-            state = restore_state(
-                resumed, model, guide, lr, callbacks=callbacks, generators=[loader]
-            )
-        ckpt = checkpoints.callback("stage1", callbacks, [loader], extra)
-    state = fit(
+    state = train_svi(
+        cfg,
+        "stage1",
         model,
         guide,
         loader,
-        epochs=cfg.stage1.epochs,
-        lr=lr,
-        elbo=DecomposedELBO(),
-        callbacks=callbacks + ([ckpt] if ckpt is not None else []),
-        device=cfg.device,
-        progress=progress,
-        state=state,
+        cfg.stage1.epochs,
+        lr,
+        callbacks,
+        progress,
+        checkpoints,
+        extra,
+        execution,
     )
     return model, guide, state
 
 
-def run(cfg: RunConfig, out_dir: str | Path | None = None, resume: bool = False) -> RunArtifacts:
+def train_svi(
+    cfg: RunConfig,
+    stage: str,
+    model,
+    guide,
+    loader,
+    epochs: int,
+    lr,
+    callbacks: list,
+    progress: bool,
+    checkpoints=None,
+    extra=None,
+    execution: Execution = LOCAL,
+):
+    """SVI of ``guide`` for ``stage`` (``"stage1"``, ``"stage3"``) on the seeded ``loader``
+    (``execution`` shards it); returns the final ``TrainState``.
+
+    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) rank 0
+    writes the stage's checkpoints (holding ``callbacks``' states, ``loader``'s generator
+    and ``extra``), and a resumed run continues from the stage's checkpoint.
+    """
+    state, ckpt = None, None
+    if checkpoints is not None:
+        resumed = checkpoints.load(stage)
+        if resumed is not None:
+            state = restore_state(
+                resumed, model, guide, lr, callbacks=callbacks, generators=[loader]
+            )
+        ckpt = checkpoints.callback(stage, callbacks, [loader], extra)
+    return execution.fit(
+        model,
+        guide,
+        execution.shard(loader, cfg.seed),
+        epochs,
+        seed=cfg.seed,
+        lr=lr,
+        elbo=DecomposedELBO(),
+        callbacks=list(callbacks) + main_only(ckpt),
+        device=cfg.device,
+        progress=progress,
+        state=state,
+    )
+
+
+def run(
+    cfg: RunConfig,
+    out_dir: str | Path | None = None,
+    resume: bool = False,
+    *,
+    execution: Execution = LOCAL,
+) -> RunArtifacts:
     """Run every method of ``cfg.methods`` and write ``results.json``/``results.md``.
 
     Returns the records and trained objects.  The table is also printed.  The data are
@@ -86,17 +147,25 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None, resume: bool = False)
     written.  With ``cfg.checkpoint_every > 0`` stages 1 and 3 write checkpoints under
     ``out_dir/checkpoints``; ``resume=True`` continues a killed run from them (see
     :mod:`twodg_pyro.pipeline.resume`).
+
+    ``execution`` says where the stages run: in this process (the default), or on every
+    rank of a process group (:func:`~twodg_pyro.distributed.run_distributed` passes a
+    :class:`~twodg_pyro.distributed.runner.DataParallel`; every rank then calls this with
+    the same settings, and rank 0 alone prints and writes files).
     """
+    execution.check(cfg, resume)
+    cfg = execution.configure(cfg)
+    progress = cfg.progress and env.is_main()
     art = RunArtifacts()
     seed_everything(cfg.seed)
     split = load_data(cfg.data, image=cfg.network.arch != "mlp")
     check_split(split)
     checkpoints = RunCheckpoints(out_dir, cfg, resume)
-    checkpoints.start()
+    env.on_main(checkpoints.start, f"prepare the checkpoint folder of {out_dir}")
     resume_from = checkpoints.latest()
     art.split = split
-    eval_data = _eval_split(split)
-    art.extras["eval_data"] = _to(eval_data, cfg.device)
+    eval_data = _to(_eval_split(split), cfg.device)
+    art.extras["eval_data"] = eval_data
     seed_everything(cfg.seed)
     net = build_net(cfg.network, split).to(cfg.device)
     loader = train_loader(split, cfg.data, cfg.seed)
@@ -106,13 +175,13 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None, resume: bool = False)
     def train_det(epochs: int):
         det = copy.deepcopy(net)
         t0 = time.perf_counter()
-        train_deterministic(
+        execution.train_deterministic(
             det,
-            loader,
+            execution.shard(loader, cfg.seed),
             epochs,
             cfg.stage1.deterministic_lr,
             device=cfg.device,
-            progress=cfg.progress,
+            progress=progress,
         )
         return det, time.perf_counter() - t0
 
@@ -120,7 +189,7 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None, resume: bool = False)
         art.records = [dict(r) for r in checkpoints.load(resume_from).extra["records"]]
     if "deterministic" in cfg.methods and resume_from is None:
         det, seconds = train_det(cfg.stage1.deterministic_epochs)
-        pred = deterministic_predict(det, _to(eval_data, cfg.device))
+        pred = execution.predict(lambda d: deterministic_predict(det, d), eval_data, cfg.device)
         art.records.append(
             {
                 "method": "deterministic",
@@ -128,6 +197,7 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None, resume: bool = False)
                 "trainable_params": n_det,
                 "size_mb": 4 * n_det / 1e6,
                 "train_seconds": seconds,
+                **execution.record_fields(),
             }
         )
         if cfg.network.pretrain_epochs == cfg.stage1.deterministic_epochs:
@@ -142,12 +212,22 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None, resume: bool = False)
         seed_everything(cfg.seed)
         t0 = time.perf_counter()
         model, guide, state = train_mean_field(
-            cfg, split, copy.deepcopy(net), cfg.progress, checkpoints, {"records": art.records}
+            cfg,
+            split,
+            copy.deepcopy(net),
+            progress,
+            checkpoints,
+            {"records": art.records},
+            execution,
         )
         seconds = time.perf_counter() - t0
         art.mean_field = (model, guide, state)
         if "mean_field" in cfg.methods and resume_from != "stage3":
-            pred = predict(model, guide, _to(eval_data, cfg.device), cfg.num_samples)
+            pred = execution.predict(
+                lambda d: predict(model, guide, d, cfg.num_samples, progress=progress),
+                eval_data,
+                cfg.device,
+            )
             n_train = guide.num_trainable() + sum(
                 p.numel() for p in model.deterministic_parameters()
             )
@@ -159,30 +239,36 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None, resume: bool = False)
                     "size_mb": 4 * n_train / 1e6,
                     "train_seconds": seconds,
                     "final_elbo_terms": state.history[-1] if state.history else {},
+                    **execution.record_fields(),
                 }
             )
 
     if "2dg" in cfg.methods:
         from .algorithm1 import run_2dg
 
-        art.records.append(run_2dg(cfg, split, art, _to(eval_data, cfg.device), checkpoints))
+        art.records.append(run_2dg(cfg, split, art, eval_data, checkpoints, execution))
 
     if "rank1" in cfg.methods:
         from .alternatives import run_rank1
 
-        art.records.append(run_rank1(cfg, split, _to(eval_data, cfg.device)))
+        art.records.append(run_rank1(cfg, split, eval_data))
 
     if "ssvi" in cfg.methods:
         from .alternatives import run_ssvi
 
-        art.records.append(run_ssvi(cfg, split, _to(eval_data, cfg.device)))
+        art.records.append(run_ssvi(cfg, split, eval_data))
 
-    print(format_table(art.records))
+    if env.is_main():
+        print(format_table(art.records))
     if out_dir is not None:
-        write_results(out_dir, art.records, cfg.to_dict())
-        from .artifacts import write_artifacts  # model file, InferenceData, diagnostics, plots
 
-        write_artifacts(art, cfg, out_dir)
+        def write():
+            write_results(out_dir, art.records, cfg.to_dict())
+            from .artifacts import write_artifacts  # model file, InferenceData, diagnostics, ...
+
+            write_artifacts(art, cfg, out_dir)
+
+        env.on_main(write, f"write the results to {out_dir}")
     return art
 
 

@@ -1,0 +1,86 @@
+"""Where the pipeline's stages run: in one process, or on every rank of a process group.
+
+:func:`~twodg_pyro.pipeline.run` is the one orchestration of Algorithm 1 (the
+deterministic baseline, stage 1, stages 2-3, evaluation, files).  What differs between a
+plain run and a data-parallel one under ``torchrun`` is injected as an
+:class:`Execution`:
+
+* the training functions: :func:`~twodg_pyro.infer.fit` and
+  :func:`~twodg_pyro.baselines.train_deterministic` on the seeded training loader, or
+  their DDP forms on this rank's shard of it;
+* the data the training loops iterate (:meth:`Execution.shard`): the loader itself, or a
+  :class:`~twodg_pyro.distributed.ShardedLoader` over its data set;
+* predictions (the whole evaluation set, or a share per rank, gathered), stage 2's
+  mixture class, and the ranks' agreement on its result;
+* fields added to every record (``world_size``).
+
+This module holds the single-process :class:`Execution` (the default);
+:class:`~twodg_pyro.distributed.runner.DataParallel` is the multi-process one.
+Files are written the same way by both: through
+:func:`~twodg_pyro.distributed.env.on_main` and
+:class:`~twodg_pyro.distributed.MainOnly`, which run on rank 0 only and are plain calls
+in one process.
+"""
+
+from __future__ import annotations
+
+from ..baselines import train_deterministic
+from ..distributed import MainOnly
+from ..infer import fit
+
+__all__ = ["Execution", "LOCAL", "main_only"]
+
+
+def main_only(callback) -> list:
+    """``[callback]`` running on rank 0 only (a checkpoint writer), ``[]`` for ``None``."""
+    return [] if callback is None else [MainOnly(callback)]
+
+
+class Execution:
+    """One process: the plain training loop on the seeded loader (the default).
+
+    Subclasses (:class:`~twodg_pyro.distributed.runner.DataParallel`) override the
+    pieces that run differently on several processes.
+    """
+
+    #: the mixture class of stage 2 (``None``: :func:`~twodg_pyro.sharing.build_sharing`'s
+    #: default, :class:`~twodg_pyro.gmm.GaussianMixture2D`).
+    mixture = None
+
+    def check(self, cfg, resume: bool = False) -> None:
+        """Raise ``ValueError`` for settings this execution cannot run: none here."""
+
+    def configure(self, cfg):
+        """The settings the run uses (e.g. this rank's GPU); ``cfg`` itself here."""
+        return cfg
+
+    def shard(self, loader, seed: int):
+        """The data the training loops iterate for the seeded ``loader``: ``loader``."""
+        return loader
+
+    def fit(self, model, guide, data, epochs: int, *, seed: int, **kwargs):
+        """SVI (:func:`~twodg_pyro.infer.fit`; ``seed`` is the loader's and unused here)."""
+        return fit(model, guide, data, epochs=epochs, **kwargs)
+
+    def train_deterministic(self, net, data, epochs: int, lr: float, *, device, progress: bool):
+        """Train the deterministic network ``net`` in place on ``data``."""
+        return train_deterministic(net, data, epochs, lr, device=device, progress=progress)
+
+    def predict(self, fn, eval_data, device):
+        """``fn(eval_data)``: the predictions of the whole evaluation set."""
+        return fn(eval_data)
+
+    def seed_common(self, seed: int) -> None:
+        """Before a step every rank must take alike (stage 2): nothing to align here."""
+
+    def agree(self, structure):
+        """The sharing structure every rank uses: ``structure``."""
+        return structure
+
+    def record_fields(self) -> dict:
+        """Fields added to every record of the results table: none."""
+        return {}
+
+
+#: The single-process execution.
+LOCAL = Execution()
