@@ -95,6 +95,18 @@ def _chol_params(covs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([l00.log(), l11.log()], 1), l10
 
 
+def _stochastic_coefficients(m0, m1, l00, l10, l11):
+    r"""``(m0, m1, sqrt(S11), b sqrt(S11), v)`` of components given their Cholesky factors:
+    :math:`S_{11} = l_{10}^2 + l_{11}^2`, :math:`b = S_{01}/S_{11} = l_{00} l_{10}/S_{11}`,
+    :math:`v = S_{00} - S_{01}^2/S_{11} = (l_{00} l_{11})^2/S_{11}`; zero for the degenerate
+    ``S = 0`` of an outlier."""
+    s11 = l10 * l10 + l11 * l11
+    pos = s11 > 0
+    inv = torch.where(pos, 1.0 / s11.clamp_min(1e-30), torch.zeros_like(s11))
+    a = s11.sqrt()
+    return m0, m1, a, l00 * l10 * inv * a, (l00 * l11).square() * inv
+
+
 class SharedGMMGuide(BNNGuide):
     """Stage-3 guide: inliers drawn from the shared mixture, outliers from their own Normals.
 
@@ -253,9 +265,7 @@ class SharedGMMGuide(BNNGuide):
         through :attr:`nat_index` (outliers are their own degenerate "components"), so a
         draw costs about one normal per weight plus one gather; ellipse weights, whose
         component changes per draw, are drawn apart and copied in.  ``fast=True`` (no
-        gradients needed: prediction) draws the ``stochastic`` tying with two normals per
-        weight instead of three, by drawing :math:`\tilde\mu` given :math:`\tilde\sigma`
-        analytically; the cache then lacks ``mu_t``/``sig_t``.
+        gradients needed: prediction) draws in place and caches only the weights.
         """
         dev = self.centre_mu.device
         n_w = self.nat_index.numel()
@@ -303,9 +313,22 @@ class SharedGMMGuide(BNNGuide):
         return flat, cache
 
     def _draw_stochastic(self, S: int, chosen, out_scale, fast: bool):
-        r""":math:`(\tilde\mu, \tilde\sigma) \sim \mathcal N(m_c, S_c)`, then
-        :math:`w \sim \mathcal N(\tilde\mu, \tilde\sigma^2)`, per weight and draw."""
-        dev = self.centre_mu.device
+        r""":math:`(\tilde\mu, t) \sim \mathcal N(m_c, S_c)`,
+        :math:`w \sim \mathcal N(\tilde\mu, \tilde\sigma(t)^2)`, per weight and draw, with
+        :math:`\tilde\mu` integrated out: two normals per weight instead of three.
+
+        With :math:`b = S_{01}/S_{11}` and :math:`v = S_{00} - S_{01}^2/S_{11}`,
+
+        .. math::
+            t = m_1 + \sqrt{S_{11}}\,u, \qquad
+            w = m_0 + b\,(t - m_1) + \sqrt{v + \tilde\sigma(t)^2}\;\varepsilon,
+            \qquad u, \varepsilon \sim \mathcal N(0, 1),
+
+        which is the same joint law of :math:`(t, w)` as drawing :math:`\tilde\mu` first.
+        When a Monte Carlo KL needs :math:`\tilde\mu` (a non-Normal prior) it is drawn
+        afterwards from :math:`\tilde\mu \mid t, w` (:meth:`_stochastic_mu`), so the
+        triple still has the law of the three-normal draw and stays reparameterised.
+        """
         n_w = self.nat_index.numel()
         d = self.chol_log_diag.exp()
         zeros = self.outlier_loc.new_zeros(self._n[0])
@@ -318,63 +341,65 @@ class SharedGMMGuide(BNNGuide):
             torch.cat([self.chol_off, zeros]),
             torch.cat([d[:, 1], zeros]),
         ]
+        coef = _stochastic_coefficients(*cols)  # m0, m1, sqrt(S11), b sqrt(S11), v
         # 1-D gathers: their backward is a fast serial (deterministic) index_add
-        per = [c.index_select(0, self.nat_index) for c in cols]  # 5 x (n_w,)
+        per = [c.index_select(0, self.nat_index) for c in coef]  # 5 x (n_w,)
         e_per = None
         if chosen is not None:
             c = chosen.reshape(-1)
-            e_per = [col.index_select(0, c).view(chosen.shape) for col in cols]
-        extra = {}
+            e_per = [col.index_select(0, c).view(chosen.shape) for col in coef]
         if fast:
-            # t1 ~ N(m1, S11); mu~ | t1 ~ N(m0 + S01/S11 (t1 - m1), S00 - S01^2/S11); both
-            # normals of w = mu~ + sigma~ eps merged into one: w | t1 ~ N(mean, var + sigma~^2)
-            def coefficients(p):
-                m0, m1_, l00, l10, l11 = p
-                s11 = l10 * l10 + l11 * l11
-                b = torch.where(s11 > 0, l00 * l10 / s11.clamp_min(1e-30), torch.zeros_like(s11))
-                cond_var = torch.where(
-                    s11 > 0, (l00 * l11) ** 2 / s11.clamp_min(1e-30), torch.zeros_like(s11)
+            flat = self._draw_marginal_into(
+                torch.empty(S, n_w, dtype=per[0].dtype, device=per[0].device), *per
+            )
+            ell = None
+            if chosen is not None:
+                ell = self._draw_marginal_into(
+                    torch.empty(chosen.shape, dtype=per[0].dtype, device=per[0].device), *e_per
                 )
-                a = s11.sqrt()
-                return m0, m1_, a, b * a, cond_var
+            return flat, ell, {}
 
-            def draw_into(out, m0, m1_, a, ba, cond_var):
-                # w = m0 + b a u + sqrt(cond_var + sigma~(m1 + a u)^2) eps, u, eps ~ N(0, 1)
-                u = torch.randn(out.shape, device=dev, dtype=out.dtype)
-                t1 = torch.addcmul(m1_, a, u)  # the drawn second coordinate
-                torch.addcmul(m0, ba, u, out=out)
-                if self.coordinates == "sigma":  # sigma~^2 = t1^2
-                    var = torch.addcmul(cond_var, t1, t1, out=t1)
-                else:  # sigma~^2 = exp(2 t1)
-                    var = t1.mul_(2).exp_().add_(cond_var)
-                eps = torch.randn(out.shape, device=dev, dtype=out.dtype, out=u)
-                out.addcmul_(var.sqrt_(), eps)
+        def draw(p, shape):
+            m0, m1_, a, ba, v = p
+            u, eps = torch.randn(2, *shape, device=m0.device, dtype=m0.dtype)
+            sig = self._sigma_of(torch.addcmul(m1_, a, u))
+            cond_mean = torch.addcmul(m0, ba, u)
+            return torch.addcmul(cond_mean, torch.sqrt(v + sig * sig), eps), cond_mean, v, sig
 
-            def draw(p, shape):
-                coef = coefficients(p)
-                out = torch.empty(shape, device=dev, dtype=coef[0].dtype)
-                draw_into(out, *coef)
-                return out
-
-            flat = draw(per, (S, n_w))
-            ell = draw(e_per, chosen.shape) if chosen is not None else None
-            return flat, ell, extra
-
-        def draw_full(p, shape):
-            m0, m1_, l00, l10, l11 = p
-            e0, e1, e2 = torch.randn(3, *shape, device=dev, dtype=m0.dtype)
-            mu_t = torch.addcmul(m0, l00, e0)
-            sig_t = self._sigma_of(torch.addcmul(torch.addcmul(m1_, l10, e0), l11, e1))
-            return torch.addcmul(mu_t, sig_t, e2), mu_t, sig_t
-
-        flat, mu_t, sig_t = draw_full(per, (S, n_w))
+        flat, cond_mean, v, sig = draw(per, (S, n_w))
         ell = None
+        v = v.expand(S, n_w)
         if chosen is not None:
-            ell, mu_e, sig_e = draw_full(e_per, chosen.shape)
-            mu_t = mu_t.index_copy(1, self.ellipse_index, mu_e)
-            sig_t = sig_t.index_copy(1, self.ellipse_index, sig_e)
-        extra["mu_t"], extra["sig_t"] = mu_t, sig_t
-        return flat, ell, extra
+            ell, cm_e, v_e, sig_e = draw(e_per, chosen.shape)
+            cond_mean = cond_mean.index_copy(1, self.ellipse_index, cm_e)
+            v = v.index_copy(1, self.ellipse_index, v_e)
+            sig = sig.index_copy(1, self.ellipse_index, sig_e)
+        return flat, ell, {"cond_mean": cond_mean, "cond_var": v, "sig_t": sig}
+
+    def _draw_marginal_into(self, out, m0, m1_, a, ba, v) -> torch.Tensor:
+        """The two-normal draw of :meth:`_draw_stochastic` in place (no gradients)."""
+        u = torch.randn(out.shape, device=out.device, dtype=out.dtype)
+        t1 = torch.addcmul(m1_, a, u)  # the drawn second coordinate
+        torch.addcmul(m0, ba, u, out=out)
+        if self.coordinates == "sigma":  # sigma~^2 = t1^2
+            var = torch.addcmul(v, t1, t1, out=t1)
+        else:  # sigma~^2 = exp(2 t1)
+            var = t1.mul_(2).exp_().add_(v)
+        eps = torch.randn(out.shape, device=out.device, dtype=out.dtype, out=u)
+        return out.addcmul_(var.sqrt_(), eps)
+
+    def _stochastic_mu(self, idx: torch.Tensor) -> torch.Tensor:
+        r""":math:`\tilde\mu \mid t, w \sim \mathcal N\big(c + \frac{v}{v + \tilde\sigma^2}
+        (w - c),\ \frac{v\,\tilde\sigma^2}{v + \tilde\sigma^2}\big)` for the weights
+        ``idx`` of the last draw (:math:`c, v`: the conditional mean and variance of
+        :math:`\tilde\mu` given :math:`t`)."""
+        cache = self._cache
+        c = cache["cond_mean"][0].index_select(0, idx)
+        v = cache["cond_var"][0].index_select(0, idx)
+        s2 = cache["sig_t"][0].index_select(0, idx).square()
+        w = cache["flat"][0].index_select(0, idx)
+        gain = v / (v + s2)
+        return torch.addcmul(c + gain * (w - c), torch.sqrt(gain * s2), torch.randn_like(c))
 
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         lead = flat.shape[:-1]
@@ -464,11 +489,8 @@ class SharedGMMGuide(BNNGuide):
             scale = self.centre_sigma().index_select(0, comps)
         elif self.tying == "stochastic":
             if is_normal:  # the exact expectation over (mu~, sigma~): no Monte Carlo noise
-                kl_k = expected_normal_kl(
-                    self.centres(), self.covariances(), prior.loc, prior.scale, self.coordinates
-                )
-                return (counts * kl_k).sum()
-            loc = self._cache["mu_t"][0].index_select(0, global_idx)
+                return (counts * self._expected_kl(prior)).sum()
+            loc = self._stochastic_mu(global_idx)
             scale = self._cache["sig_t"][0].index_select(0, global_idx)
         else:  # tied: one term per component, shared among the sites it spans
             if prior is None:
@@ -488,6 +510,16 @@ class SharedGMMGuide(BNNGuide):
         log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
         log_p = prior.log_prob(w) if prior is not None else elementwise_log_p(global_idx)
         return (log_q - log_p).sum()
+
+    def _expected_kl(self, prior: dist.Normal) -> torch.Tensor:
+        """Per-component expected KL to a Normal prior, computed once per draw and prior."""
+        key = (float(prior.loc), float(prior.scale))
+        table = self._cache.setdefault("expected_kl", {})
+        if key not in table:
+            table[key] = expected_normal_kl(
+                self.centres(), self.covariances(), prior.loc, prior.scale, self.coordinates
+            )
+        return table[key]
 
     def _last_weights_flat(self) -> torch.Tensor:
         return self._cache["flat"][0]
