@@ -367,14 +367,12 @@ class SharedGMMGuide(BNNGuide):
             return torch.addcmul(cond_mean, torch.sqrt(v + sig * sig), eps), cond_mean, v, sig
 
         flat, cond_mean, v, sig = draw(per, (S, n_w))
-        ell = None
-        v = v.expand(S, n_w)
+        ell, parts = None, {"plain": (cond_mean, v.expand(S, n_w), sig)}
         if chosen is not None:
             ell, cm_e, v_e, sig_e = draw(e_per, chosen.shape)
-            cond_mean = cond_mean.index_copy(1, self.ellipse_index, cm_e)
-            v = v.index_copy(1, self.ellipse_index, v_e)
-            sig = sig.index_copy(1, self.ellipse_index, sig_e)
-        return flat, ell, {"cond_mean": cond_mean, "cond_var": v, "sig_t": sig}
+            parts["ellipse"] = (cm_e, v_e, sig_e)
+        # (c, v, sigma~) per weight, assembled only if a Monte Carlo KL asks for them
+        return flat, ell, {"stochastic_parts": parts}
 
     def _draw_marginal_into(self, out, m0, m1_, a, ba, v) -> torch.Tensor:
         """The two-normal draw of :meth:`_draw_stochastic` in place (no gradients)."""
@@ -388,16 +386,29 @@ class SharedGMMGuide(BNNGuide):
         eps = torch.randn(out.shape, device=out.device, dtype=out.dtype, out=u)
         return out.addcmul_(var.sqrt_(), eps)
 
+    def _stochastic_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        r"""``(c, v, sigma~)``, each ``(S, n_w)``, of the last ``stochastic`` draw: the mean
+        and variance of :math:`\tilde\mu` given :math:`t`, and :math:`\tilde\sigma`."""
+        cache = self._cache
+        if "stochastic_state" not in cache:
+            parts = cache["stochastic_parts"]
+            state = parts["plain"]
+            if "ellipse" in parts:
+                state = tuple(
+                    full.index_copy(1, self.ellipse_index, e)
+                    for full, e in zip(state, parts["ellipse"], strict=True)
+                )
+            cache["stochastic_state"] = state
+        return cache["stochastic_state"]
+
     def _stochastic_mu(self, idx: torch.Tensor) -> torch.Tensor:
         r""":math:`\tilde\mu \mid t, w \sim \mathcal N\big(c + \frac{v}{v + \tilde\sigma^2}
         (w - c),\ \frac{v\,\tilde\sigma^2}{v + \tilde\sigma^2}\big)` for the weights
         ``idx`` of the last draw (:math:`c, v`: the conditional mean and variance of
         :math:`\tilde\mu` given :math:`t`)."""
-        cache = self._cache
-        c = cache["cond_mean"][0].index_select(0, idx)
-        v = cache["cond_var"][0].index_select(0, idx)
-        s2 = cache["sig_t"][0].index_select(0, idx).square()
-        w = cache["flat"][0].index_select(0, idx)
+        c, v, sig = (t[0].index_select(0, idx) for t in self._stochastic_state())
+        s2 = sig.square()
+        w = self._cache["flat"][0].index_select(0, idx)
         gain = v / (v + s2)
         return torch.addcmul(c + gain * (w - c), torch.sqrt(gain * s2), torch.randn_like(c))
 
@@ -491,7 +502,7 @@ class SharedGMMGuide(BNNGuide):
             if is_normal:  # the exact expectation over (mu~, sigma~): no Monte Carlo noise
                 return (counts * self._expected_kl(prior)).sum()
             loc = self._stochastic_mu(global_idx)
-            scale = self._cache["sig_t"][0].index_select(0, global_idx)
+            scale = self._stochastic_state()[2][0].index_select(0, global_idx)
         else:  # tied: one term per component, shared among the sites it spans
             if prior is None:
                 raise ValueError(
