@@ -235,3 +235,26 @@ def test_structure_validation_rejects_overlaps():
     model, s = make()
     with pytest.raises(ValueError, match="exactly one of outlier"):
         SharingStructure(**{**s.__dict__, "outlier_index": s.plain_index[:4]})
+
+
+def test_weight_sized_buffers_are_32_bit_and_old_state_dicts_still_load():
+    model, s = make()
+    guide = SharedGMMGuide(model, s, "tied")
+    n_w = s.num_weights
+    for name in ("plain_index", "plain_component", "nat_index"):
+        assert getattr(guide, name).dtype == torch.int32, name
+    # per weight: 3 int32 index entries and the 2 float32 coordinates of inlier points
+    big = [b for b in guide.buffers() if b.numel() >= s.plain_index.numel()]
+    assert sum(b.numel() * b.element_size() for b in big) <= 20 * n_w
+    # a state dict of the earlier layout (64-bit indices, an unused inverse_order buffer)
+    old = {k: v.clone() for k, v in guide.state_dict().items()}
+    old["plain_index"], old["plain_component"] = s.plain_index.long(), s.plain_component.long()
+    old["inverse_order"] = torch.arange(n_w)
+    fresh = SharedGMMGuide(model, s, "tied")
+    fresh.load_state_dict(old)  # strict: the legacy key is dropped, not an error
+    assert torch.equal(fresh.plain_index, guide.plain_index)
+    assert fresh.plain_index.dtype == torch.int32
+    # the structure read back from the guide has the library's 64-bit indices
+    back = guide.structure()
+    assert back.plain_index.dtype == torch.long and torch.equal(back.plain_index, s.plain_index)
+    assert back.plain_component.dtype == torch.long

@@ -159,23 +159,22 @@ class SharedGMMGuide(BNNGuide):
         n_w = s.num_weights
         K = s.n_gaussians
         reg = lambda name, t: self.register_buffer(name, t.to(device), persistent=True)  # noqa: E731
+        # the two weight-sized index lists in 32 bits when the network allows (half the
+        # memory; index_select takes them); the small ones stay 64-bit for index_copy
+        big = torch.int32 if n_w < 2**31 else torch.long
         reg("outlier_index", s.outlier_index.long())
-        reg("plain_index", s.plain_index.long())
-        reg("plain_component", s.plain_component.long())
+        reg("plain_index", s.plain_index.to(big))
+        reg("plain_component", s.plain_component.to(big))
         reg("ellipse_index", s.ellipse_index.long())
         reg("ellipse_components", s.ellipse_components.long())
         reg("ellipse_alphas", s.ellipse_alphas.float())
         reg("inlier_points", s.inlier_points.float())
-        order = torch.cat([s.outlier_index, s.plain_index, s.ellipse_index]).long()
-        inv = torch.empty(n_w, dtype=torch.long)
-        inv[order] = torch.arange(n_w)
-        reg("inverse_order", inv)
         # natural-order table index: plain weight -> its component k, j-th outlier -> K + j,
         # ellipse weight -> 0 (overwritten per draw); drawing gathers with it (index_select /
         # gather: deterministic backward on CPU, unlike advanced indexing)
-        nat = torch.zeros(n_w, dtype=torch.long)
-        nat[s.plain_index] = s.plain_component.long()
-        nat[s.outlier_index] = K + torch.arange(s.outlier_index.numel())
+        nat = torch.zeros(n_w, dtype=big)
+        nat[s.plain_index] = s.plain_component.to(big)
+        nat[s.outlier_index] = K + torch.arange(s.outlier_index.numel(), dtype=big)
         self.register_buffer("nat_index", nat.to(device), persistent=False)
         # per-site ranges of the (sorted) index lists, and N_{k,s}
         ends = torch.tensor([lay.offset + lay.numel for lay in s.sites])
@@ -300,7 +299,7 @@ class SharedGMMGuide(BNNGuide):
                 self.outlier_loc, out_scale, torch.randn(S, self._n[0], device=dev, dtype=L.dtype)
             )
             table = torch.cat([z0, w_out], 1)
-            flat = table.gather(1, self.nat_index.expand(S, n_w))
+            flat = self._gather_rows(table)
             if chosen is not None:
                 ell = z0.gather(1, chosen)
             cache["z0"] = z0
@@ -311,6 +310,18 @@ class SharedGMMGuide(BNNGuide):
                 flat.index_copy_(1, self.ellipse_index, ell)
         cache["flat"] = flat
         return flat, cache
+
+    def _gather_rows(self, table: torch.Tensor) -> torch.Tensor:
+        """``table[:, nat_index]`` for a ``(S, K + n_out)`` table, row by row: a 1-D
+        ``index_select`` per draw (fast, 32-bit index, deterministic backward)."""
+        if table.shape[0] == 1:
+            return table[0].index_select(0, self.nat_index).unsqueeze(0)
+        if not torch.is_grad_enabled():
+            out = table.new_empty(table.shape[0], self.nat_index.numel())
+            for row, dst in zip(table, out, strict=True):
+                torch.index_select(row, 0, self.nat_index, out=dst)
+            return out
+        return torch.stack([row.index_select(0, self.nat_index) for row in table])
 
     def _draw_stochastic(self, S: int, chosen, out_scale, fast: bool):
         r""":math:`(\tilde\mu, t) \sim \mathcal N(m_c, S_c)`,
@@ -536,6 +547,11 @@ class SharedGMMGuide(BNNGuide):
         return self._cache["flat"][0]
 
     # ------------------------------------------------------------------ refinement
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # files written before 0.1.0's memory diet carry an unused weight-sized buffer
+        state_dict.pop(prefix + "inverse_order", None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def load_structure(self, structure: SharingStructure, components: bool = True) -> None:
         """Adopt a refined structure (after a merge or a reassignment).
 
@@ -607,8 +623,8 @@ class SharedGMMGuide(BNNGuide):
                 outlier_index=self.outlier_index.cpu(),
                 outlier_loc=self.outlier_loc.cpu(),
                 outlier_scale=F.softplus(self.outlier_rho).cpu(),
-                plain_index=self.plain_index.cpu(),
-                plain_component=self.plain_component.cpu(),
+                plain_index=self.plain_index.long().cpu(),
+                plain_component=self.plain_component.long().cpu(),
                 ellipse_index=self.ellipse_index.cpu(),
                 ellipse_components=self.ellipse_components.cpu(),
                 ellipse_alphas=self.ellipse_alphas.cpu(),
