@@ -48,3 +48,24 @@ def test_committed_guide_comparison_is_reproduced_for_its_first_seed(tmp_path):
     for a, b in zip(fresh, want, strict=True):
         for key in ("accuracy", "nll", "ece", "trainable_params"):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["method"], key)
+
+
+@pytest.mark.slow
+def test_committed_prediction_noise_is_reproduced(tmp_path):
+    committed = json.loads((ROOT / "experiments" / "results" / "prediction_noise.json").read_text())
+    cmd = [
+        sys.executable,
+        str(ROOT / "experiments" / "prediction_noise.py"),
+        "--out",
+        str(tmp_path),
+    ]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=1800)
+    fresh = json.loads((tmp_path / "prediction_noise.json").read_text())
+    assert fresh["rows"].keys() == committed["rows"].keys()
+    for name, row in committed["rows"].items():
+        for key in ("accuracy", "nll", "ece"):
+            got = fresh["rows"][name]
+            assert got["s1000"][key] == pytest.approx(row["s1000"][key], rel=1e-6), (name, key)
+            assert got["s30"][key]["mean"] == pytest.approx(row["s30"][key]["mean"], rel=1e-6)
+    # the point of the experiment: 30-sample NLL moves across prediction seeds
+    assert all(r["s30"]["nll"]["std"] > 0 for r in committed["rows"].values())

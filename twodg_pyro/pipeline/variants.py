@@ -28,7 +28,8 @@ def run_variants(base: RunConfig, variants: dict[str, dict]) -> tuple[list[dict]
 
     Returns:
         ``(records, artifacts)``: the baseline records then one 2DG record per variant
-        (with a ``variant`` key).
+        (with a ``variant`` key); ``artifacts.extras["variants"][name]`` holds each
+        variant's trained 2DG model, guide, training state and structure.
     """
     for name, over in variants.items():
         bad = [k for k in over if k in _STAGE1_KEYS]
@@ -51,4 +52,5 @@ def run_variants(base: RunConfig, variants: dict[str, dict]) -> tuple[list[dict]
         rec = run_2dg(cfg, art.split, v_art, eval_data)
         rec["variant"] = name
         records.append(rec)
+        art.extras.setdefault("variants", {})[name] = v_art.extras.get("2dg")
     return records, art
