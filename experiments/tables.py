@@ -54,6 +54,8 @@ VARIANTS: dict[str, dict[str, dict]] = {
     "coordinates": {c: {"sharing": {"coordinates": c}} for c in ("sigma", "log_sigma")},
 }
 
+PRETRAIN_EPOCHS = 150  # deterministic pretraining of Table 4's "pretrained" rows
+
 FULL = {  # full-size settings when the data set is present (ResNet-20, paper's table 14)
     "mnist": {"data": {"name": "mnist"}, "network": {"arch": "resnet20"}},
     "cifar10": {"data": {"name": "cifar10"}, "network": {"arch": "resnet20"}},
@@ -112,7 +114,7 @@ def run_table(name: str, root: str | None, seed: int) -> tuple[list[dict], str]:
             settings, size = base_settings(dataset, root, seed)
             if size == "digits-mlp" and records:
                 break  # the small version is the same for both data sets: run it once
-            for label, pre in (("no pretraining", 0), ("pretrained", 150)):
+            for label, pre in (("no pretraining", 0), ("pretrained", PRETRAIN_EPOCHS)):
                 s = merge_settings(
                     settings,
                     {"methods": ["mean_field", "2dg"], "network": {"pretrain_epochs": pre}},

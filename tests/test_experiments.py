@@ -1,6 +1,8 @@
 """The committed small experiment results are reproduced by their commands (slow)."""
 
+import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +71,43 @@ def test_committed_prediction_noise_is_reproduced(tmp_path):
             assert got["s30"][key]["mean"] == pytest.approx(row["s30"][key]["mean"], rel=1e-6)
     # the point of the experiment: 30-sample NLL moves across prediction seeds
     assert all(r["s30"]["nll"]["std"] > 0 for r in committed["rows"].values())
+
+
+def _tables_module():
+    spec = importlib.util.spec_from_file_location("tables", ROOT / "experiments" / "tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_table4_takes_the_full_size_path_when_the_data_is_present(tmp_path, monkeypatch):
+    """ResNet-20 on (tiny, fake) MNIST and CIFAR-10 folders, every epoch count cut to 1."""
+    from test_data import write_fake_cifar10, write_fake_mnist
+
+    write_fake_mnist(tmp_path, "MNIST", n_train=20, n_test=10)
+    write_fake_cifar10(tmp_path, per_batch=4)
+    tables = _tables_module()
+    quick = {
+        "stage1": {"epochs": 1, "deterministic_epochs": 1},
+        "sharing": {"n_components": 16},
+        "stage3": {"epochs": 1},
+        "num_samples": 2,
+    }
+    monkeypatch.setattr(tables, "FULL_COMMON", tables.merge_settings(tables.FULL_COMMON, quick))
+    monkeypatch.setattr(tables, "PRETRAIN_EPOCHS", 1)
+    records, size = tables.run_table("table4", str(tmp_path), seed=0)
+    settings = sorted({r["setting"] for r in records})
+    assert settings == [
+        "cifar10-resnet20, no pretraining",
+        "cifar10-resnet20, pretrained",
+        "mnist-resnet20, no pretraining",
+        "mnist-resnet20, pretrained",
+    ]
+    for setting in settings:
+        rows = {r["method"]: r for r in records if r["setting"] == setting}
+        assert {"mean_field", "2dg"} <= rows.keys()
+        assert rows["2dg"]["trainable_params"] < rows["mean_field"]["trainable_params"] / 10
+        assert all(0.0 <= r["accuracy"] <= 1.0 and math.isfinite(r["nll"]) for r in rows.values())
+        if setting.endswith("no pretraining"):  # the INT8 baselines, 3 sigma widths
+            assert sum("INT8" in m for m in rows) == 3
