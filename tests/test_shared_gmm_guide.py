@@ -126,13 +126,20 @@ def test_kl_terms_equal_their_definitions_for_a_normal_prior():
     assert abs(est[0].item() - truth.item()) < 4 * se.item() + 1e-4 * truth.item()
 
 
-def test_non_normal_prior_gives_unbiased_monte_carlo_kl():
+def _laplace_kl_estimates(tying: str, n: int):
+    """The guide under a Laplace(0, 0.3) prior and ``n`` one-draw estimates of ``kl_inlier``."""
     model, s = make(LaplacePrior(0.3))
-    guide = SharedGMMGuide(model, s, "representative")
+    guide = SharedGMMGuide(model, s, tying)
     x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
     elbo = DecomposedELBO()
     with torch.no_grad():
-        est = torch.stack([elbo.loss_terms(model, guide, x, y)["kl_inlier"] for _ in range(2000)])
+        est = torch.stack([elbo.loss_terms(model, guide, x, y)["kl_inlier"] for _ in range(n)])
+    return guide, est
+
+
+def test_non_normal_prior_gives_unbiased_monte_carlo_kl():
+    guide, est = _laplace_kl_estimates("representative", 2000)
+    with torch.no_grad():
         # truth: sum_k N_k KL(N(m_k0, m_k1^2) || Laplace(0, 0.3)) by large Monte Carlo
         q = dist.Normal(MEANS[:, 0], MEANS[:, 1])
         w = q.sample((400000,))
@@ -145,12 +152,8 @@ def test_non_normal_prior_gives_unbiased_monte_carlo_kl():
 def test_stochastic_monte_carlo_kl_is_unbiased_with_the_conditional_mu_draw():
     """Non-Normal prior: log N(w; mu~, sigma~^2) - log p(w) with mu~ drawn given (t, w)
     after the two-normal draw has the mean of the three-normal construction."""
-    model, s = make(LaplacePrior(0.3))
-    guide = SharedGMMGuide(model, s, "stochastic")
-    x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
-    elbo = DecomposedELBO()
+    guide, est = _laplace_kl_estimates("stochastic", 1500)
     with torch.no_grad():
-        est = torch.stack([elbo.loss_terms(model, guide, x, y)["kl_inlier"] for _ in range(1500)])
         g = torch.Generator().manual_seed(0)
         n = 400000
         z = torch.randn(n, 3, 2, generator=g, dtype=torch.float64)
