@@ -337,7 +337,7 @@ class SharedGMMGuide(BNNGuide):
 
         which is the same joint law of :math:`(t, w)` as drawing :math:`\tilde\mu` first.
         When a Monte Carlo KL needs :math:`\tilde\mu` (a non-Normal prior) it is drawn
-        afterwards from :math:`\tilde\mu \mid t, w` (:meth:`_stochastic_mu`), so the
+        afterwards from :math:`\tilde\mu \mid t, w` (:meth:`_stochastic_loc_scale`), so the
         triple still has the law of the three-normal draw and stays reparameterised.
         """
         n_w = self.nat_index.numel()
@@ -412,16 +412,18 @@ class SharedGMMGuide(BNNGuide):
             cache["stochastic_state"] = state
         return cache["stochastic_state"]
 
-    def _stochastic_mu(self, idx: torch.Tensor) -> torch.Tensor:
-        r""":math:`\tilde\mu \mid t, w \sim \mathcal N\big(c + \frac{v}{v + \tilde\sigma^2}
-        (w - c),\ \frac{v\,\tilde\sigma^2}{v + \tilde\sigma^2}\big)` for the weights
-        ``idx`` of the last draw (:math:`c, v`: the conditional mean and variance of
-        :math:`\tilde\mu` given :math:`t`)."""
+    def _stochastic_loc_scale(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``(mu~, sigma~)`` of the weights ``idx`` of the last draw, :math:`\tilde\mu`
+        drawn from :math:`\tilde\mu \mid t, w \sim \mathcal N\big(c + \frac{v}{v +
+        \tilde\sigma^2}(w - c),\ \frac{v\,\tilde\sigma^2}{v + \tilde\sigma^2}\big)`
+        (:math:`c, v`: the conditional mean and variance of :math:`\tilde\mu` given
+        :math:`t`)."""
         c, v, sig = (t[0].index_select(0, idx) for t in self._stochastic_state())
         s2 = sig.square()
         w = self._cache["flat"][0].index_select(0, idx)
         gain = v / (v + s2)
-        return torch.addcmul(c + gain * (w - c), torch.sqrt(gain * s2), torch.randn_like(c))
+        mu = torch.addcmul(c + gain * (w - c), torch.sqrt(gain * s2), torch.randn_like(c))
+        return mu, sig
 
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         lead = flat.shape[:-1]
@@ -512,8 +514,7 @@ class SharedGMMGuide(BNNGuide):
         elif self.tying == "stochastic":
             if is_normal:  # the exact expectation over (mu~, sigma~): no Monte Carlo noise
                 return (counts * self._expected_kl(prior)).sum()
-            loc = self._stochastic_mu(global_idx)
-            scale = self._stochastic_state()[2][0].index_select(0, global_idx)
+            loc, scale = self._stochastic_loc_scale(global_idx)
         else:  # tied: one term per component, shared among the sites it spans
             if prior is None:
                 raise ValueError(
