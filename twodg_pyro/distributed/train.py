@@ -70,7 +70,7 @@ from tqdm.auto import tqdm
 
 from ..infer.callbacks import Callback
 from ..infer.elbo import DecomposedELBO
-from ..infer.trainer import TrainState, build_optimizer
+from ..infer.trainer import TrainState, clip_gradients, start_state
 from . import env
 
 __all__ = [
@@ -319,12 +319,9 @@ def fit_distributed(
         FloatingPointError: the loss became non-finite on some rank (every rank raises).
         RuntimeError: the ranks' parameters diverged, or a collective timed out.
     """
-    if int(epochs) < 0:
-        raise ValueError(f"epochs must be >= 0, got {epochs!r}")
     if noise not in _NOISE:
         raise ValueError(f"noise must be one of {list(_NOISE)}, got {noise!r}")
-    if clip_norm is not None and not (clip_norm > 0):
-        raise ValueError(f"clip_norm must be positive, got {clip_norm!r}")
+    state = start_state(model, guide, epochs, lr, elbo, optimizer, clip_norm, state)
     if isinstance(data, ShardedLoader):
         loader = data
         if batch_size is not None and batch_size != loader.global_batch_size:
@@ -339,11 +336,6 @@ def fit_distributed(
     rank, world = env.get_rank(), env.get_world_size()
     dev = torch.device(device) if device is not None else None
     main = rank == 0
-    elbo = elbo if elbo is not None else (state.elbo if state else DecomposedELBO())
-    if state is None:
-        opt = build_optimizer(model, guide, lr, optimizer)
-        state = TrainState(model, guide, elbo, opt, lr, int(epochs))
-    state.epochs = int(epochs)
     callbacks = list(callbacks)
     module = ELBOTermsModule(model, guide, state.elbo)
     wrapped = _wrap(module, dev, ddp_options)
@@ -377,9 +369,7 @@ def fit_distributed(
                 if not bool(torch.isfinite(glob).all()):
                     _raise_non_finite(state, keys, local, glob, rank)
                 loss.backward()
-                if clip_norm is not None:
-                    params = [p for g in state.optimizer.param_groups for p in g["params"]]
-                    torch.nn.utils.clip_grad_norm_(params, clip_norm)
+                clip_gradients(state.optimizer, clip_norm)
                 state.optimizer.step()
                 state.step += 1
                 n_batches += 1

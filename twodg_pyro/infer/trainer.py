@@ -105,6 +105,37 @@ class TrainState:
         )
 
 
+def start_state(
+    model: nn.Module,
+    guide: nn.Module,
+    epochs: int,
+    lr: float | Mapping[str, float],
+    elbo: DecomposedELBO | None,
+    optimizer: type[torch.optim.Optimizer],
+    clip_norm: float | None,
+    state: TrainState | None,
+) -> TrainState:
+    """Check a training loop's settings and return the state it trains: ``state``
+    continued up to ``epochs`` (its ELBO and optimiser kept), or a new one."""
+    if int(epochs) < 0:
+        raise ValueError(f"epochs must be >= 0, got {epochs!r}")
+    if clip_norm is not None and not (clip_norm > 0):
+        raise ValueError(f"clip_norm must be positive, got {clip_norm!r}")
+    elbo = elbo if elbo is not None else (state.elbo if state else DecomposedELBO())
+    if state is None:
+        opt = build_optimizer(model, guide, lr, optimizer)
+        state = TrainState(model, guide, elbo, opt, lr, int(epochs))
+    state.epochs = int(epochs)
+    return state
+
+
+def clip_gradients(optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
+    """Clip the gradient norm of all of ``optimizer``'s parameters (``None``: nothing)."""
+    if clip_norm is not None:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        torch.nn.utils.clip_grad_norm_(params, clip_norm)
+
+
 def _to_device(batch, device):
     if device is None:
         return batch
@@ -148,15 +179,7 @@ def fit(
         FloatingPointError: the loss became NaN or infinite; the message names the
             epoch, step and the terms that went bad.
     """
-    if int(epochs) < 0:
-        raise ValueError(f"epochs must be >= 0, got {epochs!r}")
-    if clip_norm is not None and not (clip_norm > 0):
-        raise ValueError(f"clip_norm must be positive, got {clip_norm!r}")
-    elbo = elbo if elbo is not None else (state.elbo if state else DecomposedELBO())
-    if state is None:
-        opt = build_optimizer(model, guide, lr, optimizer)
-        state = TrainState(model, guide, elbo, opt, lr, int(epochs))
-    state.epochs = int(epochs)
+    state = start_state(model, guide, epochs, lr, elbo, optimizer, clip_norm, state)
     callbacks = list(callbacks)
     for cb in callbacks:
         cb.on_train_begin(state)
@@ -190,9 +213,7 @@ def fit(
                         + (f"; last good checkpoint: {ckpt[0]}" if ckpt else "")
                     )
                 loss.backward()
-                if clip_norm is not None:
-                    params = [p for g in state.optimizer.param_groups for p in g["params"]]
-                    torch.nn.utils.clip_grad_norm_(params, clip_norm)
+                clip_gradients(state.optimizer, clip_norm)
                 state.optimizer.step()
                 state.step += 1
                 n_batches += 1
