@@ -33,6 +33,15 @@ def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 20.0, x, torch.log(torch.expm1(x.clamp_min(_MIN_SCALE))))
 
 
+def check_init_scale(init_scale: str | float) -> None:
+    """Raise ``ValueError`` unless ``init_scale`` is ``"paper"`` or a positive finite float."""
+    if isinstance(init_scale, str):
+        if init_scale != "paper":
+            raise ValueError(f"init_scale must be 'paper' or a positive float, got {init_scale!r}")
+    elif not (math.isfinite(float(init_scale)) and float(init_scale) > 0):
+        raise ValueError(f"init_scale must be a positive float, got {init_scale!r}")
+
+
 def paper_initial_scales(site: BayesianSite, generator: torch.Generator | None = None):
     r"""Initial :math:`\sigma` of the paper (App. I.4), made positive.
 
@@ -75,13 +84,7 @@ class MeanFieldGuide(DiagonalNormalGuide):
     ):
         super().__init__()
         self.sites = list(model.sites)
-        if isinstance(init_scale, str):
-            if init_scale != "paper":
-                raise ValueError(
-                    f"init_scale must be 'paper' or a positive float, got {init_scale!r}"
-                )
-        elif not (math.isfinite(float(init_scale)) and float(init_scale) > 0):
-            raise ValueError(f"init_scale must be a positive float, got {init_scale!r}")
+        check_init_scale(init_scale)
         init_loc = init_loc if init_loc is not None else model.initial_values()
         generator = torch.Generator().manual_seed(int(seed))
         locs, rhos = {}, {}

@@ -74,7 +74,7 @@ from ..infer.callbacks import Callback
 from ..model import BNNModel
 from ..nn.sites import BayesianSite
 from .base import BNNGuide, site_key
-from .mean_field import inverse_softplus, paper_initial_scales
+from .mean_field import check_init_scale, inverse_softplus, paper_initial_scales
 
 __all__ = [
     "SSVIGuide",
@@ -189,13 +189,7 @@ class SSVIGuide(BNNGuide):
     ):
         super().__init__()
         self.density = _check_density(density)
-        if isinstance(init_scale, str):
-            if init_scale != "paper":
-                raise ValueError(
-                    f"init_scale must be 'paper' or a positive float, got {init_scale!r}"
-                )
-        elif not (math.isfinite(float(init_scale)) and float(init_scale) > 0):
-            raise ValueError(f"init_scale must be a positive float, got {init_scale!r}")
+        check_init_scale(init_scale)
         self.init_scale = init_scale
         self.sites = list(model.sites)
         self._generator = torch.Generator().manual_seed(int(seed))
