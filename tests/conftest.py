@@ -42,3 +42,23 @@ def trained_mean_field(digits):
     loader = make_loader(digits.train, 128, shuffle=True, seed=0)
     fit(model, guide, loader, epochs=200, lr=1e-2, progress=False)
     return model, guide
+
+
+@pytest.fixture(scope="session")
+def stage2_structure(trained_mean_field, digits):
+    """Stage 2 on the trained mean-field BNN: quantile outliers, 24 components, no merging."""
+    from twodg_pyro.pipeline import SharingConfig
+    from twodg_pyro.sharing import build_sharing
+
+    model, mf_guide = trained_mean_field
+    loader = make_loader(digits.train, 128, shuffle=True, seed=0)
+    cfg = SharingConfig(
+        outlier_rule="quantile",
+        mu_quantile=0.995,
+        grad_percentile=0.005,
+        n_components=24,
+        n_min=20,
+        use_merging=False,
+    )
+    structure, _ = build_sharing(model, mf_guide, loader, cfg)
+    return structure

@@ -10,8 +10,6 @@ from twodg_pyro.data import make_loader
 from twodg_pyro.guides import SharedGMMGuide
 from twodg_pyro.infer import fit
 from twodg_pyro.infer.hooks import MahalanobisHook, MergeHook
-from twodg_pyro.pipeline import SharingConfig
-from twodg_pyro.sharing import build_sharing
 
 
 def test_pipeline_on_digits_compresses_and_stays_accurate(tmp_path):
@@ -37,19 +35,12 @@ def test_pipeline_on_digits_compresses_and_stays_accurate(tmp_path):
     assert (out / "results.md").read_text().startswith("| method")
 
 
-def test_merge_hook_mid_training_leaves_a_consistent_trainable_guide(trained_mean_field, digits):
-    model, mf_guide = trained_mean_field
+def test_merge_hook_mid_training_leaves_a_consistent_trainable_guide(
+    trained_mean_field, stage2_structure, digits
+):
+    model, _ = trained_mean_field
     loader = make_loader(digits.train, 128, shuffle=True, seed=0)
-    cfg = SharingConfig(
-        outlier_rule="quantile",
-        mu_quantile=0.995,
-        grad_percentile=0.005,
-        n_components=24,
-        n_min=20,
-        use_merging=False,
-    )
-    structure, _ = build_sharing(model, mf_guide, loader, cfg)
-    guide = SharedGMMGuide(model, structure, "stochastic")
+    guide = SharedGMMGuide(model, stage2_structure, "stochastic")
     k0 = guide.n_components
     # a W2 threshold that certainly merges some pairs, fired at epoch 2
     merge = MergeHook(tau_d=0.3, rule="moment", every=2, until_fixed_point=False)

@@ -17,9 +17,7 @@ from twodg_pyro.io.checkpoint import Checkpoint, load_checkpoint, restore_state,
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
-from twodg_pyro.pipeline import SharingConfig
 from twodg_pyro.predict import predict
-from twodg_pyro.sharing import build_sharing
 
 
 class Kill(Callback):
@@ -83,32 +81,16 @@ def test_mean_field_resume_is_exact(digits, tmp_path):
     )
 
 
-@pytest.fixture(scope="module")
-def structure(trained_mean_field, digits):
-    model, mf_guide = trained_mean_field
-    loader = make_loader(digits.train, 128, shuffle=True, seed=0)
-    cfg = SharingConfig(
-        outlier_rule="quantile",
-        mu_quantile=0.995,
-        grad_percentile=0.005,
-        n_components=24,
-        n_min=20,
-        use_merging=False,
-    )
-    s, _ = build_sharing(model, mf_guide, loader, cfg)
-    return s
-
-
 @pytest.mark.parametrize("tying", ["stochastic", "tied"])
 def test_shared_gmm_resume_after_merges_is_exact(
-    trained_mean_field, structure, digits, tmp_path, tying
+    trained_mean_field, stage2_structure, digits, tmp_path, tying
 ):
     model, _ = trained_mean_field
-    check_spd(structure.covariances, "GMM covariances after fit")
+    check_spd(stage2_structure.covariances, "GMM covariances after fit")
 
     def start():
         pyro.set_rng_seed(2)
-        guide = SharedGMMGuide(model, structure, tying)
+        guide = SharedGMMGuide(model, stage2_structure, tying)
         loader = make_loader(digits.train, 128, shuffle=True, seed=2)
         hooks = [MergeHook(tau_d=0.3, rule="moment", every=2), MahalanobisHook(every=3)]
         return guide, loader, hooks
@@ -142,19 +124,17 @@ def test_shared_gmm_resume_after_merges_is_exact(
             assert torch.equal(opt["state"][i][k], v)
 
 
-def test_checkpoint_into_another_network_is_a_clear_error(digits, tmp_path):
+def _one_checkpointed_epoch(digits, path):
+    """One epoch of a mean-field BNN with a checkpoint at ``path``: ``(path, loader)``."""
     model, guide = _mean_field(digits, 0)
     loader = make_loader(digits.train, 128, shuffle=True, seed=0)
-    path = tmp_path / "c.pt"
-    fit(
-        model,
-        guide,
-        loader,
-        1,
-        1e-2,
-        callbacks=[Checkpoint(path, generators=[loader])],
-        progress=False,
-    )
+    callbacks = [Checkpoint(path, generators=[loader])]
+    fit(model, guide, loader, 1, 1e-2, callbacks=callbacks, progress=False)
+    return path, loader
+
+
+def test_checkpoint_into_another_network_is_a_clear_error(digits, tmp_path):
+    path, loader = _one_checkpointed_epoch(digits, tmp_path / "c.pt")
     other = BNNModel(MLP(64, (32,), 10), likelihood=Categorical(10))
     with pytest.raises(ValueError, match=r"another network: 4 Bayesian sites with 1210 weights"):
         restore_state(path, other, MeanFieldGuide(other), 1e-2, generators=[loader])
@@ -178,18 +158,7 @@ def test_atomic_save_never_leaves_a_partial_final_file(tmp_path, monkeypatch):
 
 
 def test_truncated_checkpoint_is_a_clear_error(digits, tmp_path):
-    model, guide = _mean_field(digits, 0)
-    loader = make_loader(digits.train, 128, shuffle=True, seed=0)
-    path = tmp_path / "c.pt"
-    fit(
-        model,
-        guide,
-        loader,
-        1,
-        1e-2,
-        callbacks=[Checkpoint(path, generators=[loader])],
-        progress=False,
-    )
+    path, loader = _one_checkpointed_epoch(digits, tmp_path / "c.pt")
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="truncated, corrupted"):
