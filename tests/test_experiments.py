@@ -10,65 +10,62 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+
+
+def _committed_and_fresh(name: str, args: list[str], tmp_path, timeout: int = 1800):
+    """``(committed, fresh)``: ``experiments/results/<name>.json`` and the same file written
+    by rerunning the experiment's script with ``args`` into ``tmp_path``."""
+    script = "tables.py" if name in TABLES else f"{name}.py"
+    cmd = [sys.executable, str(ROOT / "experiments" / script), *args, "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=timeout)
+    committed = json.loads((RESULTS / f"{name}.json").read_text())
+    return committed, json.loads((tmp_path / f"{name}.json").read_text())
+
+
+def _same_metrics(a: dict, b: dict, keys, label, abs_tol: float = 1e-9) -> None:
+    for key in keys:
+        assert a[key] == pytest.approx(b[key], rel=1e-6, abs=abs_tol), (label, key)
+
+
+TABLES = ["table4", "table5", "table10", "tyings", "merge_rules", "coordinates"]
+METRICS = ("accuracy", "nll", "ece", "trainable_params")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "table", ["table4", "table5", "table10", "tyings", "merge_rules", "coordinates"]
-)
+@pytest.mark.parametrize("table", TABLES)
 def test_committed_table_is_reproduced_by_its_command(table, tmp_path):
-    committed = json.loads((ROOT / "experiments" / "results" / f"{table}.json").read_text())
-    cmd = [
-        sys.executable,
-        str(ROOT / "experiments" / "tables.py"),
-        table,
-        "--out",
-        str(tmp_path),
-        "--seed",
-        str(committed["seed"]),
-    ]
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=1800)
-    fresh = json.loads((tmp_path / f"{table}.json").read_text())
+    seed = json.loads((RESULTS / f"{table}.json").read_text())["seed"]
+    committed, fresh = _committed_and_fresh(table, [table, "--seed", str(seed)], tmp_path)
     assert len(fresh["records"]) == len(committed["records"])
     for a, b in zip(fresh["records"], committed["records"], strict=True):
         assert (a["method"], a["variant"]) == (b["method"], b["variant"])
-        for key in ("accuracy", "nll", "ece", "trainable_params"):
-            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (table, a["variant"], key)
+        _same_metrics(a, b, METRICS, (table, a["variant"]))
 
 
 @pytest.mark.slow
 def test_committed_guide_comparison_is_reproduced_for_its_first_seed(tmp_path):
     """``compare_guides.py`` for seed 0 alone gives the committed per-seed records."""
-    committed = json.loads((ROOT / "experiments" / "results" / "compare_guides.json").read_text())
-    seed = committed["seeds"][0]
-    cmd = [sys.executable, str(ROOT / "experiments" / "compare_guides.py")]
-    cmd += ["--seeds", str(seed), "--out", str(tmp_path)]
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=3600)
-    fresh = json.loads((tmp_path / "compare_guides.json").read_text())["per_seed"][str(seed)]
-    want = committed["per_seed"][str(seed)]
+    seed = json.loads((RESULTS / "compare_guides.json").read_text())["seeds"][0]
+    committed, fresh = _committed_and_fresh(
+        "compare_guides", ["--seeds", str(seed)], tmp_path, timeout=3600
+    )
+    fresh, want = fresh["per_seed"][str(seed)], committed["per_seed"][str(seed)]
     assert [r["method"] for r in fresh] == [r["method"] for r in want]
     for a, b in zip(fresh, want, strict=True):
-        for key in ("accuracy", "nll", "ece", "trainable_params"):
-            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["method"], key)
+        _same_metrics(a, b, METRICS, a["method"])
 
 
 @pytest.mark.slow
 def test_committed_prediction_noise_is_reproduced(tmp_path):
-    committed = json.loads((ROOT / "experiments" / "results" / "prediction_noise.json").read_text())
-    cmd = [
-        sys.executable,
-        str(ROOT / "experiments" / "prediction_noise.py"),
-        "--out",
-        str(tmp_path),
-    ]
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=1800)
-    fresh = json.loads((tmp_path / "prediction_noise.json").read_text())
+    committed, fresh = _committed_and_fresh("prediction_noise", [], tmp_path)
     assert fresh["rows"].keys() == committed["rows"].keys()
+    keys = ("accuracy", "nll", "ece")
     for name, row in committed["rows"].items():
-        for key in ("accuracy", "nll", "ece"):
-            got = fresh["rows"][name]
-            assert got["s1000"][key] == pytest.approx(row["s1000"][key], rel=1e-6), (name, key)
-            assert got["s30"][key]["mean"] == pytest.approx(row["s30"][key]["mean"], rel=1e-6)
+        got = fresh["rows"][name]
+        _same_metrics(got["s1000"], row["s1000"], keys, name, abs_tol=0.0)
+        means = {k: got["s30"][k]["mean"] for k in keys}
+        _same_metrics(means, {k: row["s30"][k]["mean"] for k in keys}, keys, name, abs_tol=0.0)
     # the point of the experiment: 30-sample NLL moves across prediction seeds
     assert all(r["s30"]["nll"]["std"] > 0 for r in committed["rows"].values())
 
