@@ -18,6 +18,7 @@ from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.infer import fit
 from twodg_pyro.io import load_2dg
 from twodg_pyro.io.checkpoint import Checkpoint, load_checkpoint, restore_state
+from twodg_pyro.io.integrity import seal
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
@@ -223,7 +224,7 @@ def test_checkpoint_of_another_format_version_is_named(unchanged, tmp_path):
     header = json.loads(payload["header"])
     header["format_version"] = 99
     payload["header"] = json.dumps(header)
-    torch.save(payload, tmp_path / "v99.pt")
+    torch.save(seal(payload), tmp_path / "v99.pt")  # a consistent file of a future version
     with pytest.raises(ValueError, match="checkpoint format version 99"):
         load_checkpoint(tmp_path / "v99.pt")
 
