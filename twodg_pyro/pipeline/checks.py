@@ -1,11 +1,52 @@
-"""Checks of a data split before any training, each error naming the bad value."""
+"""Checks before any training, each error naming the bad value: the data split and
+the device."""
 
 from __future__ import annotations
 
 import torch
 from torch.utils.data import Subset, TensorDataset
 
-__all__ = ["check_split"]
+from .config import DEVICE_PATTERN, ConfigError
+
+__all__ = ["check_device", "check_split"]
+
+
+def check_device(device, name: str = "device") -> torch.device:
+    """``device`` as a ``torch.device``, after checking that this machine has it.
+
+    Raises:
+        ConfigError: not ``'cpu'``, ``'cuda'`` or ``'cuda:<index>'``, CUDA asked for on a
+            machine without a GPU, or a GPU index beyond the machine's GPUs.
+    """
+    if not isinstance(device, str) or DEVICE_PATTERN.fullmatch(device) is None:
+        raise ConfigError(f"{name} = {device!r}: must be 'cpu', 'cuda' or 'cuda:<index>'")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"{name} = {device!r}: no CUDA GPU is available on this machine "
+                "(torch.cuda.is_available() is False); use 'cpu'"
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(
+                f"{name} = {device!r}: this machine has {count} GPU(s), numbered 0 to {count - 1}"
+            )
+    return dev
+
+
+def _targets(ds):
+    """The labels of a file-backed data set (or a ``Subset`` of one) without loading any
+    image, or ``None`` when the data set does not list them (``targets``)."""
+    if isinstance(ds, Subset):
+        inner = _targets(ds.dataset)
+        if inner is None:
+            return None
+        return inner[torch.as_tensor(ds.indices, dtype=torch.long)]
+    targets = getattr(ds, "targets", None)
+    if targets is None:
+        return None
+    return torch.as_tensor(targets)
 
 
 def _tensors(ds):
@@ -37,8 +78,9 @@ def check_split(split) -> None:
     Checks that the training and test sets are not empty; and, for in-memory data
     (``TensorDataset``), that every input is finite, inputs have the split's
     ``input_shape`` and labels are integers in ``[0, num_classes)``.  For file-backed
-    data sets the first example's shape and the ``targets`` (when the data set has them)
-    are checked.
+    data sets (and ``Subset`` views of them, as the train and val sets are) the first
+    example's shape and every label (``targets``, when the data set has them) are
+    checked.
 
     Raises:
         ValueError: naming the set, the bad value and where it is.
@@ -61,9 +103,9 @@ def check_split(split) -> None:
                     f"{name} example 0 has shape {tuple(x0.shape)}, the split declares "
                     f"input shape {shape}"
                 )
-            targets = getattr(getattr(ds, "dataset", ds), "targets", None)
-            if targets is not None and not isinstance(ds, Subset):
-                _check_labels(name, torch.as_tensor(targets), split.num_classes)
+            targets = _targets(ds)
+            if targets is not None:
+                _check_labels(name, targets, split.num_classes)
             continue
         x, y = tensors
         if tuple(x.shape[1:]) != shape:
