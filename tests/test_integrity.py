@@ -102,6 +102,13 @@ def test_digest_is_of_the_content_and_sees_every_change():
         [1.0, 2.5, None, True, "s"],
     ):
         assert content_digest({**payload, "n": changed}) != d
+    # views: only the values count (a one-element view may keep any stride)
+    base = torch.arange(8.0)
+    assert content_digest(base[::2]) == content_digest(torch.tensor([0.0, 2.0, 4.0, 6.0]))
+    assert content_digest(base[2:3].as_strided((1,), (2,))) == content_digest(torch.tensor([2.0]))
+    assert content_digest(base.reshape(2, 4)[:, 1:2].t()) == content_digest(
+        torch.tensor([[1.0, 5.0]])
+    )
     # other formats (bytes, NumPy arrays) use the same helper
     assert content_digest(b"abc") != content_digest(b"abd")
     assert content_digest(np.arange(4, dtype=np.uint8)) != content_digest(np.arange(4))

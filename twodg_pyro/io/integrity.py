@@ -70,10 +70,12 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview | bytes:
         t = t.cpu()
     if t.is_sparse or t.layout != torch.strided:
         t = t.to_dense()
-    t = t.contiguous().reshape(-1)
     if t.numel() == 0:
         return b""
-    return memoryview(t.view(torch.uint8).numpy())
+    flat = t.contiguous().view(-1)
+    if flat.stride(0) != 1:  # a one-element view may keep any stride
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+    return memoryview(flat.view(torch.uint8).numpy())
 
 
 def _chunks(obj: Any) -> Iterator[bytes | memoryview]:
