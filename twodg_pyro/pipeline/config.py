@@ -78,7 +78,7 @@ def _in_range(name: str, value: float, low: float, high: float, closed: tuple[bo
     lo_ok = _is_number(value) and (value >= low if closed[0] else value > low)
     hi_ok = _is_number(value) and (value <= high if closed[1] else value < high)
     brackets = ("[" if closed[0] else "(") + f"{low}, {high}" + ("]" if closed[1] else ")")
-    _require(lo_ok and hi_ok, name, value, f"must be a number in {brackets}")
+    _require(lo_ok and hi_ok, name, value, f"must be in {brackets}")
 
 
 def _bool(name: str, value: bool) -> None:
