@@ -123,6 +123,11 @@ def test_digest_is_of_the_content_and_sees_every_change():
         x2 = x.clone()
         x2[[3, 9]] = float("nan")
         check_finite({"t/x": x2, "i": torch.arange(3)}, "f")
+    check_finite({"big": torch.full((4,), 1e308, dtype=torch.float64)}, "f")  # sum overflows
+    with pytest.raises(ValueError, match=r"big \(1 of 4, first -inf\)"):
+        check_finite(
+            {"big": torch.tensor([1e308, 1e308, -float("inf"), 0.0], dtype=torch.float64)}, "f"
+        )
 
 
 # ---------------------------------------------------------------------- files

@@ -205,10 +205,14 @@ def non_finite_tensors(obj: Any, prefix: str = "") -> list[tuple[str, int, int, 
     out: list[tuple[str, int, int, float]] = []
     if torch.is_tensor(obj):
         if (obj.is_floating_point() or obj.is_complex()) and obj.numel():
-            bad = ~torch.isfinite(obj.detach())
+            t = obj.detach()
+            wide = torch.complex128 if t.is_complex() else torch.float64
+            if torch.isfinite(t.sum(dtype=wide)):  # fast path: NaN/inf would propagate
+                return out
+            bad = ~torch.isfinite(t)
             n = int(bad.sum())
             if n:
-                out.append((prefix or "<tensor>", n, obj.numel(), float(obj.detach()[bad][0].real)))
+                out.append((prefix or "<tensor>", n, t.numel(), float(t[bad][0].real)))
     elif isinstance(obj, Mapping):
         for k, v in obj.items():
             out += non_finite_tensors(v, f"{prefix}{k}" if not prefix else f"{prefix}/{k}")
