@@ -142,6 +142,8 @@ class SharedGMMGuide(BNNGuide):
         raw = inverse_softplus(m1.clamp_min(_MIN_SIGMA)) if self.coordinates == "sigma" else m1
         self.centre_mu = nn.Parameter(means[:, 0].clone())
         self.centre_raw = nn.Parameter(raw.clone())
+        # the centres the inlier points were last synchronised with (see current_points)
+        self.register_buffer("anchor_centres", means.clone())
         log_diag, off = _chol_params(covs)
         trainable = self.tying != "representative"
         for name, value in (("chol_log_diag", log_diag), ("chol_off", off)):
@@ -234,6 +236,34 @@ class SharedGMMGuide(BNNGuide):
         r""":math:`S_k = L_k L_k^\top`, ``(K, 2, 2)``."""
         L = self.cholesky()
         return L @ L.transpose(-1, -2)
+
+    def current_points(self) -> torch.Tensor:
+        r"""The inlier points :math:`x_i` moved with their components since stage 2.
+
+        During stage 3 the centres move (they are trained) while the weights' stage-1
+        points :math:`x_i` do not: compared with the moved mixture, most points would sit
+        far from their component and the Mahalanobis check would turn them into ellipse
+        weights.  A point therefore rides with its component: it keeps its offset from the
+        centre it was last assigned to,
+
+        .. math::
+            x_i \leftarrow x_i + \sum_k r_{ik}\,(m_k - m_k^{\text{anchor}}),
+
+        (:math:`r_{ik}` = 1 for a plain inlier's component, :math:`\alpha_{ik}` for an
+        ellipse weight; :math:`m^{\text{anchor}}` the centres when the points were last
+        set), so the check only reacts to changes of the mixture's shape (merges, trained
+        covariances), not to the drift of the centres.  Returned in the order of
+        :attr:`inlier_points` (plain, then ellipse weights), ``(n_inliers, 2)``.
+        """
+        with torch.no_grad():
+            delta = self.centres() - self.anchor_centres
+            shift = delta.index_select(0, self.plain_component.long())
+            if self._n[2]:
+                shift_e = (self.ellipse_alphas.unsqueeze(-1) * delta[self.ellipse_components]).sum(
+                    1
+                )
+                shift = torch.cat([shift, shift_e])
+            return self.inlier_points + shift.to(self.inlier_points.dtype)
 
     def component_counts(self) -> torch.Tensor:
         r""":math:`N_k` summed over sites."""
@@ -551,6 +581,14 @@ class SharedGMMGuide(BNNGuide):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # files written before 0.1.0's memory diet carry an unused weight-sized buffer
         state_dict.pop(prefix + "inverse_order", None)
+        # files written before the points followed their components: the points are where
+        # they were, relative to the saved centres
+        if prefix + "anchor_centres" not in state_dict and prefix + "centre_mu" in state_dict:
+            raw = state_dict[prefix + "centre_raw"]
+            m1 = F.softplus(raw) if self.coordinates == "sigma" else raw
+            state_dict[prefix + "anchor_centres"] = torch.stack(
+                [state_dict[prefix + "centre_mu"], m1], 1
+            )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def load_structure(self, structure: SharingStructure, components: bool = True) -> None:
@@ -577,6 +615,8 @@ class SharedGMMGuide(BNNGuide):
             self._set_components(structure.means, structure.covariances)
         elif structure.n_gaussians != self.n_components:
             raise ValueError("components=False needs the same number of components")
+        else:  # the structure's points are current: they ride from the centres as they are
+            self.anchor_centres = self.centres().detach().clone()
         self._set_assignments(structure)
         self._cache = {}
 
@@ -610,8 +650,14 @@ class SharedGMMGuide(BNNGuide):
             groups.append({"name": "cov", "params": [self.chol_log_diag, self.chol_off]})
         return groups
 
-    def structure(self) -> SharingStructure:
-        """The current sharing structure (centres and covariances as trained so far)."""
+    def structure(self, current_points: bool = False) -> SharingStructure:
+        """The current sharing structure (centres and covariances as trained so far).
+
+        Its ``inlier_points`` are the points as last set (stage 1's, or as of the last
+        refinement), which the guide's ``anchor_centres`` complete (files and checkpoints
+        keep both); ``current_points=True`` gives them moved with their components
+        (:meth:`current_points`), as the refinement hooks compare them with the mixture.
+        """
         from ..sharing.structure import SiteLayout
 
         sites = [SiteLayout(n, tuple(shape), off) for n, (off, _, shape) in self._layout.items()]
@@ -629,6 +675,8 @@ class SharedGMMGuide(BNNGuide):
                 ellipse_index=self.ellipse_index.cpu(),
                 ellipse_components=self.ellipse_components.cpu(),
                 ellipse_alphas=self.ellipse_alphas.cpu(),
-                inlier_points=self.inlier_points.cpu(),
+                inlier_points=(
+                    self.current_points() if current_points else self.inlier_points
+                ).cpu(),
                 info=dict(self._info),
             )

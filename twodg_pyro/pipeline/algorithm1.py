@@ -39,6 +39,7 @@ def stage3_hooks(cfg: RunConfig, loader) -> list:
                 tau_v=cfg.sharing.tau_v,
                 data=loader,
                 every=cfg.stage3.merge_every,
+                until_fixed_point=False,  # the centres move: a later epoch may merge again
             )
         )
     if cfg.sharing.use_ellipses and cfg.stage3.reassign_every:
@@ -47,6 +48,7 @@ def stage3_hooks(cfg: RunConfig, loader) -> list:
                 threshold=cfg.sharing.mahalanobis_threshold,
                 k=cfg.sharing.k_nearest,
                 every=cfg.stage3.reassign_every,
+                until_fixed_point=False,  # a later merge changes the mixture's shape again
             )
         )
     return hooks

@@ -47,8 +47,13 @@ def reassign(
     threshold: float = 5.991,
     k: int = 5,
     use_ellipses: bool = True,
+    keep_components: bool = False,
 ) -> SharingStructure:
-    """Re-run the hard assignment and the Mahalanobis check of every inlier."""
+    """Re-run the Mahalanobis check of every inlier, after re-running its hard assignment
+    (``keep_components=False``) or against the component it is tied to now
+    (``keep_components=True``: a plain weight's own component, an ellipse weight's nearest
+    one), so that only weights far from that component become (or stop being) ellipse
+    weights."""
     from ..gmm import ellipse_assign
 
     means, covs = means.detach().cpu().float(), covs.detach().cpu().float()
@@ -56,8 +61,15 @@ def reassign(
     order = idx.argsort()
     idx, points = idx[order], s.inlier_points[order]
     K = means.shape[0]
-    weights = _component_weights(s, K)
-    assign = hard_assign(points, means, covs, weights)
+    if keep_components:
+        if K != s.n_gaussians:
+            raise ValueError(
+                f"keep_components needs the structure's {s.n_gaussians} components, got {K}"
+            )
+        current = s.ellipse_components[:, 0] if s.n_ellipses else s.ellipse_index.new_zeros(0)
+        assign = torch.cat([s.plain_component.long(), current.long()])[order]
+    else:
+        assign = hard_assign(points, means, covs, _component_weights(s, K))
     if use_ellipses and points.shape[0]:
         ell = ellipse_assign(points, means, covs, assign, threshold=threshold, k=k)
         mask, comps, alphas = ell.mask, ell.components, ell.alphas
