@@ -47,7 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", default=None, help="subset of methods to run")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
     _common(p)
-    p = sub.add_parser("train", help="run the configuration in a config file")
+    p = sub.add_parser("train", help="run a preset and/or the configuration in a config file")
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="named settings (digits, mnist-lenet5, mnist-resnet20, cifar10-resnet20, "
+        "cifar10-resnet18); a --config file given too overrides them",
+    )
+    p.add_argument("--root", default=None, help="data folder (sets data.root)")
     p.add_argument("--config", default=None, help="config file (TOML, JSON or YAML)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
     _common(p)
@@ -81,6 +88,8 @@ def _overrides(args) -> dict:
         over["progress"] = False
     if getattr(args, "methods", None):
         over["methods"] = args.methods
+    if getattr(args, "root", None) is not None and args.command in ("run", "train"):
+        over["data"] = {"root": args.root}
     return over
 
 
@@ -109,15 +118,16 @@ def main(argv: list[str] | None = None) -> int:
                 run_pipeline(cfg, Path(resume), resume=True)
                 print(f"wrote {Path(resume) / 'results.json'}")
                 return 0
-            if args.command == "train" and not args.config:
-                raise ValueError("train needs --config FILE (or --resume RUN_DIR)")
-            if args.config:
-                cfg = load_config(args.config, over)
-            else:  # the main job: the digits preset
-                from .pipeline.config import merge_settings
-                from .pipeline.presets import preset
+            from .pipeline.config import merge_settings
+            from .pipeline.presets import preset
 
-                cfg = config_from_dict(merge_settings(preset("digits"), over))
+            name = getattr(args, "preset", None)
+            if args.command == "train" and not (args.config or name):
+                raise ValueError("train needs --preset NAME or --config FILE (or --resume RUN_DIR)")
+            if args.config:  # on top of the preset, if one is named
+                cfg = load_config(args.config, over, base=preset(name) if name else None)
+            else:  # a preset; the main job is the digits preset
+                cfg = config_from_dict(merge_settings(preset(name or "digits"), over))
             out = Path(args.out or f"runs/{args.command}")
             if env_world_size() > 1:  # started by torchrun: every stage on all processes
                 from .distributed import run_distributed

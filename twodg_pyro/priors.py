@@ -8,6 +8,7 @@ Swapping the prior is one argument::
     BNNModel(net, prior=LaplacePrior(scale=0.1))
     BNNModel(net, prior=LayerwiseNormalPrior(gain=1.0))
     BNNModel(net, prior=lambda site: dist.StudentT(3.0, 0.0, 0.1))
+    BNNModel(net, prior=PretrainedPrior.from_network(net, scale=0.03))
 
 Any ``pyro.distributions`` distribution with scalar events can be used: a prior
 with a registered KL against the guide (Normal) gives an analytic KL in the ELBO,
@@ -30,6 +31,7 @@ __all__ = [
     "NormalPrior",
     "LaplacePrior",
     "LayerwiseNormalPrior",
+    "PretrainedPrior",
     "SitePrior",
     "as_prior",
 ]
@@ -113,6 +115,58 @@ class LayerwiseNormalPrior(Prior):
     def site_distribution(self, site: BayesianSite) -> dist.Distribution:
         return dist.Normal(
             torch.tensor(0.0), torch.tensor(self.scale_for(site)), validate_args=False
+        )
+
+
+class PretrainedPrior(Prior):
+    r"""Empirical-Bayes prior centred at given (e.g. pretrained) weights:
+
+    .. math:: w_i \sim \mathcal N\big(\hat w_i,\ (s + \delta\,|\hat w_i|)^2\big).
+
+    With ``delta = 0`` every weight has the same scale ``s``; ``delta > 0`` widens the
+    prior of large weights (MOPED, Krishnan et al. 2020, sets a scale proportional to
+    ``|w|``; ``s`` keeps it positive for weights near zero).  Centred at a deterministic
+    network's trained weights, the KL term no longer pulls every mean to zero: it keeps
+    the posterior near the pretrained solution, and ``s`` bounds how far the scales grow.
+    The prior is different for every weight: the ELBO's KL is closed form against a
+    Normal guide, per weight.
+
+    Args:
+        values: ``{site name: tensor}`` of centres (any superset of the model's sites).
+        scale: ``s``, the prior standard deviation of a zero weight (positive).
+        delta: ``delta >= 0``.
+    """
+
+    def __init__(self, values: Mapping[str, torch.Tensor], scale: float = 0.1, delta: float = 0.0):
+        self.scale = _positive(scale, "PretrainedPrior scale")
+        delta = float(delta)
+        if not math.isfinite(delta) or delta < 0:
+            raise ValueError(f"PretrainedPrior delta must be a finite number >= 0, got {delta!r}")
+        self.delta = delta
+        self.values = {k: v.detach().clone() for k, v in values.items()}
+        for k, v in self.values.items():
+            if not torch.isfinite(v).all():
+                raise ValueError(f"PretrainedPrior centre {k!r} holds NaN or infinite values")
+
+    @classmethod
+    def from_network(cls, net: torch.nn.Module, scale: float = 0.1, delta: float = 0.0):
+        """Centred at ``net``'s current parameters."""
+        return cls(dict(net.named_parameters()), scale, delta)
+
+    def site_distribution(self, site: BayesianSite) -> dist.Distribution:
+        if site.name not in self.values:
+            raise KeyError(f"PretrainedPrior has no centre for site {site.name!r}")
+        loc = self.values[site.name]
+        if tuple(loc.shape) != tuple(site.shape):
+            raise ValueError(
+                f"PretrainedPrior centre of {site.name!r} has shape {tuple(loc.shape)}, "
+                f"the site has {tuple(site.shape)}"
+            )
+        return dist.Normal(loc, self.scale + self.delta * loc.abs(), validate_args=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"PretrainedPrior(scale={self.scale!r}, delta={self.delta!r}, sites={len(self.values)})"
         )
 
 

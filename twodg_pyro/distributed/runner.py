@@ -141,9 +141,11 @@ class DataParallel(Execution):
     def fit(self, model, guide, data, epochs: int, *, seed: int, **kwargs):
         return fit_distributed(model, guide, data, epochs, seed=seed, **kwargs)
 
-    def train_deterministic(self, net, data, epochs: int, lr: float, *, device, progress: bool):
+    def train_deterministic(
+        self, net, data, epochs: int, lr: float, *, device, progress: bool, **recipe
+    ):
         wrapped = _ddp(net, torch.device(device))
-        train_deterministic(wrapped, data, epochs, lr, device=device, progress=progress)
+        train_deterministic(wrapped, data, epochs, lr, device=device, progress=progress, **recipe)
         _average_buffers(net)
         return net
 

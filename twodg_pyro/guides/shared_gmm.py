@@ -502,31 +502,46 @@ class SharedGMMGuide(BNNGuide):
                 log_p_elem = base.log_prob(value).reshape(-1)
             return log_p_elem[kind_range_global_idx - self._layout[name][0]]
 
+        base = prior_fn.base_dist if isinstance(prior_fn, dist.Independent) else prior_fn
+        # a Normal prior that differs between weights (e.g. PretrainedPrior): closed form,
+        # weight by weight, at the prior's entries for the weights concerned
+        per_weight = isinstance(base, dist.Normal) and prior is None
+        offset = self._layout[name][0]
+
+        def prior_at(global_idx: torch.Tensor) -> dist.Normal:
+            local = global_idx - offset
+            loc = base.loc.expand(base.batch_shape).reshape(-1).index_select(0, local)
+            scale = base.scale.expand(base.batch_shape).reshape(-1).index_select(0, local)
+            return dist.Normal(loc, scale, validate_args=False)
+
         # ---- outliers
         kl_out = zero
         if o1 > o0:
+            idx = self.outlier_index[o0:o1]
             loc = self.outlier_loc[o0:o1]
             scale = F.softplus(self.outlier_rho[o0:o1])
-            try:
-                if prior is None:
-                    raise NotImplementedError
-                kl_out = _normal_kl(loc, scale, prior).sum()
-            except NotImplementedError:
-                w = self._cache["flat"][0].index_select(0, self.outlier_index[o0:o1])
+            kl_out = None
+            if per_weight:
+                kl_out = _normal_kl(loc, scale, prior_at(idx)).sum()
+            elif prior is not None:
+                try:
+                    kl_out = _normal_kl(loc, scale, prior).sum()
+                except NotImplementedError:
+                    pass
+            if kl_out is None:  # Monte Carlo at the drawn weights
+                w = self._cache["flat"][0].index_select(0, idx)
                 log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
-                log_p = (
-                    prior.log_prob(w)
-                    if prior is not None
-                    else elementwise_log_p(self.outlier_index[o0:o1])
-                )
+                log_p = prior.log_prob(w) if prior is not None else elementwise_log_p(idx)
                 kl_out = (log_q - log_p).sum()
         # ---- inliers
         kl_in = zero
         if p1 > p0 or e1 > e0:
-            kl_in = self._inlier_kl(name, prior, elementwise_log_p)
+            kl_in = self._inlier_kl(
+                name, prior, elementwise_log_p, prior_at if per_weight else None
+            )
         return {"kl_inlier": kl_in, "kl_outlier": kl_out}
 
-    def _inlier_kl(self, name, prior, elementwise_log_p) -> torch.Tensor:
+    def _inlier_kl(self, name, prior, elementwise_log_p, prior_at=None) -> torch.Tensor:
         counts = self.site_counts[self._site_pos[name]]
         is_normal = isinstance(prior, dist.Normal)
         _, _, p0, p1, e0, e1 = self._ranges[name]
@@ -536,6 +551,8 @@ class SharedGMMGuide(BNNGuide):
             if is_normal:
                 kl_k = _normal_kl(self.centre_mu, self.centre_sigma(), prior)
                 return (counts * kl_k).sum()
+            if prior_at is not None:  # per-weight Normal prior: the same bound, weight by weight
+                return self._per_weight_representative_kl(p0, p1, e0, e1, prior_at)
             comps = self.plain_component[p0:p1]
             if e1 > e0:
                 comps = torch.cat([comps, self._cache["chosen"][0, e0:e1]])
@@ -563,6 +580,24 @@ class SharedGMMGuide(BNNGuide):
         log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
         log_p = prior.log_prob(w) if prior is not None else elementwise_log_p(global_idx)
         return (log_q - log_p).sum()
+
+    def _per_weight_representative_kl(self, p0, p1, e0, e1, prior_at) -> torch.Tensor:
+        r""":math:`\sum_i \sum_k r_{ik}\,\mathrm{KL}(\mathcal N(m_{k,0}, m_{k,1}^2) \|
+        p_i)` over a site's plain (:math:`r_{ik} = 1` for its component) and ellipse
+        (:math:`r_{ik} = \alpha_{ik}`) weights, for a Normal prior :math:`p_i` per weight."""
+        mu, sigma = self.centre_mu, self.centre_sigma()
+        total = mu.new_zeros(())
+        if p1 > p0:
+            comps = self.plain_component[p0:p1].long()
+            q = (mu.index_select(0, comps), sigma.index_select(0, comps))
+            total = total + _normal_kl(*q, prior_at(self.plain_index[p0:p1])).sum()
+        if e1 > e0:
+            comps = self.ellipse_components[e0:e1]  # (n, k)
+            p = prior_at(self.ellipse_index[e0:e1])
+            p = dist.Normal(p.loc.unsqueeze(1), p.scale.unsqueeze(1), validate_args=False)
+            kl = _normal_kl(mu[comps], sigma[comps], p)
+            total = total + (self.ellipse_alphas[e0:e1] * kl).sum()
+        return total
 
     def _expected_kl(self, prior: dist.Normal) -> torch.Tensor:
         """Per-component expected KL to a Normal prior, computed once per draw and prior."""

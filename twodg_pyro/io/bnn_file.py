@@ -46,8 +46,11 @@ def _likelihood_spec(lik) -> dict:
 
 
 def _prior_spec(prior) -> dict:
-    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior
+    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior
 
+    if isinstance(prior, PretrainedPrior):
+        # its centres are the network's own initial values, which the file keeps under net/
+        return {"kind": "PretrainedPrior", "scale": prior.scale, "delta": prior.delta}
     if isinstance(prior, (NormalPrior, LaplacePrior)):
         return {"kind": type(prior).__name__, "loc": prior.loc, "scale": prior.scale}
     if isinstance(prior, LayerwiseNormalPrior):
@@ -78,10 +81,12 @@ def save_2dg(path: str | Path, model, guide, network: dict | None = None) -> Non
     atomic_torch_save(payload, path)
 
 
-def _rebuild_prior(spec: dict):
-    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior
+def _rebuild_prior(spec: dict, net: nn.Module):
+    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior
 
     kind = spec.get("kind")
+    if kind == "PretrainedPrior":
+        return PretrainedPrior.from_network(net, spec["scale"], spec["delta"])
     if kind == "NormalPrior":
         return NormalPrior(spec["scale"], spec["loc"])
     if kind == "LaplacePrior":
@@ -125,7 +130,7 @@ def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device=
         lik = Gaussian(lik_spec["dataset_size"], lik_spec["scale"])
     else:
         lik = Categorical(lik_spec["dataset_size"])
-    prior = prior if prior is not None else _rebuild_prior(header.get("prior", {}))
+    prior = prior if prior is not None else _rebuild_prior(header.get("prior", {}), net)
     model = BNNModel(net, prior=prior, likelihood=lik)
     structure = SharingStructure.from_payload(payload_section(payload, "structure/"))
     guide = SharedGMMGuide(model, structure, tying=header["tying"])

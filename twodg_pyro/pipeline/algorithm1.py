@@ -20,7 +20,7 @@ from ..sharing import build_sharing
 from .builders import train_loader
 from .config import RunConfig
 from .execution import LOCAL, Execution
-from .runner import train_svi
+from .runner import kl_weight_field, train_svi
 
 __all__ = ["run_2dg", "stage3", "stage3_hooks"]
 
@@ -91,6 +91,7 @@ def stage3(
         checkpoints,
         extra,
         execution,
+        kl_weight=s3.kl_weight,
     )
     return guide, state, hooks
 
@@ -146,6 +147,7 @@ def run_2dg(
         "outlier_rule": report["outlier_rules"].get("rule"),
         "stage2": report,
         "hooks": {type(h).__name__: h.log for h in hooks},
+        **kl_weight_field(cfg.stage3.kl_weight),
         "train_seconds": seconds,
         "final_elbo_terms": state.history[-1] if state.history else {},
         **execution.record_fields(),

@@ -13,7 +13,7 @@ from torch import nn
 from ..data import DataSplit, load_dataset, make_loader
 from ..likelihoods import Categorical
 from ..model import BNNModel
-from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, Prior
+from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior, Prior
 from .config import DataConfig, NetworkConfig, PriorConfig
 
 __all__ = ["seed_everything", "load_data", "build_net", "build_prior", "build_model"]
@@ -37,7 +37,10 @@ def load_data(cfg: DataConfig, image: bool) -> DataSplit:
             seed=cfg.split_seed,
             image=image,
         )
-    return load_dataset(cfg.name, cfg.root, val_fraction=cfg.val_fraction, seed=cfg.split_seed)
+    kw = {"augment": cfg.augment} if cfg.name.startswith("cifar") else {}
+    return load_dataset(
+        cfg.name, cfg.root, val_fraction=cfg.val_fraction, seed=cfg.split_seed, **kw
+    )
 
 
 def train_loader(split: DataSplit, cfg: DataConfig, seed: int):
@@ -64,15 +67,23 @@ def build_net(cfg: NetworkConfig, split: DataSplit) -> nn.Module:
     return build_network(cfg.arch, num_classes=split.num_classes, in_channels=shape[0])
 
 
-def build_prior(cfg: PriorConfig) -> Prior:
-    """The configured prior."""
+def build_prior(cfg: PriorConfig, net: nn.Module | None = None) -> Prior:
+    """The configured prior; ``kind = "pretrained"`` is centred at ``net``'s current
+    (e.g. pretrained) parameters."""
     if cfg.kind == "normal":
         return NormalPrior(cfg.scale)
     if cfg.kind == "laplace":
         return LaplacePrior(cfg.scale)
+    if cfg.kind == "pretrained":
+        if net is None:
+            raise ValueError(
+                "prior.kind = 'pretrained' needs the network whose weights it is centred at"
+            )
+        return PretrainedPrior.from_network(net, cfg.scale, cfg.delta)
     return LayerwiseNormalPrior(gain=cfg.scale)
 
 
 def build_model(net: nn.Module, prior: PriorConfig, n_train: int) -> BNNModel:
-    """A categorical-likelihood BNN model over ``net``."""
-    return BNNModel(net, prior=build_prior(prior), likelihood=Categorical(n_train))
+    """A categorical-likelihood BNN model over ``net`` (whose current values centre a
+    ``pretrained`` prior)."""
+    return BNNModel(net, prior=build_prior(prior, net), likelihood=Categorical(n_train))

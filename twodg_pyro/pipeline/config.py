@@ -75,6 +75,7 @@ class DataConfig:
     val_fraction: float = 0.1
     test_fraction: float = 0.2
     split_seed: int = 0
+    augment: bool = True  # CIFAR training augmentation (paper App. I.2); ImageNet always
 
     def __post_init__(self):
         _choice(
@@ -119,34 +120,81 @@ class NetworkConfig:
 
 @dataclass
 class PriorConfig:
-    """The prior over Bayesian weights: ``normal``, ``laplace`` or ``layerwise``."""
+    """The prior over Bayesian weights: ``normal``, ``laplace``, ``layerwise`` or
+    ``pretrained`` (empirical Bayes: centred at the network's initial, e.g. pretrained,
+    weights with standard deviation ``scale + delta |w|``, see
+    :class:`~twodg_pyro.priors.PretrainedPrior`)."""
 
     kind: str = "normal"
     scale: float = 1.0
+    delta: float = 0.0
 
     def __post_init__(self):
-        _choice("prior.kind", self.kind, ("normal", "laplace", "layerwise"))
+        _choice("prior.kind", self.kind, ("normal", "laplace", "layerwise", "pretrained"))
         _pos("prior.scale", self.scale)
+        _require(
+            isinstance(self.delta, (int, float)) and math.isfinite(self.delta) and self.delta >= 0,
+            "prior.delta",
+            self.delta,
+            "must be a finite number >= 0",
+        )
 
 
 @dataclass
 class Stage1Config:
-    """Mean-field pretraining (Algorithm 1, stage 1)."""
+    r"""Mean-field pretraining (Algorithm 1, stage 1) and the deterministic network's
+    training recipe (the baseline, and the pretraining of ``network.pretrain_epochs``).
+
+    ``kl_weight`` is a KL temperature :math:`\beta`: stage 1 minimises
+    :math:`\text{nll} + \beta\,\mathrm{KL}`; 1 is the true ELBO, and every results row
+    trained with another value says so.  The ``deterministic_*`` settings select Adam at
+    a constant rate (the default) or the paper's SGD recipe (App. I.3: momentum, weight
+    decay, linear warm-up, learning-rate steps by ``deterministic_gamma`` at
+    ``deterministic_milestones``)."""
 
     epochs: int = 300
     lr_loc: float = 1e-2
     lr_scale: float = 1e-2
     kl_warmup_epochs: int = 0
+    kl_weight: float = 1.0
     init_scale: str | float = "paper"
     deterministic_epochs: int = 300
     deterministic_lr: float = 1e-2
+    deterministic_optimizer: str = "adam"
+    deterministic_momentum: float = 0.9
+    deterministic_weight_decay: float = 0.0
+    deterministic_milestones: list[int] = field(default_factory=list)
+    deterministic_gamma: float = 0.1
+    deterministic_warmup_epochs: int = 0
 
     def __post_init__(self):
         _nonneg_int("stage1.epochs", self.epochs)
         _nonneg_int("stage1.kl_warmup_epochs", self.kl_warmup_epochs)
         _nonneg_int("stage1.deterministic_epochs", self.deterministic_epochs)
-        for n in ("lr_loc", "lr_scale", "deterministic_lr"):
+        _nonneg_int("stage1.deterministic_warmup_epochs", self.deterministic_warmup_epochs)
+        for n in ("lr_loc", "lr_scale", "deterministic_lr", "kl_weight", "deterministic_gamma"):
             _pos(f"stage1.{n}", getattr(self, n))
+        _choice("stage1.deterministic_optimizer", self.deterministic_optimizer, ("adam", "sgd"))
+        for n in ("deterministic_momentum", "deterministic_weight_decay"):
+            v = getattr(self, n)
+            _require(
+                isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and math.isfinite(v)
+                and v >= 0,
+                f"stage1.{n}",
+                v,
+                "must be a finite number >= 0",
+            )
+        _require(
+            all(
+                isinstance(m, int) and not isinstance(m, bool) and m >= 0
+                for m in self.deterministic_milestones
+            ),
+            "stage1.deterministic_milestones",
+            self.deterministic_milestones,
+            "must be epochs (integers >= 0)",
+        )
         if isinstance(self.init_scale, str):
             _choice("stage1.init_scale", self.init_scale, ("paper",))
         else:
@@ -231,10 +279,11 @@ class Stage3Config:
     tying: str = "representative"  # or "stochastic", "tied"
     merge_every: int = 0  # epochs between merge hooks (0: never during stage 3)
     reassign_every: int = 0  # epochs between Mahalanobis reassignment hooks
+    kl_weight: float = 1.0  # KL temperature beta of stage 3 (1: the true bound, Eq. 10)
 
     def __post_init__(self):
         _nonneg_int("stage3.epochs", self.epochs)
-        for n in ("lr_centre", "lr_outlier", "lr_cov"):
+        for n in ("lr_centre", "lr_outlier", "lr_cov", "kl_weight"):
             _pos(f"stage3.{n}", getattr(self, n))
         _choice("stage3.tying", self.tying, ("representative", "stochastic", "tied"))
         _nonneg_int("stage3.merge_every", self.merge_every)
@@ -424,8 +473,13 @@ def config_from_dict(values: dict, cls: type = RunConfig, prefix: str = ""):
         raise ConfigError(f"{prefix}: {e}") from e
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
-    """Read a TOML (``.toml``), JSON (``.json``) or YAML (``.yaml``/``.yml``) config file."""
+def load_config(
+    path: str | Path, overrides: dict | None = None, base: dict | None = None
+) -> RunConfig:
+    """Read a TOML (``.toml``), JSON (``.json``) or YAML (``.yaml``/``.yml``) config file.
+
+    ``base`` (e.g. a preset's settings) is what the file's settings override; the
+    ``overrides`` (command-line options) override both."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
@@ -450,7 +504,7 @@ def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
         raise ConfigError(f"config file {str(path)!r} cannot be parsed: {e}") from e
     if not isinstance(values, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a table of settings")
-    values = merge_settings(values, overrides or {})
+    values = merge_settings(merge_settings(base or {}, values), overrides or {})
     return config_from_dict(values)
 
 
