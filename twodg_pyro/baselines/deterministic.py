@@ -23,6 +23,8 @@ def train_deterministic(
 ) -> nn.Module:
     """Train ``net`` in place with Adam on the mean cross-entropy; returns ``net``.
 
+    Floating inputs are cast to the network's dtype (a float64 network on float32 data).
+
     Raises:
         ValueError: for a non-positive learning rate or negative epochs.
     """
@@ -31,11 +33,14 @@ def train_deterministic(
     if int(epochs) < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs!r}")
     opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+    like = next(net.parameters())  # inputs follow the network's dtype (and device)
     net.train()
     for _ in tqdm(range(int(epochs)), desc="deterministic", disable=not progress, leave=False):
         for x, y in data:
             if device is not None:
                 x, y = x.to(device), y.to(device)
+            if x.is_floating_point() and x.dtype != like.dtype:
+                x = x.to(like.dtype)
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(net(x), y).backward()
             opt.step()
