@@ -1,8 +1,9 @@
 """Device check: the whole library on one device, and how fast and big its steps are.
 
-One short script for a GPU machine (``--device cuda``; under 8 minutes on one GPU) that
-runs every user-facing path on the device, each section timed and reported as ``ok`` or
-with its error (a failing section does not stop the others):
+One short script for a GPU machine (``--device cuda``; sized to finish in under 8
+minutes on one GPU, and ``--budget-s``, default 400, skips the sections still left after
+that many seconds) that runs every user-facing path on the device, each section timed
+and reported as ``ok`` or with its error (a failing section does not stop the others):
 
 ``surface``
     the pipeline (:func:`twodg_pyro.pipeline.run`) on the bundled digits with a few
@@ -33,8 +34,6 @@ with its error (a failing section does not stop the others):
     ``max_memory_allocated`` above what was held before the step; on the CPU the peak
     resident set size (``VmHWM``) above the RSS before the step, one process per
     contender.
-
-Sections are skipped (and say so) once ``--budget-s`` seconds have passed.
 
 Run on a GPU machine (see ``../shared/device/``: ``prepare.sh`` here, then on the
 machine ``bash .whl/on-device.sh python3 benchmarks/gpu_check.py --device cuda --out
