@@ -22,6 +22,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of the whole pipeline")
     p.add_argument("--device", default=None, help="cpu or cuda[:i]")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument(
+        "--no-diagnostics",
+        action="store_true",
+        help="write the results and the model file only: no InferenceData, k-hat, "
+        "PSIS-LOO or figures (the setting diagnostics.enabled = false)",
+    )
 
 
 _RESUME_HELP = (
@@ -70,9 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     _data_args(p)
     p.add_argument("--out", default=None, help="output folder (default: runs/diagnose)")
     p.add_argument("--khat-samples", type=int, default=100, help="draws for k-hat (100)")
+    p.add_argument(
+        "--max-examples",
+        type=int,
+        default=2000,
+        help="seeded subset of at most this many training examples (k-hat) and test "
+        "examples (InferenceData, PSIS-LOO) (2000)",
+    )
     p.add_argument("--n-weights", type=int, default=200, help="weights exported (200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the draws and subsets")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p = sub.add_parser("report", help="rebuild the results table of a run folder")
     p.add_argument("run_dir")
     return parser
@@ -86,6 +100,8 @@ def _overrides(args) -> dict:
         over["device"] = args.device
     if getattr(args, "no_progress", False):
         over["progress"] = False
+    if getattr(args, "no_diagnostics", False):
+        over["diagnostics"] = {"enabled": False}
     if getattr(args, "methods", None):
         over["methods"] = args.methods
     if getattr(args, "root", None) is not None and args.command in ("run", "train"):
@@ -198,8 +214,11 @@ def _diagnose(args) -> int:
         num_samples=args.num_samples,
         khat_samples=args.khat_samples,
         n_weights=args.n_weights,
+        max_train_examples=args.max_examples,
+        max_eval_examples=args.max_examples,
         seed=args.seed,
         device=args.device,
+        progress=not args.no_progress,
     )
     vi, loo = report.get("vi") or {}, report.get("loo") or {}
     if vi:

@@ -68,6 +68,8 @@ def train_deterministic(
         gamma: the step factor.
         warmup_epochs: epochs of linear warm-up from ``lr / warmup_epochs`` to ``lr``.
 
+    Floating inputs are cast to the network's dtype (a float64 network on float32 data).
+
     Raises:
         ValueError: for a non-positive learning rate, negative epochs or weight decay, or
             an unknown optimiser — naming the value.
@@ -86,6 +88,7 @@ def train_deterministic(
         opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
     else:
         opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    like = next(net.parameters())  # inputs follow the network's dtype (and device)
     net.train()
     for epoch in tqdm(range(int(epochs)), desc="deterministic", disable=not progress, leave=False):
         if optimizer == "sgd":
@@ -94,6 +97,8 @@ def train_deterministic(
         for x, y in data:
             if device is not None:
                 x, y = x.to(device), y.to(device)
+            if x.is_floating_point() and x.dtype != like.dtype:
+                x = x.to(like.dtype)
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(net(x), y).backward()
             opt.step()

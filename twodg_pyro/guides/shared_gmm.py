@@ -128,16 +128,23 @@ class SharedGMMGuide(BNNGuide):
         self.tying = tying
         self.coordinates = structure.coordinates
         self._info = dict(structure.info)
-        self.outlier_loc = nn.Parameter(structure.outlier_loc.detach().clone().float())
-        self.outlier_rho = nn.Parameter(inverse_softplus(structure.outlier_scale.float()))
+        # the guide follows the network's device and dtype, whatever the structure's
+        device, dtype = model.device, model.dtype
+        self.outlier_loc = nn.Parameter(
+            structure.outlier_loc.detach().to(device=device, dtype=dtype).clone()
+        )
+        self.outlier_rho = nn.Parameter(
+            inverse_softplus(structure.outlier_scale.detach().to(device=device, dtype=dtype))
+        )
         self._set_components(structure.means, structure.covariances)
         self._set_assignments(structure)
         self._cache: dict = {}
 
     # ------------------------------------------------------------------ parameters
     def _set_components(self, means: torch.Tensor, covs: torch.Tensor) -> None:
-        device = self.outlier_loc.device
-        means, covs = means.detach().float().to(device), covs.detach().float().to(device)
+        like = self.outlier_loc  # the guide's device and dtype
+        means = means.detach().to(device=like.device, dtype=like.dtype)
+        covs = covs.detach().to(device=like.device, dtype=like.dtype)
         m1 = means[:, 1]
         raw = inverse_softplus(m1.clamp_min(_MIN_SIGMA)) if self.coordinates == "sigma" else m1
         self.centre_mu = nn.Parameter(means[:, 0].clone())
@@ -157,10 +164,14 @@ class SharedGMMGuide(BNNGuide):
                 self.register_buffer(name, value.clone())
 
     def _set_assignments(self, s: SharingStructure) -> None:
-        device = self.outlier_loc.device
+        device, dtype = self.outlier_loc.device, self.outlier_loc.dtype
         n_w = s.num_weights
         K = s.n_gaussians
-        reg = lambda name, t: self.register_buffer(name, t.to(device), persistent=True)  # noqa: E731
+
+        def reg(name: str, t: torch.Tensor) -> None:  # floating buffers in the guide's dtype
+            t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+            self.register_buffer(name, t, persistent=True)
+
         # the two weight-sized index lists in 32 bits when the network allows (half the
         # memory; index_select takes them); the small ones stay 64-bit for index_copy
         big = torch.int32 if n_w < 2**31 else torch.long
@@ -169,8 +180,8 @@ class SharedGMMGuide(BNNGuide):
         reg("plain_component", s.plain_component.to(big))
         reg("ellipse_index", s.ellipse_index.long())
         reg("ellipse_components", s.ellipse_components.long())
-        reg("ellipse_alphas", s.ellipse_alphas.float())
-        reg("inlier_points", s.inlier_points.float())
+        reg("ellipse_alphas", s.ellipse_alphas)
+        reg("inlier_points", s.inlier_points)
         # natural-order table index: plain weight -> its component k, j-th outlier -> K + j,
         # ellipse weight -> 0 (overwritten per draw); drawing gathers with it (index_select /
         # gather: deterministic backward on CPU, unlike advanced indexing)
@@ -182,18 +193,20 @@ class SharedGMMGuide(BNNGuide):
         ends = torch.tensor([lay.offset + lay.numel for lay in s.sites])
         site_of = lambda idx: torch.searchsorted(ends, idx, right=True)  # noqa: E731
         n_sites = len(s.sites)
-        counts = torch.zeros(n_sites, K)
+        counts = torch.zeros(n_sites, K, dtype=dtype)
         if s.plain_index.numel():
             counts.view(-1).index_add_(
                 0,
                 site_of(s.plain_index) * K + s.plain_component,
-                torch.ones(s.plain_index.numel()),
+                torch.ones(s.plain_index.numel(), dtype=dtype),
             )
         if s.ellipse_index.numel():
             k = s.ellipse_components.shape[1]
             rows = site_of(s.ellipse_index)[:, None].expand(-1, k)
             counts.view(-1).index_add_(
-                0, (rows * K + s.ellipse_components).reshape(-1), s.ellipse_alphas.reshape(-1)
+                0,
+                (rows * K + s.ellipse_components).reshape(-1),
+                s.ellipse_alphas.reshape(-1).to(dtype),
             )
         reg("site_counts", counts)
         self._ranges = {}
@@ -600,14 +613,21 @@ class SharedGMMGuide(BNNGuide):
         return total
 
     def _expected_kl(self, prior: dist.Normal) -> torch.Tensor:
-        """Per-component expected KL to a Normal prior, computed once per draw and prior."""
-        key = (float(prior.loc), float(prior.scale))
+        """Per-component expected KL to a Normal prior, computed once per draw and prior.
+
+        Sites share the entry when their prior's parameters are the same tensors (the
+        library's priors reuse them: :meth:`~twodg_pyro.priors.Prior.constant`); the key
+        is their storage, not their values, so that no GPU value is read back per step.
+        The entry holds the tensors, so their memory cannot be reused within the draw."""
+        loc, scale = prior.loc, prior.scale
+        key = (loc.data_ptr(), scale.data_ptr(), loc.dtype, loc.device)
         table = self._cache.setdefault("expected_kl", {})
         if key not in table:
-            table[key] = expected_normal_kl(
-                self.centres(), self.covariances(), prior.loc, prior.scale, self.coordinates
+            value = expected_normal_kl(
+                self.centres(), self.covariances(), loc, scale, self.coordinates
             )
-        return table[key]
+            table[key] = (loc, scale, value)
+        return table[key][2]
 
     def _last_weights_flat(self) -> torch.Tensor:
         return self._cache["flat"][0]
@@ -641,10 +661,12 @@ class SharedGMMGuide(BNNGuide):
                 f"{self.coordinates!r}"
             )
         if not torch.equal(structure.outlier_index, self.outlier_index.cpu()):
-            dev = self.outlier_loc.device
-            self.outlier_loc = nn.Parameter(structure.outlier_loc.float().to(dev))
+            dev, dtype = self.outlier_loc.device, self.outlier_loc.dtype
+            self.outlier_loc = nn.Parameter(
+                structure.outlier_loc.detach().to(device=dev, dtype=dtype).clone()
+            )
             self.outlier_rho = nn.Parameter(
-                inverse_softplus(structure.outlier_scale.float()).to(dev)
+                inverse_softplus(structure.outlier_scale.detach().to(device=dev, dtype=dtype))
             )
         if components:
             self._set_components(structure.means, structure.covariances)
@@ -660,7 +682,7 @@ class SharedGMMGuide(BNNGuide):
         from ..infer.elbo import DecomposedELBO
 
         elbo = elbo or DecomposedELBO()
-        total = torch.zeros(self.n_components, 2, device=self.centre_mu.device)
+        total = self.centre_mu.new_zeros(self.n_components, 2)
         seen = 0
         for batch in batches:
             x, y = (t.to(self.centre_mu.device) for t in batch[:2])

@@ -14,9 +14,44 @@ from ..data import DataSplit, load_dataset, make_loader
 from ..likelihoods import Categorical
 from ..model import BNNModel
 from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior, Prior
-from .config import DataConfig, NetworkConfig, PriorConfig
+from .config import ConfigError, DataConfig, NetworkConfig, PriorConfig, torch_dtype
 
-__all__ = ["seed_everything", "load_data", "build_net", "build_prior", "build_model"]
+__all__ = [
+    "seed_everything",
+    "load_data",
+    "build_net",
+    "build_prior",
+    "build_model",
+    "check_device",
+]
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` when this machine has it.
+
+    Raises:
+        ConfigError: a CUDA device on a machine without CUDA, or a GPU index beyond the
+            GPUs present (naming the value and what there is).
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device = {device!r}: not a torch device ({e})") from e
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device = {str(device)!r}, but CUDA is not available here "
+                "(torch.cuda.is_available() is False); use device = 'cpu'"
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(
+                f"device = {str(device)!r}, but this machine has {count} GPU(s) "
+                f"(cuda:0 to cuda:{count - 1})"
+            )
+    elif dev.type != "cpu":
+        raise ConfigError(f"device = {str(device)!r}: must be 'cpu' or 'cuda[:i]'")
+    return dev
 
 
 def seed_everything(seed: int) -> None:
@@ -49,22 +84,25 @@ def train_loader(split: DataSplit, cfg: DataConfig, seed: int):
 
 
 def build_net(cfg: NetworkConfig, split: DataSplit) -> nn.Module:
-    """The deterministic network for ``split``'s input shape and classes."""
+    """The deterministic network for ``split``'s input shape and classes, its parameters
+    in ``cfg.dtype`` (initialised in float32, then cast: the same start in either dtype)."""
     from ..models import build_network
 
     shape = tuple(split.input_shape)
     if cfg.arch == "mlp":
-        return build_network(
+        net = build_network(
             "mlp",
             in_features=math.prod(shape),
             hidden=tuple(cfg.hidden),
             num_classes=split.num_classes,
         )
-    if cfg.arch == "lenet5":
-        return build_network(
+    elif cfg.arch == "lenet5":
+        net = build_network(
             "lenet5", num_classes=split.num_classes, in_channels=shape[0], input_size=shape[-1]
         )
-    return build_network(cfg.arch, num_classes=split.num_classes, in_channels=shape[0])
+    else:
+        net = build_network(cfg.arch, num_classes=split.num_classes, in_channels=shape[0])
+    return net.to(torch_dtype(cfg.dtype))
 
 
 def build_prior(cfg: PriorConfig, net: nn.Module | None = None) -> Prior:

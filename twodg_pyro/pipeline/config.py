@@ -25,7 +25,10 @@ __all__ = [
     "Stage3Config",
     "Rank1Config",
     "SSVIConfig",
+    "DiagnosticsConfig",
     "RunConfig",
+    "DTYPES",
+    "torch_dtype",
     "load_config",
     "config_from_dict",
 ]
@@ -33,6 +36,19 @@ __all__ = [
 
 class ConfigError(ValueError):
     """A setting is unknown or out of range; the message names it."""
+
+
+#: ``network.dtype`` values: the floating type of the network's parameters, and so of the
+#: priors, guides, draws, stage 2's mixture and the predictions.
+DTYPES = ("float32", "float64")
+
+
+def torch_dtype(name: str):
+    """The ``torch.dtype`` of a ``network.dtype`` setting (``"float32"``, ``"float64"``)."""
+    import torch
+
+    _choice("network.dtype", name, DTYPES)
+    return getattr(torch, name)
 
 
 def _require(cond: bool, name: str, value: Any, what: str) -> None:
@@ -101,6 +117,7 @@ class NetworkConfig:
     arch: str = "mlp"
     hidden: list[int] = field(default_factory=lambda: [128])
     pretrain_epochs: int = 0
+    dtype: str = "float32"  # or "float64": everything downstream follows the network
 
     def __post_init__(self):
         _require(
@@ -116,6 +133,7 @@ class NetworkConfig:
             "must be positive integers",
         )
         _nonneg_int("network.pretrain_epochs", self.pretrain_epochs)
+        _choice("network.dtype", self.dtype, DTYPES)
 
 
 @dataclass
@@ -372,6 +390,56 @@ class SSVIConfig:
 
 
 @dataclass
+class DiagnosticsConfig:
+    """What a run computes after its results are written, and how much of it.
+
+    ``enabled = false`` (``--no-diagnostics``) writes the results and the model file only:
+    no InferenceData, Pareto k-hat, PSIS-LOO, posterior summary or figures.
+
+    The budget: the k-hat uses ``khat_samples`` draws from q on a seeded subset of at most
+    ``max_examples`` training examples (its log-likelihood scaled by N / n); the
+    InferenceData (and so PSIS-LOO) holds ``num_samples`` draws on a seeded subset of at
+    most ``max_examples`` evaluation examples.  Counting one forward pass of one example as
+    the unit, the diagnostics' passes (``khat_samples * n_train + num_samples * n_eval``)
+    are further held to ``budget`` times the passes of the exported model's training
+    (epochs times training examples, over its SVI stages; a training pass also runs the
+    backward, so ``budget = 1`` keeps the diagnostics to about a third of the training
+    time): both subsets shrink in proportion, to no fewer than ``min_examples`` each.
+    """
+
+    enabled: bool = True
+    khat_samples: int = 100
+    max_examples: int = 2000
+    budget: float = 1.0
+    min_examples: int = 100
+
+    def __post_init__(self):
+        _require(
+            isinstance(self.khat_samples, int)
+            and not isinstance(self.khat_samples, bool)
+            and self.khat_samples >= 25,
+            "diagnostics.khat_samples",
+            self.khat_samples,
+            "must be an integer >= 25 (the Pareto fit of the k-hat needs them)",
+        )
+        for n in ("max_examples", "min_examples"):
+            v = getattr(self, n)
+            _require(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                f"diagnostics.{n}",
+                v,
+                "must be an integer >= 1",
+            )
+        _require(
+            self.min_examples <= self.max_examples,
+            "diagnostics.min_examples",
+            self.min_examples,
+            f"must not exceed diagnostics.max_examples = {self.max_examples}",
+        )
+        _pos("diagnostics.budget", self.budget)
+
+
+@dataclass
 class RunConfig:
     """A whole run: which methods, data, network, prior and the stages' settings."""
 
@@ -389,6 +457,7 @@ class RunConfig:
     stage3: Stage3Config = field(default_factory=Stage3Config)
     rank1: Rank1Config = field(default_factory=Rank1Config)
     ssvi: SSVIConfig = field(default_factory=SSVIConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
     def __post_init__(self):
         known = ("deterministic", "mean_field", "2dg", "rank1", "ssvi")

@@ -21,7 +21,14 @@ from ..infer import DecomposedELBO, KLAnnealing
 from ..io.checkpoint import restore_state
 from ..metrics import classification_metrics
 from ..predict import deterministic_predict, predict
-from .builders import build_model, build_net, load_data, seed_everything, train_loader
+from .builders import (
+    build_model,
+    build_net,
+    check_device,
+    load_data,
+    seed_everything,
+    train_loader,
+)
 from .checks import check_split
 from .config import RunConfig
 from .execution import LOCAL, Execution, main_only
@@ -151,6 +158,11 @@ def run(
     ``out_dir/checkpoints``; ``resume=True`` continues a killed run from them (see
     :mod:`twodg_pyro.pipeline.resume`).
 
+    Every stage runs on ``cfg.device`` in the network's dtype (``cfg.network.dtype``): the
+    priors, guides, stage 2's mixture, draws and predictions follow the network.  The
+    results are written before the diagnostics start (``cfg.diagnostics``: budget, or
+    ``enabled = false`` for none).
+
     ``execution`` says where the stages run: in this process (the default), or on every
     rank of a process group (:func:`~twodg_pyro.distributed.run_distributed` passes a
     :class:`~twodg_pyro.distributed.runner.DataParallel`; every rank then calls this with
@@ -158,6 +170,7 @@ def run(
     """
     execution.check(cfg, resume)
     cfg = execution.configure(cfg)
+    check_device(cfg.device)  # a CUDA run on a machine without it fails here, not mid-run
     progress = cfg.progress and env.is_main()
     art = RunArtifacts()
     seed_everything(cfg.seed)

@@ -56,10 +56,11 @@ def reassign(
     weights."""
     from ..gmm import ellipse_assign
 
-    means, covs = means.detach().cpu().float(), covs.detach().cpu().float()
+    dtype = _float_dtype(means)
+    means, covs = means.detach().cpu().to(dtype), covs.detach().cpu().to(dtype)
     idx = torch.cat([s.plain_index, s.ellipse_index])
     order = idx.argsort()
-    idx, points = idx[order], s.inlier_points[order]
+    idx, points = idx[order], s.inlier_points[order].to(dtype)
     K = means.shape[0]
     if keep_components:
         if K != s.n_gaussians:
@@ -76,12 +77,17 @@ def reassign(
     else:
         mask = torch.zeros(points.shape[0], dtype=torch.bool)
         comps = torch.zeros(0, min(k, K), dtype=torch.long)
-        alphas = torch.zeros(0, min(k, K))
+        alphas = torch.zeros(0, min(k, K), dtype=dtype)
     return _rebuild(s, means, covs, idx, points, assign, mask, comps, alphas)
 
 
+def _float_dtype(t: torch.Tensor) -> torch.dtype:
+    """float64 for float64 input (a float64 network's stage 2), else float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
 def _component_weights(s: SharingStructure, K: int) -> torch.Tensor:
-    counts = s.component_counts() if s.n_gaussians == K else torch.ones(K)
+    counts = s.component_counts() if s.n_gaussians == K else torch.ones(K, dtype=s.means.dtype)
     return counts / counts.sum().clamp_min(1e-30)
 
 
@@ -115,11 +121,12 @@ def apply_mapping(
         raise ValueError(
             f"merge mapping has {mapping.numel()} entries for {s.n_gaussians} components"
         )
+    dtype = _float_dtype(means)
     return SharingStructure(
         sites=s.sites,
         coordinates=s.coordinates,
-        means=means.detach().cpu().float(),
-        covariances=covs.detach().cpu().float(),
+        means=means.detach().cpu().to(dtype),
+        covariances=covs.detach().cpu().to(dtype),
         outlier_index=s.outlier_index,
         outlier_loc=s.outlier_loc,
         outlier_scale=s.outlier_scale,
