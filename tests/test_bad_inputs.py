@@ -94,7 +94,7 @@ def unchanged(run_dir):
         ("[data]\nval_fraction = 0.5\ntest_fraction = 0.5\n", "nothing would be left to train"),
         ("", "sets nothing: an empty config would silently run the library defaults"),
         ("# comments only\n", "sets nothing"),
-        ('preset = "cifar"\n', "preset = 'cifar': must be one of ['digits']"),
+        ('preset = "cifar"\n', "preset = 'cifar': must be one of ['cifar10-resnet18'"),
     ],
 )
 def test_bad_setting_is_named_and_nothing_is_written(unchanged, tmp_path, capsys, toml, named):

@@ -136,12 +136,14 @@ def test_devices_are_checked_before_anything(tmp_path, capsys, config, finished)
             capsys,
             2,
             ["train", "--config", str(config), "--out", out, "--device", "cuda"],
-            "no CUDA GPU is available",
+            "CUDA is not available here",
         )
-        one_line(capsys, 2, ["evaluate", model, "--device", "cuda:0"], "no CUDA GPU")
+        one_line(capsys, 2, ["evaluate", model, "--device", "cuda:0"], "CUDA is not available")
     else:
         n = torch.cuda.device_count()
-        one_line(capsys, 2, ["evaluate", model, "--device", f"cuda:{n}"], f"has {n} GPU(s)")
+        one_line(
+            capsys, 2, ["evaluate", model, "--device", f"cuda:{n}"], f"this machine has {n} GPU(s)"
+        )
     assert not Path(out).exists()
 
 

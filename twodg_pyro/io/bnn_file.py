@@ -4,7 +4,8 @@ One file holds plain tensors and a JSON header (no pickled objects), readable wi
 ``torch.load(path, weights_only=True)``:
 
 * ``header``: kind, ``format_version``, tying, coordinates, the likelihood, the prior
-  (when it is one of the library's), and optionally how to rebuild the network
+  (when it is one of the library's), the network's ``dtype`` (``"float32"``,
+  ``"float64"``), and optionally how to rebuild the network
   (``{"name": ..., "kwargs": {...}}`` for :func:`twodg_pyro.models.build_network`);
 * ``structure/<name>``: the :class:`~twodg_pyro.sharing.SharingStructure` tensors;
 * ``guide/<name>``: the guide's parameters and buffers;
@@ -12,11 +13,14 @@ One file holds plain tensors and a JSON header (no pickled objects), readable wi
 * ``checksum``: ``"sha256:..."``, the content digest of everything above
   (:mod:`twodg_pyro.io.integrity`), verified on load.
 
-A loaded model predicts exactly what the saved one did under the same seed.  Loading
-refuses a file whose content does not match its checksum, one with NaN/inf parameters,
-and a header that lacks a field or holds a value of the wrong kind, each a
-``ValueError`` naming the file.  Files of format version 1 (before the checksum) still
-load, with an :class:`~twodg_pyro.io.payload.UnverifiedFileWarning`.
+Tensors are stored on the CPU whatever device the model was trained on, and loaded with
+``map_location="cpu"``; :func:`load_2dg` then puts the model on the ``device`` asked for,
+in the saved dtype.  A loaded model predicts exactly what the saved one did under the
+same seed on the same device.  Loading refuses a file whose content does not match its
+checksum, one with NaN/inf parameters, and a header that lacks a field or holds a value
+of the wrong kind, each a ``ValueError`` naming the file.  Files of format version 1
+(before the checksum) still load, with an
+:class:`~twodg_pyro.io.payload.UnverifiedFileWarning`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from .payload import PayloadFormat, payload_section, read_payload, write_payload
@@ -54,8 +59,11 @@ def _likelihood_spec(lik) -> dict:
 
 
 def _prior_spec(prior) -> dict:
-    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior
+    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior
 
+    if isinstance(prior, PretrainedPrior):
+        # its centres are the network's own initial values, which the file keeps under net/
+        return {"kind": "PretrainedPrior", "scale": prior.scale, "delta": prior.delta}
     if isinstance(prior, (NormalPrior, LaplacePrior)):
         return {"kind": type(prior).__name__, "loc": prior.loc, "scale": prior.scale}
     if isinstance(prior, LayerwiseNormalPrior):
@@ -75,6 +83,7 @@ def save_2dg(path: str | Path, model, guide, network: dict | None = None) -> Non
         "prior": _prior_spec(model.prior),
         "network": network,
         "site_names": model.site_names,
+        "dtype": str(model.dtype).removeprefix("torch."),
     }
     payload: dict = {"header": json.dumps(header)}
     for k, v in structure.to_payload().items():
@@ -86,10 +95,12 @@ def save_2dg(path: str | Path, model, guide, network: dict | None = None) -> Non
     write_payload(payload, path)
 
 
-def _rebuild_prior(spec: dict):
-    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior
+def _rebuild_prior(spec: dict, net: nn.Module):
+    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior
 
     kind = spec.get("kind")
+    if kind == "PretrainedPrior":
+        return PretrainedPrior.from_network(net, spec["scale"], spec["delta"])
     if kind == "NormalPrior":
         return NormalPrior(spec["scale"], spec["loc"])
     if kind == "LaplacePrior":
@@ -135,13 +146,29 @@ def _check_header(header: dict, where: str) -> None:
         raise bad("site_names", "is not a list of site names")
 
 
+def _saved_dtype(header: dict, net_state: dict, where: str) -> torch.dtype:
+    """The network dtype of a model file: its header's ``dtype``, else (files written before
+    it was recorded) that of its floating network tensors, else float32."""
+    name = header.get("dtype")
+    if name is not None:
+        if name not in ("float32", "float64", "float16", "bfloat16"):
+            raise ValueError(f"{where!r}: unknown network dtype {name!r} in the header")
+        return getattr(torch, name)
+    for t in net_state.values():
+        if torch.is_tensor(t) and t.is_floating_point():
+            return t.dtype
+    return torch.float32
+
+
 def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device="cpu"):
     """Read a file written by :func:`save_2dg`; returns ``(model, guide)``.
 
     Args:
         net: the network architecture (its weights are restored from the file); built
-            from the file's ``network`` spec when ``None``.
+            from the file's ``network`` spec when ``None``.  It is cast to the saved dtype.
         prior: the prior (default: the saved one, when it is a library prior).
+        device: where the model and guide go (``"cpu"``, ``"cuda"``, ...), whatever device
+            they were saved from.
 
     Raises:
         FileNotFoundError: no such file.
@@ -168,8 +195,10 @@ def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device=
             net = build_network(spec["name"], **spec.get("kwargs", {}))
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where!r}: cannot build its network {spec!r:.120}: {e}") from e
+    net_state = payload_section(payload, "net/")
+    net = net.to(_saved_dtype(header, net_state, where))  # before load_state_dict casts
     try:
-        net.load_state_dict(payload_section(payload, "net/"))
+        net.load_state_dict(net_state)
     except RuntimeError as e:
         raise ValueError(f"the network does not match the one saved in {where!r}: {e}") from e
     lik_spec = header["likelihood"]
@@ -179,7 +208,7 @@ def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device=
         lik = Categorical(lik_spec["dataset_size"])
     if prior is None:
         try:
-            prior = _rebuild_prior(header.get("prior") or {})
+            prior = _rebuild_prior(header.get("prior") or {}, net)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(
                 f"{where!r}: the header's prior {header.get('prior')!r:.80} "

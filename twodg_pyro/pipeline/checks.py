@@ -1,38 +1,11 @@
-"""Checks before any training, each error naming the bad value: the data split and
-the device."""
+"""Checks of a data split before any training, each error naming the bad value."""
 
 from __future__ import annotations
 
 import torch
 from torch.utils.data import Subset, TensorDataset
 
-from .config import DEVICE_PATTERN, ConfigError
-
-__all__ = ["check_device", "check_split"]
-
-
-def check_device(device, name: str = "device") -> torch.device:
-    """``device`` as a ``torch.device``, after checking that this machine has it.
-
-    Raises:
-        ConfigError: not ``'cpu'``, ``'cuda'`` or ``'cuda:<index>'``, CUDA asked for on a
-            machine without a GPU, or a GPU index beyond the machine's GPUs.
-    """
-    if not isinstance(device, str) or DEVICE_PATTERN.fullmatch(device) is None:
-        raise ConfigError(f"{name} = {device!r}: must be 'cpu', 'cuda' or 'cuda:<index>'")
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"{name} = {device!r}: no CUDA GPU is available on this machine "
-                "(torch.cuda.is_available() is False); use 'cpu'"
-            )
-        count = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= count:
-            raise ConfigError(
-                f"{name} = {device!r}: this machine has {count} GPU(s), numbered 0 to {count - 1}"
-            )
-    return dev
+__all__ = ["check_split"]
 
 
 def _targets(ds):
