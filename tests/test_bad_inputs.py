@@ -106,17 +106,22 @@ def test_bad_setting_is_named_and_nothing_is_written(unchanged, tmp_path, capsys
 
 
 def test_preset_key_starts_from_the_main_jobs_settings(tmp_path):
-    from twodg_pyro.pipeline import load_config
+    from twodg_pyro.pipeline import ConfigError, load_config
 
     cfg = tmp_path / "p.toml"
     cfg.write_text('preset = "digits"\nseed = 3\n[stage3]\nepochs = 5\n')
     c = load_config(cfg)
     assert (c.seed, c.stage3.epochs, c.stage3.lr_centre) == (3, 5, 1e-2)  # file over preset
-    assert (c.sharing.n_components, c.stage1.epochs, c.sharing.outlier_rule) == (
-        32,
-        150,
-        "quantile",
-    )
+    assert c.sharing.n_components == 32 and c.stage1.epochs == 150
+    assert c.sharing.outlier_rule == "quantile"
+    # with a base (train --preset NAME --config FILE) an empty file runs the base
+    from twodg_pyro.pipeline.presets import preset
+
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# nothing\n")
+    assert load_config(empty, base=preset("digits")).sharing.n_components == 32
+    with pytest.raises(ConfigError, match="says preset = 'digits', another preset was given"):
+        load_config(cfg, base=preset("mnist-lenet5"))
 
 
 def test_unreadable_config_files_are_named(tmp_path, capsys):

@@ -55,6 +55,10 @@ def test_booleans_are_not_numbers_in_settings_built_directly():
         ("RunConfig", {"device": "cuda:x"}, "device = 'cuda:x'"),
         ("RunConfig", {"progress": "no"}, "progress = 'no'"),
         ("RunConfig", {"sharing": {"n_components": 3}}, "sharing = {'n_components': 3}"),
+        ("DataConfig", {"augment": 1}, "data.augment = 1"),
+        ("PriorConfig", {"delta": True}, "prior.delta = True"),
+        ("Stage1Config", {"deterministic_milestones": 5}, "stage1.deterministic_milestones = 5"),
+        ("DiagnosticsConfig", {"enabled": "no"}, "diagnostics.enabled = 'no'"),
     ],
 )
 def test_every_setting_is_checked_when_built_directly(section, kwargs, named):
