@@ -225,6 +225,16 @@ def test_temporary_files_are_removed_at_start_and_resume(earlier):
     assert not list(earlier.rglob(".*.tmp"))
 
 
+def test_a_run_that_fails_before_writing_leaves_no_new_folder(tmp_path, monkeypatch):
+    def bad_data(*a, **k):
+        raise ValueError("train label 12 at example 5 is out of range [0, 10)")
+
+    monkeypatch.setattr(runner_mod, "load_data", bad_data)
+    with pytest.raises(ValueError, match="label 12"):
+        run(config_from_dict(QUICK), tmp_path / "new" / "run")
+    assert not (tmp_path / "new" / "run").exists()
+
+
 def test_a_run_leaves_no_lock_and_no_temporary_files(tmp_path):
     out = tmp_path / "clean"
     run(config_from_dict({**QUICK, "checkpoint_every": 1}), out)

@@ -323,6 +323,7 @@ class RunFolder:
         self._lock = _Lock(self.path / LOCK_NAME)
         self.previous: list[str] = []
         self.removed_temporaries: list[str] = []
+        self._created = False
 
     @property
     def held(self) -> bool:
@@ -333,6 +334,7 @@ class RunFolder:
         or overwriting) and remove temporary files."""
         where = str(self.path)
         check_output_folder(self.path, "output folder")
+        self._created = not self.path.exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -375,8 +377,15 @@ class RunFolder:
         return removed
 
     def release(self) -> None:
-        """Give the lock back (idempotent)."""
+        """Give the lock back (idempotent); a folder this run created and left empty (it
+        failed before writing anything) is removed again."""
+        held = self.held
         self._lock.release()
+        if held and self._created:
+            try:
+                self.path.rmdir()  # only when empty
+            except OSError:
+                pass
 
     def __enter__(self) -> RunFolder:
         return self.acquire()
