@@ -14,6 +14,7 @@ from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.io import save_2dg
 from twodg_pyro.io.compact import (
     COMPACT_MAGIC,
+    FAITHFUL_OPTIONS,
     compact_summary,
     export_compact,
     export_int8_mean_field,
@@ -312,3 +313,37 @@ def test_resnet20_round_trip_on_digits_images(tmp_path):
     b = evaluate_model_file(small, num_samples=10, seed=0)
     assert abs(a["accuracy"] - b["accuracy"]) <= 0.001
     assert abs(a["nll"] - b["nll"]) <= 0.01 and abs(a["ece"] - b["ece"]) <= 0.005
+
+
+def test_float64_network_and_pretrained_prior(trained_mean_field, stage2_structure, tmp_path):
+    """The network's dtype comes back; a PretrainedPrior (whose centres, the pretrained
+    weights, a compact file does not hold) becomes N(0, 1) with a warning."""
+    import copy
+    import warnings
+
+    from twodg_pyro.model import BNNModel
+    from twodg_pyro.priors import NormalPrior, PretrainedPrior
+
+    model, _ = trained_mean_field
+    net = copy.deepcopy(model.net).double()
+    m64 = BNNModel(net, prior=PretrainedPrior.from_network(net, 0.1), likelihood=model.likelihood)
+    guide = SharedGMMGuide(m64, stage2_structure)
+    path = tmp_path / "m64.2dgz"
+    export_compact(path, m64, guide, network=SPEC, **FAITHFUL_OPTIONS)
+    with pytest.warns(UserWarning, match="PretrainedPrior"):
+        m2, g2 = load_compact(path)
+    assert m2.dtype == torch.float64 and g2.centre_mu.dtype == torch.float64
+    assert isinstance(m2.prior, NormalPrior)
+    torch.testing.assert_close(g2.centres(), guide.centres(), rtol=1e-6, atol=1e-9)
+    x = torch.randn(5, 64, dtype=torch.float64)
+    torch.manual_seed(1)
+    w = guide.sample_weights(4)
+    torch.manual_seed(1)
+    w2 = g2.sample_weights(4)
+    for k in w:  # same draws up to the file's rounding (16-bit outliers)
+        torch.testing.assert_close(w2[k], w[k], rtol=1e-3, atol=1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m3, _ = load_compact(path, prior=NormalPrior(0.5))
+    assert m3.prior.scale == 0.5
+    assert torch.isfinite(m2.network_forward({k: v[0] for k, v in w2.items()}, x)).all()

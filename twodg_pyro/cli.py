@@ -24,6 +24,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of the whole pipeline")
     p.add_argument("--device", default=None, help="cpu or cuda[:i]")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument(
+        "--no-diagnostics",
+        action="store_true",
+        help="write the results and the model file only: no InferenceData, k-hat, "
+        "PSIS-LOO or figures (the setting diagnostics.enabled = false)",
+    )
 
 
 _RESUME_HELP = (
@@ -49,7 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", default=None, help="subset of methods to run")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
     _common(p)
-    p = sub.add_parser("train", help="run the configuration in a config file")
+    p = sub.add_parser("train", help="run a preset and/or the configuration in a config file")
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="named settings (digits, mnist-lenet5, mnist-resnet20, cifar10-resnet20, "
+        "cifar10-resnet18); a --config file given too overrides them",
+    )
+    p.add_argument("--root", default=None, help="data folder (sets data.root)")
     p.add_argument("--config", default=None, help="config file (TOML, JSON or YAML)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
     _common(p)
@@ -69,9 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     _data_args(p)
     p.add_argument("--out", default=None, help="output folder (default: runs/diagnose)")
     p.add_argument("--khat-samples", type=int, default=100, help="draws for k-hat (100)")
+    p.add_argument(
+        "--max-examples",
+        type=int,
+        default=2000,
+        help="seeded subset of at most this many training examples (k-hat) and test "
+        "examples (InferenceData, PSIS-LOO) (2000)",
+    )
     p.add_argument("--n-weights", type=int, default=200, help="weights exported (200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the draws and subsets")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p = sub.add_parser("export", help="write the compact model file (.2dgz) of a 2DG BNN")
     p.add_argument("source", metavar="RUN_OR_MODEL_FILE", help="a run folder or its model_2dg.pt")
     p.add_argument(
@@ -126,8 +147,12 @@ def _overrides(args) -> dict:
         over["device"] = args.device
     if getattr(args, "no_progress", False):
         over["progress"] = False
+    if getattr(args, "no_diagnostics", False):
+        over["diagnostics"] = {"enabled": False}
     if getattr(args, "methods", None):
         over["methods"] = args.methods
+    if getattr(args, "root", None) is not None and args.command in ("run", "train"):
+        over["data"] = {"root": args.root}
     return over
 
 
@@ -156,15 +181,16 @@ def main(argv: list[str] | None = None) -> int:
                 run_pipeline(cfg, Path(resume), resume=True)
                 print(f"wrote {Path(resume) / 'results.json'}")
                 return 0
-            if args.command == "train" and not args.config:
-                raise ValueError("train needs --config FILE (or --resume RUN_DIR)")
-            if args.config:
-                cfg = load_config(args.config, over)
-            else:  # the main job: the digits preset
-                from .pipeline.config import merge_settings
-                from .pipeline.presets import preset
+            from .pipeline.config import merge_settings
+            from .pipeline.presets import preset
 
-                cfg = config_from_dict(merge_settings(preset("digits"), over))
+            name = getattr(args, "preset", None)
+            if args.command == "train" and not (args.config or name):
+                raise ValueError("train needs --preset NAME or --config FILE (or --resume RUN_DIR)")
+            if args.config:  # on top of the preset, if one is named
+                cfg = load_config(args.config, over, base=preset(name) if name else None)
+            else:  # a preset; the main job is the digits preset
+                cfg = config_from_dict(merge_settings(preset(name or "digits"), over))
             out = Path(args.out or f"runs/{args.command}")
             if env_world_size() > 1:  # started by torchrun: every stage on all processes
                 from .distributed import run_distributed
@@ -266,8 +292,11 @@ def _diagnose(args) -> int:
         num_samples=args.num_samples,
         khat_samples=args.khat_samples,
         n_weights=args.n_weights,
+        max_train_examples=args.max_examples,
+        max_eval_examples=args.max_examples,
         seed=args.seed,
         device=args.device,
+        progress=not args.no_progress,
     )
     vi, loo = report.get("vi") or {}, report.get("loo") or {}
     if vi:

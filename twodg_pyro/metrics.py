@@ -49,10 +49,10 @@ def reliability_bins(
     if int(n_bins) < 1:
         raise ValueError(f"n_bins must be at least 1, got {n_bins!r}")
     conf, pred = probs.max(-1)
-    correct = (pred == labels).float()
+    correct = (pred == labels).to(conf.dtype)
     # bin b holds confidences in (b/n, (b+1)/n]
     idx = (torch.ceil(conf * n_bins).long() - 1).clamp(0, n_bins - 1)
-    count = torch.bincount(idx, minlength=n_bins).float()
+    count = torch.bincount(idx, minlength=n_bins).to(conf.dtype)
     conf_sum = torch.bincount(idx, weights=conf, minlength=n_bins)
     acc_sum = torch.bincount(idx, weights=correct, minlength=n_bins)
     safe = count.clamp_min(1)
@@ -77,7 +77,9 @@ def classification_metrics(
     probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15
 ) -> dict[str, float]:
     """``{"accuracy", "nll", "ece", "brier"}`` of predictive probabilities."""
-    probs, labels = probs.detach().float().cpu(), labels.detach().long().cpu()
+    probs, labels = probs.detach().cpu(), labels.detach().long().cpu()
+    if probs.dtype != torch.float64:  # float64 stays (a float64 network's), else float32
+        probs = probs.float()
     return {
         "accuracy": accuracy(probs, labels),
         "nll": nll(probs, labels),

@@ -24,7 +24,17 @@ from .likelihoods import Categorical, Likelihood
 from .nn.sites import DEFAULT_LAYER_TYPES, BayesianSite, find_sites
 from .priors import Prior, as_prior
 
-__all__ = ["BNNModel"]
+__all__ = ["BNNModel", "match_input"]
+
+
+def match_input(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``x`` on ``like``'s device, in ``like``'s dtype if ``x`` is floating (integer inputs,
+    e.g. token ids, keep theirs); ``x`` itself when it is there already."""
+    if x.is_floating_point():
+        if x.dtype != like.dtype or x.device != like.device:
+            return x.to(device=like.device, dtype=like.dtype)
+        return x
+    return x if x.device == like.device else x.to(like.device)
 
 
 class BNNModel(nn.Module):
@@ -69,6 +79,11 @@ class BNNModel(nn.Module):
         for site in self.sites:
             params[site.name].requires_grad_(False)
         self.net = net
+        # (owning module, parameter name) of each site: the current parameter (its device
+        # and dtype after .to(...)) is one dict lookup away at every step
+        self._site_slots = [
+            (net.get_submodule(site.module_name), site.param_name) for site in self.sites
+        ]
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -81,6 +96,22 @@ class BNNModel(nn.Module):
         """``n_w``: number of Bayesian scalar weights."""
         return sum(s.numel for s in self.sites)
 
+    def site_parameter(self, i: int) -> torch.Tensor:
+        """The network's (frozen) parameter of the ``i``-th site: its device and dtype are
+        those of the site's prior and of the guides built on the model."""
+        module, name = self._site_slots[i]
+        return module._parameters[name]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the network's Bayesian parameters (``float32`` unless cast)."""
+        return self.site_parameter(0).dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the network's Bayesian parameters."""
+        return self.site_parameter(0).device
+
     def initial_values(self) -> dict[str, torch.Tensor]:
         """The network's current values of the Bayesian tensors (detached copies)."""
         params = dict(self.net.named_parameters())
@@ -91,16 +122,24 @@ class BNNModel(nn.Module):
         return [p for p in self.net.parameters() if p.requires_grad]
 
     def prior_distribution(self, site: BayesianSite):
-        """The prior of one site as used by the model program (``event_shape = shape``)."""
-        return self.prior(site)
+        """The prior of one site as used by the model program (``event_shape = shape``),
+        on the network's device and in its dtype."""
+        return self.prior(site, self.site_parameter(self.sites.index(site)))
 
     def network_forward(self, weights: Mapping[str, torch.Tensor], x: torch.Tensor):
-        """Run the network with the given Bayesian tensors: :math:`f_w(x)`."""
+        """Run the network with the given Bayesian tensors: :math:`f_w(x)`.
+
+        Floating inputs are cast to the network's dtype and moved to its device (a
+        float32 data set feeds a float64 network)."""
+        x = match_input(x, self.site_parameter(0))
         return functional_call(self.net, dict(weights), (x,), strict=False)
 
     # ------------------------------------------------------------------ program
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        weights = {site.name: pyro.sample(site.name, self.prior(site)) for site in self.sites}
+        weights = {
+            site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
+            for i, site in enumerate(self.sites)
+        }
         try:
             output = self.network_forward(weights, x)
         except RuntimeError as e:

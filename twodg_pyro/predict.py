@@ -25,6 +25,7 @@ from torch.func import vmap
 from tqdm.auto import tqdm
 
 from .likelihoods import Categorical
+from .model import match_input
 
 __all__ = ["Prediction", "predict", "deterministic_predict"]
 
@@ -143,9 +144,15 @@ def predict(
 
 def _device_of(module) -> torch.device | None:
     """The device of a module's first parameter or buffer (``None`` if it has neither)."""
+    t = _first_tensor(module)
+    return None if t is None else t.device
+
+
+def _first_tensor(module) -> torch.Tensor | None:
+    """A module's first parameter, else its first buffer (``None`` if it has neither)."""
     for tensors in (getattr(module, "parameters", None), getattr(module, "buffers", None)):
         for t in tensors() if tensors is not None else ():
-            return t.device
+            return t
     return None
 
 
@@ -158,11 +165,14 @@ def _per_sample_predictions(likelihood, outputs: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def deterministic_predict(net: torch.nn.Module, data, batch_size: int = 512) -> Prediction:
-    """Softmax predictions of a plain network (the deterministic baseline)."""
+    """Softmax predictions of a plain network (the deterministic baseline); inputs go to
+    the network's device and, if floating, its dtype."""
     net.eval()
     batches = _batches(data, int(batch_size))
-    dev = _device_of(net)
-    probs = torch.cat([net(xb.to(dev) if dev else xb).softmax(-1).cpu() for xb, _ in batches])
+    like = _first_tensor(net)
+    probs = torch.cat(
+        [net(xb if like is None else match_input(xb, like)).softmax(-1).cpu() for xb, _ in batches]
+    )
     targets = None
     if all(yb is not None for _, yb in batches):
         targets = torch.cat([yb.cpu() for _, yb in batches])

@@ -98,6 +98,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import vmap
+from tqdm.auto import tqdm
 
 from ..io.files import atomic_write
 
@@ -289,6 +290,7 @@ def to_inference_data(
     batch_size: int = 512,
     sample_chunk: int = 10,
     max_examples: int | None = None,
+    progress: bool = False,
 ) -> az.InferenceData:
     """Export ``num_samples`` guide draws and their predictions on ``data`` to ArviZ.
 
@@ -302,6 +304,7 @@ def to_inference_data(
         seed: seeds the draws and the subsets (the caller's RNG state is restored).
         batch_size, sample_chunk: examples per forward pass and draws evaluated at once.
         max_examples: export only a seeded random subset of this many examples.
+        progress: a tqdm bar (``"export"``) over the draws.
 
     Returns:
         ``az.InferenceData`` with the groups described in the module docstring.
@@ -325,7 +328,8 @@ def to_inference_data(
     is_cat = _is_categorical(model)
 
     w_draws, ll_draws, y_draws, p_draws, z_draws = [], [], [], [], []
-    with _seeded(seed, device):
+    bar = tqdm(total=S, desc="export", unit="draw", disable=not progress, leave=False)
+    with bar, _seeded(seed, device):
         for s in _chunks(S, int(sample_chunk)):
             weights, flat, extra = _draw_chunk(guide, s)
             w_draws.append(flat[:, w_idx.to(flat.device)].cpu())
@@ -336,6 +340,7 @@ def to_inference_data(
                 p_draws.append(out.softmax(-1).cpu())
             if tied and "z0" in extra:
                 z_draws.append(extra["z0"].cpu())
+            bar.update(s)
 
     posterior = {"w": _np(torch.cat(w_draws))[None]}
     dims: dict[str, list[str]] = {"w": ["weight"]}
@@ -580,6 +585,7 @@ def vi_diagnostics(
     batch_size: int = 512,
     sample_chunk: int = 10,
     quadrature_nodes: int = 64,
+    progress: bool = False,
 ) -> dict:
     r"""Pareto :math:`\hat k` of the importance ratios :math:`p(w, \mathcal D) / q(w)`.
 
@@ -591,6 +597,7 @@ def vi_diagnostics(
         seed: seeds the draws and an example subset.
         max_examples: use a seeded random subset of this many training examples and scale
             its log-likelihood by ``N / n`` (``N`` = the model's data-set size).
+        progress: a tqdm bar (``"k-hat"``) over the draws.
 
     Returns:
         ``khat``; ``khat_assessment`` (``"good"`` below 0.5, ``"ok"`` below 0.7,
@@ -616,13 +623,15 @@ def vi_diagnostics(
     scale = model.likelihood.dataset_size / n
     log_q_fn, method = _log_q_fn(guide, quadrature_nodes)
     ratios = []
-    with _seeded(seed, device):
+    bar = tqdm(total=S, desc="k-hat", unit="draw", disable=not progress, leave=False)
+    with bar, _seeded(seed, device):
         for s in _chunks(S, int(sample_chunk)):
             weights, flat, _ = _draw_chunk(guide, s)
             ll, _ = _forward(model, weights, batches, device, outputs=False)
             log_p = _log_prior(model, weights) + scale * ll.sum(1)
             log_q = log_q_fn(weights, flat)
             ratios.append((log_p - log_q).double().cpu())
+            bar.update(s)
     log_r = torch.cat(ratios).numpy()
     if not np.all(np.isfinite(log_r)):
         raise FloatingPointError(

@@ -25,7 +25,8 @@ Only rank 0 prints the table and writes files (the pipeline does so through
 ``checkpoint_every > 0`` the stage checkpoints under ``checkpoints/`` (the pipeline's
 format; resuming them is single-process only for now).
 
-Environment: ``TWODG_DIST_BACKEND`` (default ``nccl`` with CUDA, else ``gloo``) and
+Environment: ``TWODG_DIST_BACKEND`` (default :func:`default_backend`: ``nccl`` when the
+run's ``device`` is CUDA and CUDA is available, else ``gloo``) and
 ``TWODG_DIST_TIMEOUT_S`` (default 1800 s, the longest any rank waits for the others).
 """
 
@@ -55,6 +56,7 @@ __all__ = [
     "SUPPORTED_METHODS",
     "agree_on_structure",
     "check_supported",
+    "default_backend",
     "run_distributed",
     "sharded_predict",
     "structure_checksum",
@@ -83,7 +85,7 @@ def run_distributed(
             cannot be formed.
     """
     check_supported(cfg, env.env_world_size())
-    backend = backend or os.environ.get("TWODG_DIST_BACKEND") or None
+    backend = backend or os.environ.get("TWODG_DIST_BACKEND") or default_backend(cfg.device)
     if timeout_s is None:
         timeout_s = float(os.environ.get("TWODG_DIST_TIMEOUT_S", env.DEFAULT_TIMEOUT_S))
     joined_here = not (torch.distributed.is_available() and torch.distributed.is_initialized())
@@ -93,6 +95,15 @@ def run_distributed(
     finally:
         if joined_here:
             env.cleanup()
+
+
+def default_backend(device: str) -> str:
+    """The process-group backend for a run on ``device``: ``"nccl"`` when it is a CUDA
+    device and CUDA (with NCCL) is available, else ``"gloo"`` (a CPU run on a GPU machine
+    uses gloo: NCCL moves only CUDA tensors)."""
+    cuda = str(device).startswith("cuda") and torch.cuda.is_available()
+    nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
+    return "nccl" if cuda and nccl else "gloo"
 
 
 def check_supported(cfg: RunConfig, world_size: int) -> None:
@@ -129,9 +140,12 @@ class DataParallel(Execution):
         check_supported(cfg, self.info.world_size)
 
     def configure(self, cfg: RunConfig) -> RunConfig:
-        """``cfg`` on this rank's GPU under NCCL."""
+        """``cfg`` on this rank's GPU: the group's under NCCL; ``cuda:<local rank>`` for a
+        bare ``"cuda"`` under another backend with several processes."""
         if cfg.device.startswith("cuda") and self.info.backend == "nccl":
             return dataclasses.replace(cfg, device=str(self.info.device))
+        if cfg.device == "cuda" and self.info.world_size > 1:
+            return dataclasses.replace(cfg, device=f"cuda:{self.info.local_rank}")
         return cfg
 
     def shard(self, loader, seed: int) -> ShardedLoader:
@@ -141,9 +155,11 @@ class DataParallel(Execution):
     def fit(self, model, guide, data, epochs: int, *, seed: int, **kwargs):
         return fit_distributed(model, guide, data, epochs, seed=seed, **kwargs)
 
-    def train_deterministic(self, net, data, epochs: int, lr: float, *, device, progress: bool):
+    def train_deterministic(
+        self, net, data, epochs: int, lr: float, *, device, progress: bool, **recipe
+    ):
         wrapped = _ddp(net, torch.device(device))
-        train_deterministic(wrapped, data, epochs, lr, device=device, progress=progress)
+        train_deterministic(wrapped, data, epochs, lr, device=device, progress=progress, **recipe)
         _average_buffers(net)
         return net
 

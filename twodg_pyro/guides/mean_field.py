@@ -72,6 +72,9 @@ class MeanFieldGuide(DiagonalNormalGuide):
             float for a constant initial :math:`\sigma`.
         init_loc: optional ``{site: tensor}`` of initial means (default: the network's
             current values, pretrained or freshly initialised).
+
+    The parameters are created on the network's device and in its dtype (a float64
+    network gets a float64 guide).
         seed: seed of the random initial scales.
     """
 
@@ -88,19 +91,21 @@ class MeanFieldGuide(DiagonalNormalGuide):
         init_loc = init_loc if init_loc is not None else model.initial_values()
         generator = torch.Generator().manual_seed(int(seed))
         locs, rhos = {}, {}
-        for site in self.sites:
-            loc = init_loc[site.name].detach().clone().float()
+        for i, site in enumerate(self.sites):
+            # the guide follows the network: its parameter's device and dtype
+            like = model.site_parameter(i)
+            loc = init_loc[site.name].detach().to(device=like.device, dtype=like.dtype).clone()
             if loc.shape != site.shape:
                 raise ValueError(
                     f"initial mean of {site.name!r} has shape {tuple(loc.shape)}, "
                     f"the site has {tuple(site.shape)}"
                 )
-            if init_scale == "paper":
-                scale = paper_initial_scales(site, generator)
+            if init_scale == "paper":  # drawn in float32 on the CPU: the same on any device
+                scale = paper_initial_scales(site, generator).to(like.dtype)
             else:
-                scale = torch.full(site.shape, float(init_scale))
-            locs[site_key(site.name)] = nn.Parameter(loc.to(loc.device))
-            rhos[site_key(site.name)] = nn.Parameter(inverse_softplus(scale).to(loc.device))
+                scale = torch.full(site.shape, float(init_scale), dtype=like.dtype)
+            locs[site_key(site.name)] = nn.Parameter(loc)
+            rhos[site_key(site.name)] = nn.Parameter(inverse_softplus(scale).to(like.device))
         self.locs = nn.ParameterDict(locs)
         self.rhos = nn.ParameterDict(rhos)
 

@@ -60,6 +60,7 @@ from torch import nn
 from ..infer.callbacks import KLAnnealing
 from ..infer.elbo import site_kl
 from ..likelihoods import Categorical, Likelihood
+from ..model import match_input
 from ..nn.rank1 import RANK1_LAYER_TYPES, Rank1Layer, find_rank1_layers, rank1_factors
 from ..nn.sites import BayesianSite
 from ..priors import NormalPrior, Prior, _positive, as_prior
@@ -89,7 +90,7 @@ class CauchyPrior(Prior):
         self.scale = _positive(scale, "CauchyPrior scale")
 
     def site_distribution(self, site: BayesianSite) -> dist.Distribution:
-        return dist.Cauchy(torch.tensor(self.loc), torch.tensor(self.scale), validate_args=False)
+        return dist.Cauchy(self.constant(self.loc), self.constant(self.scale), validate_args=False)
 
 
 def rank1_prior(kind: str = "normal", scale: float = 1.0) -> Prior:
@@ -201,6 +202,8 @@ class Rank1BNNModel(nn.Module):
                 )
                 names.append(name)
             self._factor_sites[layer.module_name] = (names[0], names[1])
+        # the layer's shared weight W of each factor site: the device and dtype of its prior
+        self._site_weights = [net.get_submodule(site.module_name) for site in self.sites]
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -227,9 +230,25 @@ class Rank1BNNModel(nn.Module):
         """The shared weights :math:`W`, the biases and normalisation parameters."""
         return [p for p in self.net.parameters() if p.requires_grad]
 
+    def site_parameter(self, i: int) -> torch.Tensor:
+        """The shared weight :math:`W` of the layer of the ``i``-th factor site: its device
+        and dtype are those of the site's prior and of the guide."""
+        return self._site_weights[i]._parameters["weight"]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the network's weights."""
+        return self.site_parameter(0).dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the network's weights."""
+        return self.site_parameter(0).device
+
     def prior_distribution(self, site: BayesianSite):
-        """The prior of one factor site (``event_shape = (M, dim)``)."""
-        return self.prior(site)
+        """The prior of one factor site (``event_shape = (M, dim)``), on the network's
+        device and in its dtype."""
+        return self.prior(site, self.site_parameter(self.sites.index(site)))
 
     def route(self, batch_size: int, device=None) -> torch.Tensor:
         """Component of each example of a batch under ``"modulo"`` routing: ``i mod M``."""
@@ -253,7 +272,7 @@ class Rank1BNNModel(nn.Module):
             for module, (r_name, s_name) in self._factor_sites.items()
         }
         with rank1_factors(self.net, per_layer):
-            return self.net(x)
+            return self.net(match_input(x, self.site_parameter(0)))
 
     def network_forward(self, weights: Mapping[str, torch.Tensor], x: torch.Tensor):
         r"""Outputs of all ``M`` components: shape ``(M, B, ...)``.
@@ -270,7 +289,10 @@ class Rank1BNNModel(nn.Module):
 
     # ------------------------------------------------------------------ program
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        factors = {site.name: pyro.sample(site.name, self.prior(site)) for site in self.sites}
+        factors = {
+            site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
+            for i, site in enumerate(self.sites)
+        }
         if self.routing == "tile":
             m, b = self.components, x.shape[0]
             x = x.repeat(m, *([1] * (x.dim() - 1)))
@@ -321,7 +343,8 @@ class Rank1Guide(DiagonalNormalGuide):
             raise ValueError(f"init_scale must be a positive float, got {init_scale!r}")
         self.sites = list(model.sites)
         self.components = model.components
-        device = next(model.net.parameters()).device
+        # the factors follow the network's device and dtype
+        device, dtype = model.device, model.dtype
         generator = torch.Generator().manual_seed(int(seed))
         locs, rhos = {}, {}
         for site in self.sites:
@@ -329,8 +352,8 @@ class Rank1Guide(DiagonalNormalGuide):
                 loc = torch.ones(site.shape)
             else:
                 loc = torch.randint(0, 2, site.shape, generator=generator).float() * 2 - 1
-            rho = inverse_softplus(torch.full(site.shape, init_scale))
-            locs[site_key(site.name)] = nn.Parameter(loc.to(device))
+            rho = inverse_softplus(torch.full(site.shape, init_scale, dtype=dtype))
+            locs[site_key(site.name)] = nn.Parameter(loc.to(device=device, dtype=dtype))
             rhos[site_key(site.name)] = nn.Parameter(rho.to(device))
         self.locs = nn.ParameterDict(locs)
         self.rhos = nn.ParameterDict(rhos)

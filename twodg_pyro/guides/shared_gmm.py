@@ -128,20 +128,29 @@ class SharedGMMGuide(BNNGuide):
         self.tying = tying
         self.coordinates = structure.coordinates
         self._info = dict(structure.info)
-        self.outlier_loc = nn.Parameter(structure.outlier_loc.detach().clone().float())
-        self.outlier_rho = nn.Parameter(inverse_softplus(structure.outlier_scale.float()))
+        # the guide follows the network's device and dtype, whatever the structure's
+        device, dtype = model.device, model.dtype
+        self.outlier_loc = nn.Parameter(
+            structure.outlier_loc.detach().to(device=device, dtype=dtype).clone()
+        )
+        self.outlier_rho = nn.Parameter(
+            inverse_softplus(structure.outlier_scale.detach().to(device=device, dtype=dtype))
+        )
         self._set_components(structure.means, structure.covariances)
         self._set_assignments(structure)
         self._cache: dict = {}
 
     # ------------------------------------------------------------------ parameters
     def _set_components(self, means: torch.Tensor, covs: torch.Tensor) -> None:
-        device = self.outlier_loc.device
-        means, covs = means.detach().float().to(device), covs.detach().float().to(device)
+        like = self.outlier_loc  # the guide's device and dtype
+        means = means.detach().to(device=like.device, dtype=like.dtype)
+        covs = covs.detach().to(device=like.device, dtype=like.dtype)
         m1 = means[:, 1]
         raw = inverse_softplus(m1.clamp_min(_MIN_SIGMA)) if self.coordinates == "sigma" else m1
         self.centre_mu = nn.Parameter(means[:, 0].clone())
         self.centre_raw = nn.Parameter(raw.clone())
+        # the centres the inlier points were last synchronised with (see current_points)
+        self.register_buffer("anchor_centres", means.clone())
         log_diag, off = _chol_params(covs)
         trainable = self.tying != "representative"
         for name, value in (("chol_log_diag", log_diag), ("chol_off", off)):
@@ -155,10 +164,14 @@ class SharedGMMGuide(BNNGuide):
                 self.register_buffer(name, value.clone())
 
     def _set_assignments(self, s: SharingStructure) -> None:
-        device = self.outlier_loc.device
+        device, dtype = self.outlier_loc.device, self.outlier_loc.dtype
         n_w = s.num_weights
         K = s.n_gaussians
-        reg = lambda name, t: self.register_buffer(name, t.to(device), persistent=True)  # noqa: E731
+
+        def reg(name: str, t: torch.Tensor) -> None:  # floating buffers in the guide's dtype
+            t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+            self.register_buffer(name, t, persistent=True)
+
         # the two weight-sized index lists in 32 bits when the network allows (half the
         # memory; index_select takes them); the small ones stay 64-bit for index_copy
         big = torch.int32 if n_w < 2**31 else torch.long
@@ -167,8 +180,8 @@ class SharedGMMGuide(BNNGuide):
         reg("plain_component", s.plain_component.to(big))
         reg("ellipse_index", s.ellipse_index.long())
         reg("ellipse_components", s.ellipse_components.long())
-        reg("ellipse_alphas", s.ellipse_alphas.float())
-        reg("inlier_points", s.inlier_points.float())
+        reg("ellipse_alphas", s.ellipse_alphas)
+        reg("inlier_points", s.inlier_points)
         # natural-order table index: plain weight -> its component k, j-th outlier -> K + j,
         # ellipse weight -> 0 (overwritten per draw); drawing gathers with it (index_select /
         # gather: deterministic backward on CPU, unlike advanced indexing)
@@ -180,18 +193,20 @@ class SharedGMMGuide(BNNGuide):
         ends = torch.tensor([lay.offset + lay.numel for lay in s.sites])
         site_of = lambda idx: torch.searchsorted(ends, idx, right=True)  # noqa: E731
         n_sites = len(s.sites)
-        counts = torch.zeros(n_sites, K)
+        counts = torch.zeros(n_sites, K, dtype=dtype)
         if s.plain_index.numel():
             counts.view(-1).index_add_(
                 0,
                 site_of(s.plain_index) * K + s.plain_component,
-                torch.ones(s.plain_index.numel()),
+                torch.ones(s.plain_index.numel(), dtype=dtype),
             )
         if s.ellipse_index.numel():
             k = s.ellipse_components.shape[1]
             rows = site_of(s.ellipse_index)[:, None].expand(-1, k)
             counts.view(-1).index_add_(
-                0, (rows * K + s.ellipse_components).reshape(-1), s.ellipse_alphas.reshape(-1)
+                0,
+                (rows * K + s.ellipse_components).reshape(-1),
+                s.ellipse_alphas.reshape(-1).to(dtype),
             )
         reg("site_counts", counts)
         self._ranges = {}
@@ -234,6 +249,34 @@ class SharedGMMGuide(BNNGuide):
         r""":math:`S_k = L_k L_k^\top`, ``(K, 2, 2)``."""
         L = self.cholesky()
         return L @ L.transpose(-1, -2)
+
+    def current_points(self) -> torch.Tensor:
+        r"""The inlier points :math:`x_i` moved with their components since stage 2.
+
+        During stage 3 the centres move (they are trained) while the weights' stage-1
+        points :math:`x_i` do not: compared with the moved mixture, most points would sit
+        far from their component and the Mahalanobis check would turn them into ellipse
+        weights.  A point therefore rides with its component: it keeps its offset from the
+        centre it was last assigned to,
+
+        .. math::
+            x_i \leftarrow x_i + \sum_k r_{ik}\,(m_k - m_k^{\text{anchor}}),
+
+        (:math:`r_{ik}` = 1 for a plain inlier's component, :math:`\alpha_{ik}` for an
+        ellipse weight; :math:`m^{\text{anchor}}` the centres when the points were last
+        set), so the check only reacts to changes of the mixture's shape (merges, trained
+        covariances), not to the drift of the centres.  Returned in the order of
+        :attr:`inlier_points` (plain, then ellipse weights), ``(n_inliers, 2)``.
+        """
+        with torch.no_grad():
+            delta = self.centres() - self.anchor_centres
+            shift = delta.index_select(0, self.plain_component.long())
+            if self._n[2]:
+                shift_e = (self.ellipse_alphas.unsqueeze(-1) * delta[self.ellipse_components]).sum(
+                    1
+                )
+                shift = torch.cat([shift, shift_e])
+            return self.inlier_points + shift.to(self.inlier_points.dtype)
 
     def component_counts(self) -> torch.Tensor:
         r""":math:`N_k` summed over sites."""
@@ -472,31 +515,46 @@ class SharedGMMGuide(BNNGuide):
                 log_p_elem = base.log_prob(value).reshape(-1)
             return log_p_elem[kind_range_global_idx - self._layout[name][0]]
 
+        base = prior_fn.base_dist if isinstance(prior_fn, dist.Independent) else prior_fn
+        # a Normal prior that differs between weights (e.g. PretrainedPrior): closed form,
+        # weight by weight, at the prior's entries for the weights concerned
+        per_weight = isinstance(base, dist.Normal) and prior is None
+        offset = self._layout[name][0]
+
+        def prior_at(global_idx: torch.Tensor) -> dist.Normal:
+            local = global_idx - offset
+            loc = base.loc.expand(base.batch_shape).reshape(-1).index_select(0, local)
+            scale = base.scale.expand(base.batch_shape).reshape(-1).index_select(0, local)
+            return dist.Normal(loc, scale, validate_args=False)
+
         # ---- outliers
         kl_out = zero
         if o1 > o0:
+            idx = self.outlier_index[o0:o1]
             loc = self.outlier_loc[o0:o1]
             scale = F.softplus(self.outlier_rho[o0:o1])
-            try:
-                if prior is None:
-                    raise NotImplementedError
-                kl_out = _normal_kl(loc, scale, prior).sum()
-            except NotImplementedError:
-                w = self._cache["flat"][0].index_select(0, self.outlier_index[o0:o1])
+            kl_out = None
+            if per_weight:
+                kl_out = _normal_kl(loc, scale, prior_at(idx)).sum()
+            elif prior is not None:
+                try:
+                    kl_out = _normal_kl(loc, scale, prior).sum()
+                except NotImplementedError:
+                    pass
+            if kl_out is None:  # Monte Carlo at the drawn weights
+                w = self._cache["flat"][0].index_select(0, idx)
                 log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
-                log_p = (
-                    prior.log_prob(w)
-                    if prior is not None
-                    else elementwise_log_p(self.outlier_index[o0:o1])
-                )
+                log_p = prior.log_prob(w) if prior is not None else elementwise_log_p(idx)
                 kl_out = (log_q - log_p).sum()
         # ---- inliers
         kl_in = zero
         if p1 > p0 or e1 > e0:
-            kl_in = self._inlier_kl(name, prior, elementwise_log_p)
+            kl_in = self._inlier_kl(
+                name, prior, elementwise_log_p, prior_at if per_weight else None
+            )
         return {"kl_inlier": kl_in, "kl_outlier": kl_out}
 
-    def _inlier_kl(self, name, prior, elementwise_log_p) -> torch.Tensor:
+    def _inlier_kl(self, name, prior, elementwise_log_p, prior_at=None) -> torch.Tensor:
         counts = self.site_counts[self._site_pos[name]]
         is_normal = isinstance(prior, dist.Normal)
         _, _, p0, p1, e0, e1 = self._ranges[name]
@@ -506,6 +564,8 @@ class SharedGMMGuide(BNNGuide):
             if is_normal:
                 kl_k = _normal_kl(self.centre_mu, self.centre_sigma(), prior)
                 return (counts * kl_k).sum()
+            if prior_at is not None:  # per-weight Normal prior: the same bound, weight by weight
+                return self._per_weight_representative_kl(p0, p1, e0, e1, prior_at)
             comps = self.plain_component[p0:p1]
             if e1 > e0:
                 comps = torch.cat([comps, self._cache["chosen"][0, e0:e1]])
@@ -534,15 +594,40 @@ class SharedGMMGuide(BNNGuide):
         log_p = prior.log_prob(w) if prior is not None else elementwise_log_p(global_idx)
         return (log_q - log_p).sum()
 
+    def _per_weight_representative_kl(self, p0, p1, e0, e1, prior_at) -> torch.Tensor:
+        r""":math:`\sum_i \sum_k r_{ik}\,\mathrm{KL}(\mathcal N(m_{k,0}, m_{k,1}^2) \|
+        p_i)` over a site's plain (:math:`r_{ik} = 1` for its component) and ellipse
+        (:math:`r_{ik} = \alpha_{ik}`) weights, for a Normal prior :math:`p_i` per weight."""
+        mu, sigma = self.centre_mu, self.centre_sigma()
+        total = mu.new_zeros(())
+        if p1 > p0:
+            comps = self.plain_component[p0:p1].long()
+            q = (mu.index_select(0, comps), sigma.index_select(0, comps))
+            total = total + _normal_kl(*q, prior_at(self.plain_index[p0:p1])).sum()
+        if e1 > e0:
+            comps = self.ellipse_components[e0:e1]  # (n, k)
+            p = prior_at(self.ellipse_index[e0:e1])
+            p = dist.Normal(p.loc.unsqueeze(1), p.scale.unsqueeze(1), validate_args=False)
+            kl = _normal_kl(mu[comps], sigma[comps], p)
+            total = total + (self.ellipse_alphas[e0:e1] * kl).sum()
+        return total
+
     def _expected_kl(self, prior: dist.Normal) -> torch.Tensor:
-        """Per-component expected KL to a Normal prior, computed once per draw and prior."""
-        key = (float(prior.loc), float(prior.scale))
+        """Per-component expected KL to a Normal prior, computed once per draw and prior.
+
+        Sites share the entry when their prior's parameters are the same tensors (the
+        library's priors reuse them: :meth:`~twodg_pyro.priors.Prior.constant`); the key
+        is their storage, not their values, so that no GPU value is read back per step.
+        The entry holds the tensors, so their memory cannot be reused within the draw."""
+        loc, scale = prior.loc, prior.scale
+        key = (loc.data_ptr(), scale.data_ptr(), loc.dtype, loc.device)
         table = self._cache.setdefault("expected_kl", {})
         if key not in table:
-            table[key] = expected_normal_kl(
-                self.centres(), self.covariances(), prior.loc, prior.scale, self.coordinates
+            value = expected_normal_kl(
+                self.centres(), self.covariances(), loc, scale, self.coordinates
             )
-        return table[key]
+            table[key] = (loc, scale, value)
+        return table[key][2]
 
     def _last_weights_flat(self) -> torch.Tensor:
         return self._cache["flat"][0]
@@ -551,6 +636,14 @@ class SharedGMMGuide(BNNGuide):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # files written before 0.1.0's memory diet carry an unused weight-sized buffer
         state_dict.pop(prefix + "inverse_order", None)
+        # files written before the points followed their components: the points are where
+        # they were, relative to the saved centres
+        if prefix + "anchor_centres" not in state_dict and prefix + "centre_mu" in state_dict:
+            raw = state_dict[prefix + "centre_raw"]
+            m1 = F.softplus(raw) if self.coordinates == "sigma" else raw
+            state_dict[prefix + "anchor_centres"] = torch.stack(
+                [state_dict[prefix + "centre_mu"], m1], 1
+            )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def load_structure(self, structure: SharingStructure, components: bool = True) -> None:
@@ -568,15 +661,19 @@ class SharedGMMGuide(BNNGuide):
                 f"{self.coordinates!r}"
             )
         if not torch.equal(structure.outlier_index, self.outlier_index.cpu()):
-            dev = self.outlier_loc.device
-            self.outlier_loc = nn.Parameter(structure.outlier_loc.float().to(dev))
+            dev, dtype = self.outlier_loc.device, self.outlier_loc.dtype
+            self.outlier_loc = nn.Parameter(
+                structure.outlier_loc.detach().to(device=dev, dtype=dtype).clone()
+            )
             self.outlier_rho = nn.Parameter(
-                inverse_softplus(structure.outlier_scale.float()).to(dev)
+                inverse_softplus(structure.outlier_scale.detach().to(device=dev, dtype=dtype))
             )
         if components:
             self._set_components(structure.means, structure.covariances)
         elif structure.n_gaussians != self.n_components:
             raise ValueError("components=False needs the same number of components")
+        else:  # the structure's points are current: they ride from the centres as they are
+            self.anchor_centres = self.centres().detach().clone()
         self._set_assignments(structure)
         self._cache = {}
 
@@ -585,7 +682,7 @@ class SharedGMMGuide(BNNGuide):
         from ..infer.elbo import DecomposedELBO
 
         elbo = elbo or DecomposedELBO()
-        total = torch.zeros(self.n_components, 2, device=self.centre_mu.device)
+        total = self.centre_mu.new_zeros(self.n_components, 2)
         seen = 0
         for batch in batches:
             x, y = (t.to(self.centre_mu.device) for t in batch[:2])
@@ -610,8 +707,14 @@ class SharedGMMGuide(BNNGuide):
             groups.append({"name": "cov", "params": [self.chol_log_diag, self.chol_off]})
         return groups
 
-    def structure(self) -> SharingStructure:
-        """The current sharing structure (centres and covariances as trained so far)."""
+    def structure(self, current_points: bool = False) -> SharingStructure:
+        """The current sharing structure (centres and covariances as trained so far).
+
+        Its ``inlier_points`` are the points as last set (stage 1's, or as of the last
+        refinement), which the guide's ``anchor_centres`` complete (files and checkpoints
+        keep both); ``current_points=True`` gives them moved with their components
+        (:meth:`current_points`), as the refinement hooks compare them with the mixture.
+        """
         from ..sharing.structure import SiteLayout
 
         sites = [SiteLayout(n, tuple(shape), off) for n, (off, _, shape) in self._layout.items()]
@@ -629,6 +732,8 @@ class SharedGMMGuide(BNNGuide):
                 ellipse_index=self.ellipse_index.cpu(),
                 ellipse_components=self.ellipse_components.cpu(),
                 ellipse_alphas=self.ellipse_alphas.cpu(),
-                inlier_points=self.inlier_points.cpu(),
+                inlier_points=(
+                    self.current_points() if current_points else self.inlier_points
+                ).cpu(),
                 info=dict(self._info),
             )

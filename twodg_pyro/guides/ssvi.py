@@ -195,20 +195,22 @@ class SSVIGuide(BNNGuide):
         self._generator = torch.Generator().manual_seed(int(seed))
         init_loc = init_loc if init_loc is not None else model.initial_values()
         locs, rhos = {}, {}
-        for site in self.sites:
+        for i, site in enumerate(self.sites):
             key = site_key(site.name)
             k = min(site.numel, max(1, int(round(self.density * site.numel))))
             idx = torch.randperm(site.numel, generator=self._generator)[:k].sort().values
-            full_loc = init_loc[site.name].detach().float()
+            like = model.site_parameter(i)  # the guide follows the network's device and dtype
+            full_loc = init_loc[site.name].detach().to(device=like.device, dtype=like.dtype)
             if full_loc.shape != site.shape:
                 raise ValueError(
                     f"initial mean of {site.name!r} has shape {tuple(full_loc.shape)}, "
                     f"the site has {tuple(site.shape)}"
                 )
-            device = full_loc.device
+            device = like.device
             self.register_buffer(f"index__{key}", idx.to(device))
             locs[key] = nn.Parameter(full_loc.reshape(-1)[idx.to(device)].clone())
-            rhos[key] = nn.Parameter(inverse_softplus(self._initial_scales(site, idx)).to(device))
+            scales = self._initial_scales(site, idx).to(like.dtype)
+            rhos[key] = nn.Parameter(inverse_softplus(scales).to(device))
         self.locs = nn.ParameterDict(locs)
         self.rhos = nn.ParameterDict(rhos)
 
@@ -307,7 +309,7 @@ class SSVIGuide(BNNGuide):
         new_rho = torch.cat(
             [
                 old_rho[kept_pos],
-                inverse_softplus(self._initial_scales(site, add)).to(old_rho),
+                inverse_softplus(self._initial_scales(site, add).to(old_rho.dtype)).to(old_rho),
             ]
         )
         setattr(self, f"index__{key}", torch.cat([idx[kept_pos], add]))

@@ -143,7 +143,9 @@ class MergeHook(_Scheduled):
         if guide.tying != "representative":
             old += [guide.chol_log_diag, guide.chol_off]
         guide.load_structure(
-            apply_mapping(guide.structure(), result.mapping, result.means, result.covs)
+            apply_mapping(
+                guide.structure(current_points=True), result.mapping, result.means, result.covs
+            )
         )
         new = [guide.centre_mu, guide.centre_raw]
         if guide.tying != "representative":
@@ -156,8 +158,18 @@ class MergeHook(_Scheduled):
 
 
 class MahalanobisHook(_Scheduled):
-    r"""Re-run the hard assignment and the :math:`D^2 > T_M` ellipse check of all inliers
-    against the current mixture (component parameters are kept)."""
+    r"""Re-run the :math:`D^2 > T_M` ellipse check of all inliers against the current
+    mixture (component parameters are kept).
+
+    The inlier points are the guide's :meth:`~twodg_pyro.guides.SharedGMMGuide.current_points`:
+    they move with their components during stage 3, so the check reacts to changes of the
+    mixture's shape (a merge, trained covariances), not to the centres' drift.  By default
+    every weight keeps the component it is tied to (``reassign=False``): a weight that now
+    lies beyond :math:`T_M` of it becomes an ellipse weight over its ``k`` nearest
+    components, an ellipse weight back within :math:`T_M` of its nearest component becomes
+    a plain weight of it.  ``reassign=True`` first re-runs the hard assignment
+    (:math:`rg\max_k \pi_k \mathcal N(x_i \mid m_k, S_k)`), which moves weights between
+    components whose centres training has already fitted to other members."""
 
     def __init__(
         self,
@@ -165,6 +177,7 @@ class MahalanobisHook(_Scheduled):
         k: int = 5,
         every: int = 1,
         until_fixed_point: bool = True,
+        reassign: bool = False,
     ):
         super().__init__(every, until_fixed_point)
         if not (threshold > 0):
@@ -172,6 +185,7 @@ class MahalanobisHook(_Scheduled):
         if int(k) < 1:
             raise ValueError(f"k (nearest components) must be at least 1, got {k!r}")
         self.threshold, self.k = float(threshold), int(k)
+        self.reassign = bool(reassign)
 
     def on_epoch_end(self, state) -> None:
         if not self.due(state):
@@ -185,9 +199,14 @@ class MahalanobisHook(_Scheduled):
         from ..sharing.refine import reassign
 
         guide = state.guide
-        before = guide.structure()
+        before = guide.structure(current_points=True)
         after = reassign(
-            before, before.means, before.covariances, threshold=self.threshold, k=self.k
+            before,
+            before.means,
+            before.covariances,
+            threshold=self.threshold,
+            k=self.k,
+            keep_components=not self.reassign,
         )
         changed = _n_changed(before, after)
         self.log.append({"epoch": state.epoch, "changed": changed, "ellipses": after.n_ellipses})

@@ -120,7 +120,9 @@ def restore_rng(state: Mapping, generators: Sequence = ()) -> None:
     for g, s in zip(gens, saved, strict=True):
         g.set_state(s)
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # saved on a machine with more (or fewer) GPUs: restore those present on both
+        for i, s in enumerate(list(state["cuda"])[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, i)
 
 
 # ---------------------------------------------------------------------- payload

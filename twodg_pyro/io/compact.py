@@ -40,11 +40,12 @@ What a compact 2DG file stores
   at their own dtype; the Bayesian tensors are not stored (the guide draws them).
 
 Not stored: the stage-1 points of the inliers (needed only to rerun the Mahalanobis
-check while training) and, for ``representative`` by default, the covariances (unused
-when drawing).  A loaded guide gets each inlier's component centre (the
-:math:`\alpha`-weighted centre of an ellipse weight's components) as its point and, without
-stored covariances, zero covariances: compact files are for prediction; continue
-training from the full ``model_2dg.pt``.
+check while training), for ``representative`` by default the covariances (unused when
+drawing), and the centres of a ``PretrainedPrior`` (the pretrained weights: a loaded
+model gets N(0, 1) with a warning; prediction does not use the prior).  A loaded guide
+gets each inlier's component centre (the :math:`\alpha`-weighted centre of an ellipse
+weight's components) as its point and, without stored covariances, zero covariances:
+compact files are for prediction; continue training from the full ``model_2dg.pt``.
 
 Byte layout (all integers little-endian)
 ----------------------------------------
@@ -93,6 +94,7 @@ import json
 import math
 import struct
 import time
+import warnings
 import zlib
 from pathlib import Path
 
@@ -420,6 +422,7 @@ def _model_header(model, network: dict | None) -> dict:
         "likelihood": _likelihood_spec(model.likelihood),
         "prior": _prior_spec(model.prior),
         "network": network,
+        "dtype": str(model.dtype).removeprefix("torch."),
         "sites": [[s.name, list(s.shape)] for s in model.sites],
     }
 
@@ -603,12 +606,29 @@ def _rebuild_model(header: dict, net, prior, where: str, net_bytes):
         from ..models import build_network
 
         net = build_network(spec["name"], **spec.get("kwargs", {}))
+    dtype = header.get("dtype", "float32")
+    if dtype not in ("float32", "float64", "float16", "bfloat16"):
+        raise ValueError(f"unknown network dtype {dtype!r} in the header")
+    net = net.to(getattr(torch, dtype))
     lik_spec = header["likelihood"]
     if lik_spec["kind"] == "Gaussian":
         lik = Gaussian(lik_spec["dataset_size"], lik_spec["scale"])
     else:
         lik = Categorical(lik_spec["dataset_size"])
-    prior = prior if prior is not None else _rebuild_prior(header.get("prior", {}))
+    prior_spec = header.get("prior") or {}
+    if prior is None and prior_spec.get("kind") == "PretrainedPrior":
+        # its centres are the pretrained network's weights, which a compact file does not
+        # hold: prediction does not use the prior, the KL, k-hat and training do
+        warnings.warn(
+            f"{where!r} was trained with a PretrainedPrior whose centres (the pretrained "
+            "weights) a compact file does not hold; the loaded model gets the default "
+            "N(0, 1) prior (predictions are unaffected; pass prior= or use the full model "
+            "file for anything that uses the prior)",
+            UserWarning,
+            stacklevel=4,
+        )
+    elif prior is None:
+        prior = _rebuild_prior(prior_spec, net)
     model = BNNModel(net, prior=prior, likelihood=lik)
     saved = [[n, list(sh)] for n, sh in header["sites"]]
     here = [[s.name, list(s.shape)] for s in model.sites]

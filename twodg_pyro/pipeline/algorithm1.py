@@ -20,7 +20,7 @@ from ..sharing import build_sharing
 from .builders import train_loader
 from .config import RunConfig
 from .execution import LOCAL, Execution
-from .runner import train_svi
+from .runner import kl_weight_field, train_svi
 
 __all__ = ["run_2dg", "stage3", "stage3_hooks"]
 
@@ -39,6 +39,7 @@ def stage3_hooks(cfg: RunConfig, loader) -> list:
                 tau_v=cfg.sharing.tau_v,
                 data=loader,
                 every=cfg.stage3.merge_every,
+                until_fixed_point=False,  # the centres move: a later epoch may merge again
             )
         )
     if cfg.sharing.use_ellipses and cfg.stage3.reassign_every:
@@ -47,6 +48,7 @@ def stage3_hooks(cfg: RunConfig, loader) -> list:
                 threshold=cfg.sharing.mahalanobis_threshold,
                 k=cfg.sharing.k_nearest,
                 every=cfg.stage3.reassign_every,
+                until_fixed_point=False,  # a later merge changes the mixture's shape again
             )
         )
     return hooks
@@ -89,6 +91,7 @@ def stage3(
         checkpoints,
         extra,
         execution,
+        kl_weight=s3.kl_weight,
     )
     return guide, state, hooks
 
@@ -144,6 +147,7 @@ def run_2dg(
         "outlier_rule": report["outlier_rules"].get("rule"),
         "stage2": report,
         "hooks": {type(h).__name__: h.log for h in hooks},
+        **kl_weight_field(cfg.stage3.kl_weight),
         "train_seconds": seconds,
         "final_elbo_terms": state.history[-1] if state.history else {},
         **execution.record_fields(),

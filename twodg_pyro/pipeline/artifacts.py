@@ -18,6 +18,14 @@ trained one, else the mean-field BNN):
 ``sharing_plane.png``, ``reliability.png``, ``elbo_terms.png``, ``merges.png``
     the figures of :mod:`twodg_pyro.diagnostics.plots`.
 
+Everything after the model file is bounded by the run's ``diagnostics`` settings
+(:class:`~twodg_pyro.pipeline.config.DiagnosticsConfig`, :func:`diagnostics_budget`:
+draws, and seeded subsets of the training and evaluation examples, held to a fraction of
+the training's forward passes) and shows a progress bar, one step per item; with
+``diagnostics.enabled = false`` (``--no-diagnostics``) only the model file and a
+``diagnostics.json`` saying so are written.  The results table is written before any of
+this starts.
+
 Each item is produced independently: one that fails is reported (a warning and an
 ``errors`` entry in ``diagnostics.json``) and the others are still written, so that a
 long run never loses its model file to a figure.
@@ -32,6 +40,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from .results import atomic_write_text
 
@@ -40,15 +49,17 @@ __all__ = [
     "network_spec",
     "evaluate_model_file",
     "diagnose_model_file",
+    "diagnostics_budget",
     "KHAT_SAMPLES",
     "KHAT_MAX_EXAMPLES",
 ]
 
 #: Draws from q for the Pareto k-hat (Yao et al. recommend at least about 100).
 KHAT_SAMPLES = 100
-#: Training examples for log p(D | w) in the k-hat: all of them up to this many, else a
-#: seeded subset scaled by N / n (noisier; see ``vi_diagnostics``).
-KHAT_MAX_EXAMPLES = 10000
+#: Examples used by the diagnostics: for log p(D | w) in the k-hat, all training examples
+#: up to this many, else a seeded subset scaled by N / n (noisier; see ``vi_diagnostics``);
+#: for the InferenceData and PSIS-LOO, a seeded subset of the evaluation examples.
+KHAT_MAX_EXAMPLES = 2000
 
 
 def network_spec(cfg, split) -> dict:
@@ -91,14 +102,20 @@ def _jsonable(obj):
 
 
 class _Writer:
-    """Runs each artifact step, recording files and errors."""
+    """Runs each artifact step, recording files and errors, with a progress bar (one
+    update per step, the step's name beside it)."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, steps: int = 0, progress: bool = False):
         self.out = out_dir
         self.files: dict[str, str] = {}
         self.errors: dict[str, str] = {}
+        self.progress = bool(progress)
+        self.bar = tqdm(
+            total=steps or None, desc="diagnostics", unit="step", disable=not progress, leave=False
+        )
 
     def step(self, name: str, fn):
+        self.bar.set_postfix_str(name, refresh=True)
         try:
             result = fn()
         except Exception as e:  # noqa: BLE001 - reported, the other artifacts still run
@@ -107,9 +124,63 @@ class _Writer:
                 f"could not write {name}: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2
             )
             return None
+        finally:
+            self.bar.update(1)
         if isinstance(result, Path):
             self.files[name] = str(result)
         return result
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _n_examples(data) -> int:
+    """Examples in ``(X, y)`` tensors, a ``Dataset`` or a ``DataLoader``."""
+    if isinstance(data, tuple):
+        return int(data[0].shape[0])
+    dataset = getattr(data, "dataset", data)
+    return len(dataset)
+
+
+def diagnostics_budget(
+    dcfg, num_samples: int, n_train: int, n_eval: int, train_passes: int | None
+) -> dict:
+    """How many draws and examples the diagnostics of a run use.
+
+    With :math:`S_k` = ``dcfg.khat_samples`` draws for the k-hat, :math:`S_e` =
+    ``num_samples`` draws exported, and :math:`n_k = \\min(N_\\text{train}, m)`,
+    :math:`n_e = \\min(N_\\text{eval}, m)` examples (:math:`m` = ``dcfg.max_examples``),
+    the diagnostics cost :math:`S_k n_k + S_e n_e` forward passes of one example.  When
+    that exceeds ``dcfg.budget`` times ``train_passes`` (epochs times training examples
+    over the exported model's SVI stages; ``None``: no training to compare with), both
+    :math:`n` shrink by the same factor, to no fewer than ``dcfg.min_examples`` (or the
+    whole set, if smaller).
+
+    Returns the numbers used (``khat_samples``, ``num_samples``, ``n_train_examples``,
+    ``n_eval_examples``) and the accounting (``diagnostics_passes``, ``train_passes``,
+    ``budget``, ``reduced``).
+    """
+    s_k, s_e = int(dcfg.khat_samples), int(num_samples)
+    n_k, n_e = min(n_train, dcfg.max_examples), min(n_eval, dcfg.max_examples)
+    work = s_k * n_k + s_e * n_e
+    reduced = False
+    if train_passes is not None and work > dcfg.budget * train_passes:
+        f = dcfg.budget * train_passes / work
+        n_k = max(min(n_train, dcfg.min_examples), int(n_k * f))
+        n_e = max(min(n_eval, dcfg.min_examples), int(n_e * f))
+        reduced = True
+    return {
+        "khat_samples": s_k,
+        "num_samples": s_e,
+        "n_train_examples": n_k,
+        "n_eval_examples": n_e,
+        "train_examples_total": int(n_train),
+        "eval_examples_total": int(n_eval),
+        "diagnostics_passes": s_k * n_k + s_e * n_e,
+        "train_passes": train_passes,
+        "budget": float(dcfg.budget),
+        "reduced": reduced,
+    }
 
 
 def _diagnostics(
@@ -123,8 +194,10 @@ def _diagnostics(
     n_weights: int = 200,
     khat_samples: int = KHAT_SAMPLES,
     max_train_examples: int | None = KHAT_MAX_EXAMPLES,
+    max_eval_examples: int | None = KHAT_MAX_EXAMPLES,
 ) -> dict:
-    """InferenceData, PSIS-LOO, summary, reliability diagram and k-hat; returns the report."""
+    """InferenceData, PSIS-LOO, summary, reliability diagram and k-hat; returns the report
+    (6 steps of ``writer``)."""
     from .. import diagnostics as D
     from ..metrics import classification_metrics
 
@@ -133,10 +206,19 @@ def _diagnostics(
     idata = writer.step(
         "inference_data",
         lambda: D.to_inference_data(
-            model, guide, eval_data, num_samples=num_samples, n_weights=n_weights, seed=seed
+            model,
+            guide,
+            eval_data,
+            num_samples=num_samples,
+            n_weights=n_weights,
+            seed=seed,
+            max_examples=max_eval_examples,
+            progress=writer.progress,
         ),
     )
-    if idata is not None:
+    if idata is None:
+        writer.bar.update(4)  # the steps below need it
+    else:
         writer.step(
             "inference_data", lambda: D.save_inference_data(idata, out / "inference_data.nc")
         )
@@ -166,6 +248,7 @@ def _diagnostics(
             num_samples=khat_samples,
             seed=seed,
             max_examples=max_train_examples,
+            progress=writer.progress,
         ),
     )
     return report
@@ -183,7 +266,8 @@ def write_artifacts(art, cfg, out_dir) -> dict:
 
     Args:
         art: the :class:`~twodg_pyro.pipeline.runner.RunArtifacts` of :func:`run`.
-        cfg: its :class:`~twodg_pyro.pipeline.config.RunConfig`.
+        cfg: its :class:`~twodg_pyro.pipeline.config.RunConfig` (``cfg.diagnostics``: on
+            or off, draws and examples; :func:`diagnostics_budget`).
         out_dir: the run folder.
 
     Returns:
@@ -191,9 +275,9 @@ def write_artifacts(art, cfg, out_dir) -> dict:
         the run trained neither a 2DG nor a mean-field BNN.
     """
     from ..diagnostics import plot_elbo_terms, plot_merges, plot_sharing_plane
+    from ..distributed import env
 
     out = Path(out_dir)
-    writer = _Writer(out)
     entry = art.extras.get("2dg")
     if entry is not None:
         method, model, guide, state = "2dg", entry["model"], entry["guide"], entry["state"]
@@ -201,8 +285,25 @@ def write_artifacts(art, cfg, out_dir) -> dict:
         method, (model, guide, state) = "mean_field", art.mean_field
     else:
         return {"files": {}, "errors": {}}
+    dcfg = cfg.diagnostics
     split = art.split
     device = cfg.device
+    states = [art.mean_field[2]] if art.mean_field is not None else []
+    if method == "2dg":
+        states.append(state)
+    n_train = len(split.train)
+    eval_data = art.extras.get("eval_data")
+    if eval_data is None:
+        eval_data = _to(_xy(split.test), device)
+    budget = diagnostics_budget(
+        dcfg,
+        cfg.num_samples,
+        n_train,
+        _n_examples(eval_data),
+        sum(len(st.history) for st in states) * n_train,
+    )
+    n_steps = (method == "2dg") + (6 + (3 if method == "2dg" else 1) if dcfg.enabled else 0)
+    writer = _Writer(out, n_steps, progress=cfg.progress and env.is_main())
 
     if method == "2dg":
         from ..io import save_2dg
@@ -214,13 +315,25 @@ def write_artifacts(art, cfg, out_dir) -> dict:
 
         writer.step("model", save_model)
 
-    eval_data = art.extras.get("eval_data")
-    if eval_data is None:
-        eval_data = _to(_xy(split.test), device)
+    if not dcfg.enabled:
+        writer.close()
+        writer.files["diagnostics"] = str(out / "diagnostics.json")
+        _write_report(writer, {"method": method, "skipped": "diagnostics.enabled = false"})
+        return {"files": dict(writer.files), "errors": dict(writer.errors)}
     report = _diagnostics(
-        writer, model, guide, eval_data, _to(_xy(split.train), device), cfg.num_samples, cfg.seed
+        writer,
+        model,
+        guide,
+        eval_data,
+        _to(_xy(split.train), device),
+        cfg.num_samples,
+        cfg.seed,
+        khat_samples=budget["khat_samples"],
+        max_train_examples=budget["n_train_examples"],
+        max_eval_examples=budget["n_eval_examples"],
     )
     report["method"] = method
+    report["budget"] = budget
     if method == "2dg":
         writer.step("sharing_plane", lambda: plot_sharing_plane(guide, out / "sharing_plane.png"))
     histories = {}
@@ -235,6 +348,7 @@ def write_artifacts(art, cfg, out_dir) -> dict:
         writer.step(
             "merges", lambda: plot_merges(log, out / "merges.png", stage2=record.get("stage2"))
         )
+    writer.close()
     writer.files["diagnostics"] = str(out / "diagnostics.json")
     _write_report(writer, report)
     return {"files": dict(writer.files), "errors": dict(writer.errors)}
@@ -251,9 +365,10 @@ def _load(model_file, data: str, root: str | None, device: str):
     """The saved model (a full or a compact file) and the data split it is evaluated on."""
     from ..io.compact import load_model_file
     from ..models import MLP
-    from .builders import load_data
+    from .builders import check_device, load_data
     from .config import DataConfig
 
+    check_device(device)
     model, guide = load_model_file(model_file, device=device)
     cfg = DataConfig(name=data, root=root)
     split = load_data(cfg, image=not isinstance(model.net, MLP))
@@ -269,7 +384,9 @@ def evaluate_model_file(
     seed: int = 0,
     device: str = "cpu",
 ) -> dict:
-    """Accuracy, NLL, ECE and Brier of a saved 2DG BNN (``N_s`` = ``num_samples``)."""
+    """Accuracy, NLL, ECE and Brier of a saved 2DG BNN (``N_s`` = ``num_samples``), run on
+    ``device`` in the dtype the model was saved in (a file written on a GPU loads on the
+    CPU and back)."""
     from ..metrics import classification_metrics
     from ..predict import predict
     from .builders import seed_everything
@@ -308,19 +425,24 @@ def diagnose_model_file(
     max_train_examples: int | None = KHAT_MAX_EXAMPLES,
     seed: int = 0,
     device: str = "cpu",
+    max_eval_examples: int | None = KHAT_MAX_EXAMPLES,
+    progress: bool = False,
 ) -> dict:
     """InferenceData, k-hat, PSIS-LOO, ``az.summary`` and figures of a saved 2DG BNN.
 
     Writes into ``out_dir``: ``inference_data.nc``, ``diagnostics.json`` (k-hat, LOO,
     predictive metrics, files), ``posterior_summary.csv``, ``sharing_plane.png`` and
     ``reliability.png`` (the training history is not in the model file, so there are
-    no ELBO or merge figures).  Returns the ``diagnostics.json`` content.
+    no ELBO or merge figures).  The k-hat uses ``khat_samples`` draws on a seeded subset
+    of at most ``max_train_examples`` training examples, the InferenceData and PSIS-LOO
+    ``num_samples`` draws on at most ``max_eval_examples`` test examples.  The model runs
+    on ``device`` in the dtype it was saved in.  Returns the ``diagnostics.json`` content.
     """
     from ..diagnostics import plot_sharing_plane
 
     model, guide, split = _load(model_file, data, root, device)
     out = Path(out_dir)
-    writer = _Writer(out)
+    writer = _Writer(out, 7, progress=progress)
     report: dict = {"model_file": str(model_file), "data": data, "seed": int(seed)}
     report.update(
         _diagnostics(
@@ -334,9 +456,11 @@ def diagnose_model_file(
             n_weights=n_weights,
             khat_samples=khat_samples,
             max_train_examples=max_train_examples,
+            max_eval_examples=max_eval_examples,
         )
     )
     writer.step("sharing_plane", lambda: plot_sharing_plane(guide, out / "sharing_plane.png"))
+    writer.close()
     writer.files["diagnostics"] = str(out / "diagnostics.json")
     _write_report(writer, report)
     return _jsonable(dict(report, files=dict(writer.files), errors=dict(writer.errors)))

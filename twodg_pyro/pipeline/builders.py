@@ -13,10 +13,45 @@ from torch import nn
 from ..data import DataSplit, load_dataset, make_loader
 from ..likelihoods import Categorical
 from ..model import BNNModel
-from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, Prior
-from .config import DataConfig, NetworkConfig, PriorConfig
+from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior, Prior
+from .config import ConfigError, DataConfig, NetworkConfig, PriorConfig, torch_dtype
 
-__all__ = ["seed_everything", "load_data", "build_net", "build_prior", "build_model"]
+__all__ = [
+    "seed_everything",
+    "load_data",
+    "build_net",
+    "build_prior",
+    "build_model",
+    "check_device",
+]
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` when this machine has it.
+
+    Raises:
+        ConfigError: a CUDA device on a machine without CUDA, or a GPU index beyond the
+            GPUs present (naming the value and what there is).
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device = {device!r}: not a torch device ({e})") from e
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device = {str(device)!r}, but CUDA is not available here "
+                "(torch.cuda.is_available() is False); use device = 'cpu'"
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(
+                f"device = {str(device)!r}, but this machine has {count} GPU(s) "
+                f"(cuda:0 to cuda:{count - 1})"
+            )
+    elif dev.type != "cpu":
+        raise ConfigError(f"device = {str(device)!r}: must be 'cpu' or 'cuda[:i]'")
+    return dev
 
 
 def seed_everything(seed: int) -> None:
@@ -37,7 +72,10 @@ def load_data(cfg: DataConfig, image: bool) -> DataSplit:
             seed=cfg.split_seed,
             image=image,
         )
-    return load_dataset(cfg.name, cfg.root, val_fraction=cfg.val_fraction, seed=cfg.split_seed)
+    kw = {"augment": cfg.augment} if cfg.name.startswith("cifar") else {}
+    return load_dataset(
+        cfg.name, cfg.root, val_fraction=cfg.val_fraction, seed=cfg.split_seed, **kw
+    )
 
 
 def train_loader(split: DataSplit, cfg: DataConfig, seed: int):
@@ -46,33 +84,44 @@ def train_loader(split: DataSplit, cfg: DataConfig, seed: int):
 
 
 def build_net(cfg: NetworkConfig, split: DataSplit) -> nn.Module:
-    """The deterministic network for ``split``'s input shape and classes."""
+    """The deterministic network for ``split``'s input shape and classes, its parameters
+    in ``cfg.dtype`` (initialised in float32, then cast: the same start in either dtype)."""
     from ..models import build_network
 
     shape = tuple(split.input_shape)
     if cfg.arch == "mlp":
-        return build_network(
+        net = build_network(
             "mlp",
             in_features=math.prod(shape),
             hidden=tuple(cfg.hidden),
             num_classes=split.num_classes,
         )
-    if cfg.arch == "lenet5":
-        return build_network(
+    elif cfg.arch == "lenet5":
+        net = build_network(
             "lenet5", num_classes=split.num_classes, in_channels=shape[0], input_size=shape[-1]
         )
-    return build_network(cfg.arch, num_classes=split.num_classes, in_channels=shape[0])
+    else:
+        net = build_network(cfg.arch, num_classes=split.num_classes, in_channels=shape[0])
+    return net.to(torch_dtype(cfg.dtype))
 
 
-def build_prior(cfg: PriorConfig) -> Prior:
-    """The configured prior."""
+def build_prior(cfg: PriorConfig, net: nn.Module | None = None) -> Prior:
+    """The configured prior; ``kind = "pretrained"`` is centred at ``net``'s current
+    (e.g. pretrained) parameters."""
     if cfg.kind == "normal":
         return NormalPrior(cfg.scale)
     if cfg.kind == "laplace":
         return LaplacePrior(cfg.scale)
+    if cfg.kind == "pretrained":
+        if net is None:
+            raise ValueError(
+                "prior.kind = 'pretrained' needs the network whose weights it is centred at"
+            )
+        return PretrainedPrior.from_network(net, cfg.scale, cfg.delta)
     return LayerwiseNormalPrior(gain=cfg.scale)
 
 
 def build_model(net: nn.Module, prior: PriorConfig, n_train: int) -> BNNModel:
-    """A categorical-likelihood BNN model over ``net``."""
-    return BNNModel(net, prior=build_prior(prior), likelihood=Categorical(n_train))
+    """A categorical-likelihood BNN model over ``net`` (whose current values centre a
+    ``pretrained`` prior)."""
+    return BNNModel(net, prior=build_prior(prior, net), likelihood=Categorical(n_train))

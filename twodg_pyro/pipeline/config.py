@@ -25,7 +25,10 @@ __all__ = [
     "Stage3Config",
     "Rank1Config",
     "SSVIConfig",
+    "DiagnosticsConfig",
     "RunConfig",
+    "DTYPES",
+    "torch_dtype",
     "load_config",
     "config_from_dict",
 ]
@@ -33,6 +36,19 @@ __all__ = [
 
 class ConfigError(ValueError):
     """A setting is unknown or out of range; the message names it."""
+
+
+#: ``network.dtype`` values: the floating type of the network's parameters, and so of the
+#: priors, guides, draws, stage 2's mixture and the predictions.
+DTYPES = ("float32", "float64")
+
+
+def torch_dtype(name: str):
+    """The ``torch.dtype`` of a ``network.dtype`` setting (``"float32"``, ``"float64"``)."""
+    import torch
+
+    _choice("network.dtype", name, DTYPES)
+    return getattr(torch, name)
 
 
 def _require(cond: bool, name: str, value: Any, what: str) -> None:
@@ -75,6 +91,7 @@ class DataConfig:
     val_fraction: float = 0.1
     test_fraction: float = 0.2
     split_seed: int = 0
+    augment: bool = True  # CIFAR training augmentation (paper App. I.2); ImageNet always
 
     def __post_init__(self):
         _choice(
@@ -100,6 +117,7 @@ class NetworkConfig:
     arch: str = "mlp"
     hidden: list[int] = field(default_factory=lambda: [128])
     pretrain_epochs: int = 0
+    dtype: str = "float32"  # or "float64": everything downstream follows the network
 
     def __post_init__(self):
         _require(
@@ -115,38 +133,86 @@ class NetworkConfig:
             "must be positive integers",
         )
         _nonneg_int("network.pretrain_epochs", self.pretrain_epochs)
+        _choice("network.dtype", self.dtype, DTYPES)
 
 
 @dataclass
 class PriorConfig:
-    """The prior over Bayesian weights: ``normal``, ``laplace`` or ``layerwise``."""
+    """The prior over Bayesian weights: ``normal``, ``laplace``, ``layerwise`` or
+    ``pretrained`` (empirical Bayes: centred at the network's initial, e.g. pretrained,
+    weights with standard deviation ``scale + delta |w|``, see
+    :class:`~twodg_pyro.priors.PretrainedPrior`)."""
 
     kind: str = "normal"
     scale: float = 1.0
+    delta: float = 0.0
 
     def __post_init__(self):
-        _choice("prior.kind", self.kind, ("normal", "laplace", "layerwise"))
+        _choice("prior.kind", self.kind, ("normal", "laplace", "layerwise", "pretrained"))
         _pos("prior.scale", self.scale)
+        _require(
+            isinstance(self.delta, (int, float)) and math.isfinite(self.delta) and self.delta >= 0,
+            "prior.delta",
+            self.delta,
+            "must be a finite number >= 0",
+        )
 
 
 @dataclass
 class Stage1Config:
-    """Mean-field pretraining (Algorithm 1, stage 1)."""
+    r"""Mean-field pretraining (Algorithm 1, stage 1) and the deterministic network's
+    training recipe (the baseline, and the pretraining of ``network.pretrain_epochs``).
+
+    ``kl_weight`` is a KL temperature :math:`\beta`: stage 1 minimises
+    :math:`\text{nll} + \beta\,\mathrm{KL}`; 1 is the true ELBO, and every results row
+    trained with another value says so.  The ``deterministic_*`` settings select Adam at
+    a constant rate (the default) or the paper's SGD recipe (App. I.3: momentum, weight
+    decay, linear warm-up, learning-rate steps by ``deterministic_gamma`` at
+    ``deterministic_milestones``)."""
 
     epochs: int = 300
     lr_loc: float = 1e-2
     lr_scale: float = 1e-2
     kl_warmup_epochs: int = 0
+    kl_weight: float = 1.0
     init_scale: str | float = "paper"
     deterministic_epochs: int = 300
     deterministic_lr: float = 1e-2
+    deterministic_optimizer: str = "adam"
+    deterministic_momentum: float = 0.9
+    deterministic_weight_decay: float = 0.0
+    deterministic_milestones: list[int] = field(default_factory=list)
+    deterministic_gamma: float = 0.1
+    deterministic_warmup_epochs: int = 0
 
     def __post_init__(self):
         _nonneg_int("stage1.epochs", self.epochs)
         _nonneg_int("stage1.kl_warmup_epochs", self.kl_warmup_epochs)
         _nonneg_int("stage1.deterministic_epochs", self.deterministic_epochs)
-        for n in ("lr_loc", "lr_scale", "deterministic_lr"):
+        _nonneg_int("stage1.deterministic_warmup_epochs", self.deterministic_warmup_epochs)
+        for n in ("lr_loc", "lr_scale", "deterministic_lr", "kl_weight", "deterministic_gamma"):
             _pos(f"stage1.{n}", getattr(self, n))
+        _choice("stage1.deterministic_optimizer", self.deterministic_optimizer, ("adam", "sgd"))
+        for n in ("deterministic_momentum", "deterministic_weight_decay"):
+            v = getattr(self, n)
+            _require(
+                isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and math.isfinite(v)
+                and v >= 0,
+                f"stage1.{n}",
+                v,
+                "must be a finite number >= 0",
+            )
+        _require(
+            all(
+                isinstance(m, int) and not isinstance(m, bool) and m >= 0
+                for m in self.deterministic_milestones
+            ),
+            "stage1.deterministic_milestones",
+            self.deterministic_milestones,
+            "must be epochs (integers >= 0)",
+        )
         if isinstance(self.init_scale, str):
             _choice("stage1.init_scale", self.init_scale, ("paper",))
         else:
@@ -231,10 +297,11 @@ class Stage3Config:
     tying: str = "representative"  # or "stochastic", "tied"
     merge_every: int = 0  # epochs between merge hooks (0: never during stage 3)
     reassign_every: int = 0  # epochs between Mahalanobis reassignment hooks
+    kl_weight: float = 1.0  # KL temperature beta of stage 3 (1: the true bound, Eq. 10)
 
     def __post_init__(self):
         _nonneg_int("stage3.epochs", self.epochs)
-        for n in ("lr_centre", "lr_outlier", "lr_cov"):
+        for n in ("lr_centre", "lr_outlier", "lr_cov", "kl_weight"):
             _pos(f"stage3.{n}", getattr(self, n))
         _choice("stage3.tying", self.tying, ("representative", "stochastic", "tied"))
         _nonneg_int("stage3.merge_every", self.merge_every)
@@ -323,6 +390,56 @@ class SSVIConfig:
 
 
 @dataclass
+class DiagnosticsConfig:
+    """What a run computes after its results are written, and how much of it.
+
+    ``enabled = false`` (``--no-diagnostics``) writes the results and the model file only:
+    no InferenceData, Pareto k-hat, PSIS-LOO, posterior summary or figures.
+
+    The budget: the k-hat uses ``khat_samples`` draws from q on a seeded subset of at most
+    ``max_examples`` training examples (its log-likelihood scaled by N / n); the
+    InferenceData (and so PSIS-LOO) holds ``num_samples`` draws on a seeded subset of at
+    most ``max_examples`` evaluation examples.  Counting one forward pass of one example as
+    the unit, the diagnostics' passes (``khat_samples * n_train + num_samples * n_eval``)
+    are further held to ``budget`` times the passes of the exported model's training
+    (epochs times training examples, over its SVI stages; a training pass also runs the
+    backward, so ``budget = 1`` keeps the diagnostics to about a third of the training
+    time): both subsets shrink in proportion, to no fewer than ``min_examples`` each.
+    """
+
+    enabled: bool = True
+    khat_samples: int = 100
+    max_examples: int = 2000
+    budget: float = 1.0
+    min_examples: int = 100
+
+    def __post_init__(self):
+        _require(
+            isinstance(self.khat_samples, int)
+            and not isinstance(self.khat_samples, bool)
+            and self.khat_samples >= 25,
+            "diagnostics.khat_samples",
+            self.khat_samples,
+            "must be an integer >= 25 (the Pareto fit of the k-hat needs them)",
+        )
+        for n in ("max_examples", "min_examples"):
+            v = getattr(self, n)
+            _require(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                f"diagnostics.{n}",
+                v,
+                "must be an integer >= 1",
+            )
+        _require(
+            self.min_examples <= self.max_examples,
+            "diagnostics.min_examples",
+            self.min_examples,
+            f"must not exceed diagnostics.max_examples = {self.max_examples}",
+        )
+        _pos("diagnostics.budget", self.budget)
+
+
+@dataclass
 class RunConfig:
     """A whole run: which methods, data, network, prior and the stages' settings."""
 
@@ -340,6 +457,7 @@ class RunConfig:
     stage3: Stage3Config = field(default_factory=Stage3Config)
     rank1: Rank1Config = field(default_factory=Rank1Config)
     ssvi: SSVIConfig = field(default_factory=SSVIConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
     def __post_init__(self):
         known = ("deterministic", "mean_field", "2dg", "rank1", "ssvi")
@@ -424,8 +542,13 @@ def config_from_dict(values: dict, cls: type = RunConfig, prefix: str = ""):
         raise ConfigError(f"{prefix}: {e}") from e
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
-    """Read a TOML (``.toml``), JSON (``.json``) or YAML (``.yaml``/``.yml``) config file."""
+def load_config(
+    path: str | Path, overrides: dict | None = None, base: dict | None = None
+) -> RunConfig:
+    """Read a TOML (``.toml``), JSON (``.json``) or YAML (``.yaml``/``.yml``) config file.
+
+    ``base`` (e.g. a preset's settings) is what the file's settings override; the
+    ``overrides`` (command-line options) override both."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
@@ -450,7 +573,7 @@ def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
         raise ConfigError(f"config file {str(path)!r} cannot be parsed: {e}") from e
     if not isinstance(values, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a table of settings")
-    values = merge_settings(values, overrides or {})
+    values = merge_settings(merge_settings(base or {}, values), overrides or {})
     return config_from_dict(values)
 
 

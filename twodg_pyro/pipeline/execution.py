@@ -62,9 +62,14 @@ class Execution:
         """SVI (:func:`~twodg_pyro.infer.fit`; ``seed`` is the loader's and unused here)."""
         return fit(model, guide, data, epochs=epochs, **kwargs)
 
-    def train_deterministic(self, net, data, epochs: int, lr: float, *, device, progress: bool):
-        """Train the deterministic network ``net`` in place on ``data``."""
-        return train_deterministic(net, data, epochs, lr, device=device, progress=progress)
+    def train_deterministic(
+        self, net, data, epochs: int, lr: float, *, device, progress: bool, **recipe
+    ):
+        """Train the deterministic network ``net`` in place on ``data`` (``recipe``: the
+        optimiser settings of :func:`~twodg_pyro.baselines.train_deterministic`)."""
+        return train_deterministic(
+            net, data, epochs, lr, device=device, progress=progress, **recipe
+        )
 
     def predict(self, fn, eval_data, device):
         """``fn(eval_data)``: the predictions of the whole evaluation set."""

@@ -24,6 +24,7 @@ SCHEMA_VERSION = 1
 
 _COLUMNS = [
     ("method", "method", "{}"),
+    ("kl_weight", "KL weight", "{:g}"),
     ("accuracy", "acc", "{:.4f}"),
     ("nll", "NLL", "{:.4f}"),
     ("ece", "ECE", "{:.4f}"),

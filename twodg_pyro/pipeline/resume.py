@@ -39,7 +39,9 @@ __all__ = ["RunCheckpoints", "load_run_config", "STAGES"]
 
 #: Stages with checkpoints, latest first.
 STAGES = ("stage3", "stage1")
-_IGNORED = ("progress", "device", "checkpoint_every")
+#: Settings a resumed run may change: where and how visibly it runs, and what it computes
+#: after its results (a run saved on a GPU resumes on the CPU and back).
+_IGNORED = ("progress", "device", "checkpoint_every", "diagnostics")
 
 
 def _config_dir(run_dir: str | Path) -> Path:
@@ -80,6 +82,15 @@ def load_run_config(run_dir: str | Path, overrides: dict | None = None) -> RunCo
     from .config import merge_settings
 
     return config_from_dict(merge_settings(values, overrides or {}))
+
+
+def _with_defaults(values: dict) -> dict:
+    """Stored settings with the defaults of settings added since they were written (so
+    that a checkpoint of an older version compares equal), or as they are if unreadable."""
+    try:
+        return config_from_dict(values).to_dict()
+    except (ConfigError, TypeError, ValueError):
+        return values
 
 
 class RunCheckpoints:
@@ -144,7 +155,7 @@ class RunCheckpoints:
             path = self.path(stage)
             ckpt = load_checkpoint(path, stage=stage) if path.is_file() else None
             if ckpt is not None and ckpt.config is not None:
-                diff = _differences(ckpt.config, self.cfg.to_dict())
+                diff = _differences(_with_defaults(ckpt.config), self.cfg.to_dict())
                 if diff:
                     raise ValueError(
                         f"checkpoint {str(path)!r} belongs to a run with other settings: "

@@ -21,7 +21,14 @@ from ..infer import DecomposedELBO, KLAnnealing
 from ..io.checkpoint import restore_state
 from ..metrics import classification_metrics
 from ..predict import deterministic_predict, predict
-from .builders import build_model, build_net, load_data, seed_everything, train_loader
+from .builders import (
+    build_model,
+    build_net,
+    check_device,
+    load_data,
+    seed_everything,
+    train_loader,
+)
 from .checks import check_split
 from .config import RunConfig
 from .execution import LOCAL, Execution, main_only
@@ -69,7 +76,7 @@ def train_mean_field(
     guide = MeanFieldGuide(model, init_scale=cfg.stage1.init_scale, seed=cfg.seed).to(cfg.device)
     callbacks = []
     if cfg.stage1.kl_warmup_epochs:
-        callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs))
+        callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs, end=cfg.stage1.kl_weight))
     loader = train_loader(split, cfg.data, cfg.seed)
     lr = {"loc": cfg.stage1.lr_loc, "scale": cfg.stage1.lr_scale, "default": cfg.stage1.lr_loc}
     state = train_svi(
@@ -85,6 +92,7 @@ def train_mean_field(
         checkpoints,
         extra,
         execution,
+        kl_weight=cfg.stage1.kl_weight,
     )
     return model, guide, state
 
@@ -102,9 +110,11 @@ def train_svi(
     checkpoints=None,
     extra=None,
     execution: Execution = LOCAL,
+    kl_weight: float = 1.0,
 ):
-    """SVI of ``guide`` for ``stage`` (``"stage1"``, ``"stage3"``) on the seeded ``loader``
-    (``execution`` shards it); returns the final ``TrainState``.
+    r"""SVI of ``guide`` for ``stage`` (``"stage1"``, ``"stage3"``) on the seeded ``loader``
+    (``execution`` shards it) on :math:`\text{nll} + \beta\,\mathrm{KL}` with
+    :math:`\beta` = ``kl_weight``; returns the final ``TrainState``.
 
     With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) rank 0
     writes the stage's checkpoints (holding ``callbacks``' states, ``loader``'s generator
@@ -125,7 +135,7 @@ def train_svi(
         epochs,
         seed=cfg.seed,
         lr=lr,
-        elbo=DecomposedELBO(),
+        elbo=DecomposedELBO(beta=kl_weight),
         callbacks=list(callbacks) + main_only(ckpt),
         device=cfg.device,
         progress=progress,
@@ -148,6 +158,11 @@ def run(
     ``out_dir/checkpoints``; ``resume=True`` continues a killed run from them (see
     :mod:`twodg_pyro.pipeline.resume`).
 
+    Every stage runs on ``cfg.device`` in the network's dtype (``cfg.network.dtype``): the
+    priors, guides, stage 2's mixture, draws and predictions follow the network.  The
+    results are written before the diagnostics start (``cfg.diagnostics``: budget, or
+    ``enabled = false`` for none).
+
     ``execution`` says where the stages run: in this process (the default), or on every
     rank of a process group (:func:`~twodg_pyro.distributed.run_distributed` passes a
     :class:`~twodg_pyro.distributed.runner.DataParallel`; every rank then calls this with
@@ -155,6 +170,7 @@ def run(
     """
     execution.check(cfg, resume)
     cfg = execution.configure(cfg)
+    check_device(cfg.device)  # a CUDA run on a machine without it fails here, not mid-run
     progress = cfg.progress and env.is_main()
     art = RunArtifacts()
     seed_everything(cfg.seed)
@@ -182,6 +198,7 @@ def run(
             cfg.stage1.deterministic_lr,
             device=cfg.device,
             progress=progress,
+            **deterministic_recipe(cfg),
         )
         return det, time.perf_counter() - t0
 
@@ -239,6 +256,7 @@ def run(
                     "size_mb": 4 * n_train / 1e6,
                     "train_seconds": seconds,
                     "final_elbo_terms": state.history[-1] if state.history else {},
+                    **kl_weight_field(cfg.stage1.kl_weight),
                     **execution.record_fields(),
                 }
             )
@@ -270,6 +288,25 @@ def run(
 
         env.on_main(write, f"write the results to {out_dir}")
     return art
+
+
+def deterministic_recipe(cfg: RunConfig) -> dict:
+    """The keyword arguments of :func:`~twodg_pyro.baselines.train_deterministic` beyond
+    the learning rate: the optimiser and, for SGD, its schedule (``stage1.deterministic_*``)."""
+    s1 = cfg.stage1
+    return {
+        "optimizer": s1.deterministic_optimizer,
+        "momentum": s1.deterministic_momentum,
+        "weight_decay": s1.deterministic_weight_decay,
+        "milestones": tuple(s1.deterministic_milestones),
+        "gamma": s1.deterministic_gamma,
+        "warmup_epochs": s1.deterministic_warmup_epochs,
+    }
+
+
+def kl_weight_field(kl_weight: float) -> dict:
+    """``{"kl_weight": beta}`` for a record trained on a tempered ELBO, ``{}`` at 1."""
+    return {} if kl_weight == 1.0 else {"kl_weight": kl_weight}
 
 
 def _to(data, device):

@@ -62,7 +62,12 @@ def build_sharing(
     report: dict = {}
     t0 = time.perf_counter()
     mus, sigmas = guide.means_and_scales()
+    # stage 2 runs on the CPU in the guide's dtype (float32, or float64 for a float64
+    # network; the mixture's E-step too); the stage-3 guide built from the structure
+    # moves it back to the network's device
     mus, sigmas = mus.cpu(), sigmas.cpu()
+    dtype = mus.dtype if mus.dtype == torch.float64 else torch.float32
+    mus, sigmas = mus.to(dtype), sigmas.to(dtype)
     n_w = mus.numel()
     for name, t in (("weight means", mus), ("weight scales", sigmas)):
         bad = ~torch.isfinite(t)
@@ -117,12 +122,13 @@ def build_sharing(
         max_iter=cfg.gmm_max_iter,
         random_state=seed,
         device=device,
+        dtype=dtype,
         progress=progress,
     ).fit(points[inlier_idx])
     report["gmm_seconds"] = time.perf_counter() - t1
     report["gmm_components"] = cfg.n_components
-    means = gmm.means_.detach().cpu().float()
-    covs = gmm.covariances_.detach().cpu().float()
+    means = gmm.means_.detach().cpu().to(dtype)
+    covs = gmm.covariances_.detach().cpu().to(dtype)
     in_points = points[inlier_idx]
     assign = gmm.predict(in_points).cpu()
 
@@ -136,13 +142,13 @@ def build_sharing(
         outlier[inlier_idx[~keep]] = True
         inlier_idx, in_points, assign = inlier_idx[keep], in_points[keep], assign_kept
     else:
-        weights = torch.bincount(assign_kept, minlength=means.shape[0]).float()
+        weights = torch.bincount(assign_kept, minlength=means.shape[0]).to(dtype)
         assign = hard_assign(in_points, means, covs, weights / weights.sum())
 
     # ---- merging (Eqs. 4-6), until no pair qualifies
     K0 = int(means.shape[0])
     if cfg.use_merging:
-        counts = torch.bincount(assign, minlength=K0).float()
+        counts = torch.bincount(assign, minlength=K0).to(dtype)
         grads_k = None
         result = merge_components(
             means,
@@ -156,7 +162,7 @@ def build_sharing(
             test=cfg.merge_test,
             progress=progress,
         )
-        means, covs = result.means.float(), result.covs.float()
+        means, covs = result.means.to(dtype), result.covs.to(dtype)
         assign = result.mapping[assign]
         report["merge_rounds"] = int(result.n_rounds)
     report["components_after_merging"] = int(means.shape[0])
@@ -172,11 +178,11 @@ def build_sharing(
             k=cfg.k_nearest,
             progress=progress,
         )
-        mask, comps, alphas = ell.mask.cpu(), ell.components.cpu(), ell.alphas.cpu().float()
+        mask, comps, alphas = ell.mask.cpu(), ell.components.cpu(), ell.alphas.cpu().to(dtype)
     else:
         k = min(cfg.k_nearest, int(means.shape[0]))
         mask = torch.zeros(in_points.shape[0], dtype=torch.bool)
-        comps, alphas = torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k)
+        comps, alphas = torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k, dtype=dtype)
 
     out_idx = outlier.nonzero().squeeze(1)
     structure = SharingStructure(

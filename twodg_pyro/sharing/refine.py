@@ -47,29 +47,47 @@ def reassign(
     threshold: float = 5.991,
     k: int = 5,
     use_ellipses: bool = True,
+    keep_components: bool = False,
 ) -> SharingStructure:
-    """Re-run the hard assignment and the Mahalanobis check of every inlier."""
+    """Re-run the Mahalanobis check of every inlier, after re-running its hard assignment
+    (``keep_components=False``) or against the component it is tied to now
+    (``keep_components=True``: a plain weight's own component, an ellipse weight's nearest
+    one), so that only weights far from that component become (or stop being) ellipse
+    weights."""
     from ..gmm import ellipse_assign
 
-    means, covs = means.detach().cpu().float(), covs.detach().cpu().float()
+    dtype = _float_dtype(means)
+    means, covs = means.detach().cpu().to(dtype), covs.detach().cpu().to(dtype)
     idx = torch.cat([s.plain_index, s.ellipse_index])
     order = idx.argsort()
-    idx, points = idx[order], s.inlier_points[order]
+    idx, points = idx[order], s.inlier_points[order].to(dtype)
     K = means.shape[0]
-    weights = _component_weights(s, K)
-    assign = hard_assign(points, means, covs, weights)
+    if keep_components:
+        if K != s.n_gaussians:
+            raise ValueError(
+                f"keep_components needs the structure's {s.n_gaussians} components, got {K}"
+            )
+        current = s.ellipse_components[:, 0] if s.n_ellipses else s.ellipse_index.new_zeros(0)
+        assign = torch.cat([s.plain_component.long(), current.long()])[order]
+    else:
+        assign = hard_assign(points, means, covs, _component_weights(s, K))
     if use_ellipses and points.shape[0]:
         ell = ellipse_assign(points, means, covs, assign, threshold=threshold, k=k)
         mask, comps, alphas = ell.mask, ell.components, ell.alphas
     else:
         mask = torch.zeros(points.shape[0], dtype=torch.bool)
         comps = torch.zeros(0, min(k, K), dtype=torch.long)
-        alphas = torch.zeros(0, min(k, K))
+        alphas = torch.zeros(0, min(k, K), dtype=dtype)
     return _rebuild(s, means, covs, idx, points, assign, mask, comps, alphas)
 
 
+def _float_dtype(t: torch.Tensor) -> torch.dtype:
+    """float64 for float64 input (a float64 network's stage 2), else float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
 def _component_weights(s: SharingStructure, K: int) -> torch.Tensor:
-    counts = s.component_counts() if s.n_gaussians == K else torch.ones(K)
+    counts = s.component_counts() if s.n_gaussians == K else torch.ones(K, dtype=s.means.dtype)
     return counts / counts.sum().clamp_min(1e-30)
 
 
@@ -103,11 +121,12 @@ def apply_mapping(
         raise ValueError(
             f"merge mapping has {mapping.numel()} entries for {s.n_gaussians} components"
         )
+    dtype = _float_dtype(means)
     return SharingStructure(
         sites=s.sites,
         coordinates=s.coordinates,
-        means=means.detach().cpu().float(),
-        covariances=covs.detach().cpu().float(),
+        means=means.detach().cpu().to(dtype),
+        covariances=covs.detach().cpu().to(dtype),
         outlier_index=s.outlier_index,
         outlier_loc=s.outlier_loc,
         outlier_scale=s.outlier_scale,

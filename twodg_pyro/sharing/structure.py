@@ -167,7 +167,8 @@ class SharingStructure:
                 self.ellipse_components.shape[0] != self.n_ellipses
             ):
                 raise ValueError("ellipse_components/alphas must be (n_ellipses, k)")
-            if not torch.allclose(self.ellipse_alphas.sum(1), torch.ones(()), atol=1e-4):
+            sums = self.ellipse_alphas.sum(1)
+            if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
                 raise ValueError("ellipse alphas must sum to one per weight")
         if self.inlier_points.shape != (self.n_inliers, 2):
             raise ValueError(

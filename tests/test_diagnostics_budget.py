@@ -1,0 +1,104 @@
+"""Bounded diagnostics: the budget of draws and examples, ``--no-diagnostics``, a progress
+bar on every step, and the results written before the diagnostics start."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from twodg_pyro import diagnostics as D
+from twodg_pyro.cli import main
+from twodg_pyro.pipeline import ConfigError, config_from_dict, run
+from twodg_pyro.pipeline.artifacts import diagnostics_budget
+from twodg_pyro.pipeline.config import DiagnosticsConfig
+
+TINY = {
+    "methods": ["mean_field", "2dg"],
+    "num_samples": 5,
+    "progress": False,
+    "network": {"hidden": [16]},
+    "stage1": {"epochs": 2},
+    "sharing": {
+        "outlier_rule": "quantile",
+        "mu_quantile": 0.99,
+        "grad_percentile": 0.005,
+        "n_components": 8,
+        "n_min": 5,
+    },
+    "stage3": {"epochs": 1},
+    "diagnostics": {"khat_samples": 25, "max_examples": 300, "min_examples": 50},
+}
+
+
+def test_budget_caps_then_shrinks_the_examples_in_proportion():
+    d = DiagnosticsConfig()  # 100 draws for the k-hat, at most 2000 examples, budget 1
+    # 10 epochs of 50,000: 100 x 2000 + 30 x 2000 = 260,000 passes <= 500,000: caps only
+    b = diagnostics_budget(d, 30, 50_000, 10_000, 10 * 50_000)
+    assert (b["n_train_examples"], b["n_eval_examples"], b["reduced"]) == (2000, 2000, False)
+    assert b["diagnostics_passes"] == 260_000
+    # 2 epochs: 100,000 allowed, both subsets shrink by 100,000 / 260,000
+    b = diagnostics_budget(d, 30, 50_000, 10_000, 2 * 50_000)
+    assert (b["n_train_examples"], b["n_eval_examples"], b["reduced"]) == (769, 769, True)
+    assert b["diagnostics_passes"] <= 100_000
+    # a tiny training: no fewer than min_examples (or the whole set, if smaller)
+    b = diagnostics_budget(d, 30, 50_000, 60, 100)
+    assert (b["n_train_examples"], b["n_eval_examples"]) == (100, 60)
+    # no training to compare with (diagnose): the caps only
+    b = diagnostics_budget(d, 30, 1000, 500, None)
+    assert (b["n_train_examples"], b["n_eval_examples"], b["reduced"]) == (1000, 500, False)
+
+
+def test_diagnostics_settings_are_validated():
+    with pytest.raises(ConfigError, match="diagnostics.khat_samples"):
+        config_from_dict({"diagnostics": {"khat_samples": 10}})
+    with pytest.raises(ConfigError, match="diagnostics.min_examples"):
+        config_from_dict({"diagnostics": {"min_examples": 500, "max_examples": 100}})
+    with pytest.raises(ConfigError, match="diagnostics.budget"):
+        config_from_dict({"diagnostics": {"budget": 0}})
+
+
+def test_run_holds_diagnostics_to_the_budget_after_writing_results(tmp_path, monkeypatch):
+    import twodg_pyro.pipeline.artifacts as artifacts
+
+    real = artifacts.write_artifacts
+    seen = {}
+
+    def check_results_first(art, cfg, out_dir):
+        seen["results_written_first"] = (tmp_path / "results.json").is_file()
+        return real(art, cfg, out_dir)
+
+    monkeypatch.setattr(artifacts, "write_artifacts", check_results_first)
+    run(config_from_dict(TINY), tmp_path)
+    assert seen == {"results_written_first": True}
+    report = json.loads((tmp_path / "diagnostics.json").read_text())
+    budget = report["budget"]
+    # 3 epochs (2 + 1) x 1258 examples = 3774 passes < 25 x 300 + 5 x 300 = 9000: both
+    # subsets shrink by 3774 / 9000, to 125 examples
+    assert budget["train_passes"] == 3 * budget["train_examples_total"] == 3774
+    assert budget["reduced"] and budget["n_train_examples"] == budget["n_eval_examples"] == 125
+    assert budget["diagnostics_passes"] <= budget["train_passes"]
+    assert report["vi"]["n_examples"] == 125 and report["vi"]["num_samples"] == 25
+    idata = D.load_inference_data(tmp_path / "inference_data.nc")
+    assert idata.log_likelihood["y"].shape == (1, 5, 125)
+    assert report["errors"] == {}
+
+
+def test_no_diagnostics_writes_results_and_model_only(tmp_path):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(TINY))
+    out = tmp_path / "run"
+    args = ["train", "--config", str(cfg), "--out", str(out), "--no-diagnostics"]
+    assert main(args) == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"results.json", "results.md", "model_2dg.pt", "diagnostics.json"} <= names
+    assert not names & {"inference_data.nc", "posterior_summary.csv", "elbo_terms.png"}
+    report = json.loads((out / "diagnostics.json").read_text())
+    assert report["skipped"] == "diagnostics.enabled = false"
+
+
+def test_every_diagnostics_step_shows_a_progress_bar(tmp_path, capsys):
+    run(config_from_dict({**TINY, "progress": True}), tmp_path)
+    err = capsys.readouterr().err
+    for bar in ("diagnostics", "export", "k-hat"):
+        assert bar in err, bar
