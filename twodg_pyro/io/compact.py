@@ -129,7 +129,7 @@ _PAYLOAD_LEN = struct.Struct("<Q")
 _DIGEST = 32
 #: :func:`export_compact` options that keep predictions as the full file's under the same
 #: seed (float32 centres and 16-bit alphas on top of the default 16-bit outliers), for
-#: 2-21% more bytes; every predicted probability stayed within 1e-4 of the full file's in
+#: 1-21% more bytes; every predicted probability stayed within 1e-4 of the full file's in
 #: ``benchmarks/results/compact_export.md`` (the defaults: within 2e-3).
 FAITHFUL_OPTIONS: dict = {
     "centre_dtype": "float32",
