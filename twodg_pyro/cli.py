@@ -1,11 +1,13 @@
-"""Command-line interface: ``twodg-pyro run | train | evaluate | diagnose | report``.
+"""Command-line interface: ``twodg-pyro run | train | evaluate | diagnose | export | report``.
 
 ``run`` is the main job on the bundled digits; ``train --config FILE`` runs any
 configuration (both write the table, the 2DG model file, the InferenceData,
 diagnostics and figures into ``--out``); ``evaluate MODEL_FILE`` prints the
 predictive metrics of a saved 2DG BNN; ``diagnose MODEL_FILE`` writes its
-InferenceData, k-hat, PSIS-LOO, posterior summary and figures; ``report RUN_DIR``
-rebuilds the table of a finished run.
+InferenceData, k-hat, PSIS-LOO, posterior summary and figures; ``export
+RUN_OR_MODEL_FILE --out FILE.2dgz`` writes the compact model file
+(:mod:`twodg_pyro.io.compact`), which ``evaluate`` and ``diagnose`` read like the full
+one; ``report RUN_DIR`` rebuilds the table of a finished run.
 
 Errors: a user error (a bad setting, a missing or damaged file, an output folder that
 cannot take the run, data that do not fit, a diverged training) is one line on stderr,
@@ -105,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
     _common(p)
     p = sub.add_parser("evaluate", help="metrics of a saved 2DG model file")
-    p.add_argument("model_file", help="a model file written by run/train (model_2dg.pt)")
+    p.add_argument(
+        "model_file", help="a model file written by run/train (model_2dg.pt) or export (.2dgz)"
+    )
     _data_args(p)
     p.add_argument("--split", choices=["test", "val"], default="test", help="default: test")
     p.add_argument("--out", default=None, help="also write the metrics as JSON to this file")
@@ -113,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
     _debug(p)
     p = sub.add_parser("diagnose", help="ArviZ diagnostics and figures of a saved 2DG model")
-    p.add_argument("model_file", help="a model file written by run/train (model_2dg.pt)")
+    p.add_argument(
+        "model_file", help="a model file written by run/train (model_2dg.pt) or export (.2dgz)"
+    )
     _data_args(p)
     p.add_argument("--out", default=None, help="output folder (default: runs/diagnose)")
     p.add_argument("--khat-samples", type=int, default=100, help="draws for k-hat (100)")
@@ -128,6 +134,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the draws and subsets")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _debug(p)
+    p = sub.add_parser("export", help="write the compact model file (.2dgz) of a 2DG BNN")
+    p.add_argument("source", metavar="RUN_OR_MODEL_FILE", help="a run folder or its model_2dg.pt")
+    p.add_argument(
+        "--out", default=None, help="the compact file (default: model_2dg.2dgz beside the source)"
+    )
+    p.add_argument(
+        "--precision",
+        choices=["float16", "float32"],
+        default="float16",
+        help="centres and covariances (default float16)",
+    )
+    p.add_argument(
+        "--outlier-sigma-bits", type=int, default=16, help="bits per outlier sigma (1-16; 16)"
+    )
+    p.add_argument(
+        "--outlier-mu-bits",
+        type=int,
+        default=16,
+        help="bits per outlier mean (16, or 8: INT8 as the quantised baseline; 16)",
+    )
+    p.add_argument(
+        "--alpha-bits", type=int, default=8, help="bits per ellipse blending weight (2-16; 8)"
+    )
+    p.add_argument(
+        "--index-coding",
+        choices=["auto", "global", "per_site"],
+        default="auto",
+        help="one rANS table, one per layer, or the smaller (default auto)",
+    )
+    p.add_argument(
+        "--covariances",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="store the covariances (auto: when the tying draws with them)",
+    )
+    p.add_argument(
+        "--faithful",
+        action="store_true",
+        help="predict as the full file does: float32 centres, 16-bit outliers and alphas "
+        "(overrides --precision and the bit widths)",
+    )
     _debug(p)
     p = sub.add_parser("report", help="rebuild the results table of a run folder")
     p.add_argument("run_dir")
@@ -213,6 +261,8 @@ def _dispatch(args, ctx: dict) -> int:
         return _evaluate(args)
     if args.command == "diagnose":
         return _diagnose(args)
+    if args.command == "export":
+        return _export(args)
     if args.command == "report":
         return _report(args)
     return EXIT_FAILURE  # pragma: no cover
@@ -349,6 +399,35 @@ def _evaluate(args) -> int:
     if args.out:
         atomic_write_text(args.out, text + "\n")
         print(f"wrote {args.out}")
+    return 0
+
+
+def _export(args) -> int:
+    from .io.compact import FAITHFUL_OPTIONS, export_compact_file, resolve_model_file
+
+    src = resolve_model_file(args.source)
+    out = Path(args.out) if args.out else src.with_suffix(".2dgz")
+    options = {
+        "centre_dtype": args.precision,
+        "outlier_sigma_bits": args.outlier_sigma_bits,
+        "outlier_mu_bits": args.outlier_mu_bits,
+        "alpha_bits": args.alpha_bits,
+        "index_coding": args.index_coding,
+        "covariances": {"auto": None, "yes": True, "no": False}[args.covariances],
+    }
+    if args.faithful:
+        options.update(FAITHFUL_OPTIONS)
+    rep = export_compact_file(src, out, **options)
+    parts = ("centres", "covariances", "index", "outliers", "ellipses", "net", "header")
+    print(f"{rep['source']}: {rep['source_bytes']:,} bytes")
+    print(f"{out}: {rep['total']:,} bytes ({rep['source_bytes'] / rep['total']:.1f}x smaller)")
+    print("  " + ", ".join(f"{k} {rep[k]:,}" for k in parts))
+    print(
+        f"  index: {rep['index_bits_per_weight']:.3f} bits/weight ({rep['index_coding']} rANS), "
+        f"empirical entropy {rep['index_entropy_bits']:.3f} "
+        f"({rep['index_entropy_bits_per_site']:.3f} given the layer)"
+    )
+    print(f"wrote {out}")
     return 0
 
 

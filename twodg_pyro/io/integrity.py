@@ -42,6 +42,7 @@ import torch
 __all__ = [
     "CHECKSUM_KEY",
     "ChecksumError",
+    "bytes_digest",
     "check_finite",
     "content_digest",
     "non_finite_tensors",
@@ -130,6 +131,12 @@ def _chunks(obj: Any) -> Iterator[bytes | memoryview]:
         yield from _chunks(list(obj))
     else:
         raise TypeError(f"cannot checksum a value of type {type(obj).__name__}")
+
+
+def bytes_digest(data: bytes | memoryview) -> bytes:
+    """The raw 32-byte SHA-256 of ``data``: the checksum of a byte-level format (the
+    compact ``.2dgz`` file appends it to its content), where the bytes are the content."""
+    return hashlib.sha256(data).digest()
 
 
 def content_digest(obj: Any, exclude: tuple[str, ...] = (CHECKSUM_KEY,)) -> str:

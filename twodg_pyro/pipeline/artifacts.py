@@ -362,14 +362,14 @@ def _to(data, device):
 
 # ---------------------------------------------------------------------------- saved models
 def _load(model_file, data: str, root: str | None, device: str):
-    """The saved model and the data split it is evaluated on."""
-    from ..io import load_2dg
+    """The saved model (a full or a compact file) and the data split it is evaluated on."""
+    from ..io.compact import load_model_file
     from ..models import MLP
     from .builders import check_device, load_data
     from .config import DataConfig
 
     check_device(device)
-    model, guide = load_2dg(model_file, device=device)
+    model, guide = load_model_file(model_file, device=device)
     cfg = DataConfig(name=data, root=root)
     split = load_data(cfg, image=not isinstance(model.net, MLP))
     check_fits(model, split, model_file, device)
