@@ -1,10 +1,13 @@
 """Outlier rules, cluster-size reduction and the stage-2 builder on real data."""
 
+import contextlib
+
 import pytest
 import torch
 
 from twodg_pyro.data import make_loader
 from twodg_pyro.pipeline import SharingConfig
+from twodg_pyro.pipeline.config import ConfigError
 from twodg_pyro.sharing import (
     SharingStructure,
     build_sharing,
@@ -111,3 +114,72 @@ def test_structure_file_round_trip_and_version(tmp_path, trained_mean_field, dig
     payload["header"] = payload["header"].replace('"format_version": 1', '"format_version": 7')
     with pytest.raises(ValueError, match="format version 7 is not supported"):
         SharingStructure.from_payload(payload)
+
+
+def test_build_sharing_is_its_named_steps_and_runs_on_points_alone(trained_mean_field, digits):
+    from twodg_pyro.sharing import build_sharing_from_points, gather_points
+
+    model, guide = trained_mean_field
+    cfg = _cfg(grad_percentile=0.0)  # no gradient rule: the points are all it needs
+    names = []
+
+    def step(name):
+        names.append(name)
+        return contextlib.nullcontext()
+
+    torch.manual_seed(1)
+    s1, r1 = build_sharing(model, guide, make_loader(digits.train, 128), cfg, step=step)
+    assert names == [
+        "points",
+        "gradients",
+        "outliers",
+        "mixture_fit",
+        "hard_assignment",
+        "size_reduction",
+        "merging",
+        "ellipses",
+        "structure",
+    ]
+    torch.manual_seed(1)
+    s2, r2 = build_sharing_from_points(gather_points(guide, cfg.coordinates), cfg)
+    for name, t in vars(s1).items():
+        if torch.is_tensor(t):
+            assert torch.equal(t, getattr(s2, name)), name
+    assert {k: v for k, v in r1.items() if "seconds" not in k} == {
+        k: v for k, v in r2.items() if "seconds" not in k
+    }
+
+
+def test_mixture_subsample_rule(trained_mean_field, digits):
+    from twodg_pyro.sharing import mixture_sample
+
+    assert mixture_sample(100, None, 0) is None and mixture_sample(100, 100, 0) is None
+    state = torch.get_rng_state()
+    rows = mixture_sample(1000, 300, seed=4)
+    assert torch.equal(torch.get_rng_state(), state)  # the global random state is untouched
+    assert rows.numel() == 300 and rows.unique().numel() == 300
+    assert torch.equal(rows, rows.sort().values) and int(rows.max()) < 1000
+    assert torch.equal(rows, mixture_sample(1000, 300, seed=4))
+    assert not torch.equal(rows, mixture_sample(1000, 300, seed=5))
+    # on the digits MLP: a cap above the number of inliers changes nothing; a subsample of
+    # 2000 of ~9500 points fits a mixture that still assigns every inlier
+    model, guide = trained_mean_field
+    runs = {}
+    for cap in (None, 100_000, 2000):
+        torch.manual_seed(0)
+        loader = make_loader(digits.train, 128, shuffle=True, seed=0)
+        runs[cap], _ = build_sharing(model, guide, loader, _cfg(gmm_max_points=cap), seed=0)
+    assert torch.equal(runs[None].means, runs[100_000].means)
+    assert torch.equal(runs[None].plain_component, runs[100_000].plain_component)
+    sub = runs[2000]
+    assert not torch.equal(sub.means, runs[None].means)
+    assert sub.n_inliers + sub.n_outliers == model.num_weights
+    assert sub.n_inliers > 0.95 * runs[None].n_inliers
+    assert 1 <= sub.n_gaussians <= 16
+
+
+def test_gmm_max_points_is_validated():
+    with pytest.raises(ConfigError, match=r"sharing.gmm_max_points = 10: must be an integer >= "):
+        SharingConfig(n_components=16, gmm_max_points=10)
+    with pytest.raises(ConfigError, match=r"sharing.gmm_max_points = 5000.5"):
+        SharingConfig(gmm_max_points=5000.5)

@@ -274,6 +274,9 @@ class SharingConfig:
     n_components: int = 2000
     gmm_batch_size: int | None = None
     gmm_max_iter: int = 100
+    # fit the mixture to a seeded random subsample of at most this many inlier points
+    # (every inlier is still assigned by the fitted mixture); absent: all of them
+    gmm_max_points: int | None = None
     n_min: int = 20
     mahalanobis_threshold: float = 5.991
     k_nearest: int = 5
@@ -305,6 +308,14 @@ class SharingConfig:
                 "must be an integer >= 1 (points per EM mini-batch), or absent for full batches",
             )
         _int_at_least("sharing.gmm_max_iter", self.gmm_max_iter, 1)
+        if self.gmm_max_points is not None:
+            _require(
+                _is_int(self.gmm_max_points) and self.gmm_max_points >= self.n_components,
+                "sharing.gmm_max_points",
+                self.gmm_max_points,
+                f"must be an integer >= n_components ({self.n_components}), or absent to fit "
+                "the mixture to all inlier points",
+            )
         _nonneg_int("sharing.n_min", self.n_min)
         _pos("sharing.mahalanobis_threshold", self.mahalanobis_threshold)
         _int_at_least("sharing.k_nearest", self.k_nearest, 1)

@@ -1,21 +1,52 @@
 """Weight sharing: outliers, the sharing structure, its construction and refinement."""
 
-from .build import build_sharing, weight_points
+from .build import (
+    Inliers,
+    WeightPoints,
+    assemble_structure,
+    assign_points,
+    blend_ellipses,
+    build_sharing,
+    build_sharing_from_points,
+    find_outliers,
+    fit_mixture,
+    gather_points,
+    merge_to_fixed_point,
+    mixture_sample,
+    outlier_gradients,
+    points_from_arrays,
+    reduce_cluster_sizes,
+    weight_points,
+)
 from .outliers import OutlierReport, mean_gradients, select_outliers
 from .refine import apply_mapping, drop_small_components, hard_assign, reassign
 from .structure import FORMAT_VERSION, SharingStructure, SiteLayout
 
 __all__ = [
     "FORMAT_VERSION",
+    "Inliers",
     "OutlierReport",
     "SharingStructure",
     "SiteLayout",
+    "WeightPoints",
     "apply_mapping",
+    "assemble_structure",
+    "assign_points",
+    "blend_ellipses",
     "build_sharing",
+    "build_sharing_from_points",
     "drop_small_components",
+    "find_outliers",
+    "fit_mixture",
+    "gather_points",
     "hard_assign",
     "mean_gradients",
+    "merge_to_fixed_point",
+    "mixture_sample",
+    "outlier_gradients",
+    "points_from_arrays",
     "reassign",
+    "reduce_cluster_sizes",
     "select_outliers",
     "weight_points",
 ]
