@@ -169,6 +169,16 @@ def test_pruned_estep_matches_dense():
     assert math.isclose(pruned.lower_bound_, dense.lower_bound_, rel_tol=1e-7)
 
 
+@pytest.mark.filterwarnings("ignore:GaussianMixture2D did not converge")
+def test_hard_assignment_with_the_tight_margin_is_the_dense_argmax():
+    # predict prunes with 2 nats, not prune_margin: each point's best component survives
+    w, mu, cov = bnn_like_mixture(40, seed=3)
+    x = torch.as_tensor(sample(w, mu, cov, 40_000, seed=5), dtype=torch.float64)
+    g = GaussianMixture2D(300, random_state=0, max_iter=3, dtype=torch.float64).fit(x)
+    log_p = gaussian_log_prob(x, g.means_, g.covariances_) + g.weights_.log()
+    assert torch.equal(g.predict(x), log_p.argmax(1))
+
+
 @pytest.mark.parametrize("init", ["kmeans++", "kmeans", "random"])
 def test_inits_and_float64(init, k16_data):
     x = k16_data[3][:10_000]
