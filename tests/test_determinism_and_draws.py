@@ -8,7 +8,7 @@ import pyro
 import pytest
 import torch
 
-from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
+from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide, shared_gmm
 from twodg_pyro.infer import fit
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
@@ -44,7 +44,13 @@ def test_two_seeded_fits_are_bit_identical(tying):
 
 
 @pytest.mark.parametrize("coordinates", ["sigma", "log_sigma"])
-def test_fast_stochastic_draw_has_the_guide_distribution(coordinates):
+@pytest.mark.parametrize("columns_per_block", [None, 5])
+def test_fast_stochastic_draw_has_the_guide_distribution(
+    coordinates, columns_per_block, monkeypatch
+):
+    n = 60000
+    if columns_per_block:  # blocks of 5 weights x all draws: 23 weights = 4 blocks + 3
+        monkeypatch.setattr(shared_gmm, "_DRAW_BLOCK", columns_per_block * n)
     torch.manual_seed(0)
     model = BNNModel(MLP(4, (3,), 2), likelihood=Categorical(10))  # 12 + 3 + 6 + 2 = 23
     s = make_structure(model, n_components=3, outlier_frac=0.15, ellipse_frac=0.15, seed=1)
@@ -56,7 +62,6 @@ def test_fast_stochastic_draw_has_the_guide_distribution(coordinates):
         [[[4e-3, 1e-3], [1e-3, 2e-3]], [[1e-3, 0.0], [0.0, 1e-3]], [[2e-3, -5e-4], [-5e-4, 1e-3]]]
     )
     guide = SharedGMMGuide(model, s, "stochastic")
-    n = 60000
     with torch.no_grad():
         fast, _ = guide._draw(n, fast=True)
         full, _ = guide._draw(n, fast=False)

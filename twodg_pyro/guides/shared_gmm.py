@@ -59,6 +59,8 @@ __all__ = ["SharedGMMGuide", "TYINGS"]
 
 TYINGS = ("representative", "stochastic", "tied")
 _MIN_SIGMA = 1e-8
+#: elements (draws x weights) per block of the stochastic tying's no-gradient draw
+_DRAW_BLOCK = 1 << 15
 
 
 def scalar_prior(fn: dist.Distribution) -> dist.Distribution | None:
@@ -429,16 +431,36 @@ class SharedGMMGuide(BNNGuide):
         return flat, ell, {"stochastic_parts": parts}
 
     def _draw_marginal_into(self, out, m0, m1_, a, ba, v) -> torch.Tensor:
-        """The two-normal draw of :meth:`_draw_stochastic` in place (no gradients)."""
-        u = torch.randn(out.shape, device=out.device, dtype=out.dtype)
-        t1 = torch.addcmul(m1_, a, u)  # the drawn second coordinate
-        torch.addcmul(m0, ba, u, out=out)
-        if self.coordinates == "sigma":  # sigma~^2 = t1^2
-            var = torch.addcmul(v, t1, t1, out=t1)
-        else:  # sigma~^2 = exp(2 t1)
-            var = t1.mul_(2).exp_().add_(v)
-        eps = torch.randn(out.shape, device=out.device, dtype=out.dtype, out=u)
-        return out.addcmul_(var.sqrt_(), eps)
+        r"""The two-normal draw of :meth:`_draw_stochastic` into ``out`` ``(S, n)`` (no
+        gradients; the coefficients are ``(n,)`` or ``(S, n)``):
+        :math:`w = m_0 + b\sqrt{S_{11}}\,u + \sqrt{v + \tilde\sigma(t)^2}\,\varepsilon`,
+        :math:`t = m_1 + \sqrt{S_{11}}\,u`.
+
+        Block by block of columns, so that the two normals of a block (drawn in one call)
+        and the intermediate :math:`v + \tilde\sigma^2` stay in the cache in a scratch
+        buffer of :data:`_DRAW_BLOCK` elements, and ``out`` is the only weight-sized memory
+        written: the law of each weight is unchanged, which normals it takes from the
+        random stream is not (results under a fixed seed differ from earlier versions')."""
+        S, n = out.shape
+        cols = max(1, min(n, _DRAW_BLOCK // max(1, S)))
+        normals = out.new_empty(2, S, cols)  # u and eps of a block, drawn in one call
+        var_full = out.new_empty(S, cols)
+        blocks = [t.split(cols, dim=-1) for t in (m0, m1_, a, ba, v)]
+        for m0_b, m1_b, a_b, ba_b, v_b, out_b in zip(*blocks, out.split(cols, dim=-1), strict=True):
+            w = out_b.shape[-1]
+            z, var = normals, var_full
+            if w < cols:  # the last, narrower block
+                z = normals.view(-1)[: 2 * S * w].view(2, S, w)
+                var = var_full.view(-1)[: S * w].view(S, w)
+            u, eps = z.normal_().unbind(0)
+            torch.addcmul(m1_b, a_b, u, out=var)  # t, the drawn second coordinate
+            if self.coordinates == "sigma":  # sigma~^2 = t^2
+                torch.addcmul(v_b, var, var, out=var)
+            else:  # sigma~^2 = exp(2 t)
+                var.mul_(2).exp_().add_(v_b)
+            torch.addcmul(m0_b, ba_b, u, out=out_b)
+            out_b.addcmul_(var.sqrt_(), eps)
+        return out
 
     def _stochastic_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""``(c, v, sigma~)``, each ``(S, n_w)``, of the last ``stochastic`` draw: the mean
