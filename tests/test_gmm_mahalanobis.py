@@ -111,3 +111,16 @@ def test_progress_bar_goes_to_stderr_and_leaves_the_result_unchanged(capsys):
     assert int(quiet.mask.sum()) > 128  # several chunks
     for key in ("mask", "indices", "components", "alphas", "d2_own"):
         assert torch.equal(getattr(quiet, key), getattr(shown, key)), key
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_ellipse_step_does_not_depend_on_its_chunk(dtype, monkeypatch):
+    import twodg_pyro.gmm.mahalanobis as mahalanobis
+
+    pts, means, covs, assign = (t.to(dtype) if t.is_floating_point() else t for t in setup())
+    big = ellipse_assign(pts, means, covs, assign)
+    monkeypatch.setattr(mahalanobis, "_CHUNK_ELEMS", 7 * 40 + 3)  # 7 rows a chunk, remainder
+    small = ellipse_assign(pts, means, covs, assign)
+    assert big.indices.numel() > 100
+    assert torch.equal(big.components, small.components)
+    assert torch.equal(big.alphas, small.alphas)  # bit for bit

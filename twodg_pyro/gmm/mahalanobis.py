@@ -28,6 +28,10 @@ __all__ = [
 ]
 
 CHI2_2DOF_95 = 5.991
+#: (point, component) distances per chunk of the ellipse step: temporaries of 1 MiB stay in
+#: the cache (at K = 6000, 6-7x faster than chunks of 2^24; every row's distances, top-k and
+#: softmax are the same whatever the chunk)
+_CHUNK_ELEMS = 1 << 18
 
 
 def _check_inputs(points: Tensor, means: Tensor, covs: Tensor) -> None:
@@ -170,7 +174,7 @@ def ellipse_assign(
     n_e = int(idx.numel())
     comps = torch.empty(n_e, k_eff, dtype=torch.long, device=points.device)
     alphas = torch.empty(n_e, k_eff, dtype=points.dtype, device=points.device)
-    rows = max(1, min(chunk_size, (1 << 24) // kk))
+    rows = max(1, min(chunk_size, _CHUNK_ELEMS // kk))
     with tqdm(total=n_e, desc="Mahalanobis", unit="pt", disable=not progress, leave=False) as bar:
         bar.set_postfix_str(f"K {kk}, flagged {n_e} of {n}")
         for s in range(0, n_e, rows):
