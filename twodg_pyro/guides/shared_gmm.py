@@ -141,10 +141,18 @@ class SharedGMMGuide(BNNGuide):
         self._cache: dict = {}
 
     # ------------------------------------------------------------------ parameters
-    def _set_components(self, means: torch.Tensor, covs: torch.Tensor) -> None:
+    def _set_components(
+        self, means: torch.Tensor, covs: torch.Tensor, point_covs: torch.Tensor | None = None
+    ) -> None:
         like = self.outlier_loc  # the guide's device and dtype
         means = means.detach().to(device=like.device, dtype=like.dtype)
         covs = covs.detach().to(device=like.device, dtype=like.dtype)
+        point_covs = covs if point_covs is None else point_covs
+        # the spread of each component's member points, which the Mahalanobis check
+        # measures them against (see point_covariances)
+        self.register_buffer(
+            "point_covs", point_covs.detach().to(device=like.device, dtype=like.dtype).clone()
+        )
         m1 = means[:, 1]
         raw = inverse_softplus(m1.clamp_min(_MIN_SIGMA)) if self.coordinates == "sigma" else m1
         self.centre_mu = nn.Parameter(means[:, 0].clone())
@@ -249,6 +257,19 @@ class SharedGMMGuide(BNNGuide):
         r""":math:`S_k = L_k L_k^\top`, ``(K, 2, 2)``."""
         L = self.cholesky()
         return L @ L.transpose(-1, -2)
+
+    def point_covariances(self) -> torch.Tensor:
+        r"""The spread :math:`\Sigma_k` of each component's member points, ``(K, 2, 2)``,
+        which the Mahalanobis check (:math:`D^2 > T_M`) measures a point against.
+
+        Stage 2 sets it to the mixture's covariances.  In the ``representative`` tying it
+        is the guide's (untrained) covariances; the ``stochastic`` and ``tied`` tyings
+        train their covariances as variational parameters (the spread of the weights'
+        posterior, which shrinks away from that of their stage-1 points), so the points'
+        spread is kept apart, and a merge combines it exactly
+        (:func:`~twodg_pyro.sharing.refine.merge_point_covariances`).
+        """
+        return self.point_covs
 
     def current_points(self) -> torch.Tensor:
         r"""The inlier points :math:`x_i` moved with their components since stage 2.
@@ -636,6 +657,13 @@ class SharedGMMGuide(BNNGuide):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # files written before 0.1.0's memory diet carry an unused weight-sized buffer
         state_dict.pop(prefix + "inverse_order", None)
+        # files written before the points' spread was kept apart: the saved covariances
+        if prefix + "point_covs" not in state_dict and prefix + "chol_log_diag" in state_dict:
+            d = state_dict[prefix + "chol_log_diag"].exp()
+            off = state_dict[prefix + "chol_off"]
+            L = torch.zeros(d.shape[0], 2, 2, dtype=d.dtype, device=d.device)
+            L[:, 0, 0], L[:, 1, 0], L[:, 1, 1] = d[:, 0], off, d[:, 1]
+            state_dict[prefix + "point_covs"] = L @ L.transpose(-1, -2)
         # files written before the points followed their components: the points are where
         # they were, relative to the saved centres
         if prefix + "anchor_centres" not in state_dict and prefix + "centre_mu" in state_dict:
@@ -646,13 +674,20 @@ class SharedGMMGuide(BNNGuide):
             )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def load_structure(self, structure: SharingStructure, components: bool = True) -> None:
+    def load_structure(
+        self,
+        structure: SharingStructure,
+        components: bool = True,
+        point_covariances: torch.Tensor | None = None,
+    ) -> None:
         """Adopt a refined structure (after a merge or a reassignment).
 
         With ``components=True`` the component parameters are rebuilt from the
         structure's means and covariances (new parameter objects: rebuild the
-        optimiser); otherwise they are kept and only the assignments change.  Outlier
-        parameters are kept when the set of outliers is unchanged.
+        optimiser), and the points' spread (:meth:`point_covariances`) is
+        ``point_covariances`` (default: the structure's covariances); otherwise they are
+        kept and only the assignments change.  Outlier parameters are kept when the set
+        of outliers is unchanged.
         """
         structure.check_matches([s.name for s in self.sites], [tuple(s.shape) for s in self.sites])
         if structure.coordinates != self.coordinates:
@@ -669,7 +704,7 @@ class SharedGMMGuide(BNNGuide):
                 inverse_softplus(structure.outlier_scale.detach().to(device=dev, dtype=dtype))
             )
         if components:
-            self._set_components(structure.means, structure.covariances)
+            self._set_components(structure.means, structure.covariances, point_covariances)
         elif structure.n_gaussians != self.n_components:
             raise ValueError("components=False needs the same number of components")
         else:  # the structure's points are current: they ride from the centres as they are
