@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/twodg-pyro run --out $(OUT)
+	$(BIN)/twodg-pyro run --out $(OUT) --overwrite
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -18,6 +18,7 @@ from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.infer import fit
 from twodg_pyro.io import load_2dg
 from twodg_pyro.io.checkpoint import Checkpoint, load_checkpoint, restore_state
+from twodg_pyro.io.integrity import seal
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
@@ -77,24 +78,87 @@ def unchanged(run_dir):
         ("bogus = 1\n", "unknown setting(s) bogus"),  # unknown config key
         ("checkpoint_every = -1\n", "checkpoint_every = -1"),
         ('[data]\nname = "svhn"\n', "data.name = 'svhn'"),
+        # stage 2's settings, checked when the config is built (not after stage 1)
+        ("[sharing]\ngmm_max_iter = -1\n", "sharing.gmm_max_iter = -1: must be an integer >= 1"),
+        ("[sharing]\ngmm_batch_size = -5\n", "sharing.gmm_batch_size = -5: must be an integer"),
+        ("[sharing]\nk_nearest = 0\n", "sharing.k_nearest = 0"),
+        ('[sharing]\ntau_d = "big"\n', "sharing.tau_d must be a number, got 'big'"),
+        ("[sharing]\nuse_ellipses = 1\n", "sharing.use_ellipses must be true or false"),
+        ("[network]\nhidden = [true]\n", "network.hidden = [True]: must be a list of positive"),
+        ('[network]\narch = "resnet7"\n', "network.arch = 'resnet7': must be one of"),
+        ("device = 5\n", "device = 5: must be 'cpu', 'cuda' or 'cuda:<index>'"),
+        ('device = "cudafoo"\n', "device = 'cudafoo'"),
+        ('methods = ["2dg", "2dg"]\n', "names a method twice"),
+        ("seed = 1.5\n", "seed must be an integer, got 1.5"),
+        ("[ssvi]\nupdate_every = true\n", "ssvi.update_every must be an integer, got True"),
+        ("[data]\nval_fraction = 0.5\ntest_fraction = 0.5\n", "nothing would be left to train"),
+        ("", "sets nothing: an empty config would silently run the library defaults"),
+        ("# comments only\n", "sets nothing"),
+        ('preset = "cifar"\n', "preset = 'cifar': must be one of ['cifar10-resnet18'"),
     ],
 )
 def test_bad_setting_is_named_and_nothing_is_written(unchanged, tmp_path, capsys, toml, named):
     cfg = tmp_path / "bad.toml"
     cfg.write_text(toml)
     assert main(["train", "--config", str(cfg), "--out", str(unchanged), "--no-progress"]) == 2
-    assert named in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert named in err and err.count("\n") == 1 and err.startswith("twodg-pyro train: error:")
+
+
+def test_preset_key_starts_from_the_main_jobs_settings(tmp_path):
+    from twodg_pyro.pipeline import ConfigError, load_config
+
+    cfg = tmp_path / "p.toml"
+    cfg.write_text('preset = "digits"\nseed = 3\n[stage3]\nepochs = 5\n')
+    c = load_config(cfg)
+    assert (c.seed, c.stage3.epochs, c.stage3.lr_centre) == (3, 5, 1e-2)  # file over preset
+    assert c.sharing.n_components == 32 and c.stage1.epochs == 150
+    assert c.sharing.outlier_rule == "quantile"
+    # with a base (train --preset NAME --config FILE) an empty file runs the base
+    from twodg_pyro.pipeline.presets import preset
+
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# nothing\n")
+    assert load_config(empty, base=preset("digits")).sharing.n_components == 32
+    with pytest.raises(ConfigError, match="says preset = 'digits', another preset was given"):
+        load_config(cfg, base=preset("mnist-lenet5"))
+
+
+def test_unreadable_config_files_are_named(tmp_path, capsys):
+    garbage = tmp_path / "garbage.toml"
+    garbage.write_bytes(bytes(range(256)) * 4)
+    nul = tmp_path / "nul.json"
+    nul.write_bytes(b'{"seed": 1}\x00\x00')
+    folder = tmp_path / "folder.toml"
+    folder.mkdir()
+    for path, named in (
+        (garbage, "is not a text file (byte 0x80 at offset 128 is not UTF-8)"),
+        (nul, "is not a text file (it holds NUL bytes)"),
+        (folder, "is a folder, not a file"),
+        (tmp_path / "none.toml", "does not exist"),
+        (tmp_path / "c.ini", "does not exist"),
+    ):
+        assert main(["train", "--config", str(path), "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert f"config file {str(path)!r} {named}" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_data_folder_is_named(unchanged, tmp_path, capsys):
+    """Even with --overwrite the earlier run stays: the data are checked first."""
     missing = tmp_path / "no_such_folder"
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'methods = ["mean_field"]\n[data]\nname = "cifar10"\nroot = "{missing}"\n')
-    assert main(["train", "--config", str(cfg), "--out", str(unchanged), "--no-progress"]) == 2
+    argv = ["train", "--config", str(cfg), "--out", str(unchanged), "--no-progress"]
+    assert main([*argv, "--overwrite"]) == 2
     err = capsys.readouterr().err
     assert "CIFAR-10 data set not found" in err and str(missing) in err
     with pytest.raises(DatasetNotFoundError):
-        run(config_from_dict({"data": {"name": "cifar10", "root": str(missing)}}), unchanged)
+        run(
+            config_from_dict({"data": {"name": "cifar10", "root": str(missing)}}),
+            unchanged,
+            overwrite=True,
+        )
 
 
 # ---------------------------------------------------------------------- data
@@ -106,7 +170,7 @@ def _split(x, y, input_shape=(64,)):
 def _bad_data_run(monkeypatch, run_dir, split):
     monkeypatch.setattr(runner_mod, "load_data", lambda cfg, image: split)
     cfg = config_from_dict({"methods": ["mean_field"], "checkpoint_every": 1, "progress": False})
-    run(cfg, run_dir)
+    run(cfg, run_dir, overwrite=True)  # the data are checked before anything is removed
 
 
 def test_nan_in_data_is_named_before_training(unchanged, monkeypatch):
@@ -131,6 +195,28 @@ def test_wrong_input_shape_is_named_before_training(unchanged, monkeypatch):
         ValueError, match=r"shape \(63,\) per example, the split declares input shape \(64,\)"
     ):
         _bad_data_run(monkeypatch, unchanged, _split(x, y))
+
+
+def test_labels_of_file_backed_splits_are_checked_before_training(unchanged, monkeypatch):
+    """train/val of the image data sets are Subsets of a data set with ``targets``."""
+    from torch.utils.data import Dataset, Subset
+
+    class Files(Dataset):  # stands for a torchvision data set: labels known without images
+        def __init__(self, targets):
+            self.targets = targets
+
+        def __len__(self):
+            return len(self.targets)
+
+        def __getitem__(self, i):
+            return torch.zeros(64), self.targets[i]
+
+    full = Files([i % 10 for i in range(40)])
+    full.targets[33] = 200
+    ok = Files([i % 10 for i in range(10)])
+    split = DataSplit(Subset(full, list(range(30, 40))), Subset(full, [0]), ok, 10, (64,), "files")
+    with pytest.raises(ValueError, match=r"train label 200 at example 3 is out of range \[0, 10\)"):
+        _bad_data_run(monkeypatch, unchanged, split)
 
 
 def test_empty_data_set_is_named(unchanged, monkeypatch):
@@ -223,7 +309,7 @@ def test_checkpoint_of_another_format_version_is_named(unchanged, tmp_path):
     header = json.loads(payload["header"])
     header["format_version"] = 99
     payload["header"] = json.dumps(header)
-    torch.save(payload, tmp_path / "v99.pt")
+    torch.save(seal(payload), tmp_path / "v99.pt")  # a consistent file of a future version
     with pytest.raises(ValueError, match="checkpoint format version 99"):
         load_checkpoint(tmp_path / "v99.pt")
 

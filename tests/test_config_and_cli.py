@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -34,6 +35,38 @@ def test_booleans_are_not_numbers_in_settings_built_directly():
         Stage1Config(epochs=True)
     with pytest.raises(ConfigError, match=r"prior.scale = True: must be a positive number"):
         PriorConfig(scale=True)
+
+
+@pytest.mark.parametrize(
+    "section, kwargs, named",
+    [
+        ("SharingConfig", {"gmm_max_iter": -1}, "sharing.gmm_max_iter = -1"),
+        ("SharingConfig", {"gmm_batch_size": 0}, "sharing.gmm_batch_size = 0"),
+        ("SharingConfig", {"gmm_batch_size": True}, "sharing.gmm_batch_size = True"),
+        ("SharingConfig", {"mu_quantile": "0.9"}, "sharing.mu_quantile = '0.9'"),
+        ("SharingConfig", {"tau_g": float("nan")}, "sharing.tau_g = nan"),
+        ("SharingConfig", {"use_merging": "yes"}, "sharing.use_merging = 'yes'"),
+        ("NetworkConfig", {"hidden": [True]}, "network.hidden = [True]"),
+        ("NetworkConfig", {"hidden": 128}, "network.hidden = 128"),
+        ("DataConfig", {"batch_size": True}, "data.batch_size = True"),
+        ("DataConfig", {"root": 3}, "data.root = 3"),
+        ("SSVIConfig", {"move_fraction": True}, "ssvi.move_fraction = True"),
+        ("RunConfig", {"device": 5}, "device = 5"),
+        ("RunConfig", {"device": "cuda:x"}, "device = 'cuda:x'"),
+        ("RunConfig", {"progress": "no"}, "progress = 'no'"),
+        ("RunConfig", {"sharing": {"n_components": 3}}, "sharing = {'n_components': 3}"),
+        ("DataConfig", {"augment": 1}, "data.augment = 1"),
+        ("PriorConfig", {"delta": True}, "prior.delta = True"),
+        ("Stage1Config", {"deterministic_milestones": 5}, "stage1.deterministic_milestones = 5"),
+        ("DiagnosticsConfig", {"enabled": "no"}, "diagnostics.enabled = 'no'"),
+    ],
+)
+def test_every_setting_is_checked_when_built_directly(section, kwargs, named):
+    """Every field, stage 2's included, is validated when the settings are built."""
+    from twodg_pyro.pipeline import config as config_mod
+
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        getattr(config_mod, section)(**kwargs)
 
 
 def test_cli_reports_config_errors(tmp_path, capsys):

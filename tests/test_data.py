@@ -17,6 +17,7 @@ from torchvision import transforms
 from twodg_pyro.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
+    DatasetFormatError,
     DatasetNotFoundError,
     DataSplit,
     available_datasets,
@@ -277,7 +278,7 @@ def test_fake_cifar10_without_augmentation_or_meta(tmp_path: Path) -> None:
     assert split.info["classes"][0] == "airplane"
     assert torch.equal(split.train[3][0], split.train[3][0])
     # the official MD5 sums obviously do not match the fake files
-    with pytest.raises(RuntimeError, match="MD5"):
+    with pytest.raises(DatasetFormatError, match="MD5"):
         load_cifar10(tmp_path, verify_checksums=True)
 
 
@@ -465,3 +466,99 @@ def test_imagenet_val_folder_missing(tmp_path: Path) -> None:
     with pytest.raises(DatasetNotFoundError) as info:
         load_imagenet(tmp_path)
     assert info.value.missing == ["val/<wnid>/*.JPEG"]
+
+
+# --------------------------------------------------------------------------- damaged files
+
+
+def _rewrite(path: Path, change) -> None:
+    path.write_bytes(change(path.read_bytes()))
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "named"),
+    [
+        (  # a truncated image body
+            "train-images-idx3-ubyte",
+            lambda b: b[:-500],
+            r"has 15196 bytes, its header announces 20 x 28 x 28 values \(15696 bytes with the "
+            r"header\): truncated",
+        ),
+        ("t10k-labels-idx1-ubyte", lambda b: b + b"\x00\x01", "2 byte\\(s\\) too long"),
+        (  # images and labels swapped: wrong magic number
+            "train-images-idx3-ubyte",
+            lambda b: struct.pack(">II", 2049, 20) + bytes(20),
+            "has magic number 0x00000801, expected 0x00000803",
+        ),
+        ("train-labels-idx1-ubyte", lambda b: b"", r"is empty \(0 bytes\)"),
+        ("t10k-images-idx3-ubyte", lambda b: b[:10], "is too short for an idx file"),
+        ("train-images-idx3-ubyte", lambda b: b"\x1f\x8b" + b[2:], "is gzip-compressed"),
+        (  # 10 labels for 20 images
+            "train-labels-idx1-ubyte",
+            lambda b: struct.pack(">II", 2049, 10) + bytes(10),
+            "holds 10 labels, but .*train-images-idx3-ubyte' holds 20 images",
+        ),
+        (  # a label out of range (was an IndexError mid-training)
+            "train-labels-idx1-ubyte",
+            lambda b: b[:13] + bytes([200]) + b[14:],
+            r"holds label 200 at index 5 \(1 bad label\(s\)\); labels must be in \[0, 10\)",
+        ),
+        (  # 27x28 images
+            "t10k-images-idx3-ubyte",
+            lambda b: struct.pack(">IIII", 2051, 10, 27, 28) + bytes(10 * 27 * 28),
+            "holds images of 27x28 pixels, expected 28x28",
+        ),
+    ],
+)
+def test_damaged_idx_files_are_named(tmp_path: Path, name: str, change, named: str) -> None:
+    raw = write_fake_mnist(tmp_path, "MNIST")
+    _rewrite(raw / name, change)
+    with pytest.raises(DatasetFormatError, match=named) as info:
+        load_mnist(tmp_path)
+    assert info.value.path == str(raw / name) and str(raw / name) in str(info.value)
+
+
+def test_damaged_cifar_files_are_named_and_run_no_code(tmp_path: Path) -> None:
+    folder = write_fake_cifar10(tmp_path, per_batch=4)
+    batch = folder / "data_batch_3"
+    good = batch.read_bytes()
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    rng = np.random.default_rng(0)
+    cases = [
+        (good[: len(good) // 2], "is not a CIFAR python batch file"),
+        (b"", r"is empty \(0 bytes\)"),
+        (pickle.dumps({"data": Payload(), "labels": [0]}, protocol=2), "refusing to load"),
+        (pickle.dumps([1, 2, 3], protocol=2), "holds a list, not a CIFAR batch table"),
+        (
+            pickle.dumps({"data": _cifar_images(rng, 4)[:, :3000], "labels": [0] * 4}, protocol=2),
+            "holds images of 3000 bytes, expected 3072",
+        ),
+        (
+            pickle.dumps({"data": _cifar_images(rng, 4), "labels": [0] * 3}, protocol=2),
+            r"holds 4 images but 3 labels \('labels'\)",
+        ),
+        (
+            pickle.dumps({"data": _cifar_images(rng, 4), "labels": [0, 1, 10, 2]}, protocol=2),
+            r"holds label 10 at index 2 .* must be in \[0, 10\)",
+        ),
+        (pickle.dumps({"labels": [0] * 4}, protocol=2), "has no 'data' array"),
+    ]
+    for content, named in cases:
+        batch.write_bytes(content)
+        with pytest.raises(DatasetFormatError, match=named) as info:
+            load_cifar10(tmp_path)
+        assert info.value.path == str(batch)
+    assert not marker.exists()
+    batch.write_bytes(good)
+    assert len(load_cifar10(tmp_path, val_fraction=0.0).train) == 20
+    # CIFAR-100 reads "fine_labels" and checks them against 100 classes
+    folder100 = write_fake_cifar100(tmp_path)
+    data = _cifar_images(rng, 2)
+    _dump(folder100 / "test", {"data": data, "fine_labels": [5, 100], "coarse_labels": [0, 0]})
+    with pytest.raises(DatasetFormatError, match=r"label 100 at index 1 .* \[0, 100\)"):
+        load_cifar100(tmp_path)

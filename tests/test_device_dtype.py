@@ -41,6 +41,7 @@ from twodg_pyro.priors import (
     LaplacePrior,
     LayerwiseNormalPrior,
     NormalPrior,
+    PretrainedPrior,
     SitePrior,
     distribution_to,
 )
@@ -172,11 +173,17 @@ def test_float64_network_gives_a_float64_mixture_dtype(f64_mean_field):
 
 
 @pytest.mark.parametrize("tying", ["representative", "stochastic", "tied"])
-@pytest.mark.parametrize("prior", ["normal", "laplace"])
+@pytest.mark.parametrize("prior", ["normal", "laplace", "pretrained"])
 def test_float64_shared_gmm_terms_draws_and_hooks_dtype(f64_mean_field, digits, tying, prior):
     model, _, structure, loader = f64_mean_field
+    if prior == "pretrained" and tying == "tied":
+        pytest.skip("tied needs one prior for every weight of a site")
     if prior == "laplace":  # a Monte Carlo KL: the prior's log density at the draws
         model = BNNModel(model.net, prior=LaplacePrior(0.3), likelihood=model.likelihood)
+    if prior == "pretrained":  # a different Normal per weight, made from float32 centres
+        centres = {k: v.float() for k, v in model.initial_values().items()}
+        prior_ = PretrainedPrior(centres, scale=0.05, delta=0.1)
+        model = BNNModel(model.net, prior=prior_, likelihood=model.likelihood)
     guide = SharedGMMGuide(model, structure, tying=tying)
     for name, t in list(guide.named_parameters()) + list(guide.named_buffers()):
         assert t.dtype == F64 or not t.is_floating_point(), name

@@ -251,3 +251,27 @@ def test_refinement_hooks_every_few_epochs_keep_accuracy(
     assert acc >= base - 0.01
     assert len(hooks[1].log) == 4
     assert guide.structure().n_ellipses <= 2 * stage2_structure.n_ellipses + 20
+
+
+def test_stage3_trains_its_own_copy_of_the_network_state(tmp_path):
+    """BatchNorm statistics trained in stage 3 belong to the 2DG model: the mean-field
+    model (and the INT8 rows built from it) keep predicting as evaluated."""
+    from twodg_pyro.pipeline import run
+
+    cfg = config_from_dict(
+        {
+            "methods": ["mean_field", "2dg"],
+            "progress": False,
+            "network": {"arch": "resnet20"},
+            "stage1": {"epochs": 1},
+            "sharing": {"outlier_rule": "quantile", "n_components": 8, "grad_percentile": 0.0},
+            "stage3": {"epochs": 1},
+            "diagnostics": {"enabled": False},
+        }
+    )
+    art = run(cfg)
+    mf_net, tdg_net = art.mean_field[0].net, art.extras["2dg"]["model"].net
+    assert mf_net is not tdg_net
+    bn = [n for n, _ in mf_net.named_buffers() if n.endswith("running_mean")]
+    mf_buf, tdg_buf = dict(mf_net.named_buffers()), dict(tdg_net.named_buffers())
+    assert any(not torch.equal(mf_buf[n], tdg_buf[n]) for n in bn)

@@ -11,6 +11,7 @@ from torch import nn
 from twodg_pyro.guides import SharedGMMGuide
 from twodg_pyro.infer import DecomposedELBO
 from twodg_pyro.io import load_2dg, save_2dg
+from twodg_pyro.io.integrity import seal
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
 from twodg_pyro.predict import predict
@@ -217,7 +218,7 @@ def test_bad_files_and_mismatches_are_clear_errors(tmp_path):
     header = json.loads(payload["header"])
     header["format_version"] = 99
     payload["header"] = json.dumps(header)
-    torch.save(payload, tmp_path / "v99.pt")
+    torch.save(seal(payload), tmp_path / "v99.pt")  # a consistent file of a future version
     with pytest.raises(ValueError, match="format version 99"):
         load_2dg(
             tmp_path / "v99.pt", net=nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))

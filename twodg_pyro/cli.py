@@ -1,33 +1,74 @@
-"""Command-line interface: ``twodg-pyro run | train | evaluate | diagnose | report``.
+"""Command-line interface: ``twodg-pyro run | train | evaluate | diagnose | export | report``.
 
 ``run`` is the main job on the bundled digits; ``train --config FILE`` runs any
 configuration (both write the table, the 2DG model file, the InferenceData,
 diagnostics and figures into ``--out``); ``evaluate MODEL_FILE`` prints the
 predictive metrics of a saved 2DG BNN; ``diagnose MODEL_FILE`` writes its
-InferenceData, k-hat, PSIS-LOO, posterior summary and figures; ``report RUN_DIR``
-rebuilds the table of a finished run.
+InferenceData, k-hat, PSIS-LOO, posterior summary and figures; ``export
+RUN_OR_MODEL_FILE --out FILE.2dgz`` writes the compact model file
+(:mod:`twodg_pyro.io.compact`), which ``evaluate`` and ``diagnose`` read like the full
+one; ``report RUN_DIR`` rebuilds the table of a finished run.
+
+Errors: a user error (a bad setting, a missing or damaged file, an output folder that
+cannot take the run, data that do not fit, a diverged training) is one line on stderr,
+``twodg-pyro <command>: error: <message naming the value or file>``, and exit code 2;
+an unexpected failure is one line and exit code 1.  ``--debug`` adds the traceback.
+Ctrl-C stops a run with exit code 130 and says where its last checkpoint is and the
+command that resumes it.  Warnings are one line each (``twodg-pyro <command>: warning:``).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import traceback
+import warnings
 from pathlib import Path
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "EXIT_USER_ERROR", "EXIT_FAILURE", "EXIT_INTERRUPTED"]
+
+#: Exit code of a user error (also argparse's).
+EXIT_USER_ERROR = 2
+#: Exit code of an unexpected failure.
+EXIT_FAILURE = 1
+#: Exit code after Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (with where to find the usage)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _debug(p: argparse.ArgumentParser, top: bool = False) -> None:
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="show the full traceback of an error",
+    )
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="output folder (default: runs/<command>)")
     p.add_argument("--seed", type=int, default=None, help="seed of the whole pipeline")
-    p.add_argument("--device", default=None, help="cpu or cuda[:i]")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:<index>")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results and checkpoints of an earlier run in --out (refused without it)",
+    )
     p.add_argument(
         "--no-diagnostics",
         action="store_true",
         help="write the results and the model file only: no InferenceData, k-hat, "
         "PSIS-LOO or figures (the setting diagnostics.enabled = false)",
     )
+    _debug(p)
 
 
 _RESUME_HELP = (
@@ -44,9 +85,10 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``twodg-pyro``."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="twodg-pyro", description="Stochastic weight-sharing BNNs (2DGBNN) in Pyro."
     )
+    _debug(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="the main job: every method on the bundled digits")
     p.add_argument("--config", default=None, help="optional config file (TOML/JSON/YAML)")
@@ -65,14 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
     _common(p)
     p = sub.add_parser("evaluate", help="metrics of a saved 2DG model file")
-    p.add_argument("model_file", help="a model file written by run/train (model_2dg.pt)")
+    p.add_argument(
+        "model_file", help="a model file written by run/train (model_2dg.pt) or export (.2dgz)"
+    )
     _data_args(p)
     p.add_argument("--split", choices=["test", "val"], default="test", help="default: test")
     p.add_argument("--out", default=None, help="also write the metrics as JSON to this file")
     p.add_argument("--seed", type=int, default=0, help="seed of the posterior draws")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
+    _debug(p)
     p = sub.add_parser("diagnose", help="ArviZ diagnostics and figures of a saved 2DG model")
-    p.add_argument("model_file", help="a model file written by run/train (model_2dg.pt)")
+    p.add_argument(
+        "model_file", help="a model file written by run/train (model_2dg.pt) or export (.2dgz)"
+    )
     _data_args(p)
     p.add_argument("--out", default=None, help="output folder (default: runs/diagnose)")
     p.add_argument("--khat-samples", type=int, default=100, help="draws for k-hat (100)")
@@ -85,10 +132,54 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--n-weights", type=int, default=200, help="weights exported (200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the draws and subsets")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _debug(p)
+    p = sub.add_parser("export", help="write the compact model file (.2dgz) of a 2DG BNN")
+    p.add_argument("source", metavar="RUN_OR_MODEL_FILE", help="a run folder or its model_2dg.pt")
+    p.add_argument(
+        "--out", default=None, help="the compact file (default: model_2dg.2dgz beside the source)"
+    )
+    p.add_argument(
+        "--precision",
+        choices=["float16", "float32"],
+        default="float16",
+        help="centres and covariances (default float16)",
+    )
+    p.add_argument(
+        "--outlier-sigma-bits", type=int, default=16, help="bits per outlier sigma (1-16; 16)"
+    )
+    p.add_argument(
+        "--outlier-mu-bits",
+        type=int,
+        default=16,
+        help="bits per outlier mean (16, or 8: INT8 as the quantised baseline; 16)",
+    )
+    p.add_argument(
+        "--alpha-bits", type=int, default=8, help="bits per ellipse blending weight (2-16; 8)"
+    )
+    p.add_argument(
+        "--index-coding",
+        choices=["auto", "global", "per_site"],
+        default="auto",
+        help="one rANS table, one per layer, or the smaller (default auto)",
+    )
+    p.add_argument(
+        "--covariances",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="store the covariances (auto: when the tying draws with them)",
+    )
+    p.add_argument(
+        "--faithful",
+        action="store_true",
+        help="predict as the full file does: float32 centres, 16-bit outliers and alphas "
+        "(overrides --precision and the bit widths)",
+    )
+    _debug(p)
     p = sub.add_parser("report", help="rebuild the results table of a run folder")
     p.add_argument("run_dir")
+    _debug(p)
     return parser
 
 
@@ -102,88 +193,198 @@ def _overrides(args) -> dict:
         over["progress"] = False
     if getattr(args, "no_diagnostics", False):
         over["diagnostics"] = {"enabled": False}
-    if getattr(args, "methods", None):
-        over["methods"] = args.methods
     if getattr(args, "root", None) is not None and args.command in ("run", "train"):
         over["data"] = {"root": args.root}
+    if getattr(args, "methods", None):
+        over["methods"] = args.methods
     return over
 
 
+def _one_line(e: BaseException | str) -> str:
+    text = re.sub(r"\s*\n\s*", " ", str(e)).strip()
+    return text or type(e).__name__
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors the user can act on (exit code 2): ``ValueError`` covers settings
+    (``ConfigError``), damaged or foreign files (checksums, formats), data that do not
+    fit and output folders that cannot take a run; ``OSError`` unreadable or unwritable
+    paths and a full disk; ``FloatingPointError`` a diverged training (NaN/inf loss)."""
+    return (ValueError, OSError, FloatingPointError)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
-    args = build_parser().parse_args(argv)
-    from .pipeline import ConfigError, config_from_dict, format_table, load_config, read_results
+    """Entry point; returns the process exit code: 0, 2 (:data:`EXIT_USER_ERROR`) for a
+    user error, 1 (:data:`EXIT_FAILURE`) for an unexpected failure, 130
+    (:data:`EXIT_INTERRUPTED`) after Ctrl-C."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a one-line usage error (exit code 2)
+        return e.code if isinstance(e.code, int) else 0
+    debug = bool(getattr(args, "debug", False))
+    prog = f"twodg-pyro {args.command}"
+    ctx: dict = {}
+
+    def say(text: str) -> None:
+        print(f"{prog}: {text}", file=sys.stderr, flush=True)
+
+    def warn_one_line(message, category, filename, lineno, file=None, line=None):
+        say(f"warning: {_one_line(message)}")
+
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.showwarning = warn_one_line
+        try:
+            return _dispatch(args, ctx)
+        except KeyboardInterrupt:
+            if debug:
+                traceback.print_exc()
+            say(_interrupted(args, ctx))
+            return EXIT_INTERRUPTED
+        except _user_errors() as e:
+            if debug:
+                traceback.print_exc()
+            say(f"error: {_one_line(e)}")
+            return EXIT_USER_ERROR
+        except Exception as e:  # noqa: BLE001 - one line; the traceback with --debug
+            if debug:
+                traceback.print_exc()
+            hint = "" if debug else " (an unexpected failure; --debug shows the traceback)"
+            say(f"error: {type(e).__name__}: {_one_line(e)}{hint}")
+            return EXIT_FAILURE
+
+
+def _dispatch(args, ctx: dict) -> int:
+    if args.command in ("run", "train"):
+        return _run_or_train(args, ctx)
+    if args.command == "evaluate":
+        return _evaluate(args)
+    if args.command == "diagnose":
+        return _diagnose(args)
+    if args.command == "export":
+        return _export(args)
+    if args.command == "report":
+        return _report(args)
+    return EXIT_FAILURE  # pragma: no cover
+
+
+def _run_or_train(args, ctx: dict) -> int:
+    from .distributed import env_rank, env_world_size
+    from .pipeline import config_from_dict, load_config
     from .pipeline import run as run_pipeline
 
-    try:
-        if args.command in ("run", "train"):
-            from .distributed import env_rank, env_world_size
+    over = _overrides(args)
+    resume = getattr(args, "resume", None)
+    if resume and args.overwrite:
+        raise ValueError(
+            "--resume and --overwrite exclude each other: resuming keeps the run's "
+            "checkpoints, overwriting removes them"
+        )
+    if resume and env_world_size() > 1:
+        raise ValueError("--resume runs in one process; start it without torchrun")
+    if resume:
+        from .pipeline.resume import load_run_config
 
-            over = _overrides(args)
-            resume = getattr(args, "resume", None)
-            if resume and env_world_size() > 1:
-                raise ValueError("--resume runs in one process; start it without torchrun")
-            if resume:
-                from .pipeline.resume import load_run_config
+        if args.out and Path(args.out).resolve() != Path(resume).resolve():
+            raise ValueError(f"--out {args.out!r} and --resume {resume!r} differ")
+        # the stored settings; a --config given too must agree with them
+        cfg = load_config(args.config, over) if args.config else None
+        cfg = cfg or load_run_config(resume, over)
+        ctx.update(out=Path(resume), cfg=cfg)
+        run_pipeline(cfg, Path(resume), resume=True)
+        print(f"wrote {Path(resume) / 'results.json'}")
+        return 0
+    from .pipeline.config import merge_settings
+    from .pipeline.presets import preset
 
-                if args.out and Path(args.out).resolve() != Path(resume).resolve():
-                    raise ValueError(f"--out {args.out!r} and --resume {resume!r} differ")
-                # the stored settings; a --config given too must agree with them
-                cfg = load_config(args.config, over) if args.config else None
-                cfg = cfg or load_run_config(resume, over)
-                run_pipeline(cfg, Path(resume), resume=True)
-                print(f"wrote {Path(resume) / 'results.json'}")
-                return 0
-            from .pipeline.config import merge_settings
-            from .pipeline.presets import preset
+    name = getattr(args, "preset", None)
+    if args.command == "train" and not (args.config or name):
+        raise ValueError("train needs --preset NAME or --config FILE (or --resume RUN_DIR)")
+    if args.config:  # on top of the preset, if one is named
+        cfg = load_config(args.config, over, base=preset(name) if name else None)
+    else:  # a preset; the main job is the digits preset
+        cfg = config_from_dict(merge_settings(preset(name or "digits"), over))
+    out = Path(args.out or f"runs/{args.command}")
+    ctx.update(out=out, cfg=cfg)
+    if env_world_size() > 1:  # started by torchrun: every stage on all processes
+        from .distributed import run_distributed
 
-            name = getattr(args, "preset", None)
-            if args.command == "train" and not (args.config or name):
-                raise ValueError("train needs --preset NAME or --config FILE (or --resume RUN_DIR)")
-            if args.config:  # on top of the preset, if one is named
-                cfg = load_config(args.config, over, base=preset(name) if name else None)
-            else:  # a preset; the main job is the digits preset
-                cfg = config_from_dict(merge_settings(preset(name or "digits"), over))
-            out = Path(args.out or f"runs/{args.command}")
-            if env_world_size() > 1:  # started by torchrun: every stage on all processes
-                from .distributed import run_distributed
-
-                run_distributed(cfg, out)
-            else:
-                run_pipeline(cfg, out)
-            if env_rank() == 0:
-                print(f"wrote {out / 'results.json'}")
-            return 0
-        if args.command == "evaluate":
-            return _evaluate(args)
-        if args.command == "diagnose":
-            return _diagnose(args)
-        if args.command == "report":
-            payload = read_results(args.run_dir)
-            table = format_table(payload["records"])
-            (Path(args.run_dir) / "results.md").write_text(table)
-            print(table)
-            return 0
-    except (ConfigError, FileNotFoundError, ValueError) as e:
-        print(f"twodg-pyro {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    return 1  # pragma: no cover
+        run_distributed(cfg, out, overwrite=args.overwrite)
+    else:
+        run_pipeline(cfg, out, overwrite=args.overwrite)
+    if env_rank() == 0:
+        print(f"wrote {out / 'results.json'}")
+    return 0
 
 
-def _check_device(device: str) -> None:
+def _interrupted(args, ctx: dict) -> str:
+    """What Ctrl-C leaves: the last checkpoint and the command that resumes the run."""
+    out, cfg = ctx.get("out"), ctx.get("cfg")
+    if out is None:
+        return "interrupted"
+    from .pipeline.resume import STAGES
+
+    command = f"twodg-pyro {args.command} --resume {out}"
+    for stage in STAGES:  # latest first
+        path = out / "checkpoints" / f"{stage}.pt"
+        if not path.is_file():
+            continue
+        where = str(path)
+        try:
+            from .io.checkpoint import load_checkpoint
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ckpt = load_checkpoint(path)
+            where += f" ({stage}, epoch {ckpt.epoch} of {ckpt.header.get('epochs')})"
+        except (OSError, ValueError):
+            pass
+        return f"interrupted; the last checkpoint is {where}. Continue with: {command}"
+    every = int(getattr(cfg, "checkpoint_every", 0) or 0)
+    if every > 0 and (out / "checkpoints" / "config.json").is_file():
+        return (
+            f"interrupted before the first checkpoint (written every {every} epoch(s)); "
+            f"{command} starts it again from the seed"
+        )
+    return (
+        "interrupted; this run writes no checkpoints (checkpoint_every = 0), so it cannot "
+        "be resumed: set checkpoint_every > 0 to make a long run resumable"
+    )
+
+
+def _check_data_args(args) -> None:
+    from .data import available_datasets
     from .pipeline import ConfigError
 
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise ConfigError(f"device = {device!r}: must be 'cpu' or 'cuda[:i]'")
+    if args.data.strip().lower().replace("-", "_") not in available_datasets():
+        raise ConfigError(f"--data {args.data!r}: must be one of {available_datasets()}")
+    if args.num_samples < 1:
+        raise ConfigError(f"--num-samples {args.num_samples}: must be >= 1")
+
+
+def _report(args) -> int:
+    from .pipeline import format_table, read_results
+    from .pipeline.results import atomic_write_text
+
+    payload = read_results(args.run_dir)
+    table = format_table(payload["records"])
+    atomic_write_text(Path(args.run_dir) / "results.md", table)
+    print(table)
+    return 0
 
 
 def _evaluate(args) -> int:
     import json
 
     from .pipeline.artifacts import evaluate_model_file
+    from .pipeline.builders import check_device
     from .pipeline.results import atomic_write_text
+    from .pipeline.run_folder import check_output_file
 
-    _check_device(args.device)
+    check_device(args.device, "--device")
+    _check_data_args(args)
+    if args.out:  # before the evaluation, not after it
+        check_output_file(args.out, "--out")
     metrics = evaluate_model_file(
         args.model_file,
         data=args.data,
@@ -201,11 +402,52 @@ def _evaluate(args) -> int:
     return 0
 
 
-def _diagnose(args) -> int:
-    from .pipeline.artifacts import diagnose_model_file
+def _export(args) -> int:
+    from .io.compact import FAITHFUL_OPTIONS, export_compact_file, resolve_model_file
 
-    _check_device(args.device)
+    src = resolve_model_file(args.source)
+    out = Path(args.out) if args.out else src.with_suffix(".2dgz")
+    options = {
+        "centre_dtype": args.precision,
+        "outlier_sigma_bits": args.outlier_sigma_bits,
+        "outlier_mu_bits": args.outlier_mu_bits,
+        "alpha_bits": args.alpha_bits,
+        "index_coding": args.index_coding,
+        "covariances": {"auto": None, "yes": True, "no": False}[args.covariances],
+    }
+    if args.faithful:
+        options.update(FAITHFUL_OPTIONS)
+    rep = export_compact_file(src, out, **options)
+    parts = ("centres", "covariances", "index", "outliers", "ellipses", "net", "header")
+    print(f"{rep['source']}: {rep['source_bytes']:,} bytes")
+    print(f"{out}: {rep['total']:,} bytes ({rep['source_bytes'] / rep['total']:.1f}x smaller)")
+    print("  " + ", ".join(f"{k} {rep[k]:,}" for k in parts))
+    print(
+        f"  index: {rep['index_bits_per_weight']:.3f} bits/weight ({rep['index_coding']} rANS), "
+        f"empirical entropy {rep['index_entropy_bits']:.3f} "
+        f"({rep['index_entropy_bits_per_site']:.3f} given the layer)"
+    )
+    print(f"wrote {out}")
+    return 0
+
+
+def _diagnose(args) -> int:
+    from .pipeline import ConfigError
+    from .pipeline.artifacts import diagnose_model_file
+    from .pipeline.builders import check_device
+    from .pipeline.run_folder import check_output_folder
+
+    check_device(args.device, "--device")
+    _check_data_args(args)
+    for flag, value in (
+        ("--khat-samples", args.khat_samples),
+        ("--n-weights", args.n_weights),
+        ("--max-examples", args.max_examples),
+    ):
+        if value < 1:
+            raise ConfigError(f"{flag} {value}: must be >= 1")
     out = Path(args.out or "runs/diagnose")
+    check_output_folder(out, "--out")
     report = diagnose_model_file(
         args.model_file,
         out,
@@ -214,10 +456,10 @@ def _diagnose(args) -> int:
         num_samples=args.num_samples,
         khat_samples=args.khat_samples,
         n_weights=args.n_weights,
-        max_train_examples=args.max_examples,
-        max_eval_examples=args.max_examples,
         seed=args.seed,
         device=args.device,
+        max_train_examples=args.max_examples,
+        max_eval_examples=args.max_examples,
         progress=not args.no_progress,
     )
     vi, loo = report.get("vi") or {}, report.get("loo") or {}
@@ -228,7 +470,10 @@ def _diagnose(args) -> int:
     for name, path in sorted(report["files"].items()):
         print(f"wrote {name}: {path}")
     for name, message in sorted(report["errors"].items()):
-        print(f"twodg-pyro diagnose: error in {name}: {message}", file=sys.stderr)
+        print(
+            f"twodg-pyro diagnose: error in {name}: {_one_line(message.splitlines()[0])}",
+            file=sys.stderr,
+        )
     return 1 if report["errors"] else 0
 
 

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .digits import DIGITS_SIZE, DataSplit, load_digits_split, stratified_split
-from .errors import DatasetNotFoundError
+from .errors import DatasetFormatError, DatasetNotFoundError
 from .vision import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -45,6 +45,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "DataSplit",
+    "DatasetFormatError",
     "DatasetNotFoundError",
     "available_datasets",
     "cifar_eval_transform",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-__all__ = ["DatasetNotFoundError"]
+__all__ = ["DatasetFormatError", "DatasetNotFoundError"]
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -59,3 +59,21 @@ class DatasetNotFoundError(FileNotFoundError):
             type(self),
             (self.dataset, self.folder, self.expected, self.url, self.missing, self.hint),
         )
+
+
+class DatasetFormatError(ValueError):
+    """A data set's file is there but is not what it should be: truncated, another
+    format (a wrong magic number, still gzip-compressed), inconsistent counts, labels out
+    of range.  The message names the file and what is wrong.
+
+    Attributes:
+        path: the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        self.path = os.fspath(path)
+        self.problem = problem
+        super().__init__(f"data file '{self.path}' {problem}")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.problem))

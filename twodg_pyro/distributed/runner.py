@@ -70,6 +70,7 @@ def run_distributed(
     cfg: RunConfig,
     out_dir: str | Path | None = None,
     *,
+    overwrite: bool = False,
     backend: str | None = None,
     timeout_s: float | None = None,
 ) -> RunArtifacts:
@@ -77,6 +78,8 @@ def run_distributed(
 
     Joins the process group from ``torchrun``'s environment (and leaves it at the end
     if it joined it here).  Every rank must call it with the same configuration.
+    ``overwrite`` replaces an earlier run's files in ``out_dir`` (see
+    :func:`~twodg_pyro.pipeline.run`; rank 0 checks and locks the folder).
 
     Raises:
         ValueError: a method without distributed support, or a configured batch size
@@ -91,7 +94,7 @@ def run_distributed(
     joined_here = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     info = env.setup(backend, timeout_s)
     try:
-        return run(cfg, out_dir, execution=DataParallel(info))
+        return run(cfg, out_dir, overwrite=overwrite, execution=DataParallel(info))
     finally:
         if joined_here:
             env.cleanup()

@@ -9,12 +9,18 @@ One file holds plain tensors and a JSON header (no pickled objects), readable wi
   (``{"name": ..., "kwargs": {...}}`` for :func:`twodg_pyro.models.build_network`);
 * ``structure/<name>``: the :class:`~twodg_pyro.sharing.SharingStructure` tensors;
 * ``guide/<name>``: the guide's parameters and buffers;
-* ``net/<name>``: the network's state (deterministic parts such as BatchNorm).
+* ``net/<name>``: the network's state (deterministic parts such as BatchNorm);
+* ``checksum``: ``"sha256:..."``, the content digest of everything above
+  (:mod:`twodg_pyro.io.integrity`), verified on load.
 
 Tensors are stored on the CPU whatever device the model was trained on, and loaded with
 ``map_location="cpu"``; :func:`load_2dg` then puts the model on the ``device`` asked for,
 in the saved dtype.  A loaded model predicts exactly what the saved one did under the
-same seed on the same device.
+same seed on the same device.  Loading refuses a file whose content does not match its
+checksum, one with NaN/inf parameters, and a header that lacks a field or holds a value
+of the wrong kind, each a ``ValueError`` naming the file.  Files of format version 1
+(before the checksum) still load, with an
+:class:`~twodg_pyro.io.payload.UnverifiedFileWarning`.
 """
 
 from __future__ import annotations
@@ -25,12 +31,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .files import atomic_torch_save
-from .payload import PayloadFormat, payload_section, read_payload
+from .payload import PayloadFormat, payload_section, read_payload, write_payload
 
 __all__ = ["save_2dg", "load_2dg", "FILE_FORMAT_VERSION"]
 
-FILE_FORMAT_VERSION = 1
+#: 2: with a content checksum; 1 (no checksum) is still read, unverified.
+FILE_FORMAT_VERSION = 2
 _KIND = "twodg_pyro.SharedGMMBNN"
 _FORMAT = PayloadFormat(
     kind=_KIND,
@@ -38,6 +44,8 @@ _FORMAT = PayloadFormat(
     noun="a twodg_pyro model file",
     header_noun="the model file's header",
     kind_noun="a 2DG BNN file",
+    legacy_versions=(1,),
+    finite_prefixes=("guide/", "net/", "structure/"),
 )
 
 
@@ -84,7 +92,7 @@ def save_2dg(path: str | Path, model, guide, network: dict | None = None) -> Non
         payload[f"guide/{k}"] = v.detach().cpu().clone()
     for k, v in model.net.state_dict().items():
         payload[f"net/{k}"] = v.detach().cpu().clone()
-    atomic_torch_save(payload, path)
+    write_payload(payload, path)
 
 
 def _rebuild_prior(spec: dict, net: nn.Module):
@@ -100,6 +108,42 @@ def _rebuild_prior(spec: dict, net: nn.Module):
     if kind == "LayerwiseNormalPrior":
         return LayerwiseNormalPrior(spec["gain"], spec["bias_scale"])
     return None
+
+
+def _check_header(header: dict, where: str) -> None:
+    """Every field :func:`load_2dg` reads, of the right kind (a hand-edited header)."""
+
+    def bad(field: str, what: str) -> ValueError:
+        return ValueError(f"{where!r}: the header's {field} = {header.get(field)!r:.80} {what}")
+
+    from ..guides.shared_gmm import TYINGS
+
+    if header.get("tying") not in TYINGS:
+        raise bad("tying", f"is not one of {list(TYINGS)}")
+    lik = header.get("likelihood")
+    if not isinstance(lik, dict) or lik.get("kind") not in ("Categorical", "Gaussian"):
+        raise bad("likelihood", "is not a Categorical or Gaussian likelihood")
+    size = lik.get("dataset_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise bad("likelihood", "has no dataset_size (an integer >= 1)")
+    scale = lik.get("scale")
+    if lik["kind"] == "Gaussian" and (
+        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0
+    ):
+        raise bad("likelihood", "has no positive scale")
+    prior = header.get("prior")
+    if prior is not None and not isinstance(prior, dict):
+        raise bad("prior", "is not a table")
+    network = header.get("network")
+    if network is not None and not (
+        isinstance(network, dict)
+        and isinstance(network.get("name"), str)
+        and isinstance(network.get("kwargs", {}), dict)
+    ):
+        raise bad("network", 'is not {"name": ..., "kwargs": {...}}')
+    names = header.get("site_names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise bad("site_names", "is not a list of site names")
 
 
 def _saved_dtype(header: dict, net_state: dict, where: str) -> torch.dtype:
@@ -127,8 +171,11 @@ def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device=
             they were saved from.
 
     Raises:
+        FileNotFoundError: no such file.
         ValueError: not such a file, another format version, a truncated or corrupted
-            file, or a network that does not match the saved sharing structure.
+            file (its content does not match its checksum), NaN/inf parameters, a header
+            missing a field, or a network that does not match the saved sharing
+            structure; the message names the file.
     """
     from ..guides.shared_gmm import SharedGMMGuide
     from ..likelihoods import Categorical, Gaussian
@@ -136,27 +183,50 @@ def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device=
     from ..sharing.structure import SharingStructure
 
     payload, header = read_payload(path, _FORMAT)
+    where = str(path)
+    _check_header(header, where)
     if net is None:
         spec = header.get("network")
         if not spec:
-            raise ValueError(f"{str(path)!r} does not say how to build its network: pass net=")
+            raise ValueError(f"{where!r} does not say how to build its network: pass net=")
         from ..models import build_network
 
-        net = build_network(spec["name"], **spec.get("kwargs", {}))
+        try:
+            net = build_network(spec["name"], **spec.get("kwargs", {}))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where!r}: cannot build its network {spec!r:.120}: {e}") from e
     net_state = payload_section(payload, "net/")
-    net = net.to(_saved_dtype(header, net_state, str(path)))  # before load_state_dict casts
+    net = net.to(_saved_dtype(header, net_state, where))  # before load_state_dict casts
     try:
         net.load_state_dict(net_state)
     except RuntimeError as e:
-        raise ValueError(f"the network does not match the one saved in {str(path)!r}: {e}") from e
+        raise ValueError(f"the network does not match the one saved in {where!r}: {e}") from e
     lik_spec = header["likelihood"]
     if lik_spec["kind"] == "Gaussian":
         lik = Gaussian(lik_spec["dataset_size"], lik_spec["scale"])
     else:
         lik = Categorical(lik_spec["dataset_size"])
-    prior = prior if prior is not None else _rebuild_prior(header.get("prior", {}), net)
+    if prior is None:
+        try:
+            prior = _rebuild_prior(header.get("prior") or {}, net)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(
+                f"{where!r}: the header's prior {header.get('prior')!r:.80} "
+                f"cannot be rebuilt: {type(e).__name__}: {e}"
+            ) from e
     model = BNNModel(net, prior=prior, likelihood=lik)
-    structure = SharingStructure.from_payload(payload_section(payload, "structure/"))
-    guide = SharedGMMGuide(model, structure, tying=header["tying"])
-    guide.load_state_dict(payload_section(payload, "guide/"))
+    if model.site_names != header["site_names"]:
+        raise ValueError(
+            f"the network does not match the one saved in {where!r}: its Bayesian sites are "
+            f"{model.site_names[:4]}..., the file's {header['site_names'][:4]}..."
+        )
+    try:
+        structure = SharingStructure.from_payload(payload_section(payload, "structure/"))
+        guide = SharedGMMGuide(model, structure, tying=header["tying"])
+        guide.load_state_dict(payload_section(payload, "guide/"))
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
+        raise ValueError(
+            f"{where!r}: its sharing structure or guide does not fit the saved network: "
+            f"{type(e).__name__}: {e}"
+        ) from e
     return model.to(device), guide.to(device)

@@ -18,7 +18,12 @@ where it was:
   optimiser's groups; the header names each index, checked on restore);
 * ``callbacks``: each callback's ``state_dict()`` (merge/reassignment hooks, ...);
 * ``rng/...``: the torch (and CUDA) RNG, NumPy's and Python's ``random`` states, and
-  the states of the data loaders' generators (shuffling order).
+  the states of the data loaders' generators (shuffling order);
+* ``checksum``: ``"sha256:..."``, the content digest of everything above
+  (:mod:`twodg_pyro.io.integrity`): a checkpoint whose content changed after it was
+  written (one flipped byte) is refused on load, as is one with NaN/inf parameters or
+  optimiser state.  Checkpoints of format version 1 (before the checksum) still load,
+  with an :class:`~twodg_pyro.io.payload.UnverifiedFileWarning`.
 
 Files are written with :func:`~twodg_pyro.io.files.atomic_torch_save` (temporary file in
 the same folder, ``fsync``, rename), so a run killed at any moment leaves either the
@@ -43,8 +48,7 @@ import torch
 from torch import nn
 
 from ..infer.callbacks import Callback
-from .files import atomic_torch_save
-from .payload import PayloadFormat, payload_section, read_payload
+from .payload import PayloadFormat, payload_section, read_payload, write_payload
 
 __all__ = [
     "CHECKPOINT_FORMAT_VERSION",
@@ -58,7 +62,8 @@ __all__ = [
     "resume_fit",
 ]
 
-CHECKPOINT_FORMAT_VERSION = 1
+#: 2: with a content checksum; 1 (no checksum) is still read, unverified.
+CHECKPOINT_FORMAT_VERSION = 2
 _KIND = "twodg_pyro.Checkpoint"
 _FORMAT = PayloadFormat(
     kind=_KIND,
@@ -67,6 +72,8 @@ _FORMAT = PayloadFormat(
     header_noun="the checkpoint header",
     kind_noun="a twodg_pyro checkpoint",
     version_noun="checkpoint format version",
+    legacy_versions=(1,),
+    finite_prefixes=("model/", "guide/", "structure/", "optimizer"),
 )
 
 
@@ -274,7 +281,7 @@ class Checkpoint(Callback):
         payload = checkpoint_payload(
             state, self.stage, self.callbacks, self.generators, self.config, extra
         )
-        atomic_torch_save(payload, self.path)
+        write_payload(payload, self.path)
         self.last_saved = (str(self.path), int(state.epoch))
         return self.path
 

@@ -13,6 +13,7 @@ from .config import (
     load_config,
 )
 from .results import format_table, read_results, write_results
+from .run_folder import RunFolder, RunFolderError, RunFolderLocked
 from .runner import run
 
 __all__ = [
@@ -21,6 +22,9 @@ __all__ = [
     "NetworkConfig",
     "PriorConfig",
     "RunConfig",
+    "RunFolder",
+    "RunFolderError",
+    "RunFolderLocked",
     "SharingConfig",
     "Stage1Config",
     "Stage3Config",

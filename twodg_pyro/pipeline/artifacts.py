@@ -362,17 +362,64 @@ def _to(data, device):
 
 # ---------------------------------------------------------------------------- saved models
 def _load(model_file, data: str, root: str | None, device: str):
-    """The saved model and the data split it is evaluated on."""
-    from ..io import load_2dg
+    """The saved model (a full or a compact file) and the data split it is evaluated on."""
+    from ..io.compact import load_model_file
     from ..models import MLP
     from .builders import check_device, load_data
     from .config import DataConfig
 
     check_device(device)
-    model, guide = load_2dg(model_file, device=device)
+    model, guide = load_model_file(model_file, device=device)
     cfg = DataConfig(name=data, root=root)
     split = load_data(cfg, image=not isinstance(model.net, MLP))
+    check_fits(model, split, model_file, device)
     return model, guide, split
+
+
+def check_fits(model, split, model_file, device: str = "cpu") -> None:
+    """Check that the saved ``model`` can be evaluated on ``split``: its network takes
+    the split's inputs and has one output per class, and the labels are in range.
+
+    Raises:
+        ValueError: naming the model file, the data set and what does not fit (e.g. a
+            digits model on MNIST).
+    """
+    from .checks import check_split
+
+    where, name = str(model_file), split.name
+    first = next(
+        (getattr(split, n) for n in ("test", "val", "train") if len(getattr(split, n))), None
+    )
+    if first is None:
+        raise ValueError(f"data set {name!r} is empty")
+    x0 = first[0][0]
+    x0 = torch.as_tensor(x0).unsqueeze(0).to(device)
+    if x0.is_floating_point():  # the network's dtype (a float64 model takes float64 inputs)
+        x0 = x0.to(getattr(model, "dtype", x0.dtype))
+    net = model.net
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            out = net(x0)
+    except RuntimeError as e:
+        if isinstance(e, torch.OutOfMemoryError):
+            raise
+        raise ValueError(
+            f"{where!r} does not fit data set {name!r}: its network "
+            f"({type(net).__name__}) cannot take {name}'s inputs of shape "
+            f"{tuple(split.input_shape)} (was it trained on another data set?): "
+            f"{' '.join(str(e).split())}"
+        ) from e
+    finally:
+        net.train(was_training)
+    n_out = int(out.shape[-1])
+    if n_out != int(split.num_classes):
+        raise ValueError(
+            f"{where!r} does not fit data set {name!r}: its network has {n_out} outputs, "
+            f"{name} has {split.num_classes} classes"
+        )
+    check_split(split)
 
 
 def evaluate_model_file(

@@ -26,8 +26,9 @@ __all__ = [
 ]
 
 
-def check_device(device: str | torch.device) -> torch.device:
-    """``device`` as a ``torch.device`` when this machine has it.
+def check_device(device: str | torch.device, name: str = "device") -> torch.device:
+    """``device`` as a ``torch.device`` when this machine has it (``name``: the setting or
+    option, for messages).
 
     Raises:
         ConfigError: a CUDA device on a machine without CUDA, or a GPU index beyond the
@@ -36,21 +37,21 @@ def check_device(device: str | torch.device) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise ConfigError(f"device = {device!r}: not a torch device ({e})") from e
+        raise ConfigError(f"{name} = {device!r}: not a torch device ({e})") from e
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(
-                f"device = {str(device)!r}, but CUDA is not available here "
+                f"{name} = {str(device)!r}, but CUDA is not available here "
                 "(torch.cuda.is_available() is False); use device = 'cpu'"
             )
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
             raise ConfigError(
-                f"device = {str(device)!r}, but this machine has {count} GPU(s) "
+                f"{name} = {str(device)!r}, but this machine has {count} GPU(s) "
                 f"(cuda:0 to cuda:{count - 1})"
             )
     elif dev.type != "cpu":
-        raise ConfigError(f"device = {str(device)!r}: must be 'cpu' or 'cuda[:i]'")
+        raise ConfigError(f"{name} = {str(device)!r}: must be 'cpu' or 'cuda[:i]'")
     return dev
 
 

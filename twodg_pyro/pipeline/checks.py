@@ -8,6 +8,20 @@ from torch.utils.data import Subset, TensorDataset
 __all__ = ["check_split"]
 
 
+def _targets(ds):
+    """The labels of a file-backed data set (or a ``Subset`` of one) without loading any
+    image, or ``None`` when the data set does not list them (``targets``)."""
+    if isinstance(ds, Subset):
+        inner = _targets(ds.dataset)
+        if inner is None:
+            return None
+        return inner[torch.as_tensor(ds.indices, dtype=torch.long)]
+    targets = getattr(ds, "targets", None)
+    if targets is None:
+        return None
+    return torch.as_tensor(targets)
+
+
 def _tensors(ds):
     """``(x, y)`` of a TensorDataset (or a Subset of one), else ``None``."""
     if isinstance(ds, TensorDataset) and len(ds.tensors) >= 2:
@@ -37,8 +51,9 @@ def check_split(split) -> None:
     Checks that the training and test sets are not empty; and, for in-memory data
     (``TensorDataset``), that every input is finite, inputs have the split's
     ``input_shape`` and labels are integers in ``[0, num_classes)``.  For file-backed
-    data sets the first example's shape and the ``targets`` (when the data set has them)
-    are checked.
+    data sets (and ``Subset`` views of them, as the train and val sets are) the first
+    example's shape and every label (``targets``, when the data set has them) are
+    checked.
 
     Raises:
         ValueError: naming the set, the bad value and where it is.
@@ -61,9 +76,9 @@ def check_split(split) -> None:
                     f"{name} example 0 has shape {tuple(x0.shape)}, the split declares "
                     f"input shape {shape}"
                 )
-            targets = getattr(getattr(ds, "dataset", ds), "targets", None)
-            if targets is not None and not isinstance(ds, Subset):
-                _check_labels(name, torch.as_tensor(targets), split.num_classes)
+            targets = _targets(ds)
+            if targets is not None:
+                _check_labels(name, targets, split.num_classes)
             continue
         x, y = tensors
         if tuple(x.shape[1:]) != shape:

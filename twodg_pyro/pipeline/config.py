@@ -2,7 +2,14 @@
 
 Every threshold of the paper (spec section 4) is a field with the paper's value as
 default.  Settings load from TOML, JSON or YAML files; an unknown key or a bad
-value raises :class:`ConfigError` naming it.
+value raises :class:`ConfigError` naming it (``sharing.gmm_max_iter = -1: ...``).
+Every field of every section is checked when the settings are built, so a bad value
+in a late stage fails before anything trains.
+
+A config file that sets nothing (empty, or comments only) is an error: it would
+silently run the library defaults (300 epochs, ``K = 2000``), which suit no data set
+in particular.  ``preset = "digits"`` at the top of a file starts from the main job's
+settings (:mod:`~twodg_pyro.pipeline.presets`), the file's other settings override it.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,12 +64,17 @@ def _require(cond: bool, name: str, value: Any, what: str) -> None:
         raise ConfigError(f"{name} = {value!r}: {what}")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _pos(name: str, value: float) -> None:
     _require(
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0,
+        _is_number(value) and math.isfinite(value) and value > 0,
         name,
         value,
         "must be a positive number",
@@ -69,16 +82,33 @@ def _pos(name: str, value: float) -> None:
 
 
 def _nonneg_int(name: str, value: int) -> None:
-    _require(
-        isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-        name,
-        value,
-        "must be an integer >= 0",
-    )
+    _int_at_least(name, value, 0)
+
+
+def _int_at_least(name: str, value: int, low: int) -> None:
+    _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+
+
+def _in_range(name: str, value: float, low: float, high: float, closed: tuple[bool, bool]) -> None:
+    """``low <(=) value <(=) high`` for a real number ``value``."""
+    lo_ok = _is_number(value) and (value >= low if closed[0] else value > low)
+    hi_ok = _is_number(value) and (value <= high if closed[1] else value < high)
+    brackets = ("[" if closed[0] else "(") + f"{low}, {high}" + ("]" if closed[1] else ")")
+    _require(lo_ok and hi_ok, name, value, f"must be in {brackets}")
+
+
+def _bool(name: str, value: bool) -> None:
+    _require(isinstance(value, bool), name, value, "must be true or false")
 
 
 def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
-    _require(value in options, name, value, f"must be one of {list(options)}")
+    _require(
+        isinstance(value, str) and value in options, name, value, f"must be one of {list(options)}"
+    )
+
+
+#: ``cpu``, ``cuda`` or ``cuda:<index>``.
+DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
 
 
 @dataclass
@@ -100,14 +130,23 @@ class DataConfig:
             ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "imagenet"),
         )
         _require(
-            isinstance(self.batch_size, int) and self.batch_size >= 1,
-            "data.batch_size",
-            self.batch_size,
-            "must be an integer >= 1",
+            self.root is None or (isinstance(self.root, str) and self.root != ""),
+            "data.root",
+            self.root,
+            "must be a folder name",
         )
+        _int_at_least("data.batch_size", self.batch_size, 1)
         for n in ("val_fraction", "test_fraction"):
-            v = getattr(self, n)
-            _require(0 <= v < 1, f"data.{n}", v, "must be in [0, 1)")
+            _in_range(f"data.{n}", getattr(self, n), 0, 1, (True, False))
+        if self.name == "digits":  # digits carves both from one set; the others have a test set
+            _require(
+                self.val_fraction + self.test_fraction < 1,
+                "data.val_fraction + data.test_fraction",
+                self.val_fraction + self.test_fraction,
+                "must be < 1 (nothing would be left to train on)",
+            )
+        _require(_is_int(self.split_seed), "data.split_seed", self.split_seed, "must be an integer")
+        _bool("data.augment", self.augment)
 
 
 @dataclass
@@ -120,17 +159,21 @@ class NetworkConfig:
     dtype: str = "float32"  # or "float64": everything downstream follows the network
 
     def __post_init__(self):
+        from ..models import available_networks
+
+        known = available_networks()
         _require(
-            isinstance(self.arch, str) and self.arch,
+            isinstance(self.arch, str) and self.arch.strip().lower().replace("-", "_") in known,
             "network.arch",
             self.arch,
-            "must name an architecture",
+            f"must be one of {known}",
         )
         _require(
-            all(isinstance(h, int) and h > 0 for h in self.hidden),
+            isinstance(self.hidden, (list, tuple))
+            and all(_is_int(h) and h > 0 for h in self.hidden),
             "network.hidden",
             self.hidden,
-            "must be positive integers",
+            "must be a list of positive integers (units per hidden layer)",
         )
         _nonneg_int("network.pretrain_epochs", self.pretrain_epochs)
         _choice("network.dtype", self.dtype, DTYPES)
@@ -151,7 +194,7 @@ class PriorConfig:
         _choice("prior.kind", self.kind, ("normal", "laplace", "layerwise", "pretrained"))
         _pos("prior.scale", self.scale)
         _require(
-            isinstance(self.delta, (int, float)) and math.isfinite(self.delta) and self.delta >= 0,
+            _is_number(self.delta) and math.isfinite(self.delta) and self.delta >= 0,
             "prior.delta",
             self.delta,
             "must be a finite number >= 0",
@@ -205,10 +248,8 @@ class Stage1Config:
                 "must be a finite number >= 0",
             )
         _require(
-            all(
-                isinstance(m, int) and not isinstance(m, bool) and m >= 0
-                for m in self.deterministic_milestones
-            ),
+            isinstance(self.deterministic_milestones, (list, tuple))
+            and all(_is_int(m) and m >= 0 for m in self.deterministic_milestones),
             "stage1.deterministic_milestones",
             self.deterministic_milestones,
             "must be epochs (integers >= 0)",
@@ -251,39 +292,33 @@ class SharingConfig:
         _choice("sharing.merge_rule", self.merge_rule, ("paper", "moment"))
         _choice("sharing.merge_test", self.merge_test, ("both", "difference"))
         _pos("sharing.tau_w", self.tau_w)
-        _require(
-            0 < self.mu_quantile < 1, "sharing.mu_quantile", self.mu_quantile, "must be in (0, 1)"
-        )
+        _in_range("sharing.mu_quantile", self.mu_quantile, 0, 1, (False, False))
         _pos("sharing.layer_std_multiple", self.layer_std_multiple)
-        _require(
-            0 <= self.grad_percentile < 1,
-            "sharing.grad_percentile",
-            self.grad_percentile,
-            "must be in [0, 1)",
-        )
-        _require(
-            isinstance(self.grad_batches, int) and self.grad_batches >= 1,
-            "sharing.grad_batches",
-            self.grad_batches,
-            "must be an integer >= 1",
-        )
-        _require(
-            isinstance(self.n_components, int) and self.n_components >= 1,
-            "sharing.n_components",
-            self.n_components,
-            "must be an integer >= 1",
-        )
+        _in_range("sharing.grad_percentile", self.grad_percentile, 0, 1, (True, False))
+        _int_at_least("sharing.grad_batches", self.grad_batches, 1)
+        _int_at_least("sharing.n_components", self.n_components, 1)
+        if self.gmm_batch_size is not None:
+            _require(
+                _is_int(self.gmm_batch_size) and self.gmm_batch_size >= 1,
+                "sharing.gmm_batch_size",
+                self.gmm_batch_size,
+                "must be an integer >= 1 (points per EM mini-batch), or absent for full batches",
+            )
+        _int_at_least("sharing.gmm_max_iter", self.gmm_max_iter, 1)
         _nonneg_int("sharing.n_min", self.n_min)
         _pos("sharing.mahalanobis_threshold", self.mahalanobis_threshold)
+        _int_at_least("sharing.k_nearest", self.k_nearest, 1)
         _require(
-            isinstance(self.k_nearest, int) and self.k_nearest >= 1,
-            "sharing.k_nearest",
-            self.k_nearest,
-            "must be an integer >= 1",
+            _is_number(self.tau_d) and math.isfinite(self.tau_d) and self.tau_d >= 0,
+            "sharing.tau_d",
+            self.tau_d,
+            "must be a number >= 0",
         )
-        _require(self.tau_d >= 0, "sharing.tau_d", self.tau_d, "must be >= 0")
         for n in ("tau_g", "tau_v"):
-            _require(getattr(self, n) > 0, f"sharing.{n}", getattr(self, n), "must be > 0")
+            v = getattr(self, n)
+            _require(_is_number(v) and v > 0, f"sharing.{n}", v, "must be a number > 0 (or inf)")
+        for n in ("use_outliers", "use_ellipses", "use_merging"):
+            _bool(f"sharing.{n}", getattr(self, n))
 
 
 @dataclass
@@ -364,27 +399,12 @@ class SSVIConfig:
     lr: float = 1e-2
 
     def __post_init__(self):
-        _require(
-            isinstance(self.density, (int, float))
-            and not isinstance(self.density, bool)
-            and 0 < self.density <= 1,
-            "ssvi.density",
-            self.density,
-            "must be in (0, 1]",
-        )
+        _in_range("ssvi.density", self.density, 0, 1, (False, True))
         _choice("ssvi.removal", self.removal, ("mu", "snr", "snr_abs_theta"))
         _choice("ssvi.addition", self.addition, ("gradient", "random"))
-        _require(
-            isinstance(self.update_every, int) and self.update_every >= 1,
-            "ssvi.update_every",
-            self.update_every,
-            "must be an integer >= 1",
-        )
+        _int_at_least("ssvi.update_every", self.update_every, 1)
         for n in ("move_fraction", "stop_fraction"):
-            v = getattr(self, n)
-            _require(
-                isinstance(v, (int, float)) and 0 <= v <= 1, f"ssvi.{n}", v, "must be in [0, 1]"
-            )
+            _in_range(f"ssvi.{n}", getattr(self, n), 0, 1, (True, True))
         _nonneg_int("ssvi.epochs", self.epochs)
         _pos("ssvi.lr", self.lr)
 
@@ -437,6 +457,7 @@ class DiagnosticsConfig:
             f"must not exceed diagnostics.max_examples = {self.max_examples}",
         )
         _pos("diagnostics.budget", self.budget)
+        _bool("diagnostics.enabled", self.enabled)
 
 
 @dataclass
@@ -461,22 +482,54 @@ class RunConfig:
 
     def __post_init__(self):
         known = ("deterministic", "mean_field", "2dg", "rank1", "ssvi")
+        _require(
+            isinstance(self.methods, (list, tuple)),
+            "methods",
+            self.methods,
+            "must be a list of method names",
+        )
         for m in self.methods:
             _choice("methods[]", m, known)
         _require(len(self.methods) > 0, "methods", self.methods, "must name at least one method")
         _require(
-            isinstance(self.num_samples, int) and self.num_samples >= 1,
+            len(set(self.methods)) == len(self.methods),
+            "methods",
+            self.methods,
+            "names a method twice",
+        )
+        _require(_is_int(self.seed), "seed", self.seed, "must be an integer")
+        _require(
+            _is_int(self.num_samples) and self.num_samples >= 1,
             "num_samples",
             self.num_samples,
             "N_s must be an integer >= 1",
         )
+        _bool("progress", self.progress)
         _nonneg_int("checkpoint_every", self.checkpoint_every)
         _require(
-            self.device == "cpu" or self.device.startswith("cuda"),
+            isinstance(self.device, str) and DEVICE_PATTERN.fullmatch(self.device) is not None,
             "device",
             self.device,
-            "must be 'cpu' or 'cuda[:i]'",
+            "must be 'cpu', 'cuda' or 'cuda:<index>'",
         )
+        sections = (
+            ("data", DataConfig),
+            ("network", NetworkConfig),
+            ("prior", PriorConfig),
+            ("stage1", Stage1Config),
+            ("sharing", SharingConfig),
+            ("stage3", Stage3Config),
+            ("rank1", Rank1Config),
+            ("ssvi", SSVIConfig),
+            ("diagnostics", DiagnosticsConfig),
+        )
+        for name, cls in sections:
+            _require(
+                isinstance(getattr(self, name), cls),
+                name,
+                getattr(self, name),
+                f"must be a {cls.__name__}",
+            )
 
     def to_dict(self) -> dict:
         """Plain, JSON-serialisable dictionary of every setting."""
@@ -542,37 +595,97 @@ def config_from_dict(values: dict, cls: type = RunConfig, prefix: str = ""):
         raise ConfigError(f"{prefix}: {e}") from e
 
 
+def _read_text(path: Path) -> str:
+    """The text of a config file, or a :class:`ConfigError` naming what is wrong with it."""
+    where = str(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {where!r} is a folder, not a file")
+    if not path.exists():
+        raise ConfigError(f"config file {where!r} does not exist")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config file {where!r} cannot be read: {e.strerror or e}") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {where!r} is not a text file (byte {raw[e.start]:#04x} at offset "
+            f"{e.start} is not UTF-8); expected TOML, JSON or YAML settings"
+        ) from e
+    if "\x00" in text:
+        raise ConfigError(
+            f"config file {where!r} is not a text file (it holds NUL bytes); expected TOML, "
+            "JSON or YAML settings"
+        )
+    return text
+
+
 def load_config(
     path: str | Path, overrides: dict | None = None, base: dict | None = None
 ) -> RunConfig:
     """Read a TOML (``.toml``), JSON (``.json``) or YAML (``.yaml``/``.yml``) config file.
 
-    ``base`` (e.g. a preset's settings) is what the file's settings override; the
-    ``overrides`` (command-line options) override both."""
+    ``base`` (e.g. a preset's settings, ``train --preset NAME``) is what the file's
+    settings override; a top-level ``preset = "<name>"`` in the file names that base
+    instead (:func:`~twodg_pyro.pipeline.presets.preset`).  The ``overrides``
+    (command-line options) override both.  A file that sets nothing is an error unless a
+    base is given.
+
+    Raises:
+        ConfigError: the file is missing, a folder, not text, not parseable, sets
+            nothing (without a base), names a preset other than ``base``, or holds an
+            unknown or bad setting (named).
+    """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    text = path.read_text()
+    where = str(path)
     suffix = path.suffix.lower()
+    if suffix not in (".toml", ".json", ".yaml", ".yml") and not path.is_dir():
+        if not path.exists():
+            raise ConfigError(f"config file {where!r} does not exist")
+        raise ConfigError(
+            f"config file {where!r}: unknown format {suffix!r} (use .toml, .json or .yaml)"
+        )
+    text = _read_text(path)
     try:
         if suffix == ".toml":
             values = tomllib.loads(text)
         elif suffix == ".json":
             values = json.loads(text)
-        elif suffix in (".yaml", ".yml"):
+        else:
             try:
                 import yaml
             except ImportError as e:
                 raise ConfigError("YAML configs need PyYAML (pip install pyyaml)") from e
-            values = yaml.safe_load(text) or {}
-        else:
-            raise ConfigError(
-                f"config file {str(path)!r}: unknown format {suffix!r} (use .toml, .json or .yaml)"
-            )
+            try:
+                values = yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                raise ConfigError(
+                    f"config file {where!r} cannot be parsed: {' '.join(str(e).split())}"
+                ) from e
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"config file {str(path)!r} cannot be parsed: {e}") from e
+        raise ConfigError(f"config file {where!r} cannot be parsed: {e}") from e
+    if (values is None or values == {}) and base is None:
+        raise ConfigError(
+            f"config file {where!r} sets nothing: an empty config would silently run the "
+            "library defaults (300 epochs, K = 2000); write the settings, or start from a "
+            'preset: preset = "digits" in the file (the main job\'s), or --preset NAME'
+        )
+    values = {} if values is None else values
     if not isinstance(values, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a table of settings")
+        raise ConfigError(f"config file {where!r} must hold a table of settings")
+    if "preset" in values:
+        from .presets import PRESETS, preset
+
+        name = values.pop("preset")
+        if not isinstance(name, str) or name not in PRESETS:
+            raise ConfigError(f"preset = {name!r}: must be one of {sorted(PRESETS)}")
+        if base is not None and base != preset(name):
+            raise ConfigError(
+                f"config file {where!r} says preset = {name!r}, another preset was given "
+                "too (--preset): name one"
+            )
+        base = preset(name)
     values = merge_settings(merge_settings(base or {}, values), overrides or {})
     return config_from_dict(values)
 

@@ -69,16 +69,42 @@ def write_results(out_dir: str | Path, records: list[dict], config: dict | None 
 
 
 def read_results(run_dir: str | Path) -> dict:
-    """Load ``results.json`` of a run folder, checking its schema version."""
+    """Load ``results.json`` of a run folder, checking its schema version and layout.
+
+    Raises:
+        FileNotFoundError: no ``results.json`` there.
+        ValueError: not JSON, another schema, or not the layout of the module
+            docstring (a ``records`` list of tables, each with a ``method`` name);
+            the message names the file and the first bad entry.
+    """
     path = Path(run_dir) / "results.json"
+    if Path(run_dir).is_file():
+        raise ValueError(f"{str(run_dir)!r} is a file; give the run folder that holds results.json")
     if not path.is_file():
         raise FileNotFoundError(f"no results.json in {str(run_dir)!r}")
+    where = str(path)
     try:
-        payload = json.loads(path.read_text())
+        payload = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where!r} is not a text file: {e}") from e
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
+        raise ValueError(f"{where!r} is not valid JSON: {e}") from e
+    if not isinstance(payload, dict):
+        raise ValueError(f"{where!r} is not a results file: it holds a {type(payload).__name__}")
     if payload.get("schema") != SCHEMA_VERSION:
         raise ValueError(
-            f"{path} has schema {payload.get('schema')!r}, this version reads {SCHEMA_VERSION}"
+            f"{where!r} has schema {payload.get('schema')!r}, this version reads {SCHEMA_VERSION}"
         )
+    records = payload.get("records")
+    if not isinstance(records, list):
+        raise ValueError(f"{where!r}: 'records' must be a list of results, got {records!r:.80}")
+    for i, r in enumerate(records):
+        if not isinstance(r, dict):
+            raise ValueError(f"{where!r}: records[{i}] must be a table, got {r!r:.80}")
+        if not isinstance(r.get("method"), str):
+            raise ValueError(
+                f"{where!r}: records[{i}] has no method name (method = {r.get('method')!r:.80})"
+            )
+    if not isinstance(payload.get("config", {}), dict):
+        raise ValueError(f"{where!r}: 'config' must be a table of settings")
     return payload

@@ -100,7 +100,8 @@ class RunCheckpoints:
         run_dir: the run's output folder (``None``: no checkpoints).
         cfg: the run's settings.
         resume: continue from the checkpoints found there; otherwise any checkpoints
-            of an earlier run in that folder are removed when the run starts.
+            of an earlier run in that folder are removed when the run starts (which
+            :func:`~twodg_pyro.pipeline.run` allows only with ``overwrite``).
     """
 
     def __init__(self, run_dir: str | Path | None, cfg: RunConfig, resume: bool = False):

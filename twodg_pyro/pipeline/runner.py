@@ -34,6 +34,7 @@ from .config import RunConfig
 from .execution import LOCAL, Execution, main_only
 from .results import format_table, write_results
 from .resume import RunCheckpoints
+from .run_folder import RunFolder
 
 __all__ = ["run", "RunArtifacts", "train_mean_field", "train_svi"]
 
@@ -148,13 +149,19 @@ def run(
     out_dir: str | Path | None = None,
     resume: bool = False,
     *,
+    overwrite: bool = False,
     execution: Execution = LOCAL,
 ) -> RunArtifacts:
     """Run every method of ``cfg.methods`` and write ``results.json``/``results.md``.
 
-    Returns the records and trained objects.  The table is also printed.  The data are
-    checked (finite inputs, labels in range, not empty) before anything is trained or
-    written.  With ``cfg.checkpoint_every > 0`` stages 1 and 3 write checkpoints under
+    Returns the records and trained objects.  The table is also printed.  Before
+    anything is trained or written: the device is checked (it exists on this machine),
+    the output folder is checked and locked (:class:`~twodg_pyro.pipeline.run_folder.RunFolder`:
+    a writable folder, no other run in it, no earlier run's files unless ``resume`` or
+    ``overwrite``; temporary files of an interrupted write removed), and the data are
+    checked (finite inputs, labels of every split in range, not empty).  With
+    ``overwrite`` an earlier run's files are removed only then.  With
+    ``cfg.checkpoint_every > 0`` stages 1 and 3 write checkpoints under
     ``out_dir/checkpoints``; ``resume=True`` continues a killed run from them (see
     :mod:`twodg_pyro.pipeline.resume`).
 
@@ -166,16 +173,41 @@ def run(
     ``execution`` says where the stages run: in this process (the default), or on every
     rank of a process group (:func:`~twodg_pyro.distributed.run_distributed` passes a
     :class:`~twodg_pyro.distributed.runner.DataParallel`; every rank then calls this with
-    the same settings, and rank 0 alone prints and writes files).
+    the same settings, and rank 0 alone prints, writes files and holds the folder's lock).
+
+    Raises:
+        ConfigError: a device this machine lacks.
+        RunFolderError: the output folder cannot take this run (named, with what to do).
+        ValueError: bad data (named).
     """
     execution.check(cfg, resume)
     cfg = execution.configure(cfg)
     check_device(cfg.device)  # a CUDA run on a machine without it fails here, not mid-run
+    folder = None if out_dir is None else RunFolder(out_dir, resume=resume, overwrite=overwrite)
+    if folder is not None:
+        env.on_main(folder.acquire, f"prepare the output folder {out_dir}")
+    try:
+        return _run(cfg, out_dir, resume, execution, folder)
+    finally:
+        if folder is not None:
+            folder.release()
+
+
+def _run(
+    cfg: RunConfig,
+    out_dir: str | Path | None,
+    resume: bool,
+    execution: Execution,
+    folder: RunFolder | None,
+) -> RunArtifacts:
+    """:func:`run` once the device and the output folder are checked."""
     progress = cfg.progress and env.is_main()
     art = RunArtifacts()
     seed_everything(cfg.seed)
     split = load_data(cfg.data, image=cfg.network.arch != "mlp")
     check_split(split)
+    if folder is not None:  # inputs valid: an earlier run's files may go (overwrite)
+        env.on_main(folder.clear_previous, f"clear the output folder {out_dir}")
     checkpoints = RunCheckpoints(out_dir, cfg, resume)
     env.on_main(checkpoints.start, f"prepare the checkpoint folder of {out_dir}")
     resume_from = checkpoints.latest()

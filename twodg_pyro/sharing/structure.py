@@ -243,14 +243,21 @@ class SharingStructure:
         )
 
     def save(self, path: str | Path) -> None:
-        """Write atomically (temporary file then rename)."""
+        """Write atomically (temporary file then rename), with a content checksum."""
         from ..io.files import atomic_torch_save
+        from ..io.integrity import seal
 
-        atomic_torch_save(self.to_payload(), path)
+        atomic_torch_save(seal(self.to_payload()), path)
 
     @classmethod
     def load(cls, path: str | Path) -> SharingStructure:
-        """Read a file written by :meth:`save` without unpickling code."""
+        """Read a file written by :meth:`save` without unpickling code; its checksum
+        (when it has one: files written before it existed have none) is verified."""
         from ..io.files import safe_torch_load
+        from ..io.integrity import CHECKSUM_KEY, verify_checksum
 
-        return cls.from_payload(safe_torch_load(path))
+        payload = safe_torch_load(path)
+        if isinstance(payload, dict) and CHECKSUM_KEY in payload:
+            verify_checksum(payload, path)
+            payload = {k: v for k, v in payload.items() if k != CHECKSUM_KEY}
+        return cls.from_payload(payload)

@@ -1,0 +1,250 @@
+"""Content checksums of model files and checkpoints: a changed byte is a ValueError naming
+the file, NaN/inf parameters are refused, files of format version 1 (before the checksum)
+still load with a warning, and random byte flips either fail clearly or change nothing
+(fault injection)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from twodg_pyro.io import load_2dg
+from twodg_pyro.io.checkpoint import load_checkpoint
+from twodg_pyro.io.integrity import (
+    CHECKSUM_KEY,
+    ChecksumError,
+    check_finite,
+    content_digest,
+    seal,
+    verify_checksum,
+)
+from twodg_pyro.io.payload import UnverifiedFileWarning
+from twodg_pyro.pipeline import config_from_dict, run
+from twodg_pyro.predict import predict
+
+#: A whole digits run in about two seconds: a 64-16-10 MLP, two epochs per stage.
+TINY = {
+    "methods": ["mean_field", "2dg"],
+    "seed": 0,
+    "num_samples": 2,
+    "progress": False,
+    "checkpoint_every": 1,
+    "network": {"hidden": [16]},
+    "stage1": {"epochs": 2, "deterministic_epochs": 1},
+    "sharing": {
+        "outlier_rule": "quantile",
+        "mu_quantile": 0.99,
+        "grad_percentile": 0.01,
+        "n_components": 4,
+        "n_min": 5,
+    },
+    "stage3": {"epochs": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("integrity") / "run"
+    run(config_from_dict(TINY), out)
+    return out
+
+
+def _raw(path: Path) -> dict:
+    return torch.load(path, weights_only=True)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _same(a, b) -> bool:
+    """Bitwise equality of two loaded payloads (tensors, containers, numbers)."""
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return (
+            torch.is_tensor(a)
+            and torch.is_tensor(b)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(_bits(a), _bits(b))
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return (
+            type(a) is type(b)
+            and len(a) == len(b)
+            and all(_same(x, y) for x, y in zip(a, b, strict=True))
+        )
+    return type(a) is type(b) and a == b
+
+
+# ---------------------------------------------------------------------- the digest
+def test_digest_is_of_the_content_and_sees_every_change():
+    x = torch.linspace(-1, 1, 50)
+    payload = {"header": json.dumps({"a": 1}), "t/x": x, "n": [1, 2.5, None, True, "s"]}
+    d = content_digest(payload)
+    assert d.startswith("sha256:") and len(d) == len("sha256:") + 64
+    assert content_digest(dict(reversed(list(payload.items())))) == d  # order of keys
+    assert content_digest({**payload, "t/x": x.clone()}) == d  # same values, new tensor
+    y = x.clone()
+    y[17] = torch.nextafter(y[17], torch.tensor(2.0))  # one ulp
+    assert content_digest({**payload, "t/x": y}) != d
+    assert content_digest({**payload, "t/x": x.double()}) != d  # dtype is content
+    assert content_digest({**payload, "t/x": x.reshape(5, 10)}) != d  # shape is content
+    for changed in (
+        [1, 2.5, None, True, "t"],
+        (1, 2.5, None, True, "s"),
+        [1.0, 2.5, None, True, "s"],
+    ):
+        assert content_digest({**payload, "n": changed}) != d
+    # views: only the values count (a one-element view may keep any stride)
+    base = torch.arange(8.0)
+    assert content_digest(base[::2]) == content_digest(torch.tensor([0.0, 2.0, 4.0, 6.0]))
+    assert content_digest(base[2:3].as_strided((1,), (2,))) == content_digest(torch.tensor([2.0]))
+    assert content_digest(base.reshape(2, 4)[:, 1:2].t()) == content_digest(
+        torch.tensor([[1.0, 5.0]])
+    )
+    # other formats (bytes, NumPy arrays) use the same helper
+    assert content_digest(b"abc") != content_digest(b"abd")
+    assert content_digest(np.arange(4, dtype=np.uint8)) != content_digest(np.arange(4))
+    sealed = seal(dict(payload))
+    assert sealed[CHECKSUM_KEY] == d and verify_checksum(sealed, "p.pt")
+    assert verify_checksum(payload, "p.pt", required=False) is False
+    with pytest.raises(ChecksumError, match="'p.pt' has no content checksum"):
+        verify_checksum(payload, "p.pt")
+    with pytest.raises(ChecksumError, match="'p.pt' is corrupted"):
+        verify_checksum({**sealed, "t/x": y}, "p.pt")
+    with pytest.raises(ValueError, match=r"'f' holds 2 non-finite .* t/x \(2 of 50, first nan\)"):
+        x2 = x.clone()
+        x2[[3, 9]] = float("nan")
+        check_finite({"t/x": x2, "i": torch.arange(3)}, "f")
+    check_finite({"big": torch.full((4,), 1e308, dtype=torch.float64)}, "f")  # sum overflows
+    with pytest.raises(ValueError, match=r"big \(1 of 4, first -inf\)"):
+        check_finite(
+            {"big": torch.tensor([1e308, 1e308, -float("inf"), 0.0], dtype=torch.float64)}, "f"
+        )
+
+
+# ---------------------------------------------------------------------- files
+def test_files_carry_a_checksum_and_a_changed_value_is_refused(run_dir, tmp_path):
+    for name, load in (
+        ("model_2dg.pt", load_2dg),
+        ("checkpoints/stage3.pt", load_checkpoint),
+        ("checkpoints/stage1.pt", load_checkpoint),
+    ):
+        payload = _raw(run_dir / name)
+        assert payload[CHECKSUM_KEY] == content_digest(payload)
+        key = next(k for k in payload if k.startswith("guide/") and payload[k].is_floating_point())
+        payload[key].view(-1)[0] += 1e-3  # one changed value, checksum not updated
+        bad = tmp_path / name.replace("/", "_")
+        torch.save(payload, bad)
+        with pytest.raises(ValueError, match=f"{bad.name}' is corrupted: its content does not"):
+            load(bad)
+
+
+def test_nan_or_inf_parameters_are_refused(run_dir, tmp_path):
+    for name, load, section in (
+        ("model_2dg.pt", load_2dg, "guide/"),
+        ("model_2dg.pt", load_2dg, "net/"),
+        ("checkpoints/stage1.pt", load_checkpoint, "guide/"),
+        ("checkpoints/stage3.pt", load_checkpoint, "guide/"),
+    ):
+        payload = _raw(run_dir / name)
+        key = next(k for k in payload if k.startswith(section) and payload[k].is_floating_point())
+        payload[key].view(-1)[:3] = torch.tensor([float("nan"), float("inf"), float("nan")])
+        bad = tmp_path / "nan.pt"
+        torch.save(seal(payload), bad)  # a consistent file of a diverged model
+        with pytest.raises(ValueError, match=rf"'{bad}' holds 3 non-finite .*{key}"):
+            load(bad)
+
+
+def test_format_version_1_files_load_unverified_with_a_warning(run_dir, tmp_path):
+    model, guide = load_2dg(run_dir / "model_2dg.pt")
+    x = torch.randn(5, 64)
+    for name in ("model_2dg.pt", "checkpoints/stage3.pt"):
+        payload = _raw(run_dir / name)
+        del payload[CHECKSUM_KEY]
+        header = json.loads(payload["header"])
+        assert header["format_version"] == 2
+        torch.save(
+            {**payload, "header": json.dumps({**header, "format_version": 2})}, tmp_path / "v2.pt"
+        )
+        loader = load_2dg if name == "model_2dg.pt" else load_checkpoint
+        with pytest.raises(ChecksumError, match="v2.pt' has no content checksum"):
+            loader(tmp_path / "v2.pt")
+        payload["header"] = json.dumps({**header, "format_version": 1})
+        torch.save(payload, tmp_path / "v1.pt")
+        with pytest.warns(UnverifiedFileWarning, match="v1.pt' was written by an earlier"):
+            loaded = loader(tmp_path / "v1.pt")
+        if name == "model_2dg.pt":
+            torch.manual_seed(3)
+            a = predict(model, guide, x, num_samples=4).mean
+            torch.manual_seed(3)
+            b = predict(*loaded, x, num_samples=4).mean
+            assert torch.equal(a, b)
+        else:
+            assert loaded.epoch == 2
+            key = next(k for k in payload if k.startswith("guide/"))
+            payload[key] = payload[key] * float("nan")  # NaN is refused, checksum or not
+            torch.save(payload, tmp_path / "v1nan.pt")
+            with pytest.warns(UnverifiedFileWarning), pytest.raises(ValueError, match="non-finite"):
+                loader(tmp_path / "v1nan.pt")
+
+
+# ---------------------------------------------------------------------- fault injection
+def _flip(data: bytes, rng: np.random.Generator) -> bytes:
+    """``data`` with one random bit of one random byte flipped."""
+    b = bytearray(data)
+    i = int(rng.integers(len(b)))
+    b[i] ^= 1 << int(rng.integers(8))
+    return bytes(b)
+
+
+def _model_state(model, guide) -> dict:
+    return {
+        "net": {k: v.clone() for k, v in model.net.state_dict().items()},
+        "guide": {k: v.clone() for k, v in guide.state_dict().items()},
+        "structure": guide.structure().to_payload(),
+        "lik": [type(model.likelihood).__name__, model.likelihood.dataset_size],
+        "tying": guide.tying,
+    }
+
+
+@pytest.mark.parametrize("name, flips", [("model_2dg.pt", 40), ("checkpoints/stage3.pt", 40)])
+def test_random_byte_flips_fail_clearly_or_change_nothing(run_dir, tmp_path, name, flips):
+    """Flip one random bit ``flips`` times (seeded); every load either raises a
+    ValueError naming the file or gives exactly the original content."""
+    original = (run_dir / name).read_bytes()
+    if name == "model_2dg.pt":
+
+        def load(path):
+            return _model_state(*load_2dg(path))
+
+    else:
+
+        def load(path):
+            ckpt = load_checkpoint(path)
+            return {"header": ckpt.header, "payload": ckpt.payload}
+
+    reference = load(run_dir / name)
+    rng = np.random.default_rng(17)
+    failed = unchanged = 0
+    for _ in range(flips):
+        bad = tmp_path / "flipped.pt"
+        bad.write_bytes(_flip(original, rng))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a flip must not turn into a mere warning
+                got = load(bad)
+        except ValueError as e:
+            assert str(bad) in str(e)
+            failed += 1
+            continue
+        assert _same(got, reference), "a flipped byte loaded with changed content"
+        unchanged += 1
+    assert failed + unchanged == flips and failed > flips // 2

@@ -1,0 +1,394 @@
+"""Run folders that never lose work.
+
+A run writes its results, model file, diagnostics and checkpoints into one folder
+(``--out``).  :class:`RunFolder` guards it for the duration of a run:
+
+* **Checked before anything trains.**  ``--out`` must be a folder (not a file) that
+  this process can create and write to; a folder that cannot be written is an error at
+  the start, not after hours of training.
+* **One run at a time.**  A lock file, ``RUN_DIR/.twodg-pyro.lock``, is held with
+  ``fcntl.flock`` for the whole run and records the owner's pid, host, start time and
+  command.  A second run into the same folder is refused, naming the owner.  The
+  kernel releases the lock when its process dies (also on ``kill -9``), so a killed
+  run never blocks the folder: the next run takes it over.  Where ``flock`` is not
+  available the recorded pid and host decide: a lock of a process that no longer runs
+  on this host (or whose pid now belongs to a process started later) is stale and taken
+  over; a lock from another host is refused with instructions.
+* **No silent overwrite.**  A fresh run into a folder holding an earlier run's results
+  or checkpoints (:data:`RUN_OUTPUTS`) is refused unless it resumes (``--resume``) or
+  replaces them (``--overwrite``).  With ``overwrite`` the earlier run's files are
+  removed once the new run's inputs are validated (:meth:`RunFolder.clear_previous`),
+  so the folder never mixes two runs.
+* **No leftovers.**  Temporary files of interrupted atomic writes (``.*.tmp``, see
+  :func:`~twodg_pyro.io.files.atomic_write`) are removed when a run starts or resumes
+  (under the lock, so never another live run's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = [
+    "LOCK_NAME",
+    "RUN_OUTPUTS",
+    "RunFolder",
+    "RunFolderError",
+    "RunFolderLocked",
+    "check_output_file",
+    "check_output_folder",
+    "previous_outputs",
+]
+
+#: The lock file in a run folder.
+LOCK_NAME = ".twodg-pyro.lock"
+
+#: Files a run writes into its folder (relative paths); any of them present means the
+#: folder holds an earlier run.
+RUN_OUTPUTS = (
+    "results.json",
+    "results.md",
+    "model_2dg.pt",
+    "inference_data.nc",
+    "diagnostics.json",
+    "posterior_summary.csv",
+    "sharing_plane.png",
+    "reliability.png",
+    "elbo_terms.png",
+    "merges.png",
+    "checkpoints/config.json",
+    "checkpoints/stage1.pt",
+    "checkpoints/stage3.pt",
+)
+
+
+class RunFolderError(ValueError):
+    """The output folder cannot take this run (a file, not writable, or it holds an
+    earlier run); the message names the folder and what to do."""
+
+
+class RunFolderLocked(RunFolderError):
+    """Another live run holds the folder's lock."""
+
+
+# ---------------------------------------------------------------------- writability
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _probe(folder: Path) -> None:
+    """Create and remove a temporary file in ``folder`` (raises ``OSError`` if it cannot)."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".twodg-probe.", suffix=".probe")
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def _describe(e: OSError) -> str:
+    return e.strerror or type(e).__name__
+
+
+def check_output_folder(path: str | Path, what: str = "output folder") -> Path:
+    """Check, without creating anything, that ``path`` is or can become a writable
+    folder: it is not a file, and it (or, when it does not exist yet, its nearest
+    existing parent) is a folder this process can write to.
+
+    Raises:
+        RunFolderError: naming the path and the reason.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunFolderError(f"{what} {str(path)!r} is a file, not a folder")
+    base = _nearest_existing(path.absolute())
+    if not base.is_dir():
+        raise RunFolderError(
+            f"{what} {str(path)!r} cannot be created: {str(base)!r} is a file, not a folder"
+        )
+    try:
+        _probe(base)
+    except OSError as e:
+        target = "" if base == path.absolute() else f" (in {str(base)!r})"
+        raise RunFolderError(f"{what} {str(path)!r} is not writable{target}: {_describe(e)}") from e
+    return path
+
+
+def check_output_file(path: str | Path, what: str = "output file") -> Path:
+    """Check, without creating anything, that a file can be written at ``path``: it is
+    not a folder and its folder is (or can become) writable.
+
+    Raises:
+        RunFolderError: naming the path and the reason.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise RunFolderError(f"{what} {str(path)!r} is a folder; give a file name")
+    parent = path.absolute().parent
+    check_output_folder(parent, f"the folder of {what} {str(path)!r}:")
+    return path
+
+
+def previous_outputs(path: str | Path) -> list[str]:
+    """The files of :data:`RUN_OUTPUTS` present in the run folder ``path``."""
+    path = Path(path)
+    return [name for name in RUN_OUTPUTS if (path / name).exists()]
+
+
+def _clean_temporaries(folder: Path) -> list[str]:
+    """Remove ``.*.tmp`` files (interrupted atomic writes) in ``folder`` and
+    ``folder/checkpoints``; returns their names."""
+    removed = []
+    for sub in (folder, folder / "checkpoints"):
+        if not sub.is_dir():
+            continue
+        for tmp in sub.glob(".*.tmp"):
+            if tmp.is_file():
+                tmp.unlink(missing_ok=True)
+                removed.append(str(tmp.relative_to(folder)))
+    return removed
+
+
+# ---------------------------------------------------------------------- the lock
+def _proc_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, Linux), else ``None``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:  # the command name (field 2) may hold spaces and parentheses
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    """Is process ``pid`` (started at ``start``, when known) still running here?"""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        pass
+    except OSError:
+        return False
+    if start is not None:
+        now = _proc_start(pid)
+        if now is not None and now != start:
+            return False  # the pid was reused by a later process
+    return True
+
+
+def _owner_record() -> dict:
+    pid = os.getpid()
+    return {
+        "pid": pid,
+        "host": socket.gethostname(),
+        "start": _proc_start(pid),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(sys.argv)[:500],
+    }
+
+
+def _read_owner(lock: Path) -> dict | None:
+    try:
+        info = json.loads(lock.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _owner_text(info: dict | None) -> str:
+    if not info:
+        return "an unknown process"
+    return (
+        f"pid {info.get('pid')} on host {info.get('host')!r} since {info.get('started')} "
+        f"({str(info.get('command', ''))[:120]!r})"
+    )
+
+
+class _Lock:
+    """An exclusive lock on one file: ``flock`` where the platform and file system
+    have it, else a pid/host record with dead-owner detection."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = None
+        self.record_only = False
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not on Linux/macOS
+            fcntl = None
+        for _ in range(20):  # retried only when the file was replaced under us
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if fcntl is not None:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        raise self._locked(_read_owner(self.path)) from None
+                    except OSError:  # no flock on this file system: pid/host record
+                        self._acquire_by_record(fd)
+                else:  # pragma: no cover
+                    self._acquire_by_record(fd)
+                # the file we locked must still be the lock file (not removed meanwhile)
+                try:
+                    same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+                except FileNotFoundError:
+                    same = False
+                if not same:
+                    os.close(fd)
+                    continue
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(_owner_record()).encode(), 0)
+                os.fsync(fd)
+                self.fd = fd
+                return
+            except BaseException:
+                if self.fd != fd:
+                    os.close(fd)
+                raise
+        raise RunFolderLocked(f"cannot take the lock {str(self.path)!r}: it keeps changing")
+
+    def _acquire_by_record(self, fd: int) -> None:
+        self.record_only = True
+        owner = _read_owner(self.path)
+        if owner and owner.get("pid") is not None:
+            here = owner.get("host") == socket.gethostname()
+            if not here or _alive(owner.get("pid"), owner.get("start")):
+                raise self._locked(owner, other_host=not here)
+
+    def _locked(self, owner: dict | None, other_host: bool = False) -> RunFolderLocked:
+        folder = str(self.path.parent)
+        hint = (
+            "if that run is gone, delete the lock file"
+            if other_host
+            else "wait for it to finish or stop it"
+        )
+        return RunFolderLocked(
+            f"another run is writing to {folder!r}: {_owner_text(owner)} holds "
+            f"{str(self.path)!r}; {hint}, or choose another output folder"
+        )
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            self.path.unlink(missing_ok=True)  # while still holding it
+        finally:
+            os.close(fd)
+
+
+# ---------------------------------------------------------------------- the folder
+class RunFolder:
+    """The output folder of one run, checked and locked (see the module docstring).
+
+    Use as a context manager, or :meth:`acquire` / :meth:`release`::
+
+        with RunFolder(out, resume=False, overwrite=False) as folder:
+            ...  # validate inputs
+            folder.clear_previous()  # only does anything with overwrite=True
+            ...  # train, write
+
+    Args:
+        path: the run folder (created when missing).
+        resume: the run continues the checkpoints in the folder (earlier files stay).
+        overwrite: replace an earlier run's files (:meth:`clear_previous`).
+
+    Raises:
+        RunFolderError: ``path`` is a file or cannot be written, it holds an earlier run
+            and neither ``resume`` nor ``overwrite`` is set, or both are set.
+        RunFolderLocked: another live run holds it.
+    """
+
+    def __init__(self, path: str | Path, resume: bool = False, overwrite: bool = False):
+        self.path = Path(path)
+        self.resume = bool(resume)
+        self.overwrite = bool(overwrite)
+        if self.resume and self.overwrite:
+            raise RunFolderError(
+                "resume and overwrite exclude each other: resuming keeps the folder's "
+                "checkpoints, overwriting removes them"
+            )
+        self._lock = _Lock(self.path / LOCK_NAME)
+        self.previous: list[str] = []
+        self.removed_temporaries: list[str] = []
+        self._created = False
+
+    @property
+    def held(self) -> bool:
+        return self._lock.fd is not None
+
+    def acquire(self) -> RunFolder:
+        """Check the folder, take its lock, refuse an earlier run's files (unless resuming
+        or overwriting) and remove temporary files."""
+        where = str(self.path)
+        check_output_folder(self.path, "output folder")
+        self._created = not self.path.exists()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunFolderError(
+                f"output folder {where!r} cannot be created: {_describe(e)}"
+            ) from e
+        try:
+            self._lock.acquire()
+        except RunFolderError:
+            raise
+        except OSError as e:
+            raise RunFolderError(f"output folder {where!r} is not writable: {_describe(e)}") from e
+        try:
+            ckpt = self.path / "checkpoints"
+            if ckpt.exists():
+                check_output_folder(ckpt, "checkpoint folder")
+            self.previous = previous_outputs(self.path)
+            if self.previous and not (self.resume or self.overwrite):
+                shown = ", ".join(self.previous[:4]) + (", ..." if len(self.previous) > 4 else "")
+                raise RunFolderError(
+                    f"output folder {where!r} holds an earlier run ({shown}); nothing was "
+                    f"changed. Continue it with --resume {where} (resume=True), choose another "
+                    "output folder, or replace it with --overwrite (overwrite=True)"
+                )
+            self.removed_temporaries = _clean_temporaries(self.path)
+        except BaseException:
+            self._lock.release()
+            raise
+        return self
+
+    def clear_previous(self) -> list[str]:
+        """With ``overwrite``: remove the earlier run's files (:data:`RUN_OUTPUTS`);
+        returns what was removed.  Call it once the new run's inputs are validated."""
+        if not (self.overwrite and self.held):
+            return []
+        removed = []
+        for name in previous_outputs(self.path):
+            (self.path / name).unlink(missing_ok=True)
+            removed.append(name)
+        return removed
+
+    def release(self) -> None:
+        """Give the lock back (idempotent); a folder this run created and left empty (it
+        failed before writing anything) is removed again."""
+        held = self.held
+        self._lock.release()
+        if held and self._created:
+            try:
+                self.path.rmdir()  # only when empty
+            except OSError:
+                pass
+
+    def __enter__(self) -> RunFolder:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
