@@ -128,7 +128,8 @@ def predict(
             if hasattr(guide, "sample_weights"):
                 weights = guide.sample_weights(s)
             else:
-                weights = program_draws(model, guide, s, batches[0][0].to(device))
+                x0 = batches[0][0]
+                weights = program_draws(model, guide, s, x0 if device is None else x0.to(device))
             for i, (xb, _) in enumerate(batches):
                 xb = xb.to(device) if device is not None else xb
                 outputs = batched(weights, xb)  # (s, B, ...), or (s, K, B, ...)
