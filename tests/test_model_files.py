@@ -11,6 +11,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
+from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
 from twodg_pyro.evaluation import seeded_predict
 from twodg_pyro.guides import (
@@ -195,3 +196,23 @@ def test_damaged_and_foreign_files_are_named(digits, loader, tmp_path):
     (tmp_path / "trunc.pt").write_bytes(path.read_bytes()[:200])
     with pytest.raises(ValueError, match="trunc.pt"):
         load_model(tmp_path / "trunc.pt")
+
+
+def test_evaluate_and_diagnose_accept_every_method(digits, loader, tmp_path, capsys):
+    for kind in ("mean_field", "rank1", "ssvi"):
+        model, guide = _trained(kind, digits, loader)
+        path = save_model(tmp_path / f"model_{kind}.pt", model, guide, network=SPEC)
+        assert main(["evaluate", str(path), "--num-samples", "5", "--seed", "2"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        ref = seeded_predict(model, guide, digits.test.tensors, 5, 2)
+        from twodg_pyro.metrics import classification_metrics
+
+        assert out["method"] == kind
+        assert out["accuracy"] == classification_metrics(ref.mean, ref.targets)["accuracy"]
+        folder = tmp_path / f"diag_{kind}"
+        args = ["diagnose", str(path), "--out", str(folder), "--num-samples", "6"]
+        assert main(args + ["--khat-samples", "25", "--max-examples", "150"]) == 0, kind
+        report = json.loads((folder / "diagnostics.json").read_text())
+        assert report["errors"] == {} and report["method"] == kind
+        assert (folder / f"inference_data_{kind}.nc").is_file()
+        capsys.readouterr()

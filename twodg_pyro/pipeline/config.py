@@ -425,6 +425,10 @@ class DiagnosticsConfig:
     (epochs times training examples, over its SVI stages; a training pass also runs the
     backward, so ``budget = 1`` keeps the diagnostics to about a third of the training
     time): both subsets shrink in proportion, to no fewer than ``min_examples`` each.
+
+    ``max_site_values``: the InferenceData holds at most this many values of each Pyro
+    site per draw (a seeded sub-grid of a larger site; ``null``/``None``: every value;
+    see :mod:`twodg_pyro.diagnostics.arviz_export`).
     """
 
     enabled: bool = True
@@ -432,6 +436,7 @@ class DiagnosticsConfig:
     max_examples: int = 2000
     budget: float = 1.0
     min_examples: int = 100
+    max_site_values: int | None = 10_000
 
     def __post_init__(self):
         _require(
@@ -458,6 +463,13 @@ class DiagnosticsConfig:
         )
         _pos("diagnostics.budget", self.budget)
         _bool("diagnostics.enabled", self.enabled)
+        v = self.max_site_values
+        _require(
+            v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+            "diagnostics.max_site_values",
+            v,
+            "must be an integer >= 1, or null for every value",
+        )
 
 
 @dataclass
