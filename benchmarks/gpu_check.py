@@ -489,6 +489,20 @@ def section_ddp(device: str, work: Path) -> dict:
     return out
 
 
+def section_recipe(device: str, work: Path, mnist_root: str) -> dict:
+    """Issue 13's full-recipe table: ResNet-20 on the MNIST subset with the paper's epochs
+    (``experiments/mnist_subset.py --arch resnet20 --full``); needs the subset folder
+    (``experiments/mnist_subset_data.py``) carried to the machine."""
+    script = Path(__file__).resolve().parents[1] / "experiments" / "mnist_subset.py"
+    cmd = [sys.executable, str(script), "--arch", "resnet20", "--full", "--device", device]
+    cmd += ["--root", mnist_root, "--out", str(work / "recipe")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"problems": [f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}"]}
+    payload = json.loads((work / "recipe" / "mnist_subset_resnet20_full.json").read_text())
+    return {"table": (work / "recipe" / "mnist_subset_resnet20_full.md").read_text(), **payload}
+
+
 def section_steps(device: str, quick: bool, deadline: float) -> dict:
     cuda = device.startswith("cuda")
     if quick:
@@ -547,6 +561,9 @@ def _markdown(payload: dict) -> str:
                 f" | {mb(r['later_step_peak_mb'])} | {mb(r['held_before_steps_mb'])} |"
                 f" {r['trainable']:,} |"
             )
+    recipe = payload["sections"].get("recipe", {})
+    if "table" in recipe:  # issue 13's full-recipe table, as mnist_subset.py writes it
+        lines += ["", recipe["table"].strip()]
     unit = "CUDA max_memory_allocated" if dev.startswith("cuda") else "peak RSS (VmHWM)"
     lines += [
         "",
@@ -575,6 +592,12 @@ def main() -> None:
         "--sections",
         nargs="+",
         default=["surface", "float64", "resume", "evaluate", "ddp", "steps"],
+    )
+    ap.add_argument(
+        "--mnist-root",
+        default="data/mnist_subset",
+        help="the MNIST subset folder for --sections recipe (not in the default sections: "
+        "the full ResNet-20 recipe, 250 + 200 + 200 epochs)",
     )
     ap.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
@@ -611,6 +634,7 @@ def main() -> None:
             "evaluate": lambda: section_evaluate(args.device, work),
             "ddp": lambda: section_ddp(args.device, work),
             "steps": lambda: section_steps(args.device, args.quick, deadline),
+            "recipe": lambda: section_recipe(args.device, work, args.mnist_root),
         }
         for name in args.sections:
             _section(payload, name, runs[name], deadline)

@@ -180,7 +180,17 @@ def test_guide_initialisation_and_per_component_kl():
     q = guide.site_distribution(site)
     per_component = kl_divergence(q.base_dist, prior_fn.base_dist).sum(-1)
     kl = guide.site_kl(site.name, prior_fn, q.sample())["kl"]
-    torch.testing.assert_close(kl, per_component.mean())
+    torch.testing.assert_close(kl, per_component.sum())
+    # the ELBO scales it by the site's 1/M: the per-component average
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    guide_trace = poutine.trace(guide).get_trace(x, y)
+    assert guide_trace.nodes[site.name]["scale"] == pytest.approx(1 / 4)
+    terms = DecomposedELBO().loss_terms(model, guide, x, y)
+    expected = sum(
+        kl_divergence(guide.site_distribution(s).base_dist, model.prior(s).base_dist).sum() / 4
+        for s in model.sites
+    )
+    torch.testing.assert_close(terms["kl"], expected)
     n = guide.num_trainable()
     assert n == 2 * 4 * (6 + 8 + 8 + 3) == 2 * model.num_weights
 

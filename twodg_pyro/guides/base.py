@@ -1,16 +1,92 @@
-"""What every BNN guide of this library offers beyond being a Pyro guide."""
+"""What every BNN guide of this library offers beyond being a Pyro guide, and the
+site distribution that gives stock Pyro ELBOs a guide's density."""
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 
 import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
+from pyro.distributions.util import sum_rightmost
 from torch import nn
+from torch.distributions import Distribution, register_kl
 
 from ..nn.sites import BayesianSite
+from ..pyro_params import PyroParamsMixin, params_are_local, plate_batch_shape
+
+
+class NoSiteDensityError(ValueError):
+    """A guide's site has no density a stock Pyro ELBO could use (e.g. the ``tied``
+    tying); the message names the loss to use instead."""
+
+
+class GuideDraw(dist.Delta):
+    r"""A guide's draw at a site, :math:`\delta_v`, carrying the guide's log-density
+    :math:`\log q(v)` (computed on demand).
+
+    Like the ``Delta(value, log_density=...)`` of Pyro's ``AutoContinuous`` guides,
+    ``log_prob(v)`` is the guide's density of its own draw, so every stock ELBO
+    (``Trace_ELBO``, ``TraceMeanField_ELBO``, ``TraceGraph_ELBO``, ...) gets the right
+    :math:`\log q`; no closed-form KL is registered for it, so ``TraceMeanField_ELBO``
+    falls back to :math:`\log q - \log p` at the draw.  The density is a function
+    evaluated at the first ``log_prob`` only: :func:`~twodg_pyro.infer.fit`, which
+    uses the guide's own KL terms, never pays for it.
+
+    Args:
+        v: the drawn value, ``batch_shape + event_shape``.
+        log_density: a function returning :math:`\log q(v)` of shape ``batch_shape``
+            (it may raise :class:`NoSiteDensityError` where no density exists).
+        event_dim: the number of rightmost dimensions of ``v`` that form one event.
+    """
+
+    def __init__(self, v: torch.Tensor, log_density: Callable[[], torch.Tensor], event_dim: int):
+        batch_dim = v.dim() - event_dim
+        # Delta.__init__ would build a zero log_density tensor; the density comes later
+        Distribution.__init__(self, v.shape[:batch_dim], v.shape[batch_dim:], validate_args=False)
+        self.v = v
+        self._density_fn = log_density
+        self._density: torch.Tensor | None = None
+
+    @property
+    def log_density(self) -> torch.Tensor:  # type: ignore[override]
+        r""":math:`\log q(v)`, ``batch_shape``."""
+        if self._density is None:
+            self._density = self._density_fn()
+        return self._density
+
+    @log_density.setter
+    def log_density(self, value) -> None:  # Delta.expand assigns it
+        self._density = value
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        density = self.log_density
+        if x is self.v:
+            return density
+        same = (x == self.v).type(x.dtype).log()
+        return sum_rightmost(same, self.event_dim) + density
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        if batch_shape == self.batch_shape:
+            return self
+        # as a plain Delta: one draw repeated (the guides draw per particle themselves)
+        return dist.Delta(self.v, self.log_density, event_dim=self.event_dim).expand(batch_shape)
+
+
+@register_kl(GuideDraw, Distribution)
+@register_kl(GuideDraw, dist.Distribution)  # beats Pyro's (Delta, Distribution) -log p(v)
+def _kl_guide_draw(p, q):
+    # no closed form: TraceMeanField_ELBO then uses log q - log p at the draw
+    raise NotImplementedError
+
+
+def particle_batch_shape() -> tuple[int, ...]:
+    """The batch shape of a guide's draw: that of the enclosing vectorised plates
+    (:func:`~twodg_pyro.pyro_params.plate_batch_shape`), ``()`` on the library's fast path."""
+    return () if params_are_local() else plate_batch_shape()
 
 
 def site_key(name: str) -> str:
@@ -25,11 +101,16 @@ def standard_normal(like: torch.Tensor, num_samples: int | None = None) -> torch
     return torch.randn(shape, device=like.device, dtype=like.dtype)
 
 
-class BNNGuide(nn.Module):
+class BNNGuide(PyroParamsMixin, nn.Module):
     """Base class of the library's guides.
 
     A guide is a Pyro program with one sample statement per Bayesian site of the
-    model.  On top of that it offers:
+    model, preceded by one ``pyro.param`` statement per trainable parameter (named
+    ``"<pyro_name>.<parameter name>"``, see :mod:`twodg_pyro.pyro_params`), so stock
+    ``pyro.infer.SVI`` trains it.  Every site's ``log_prob`` is the guide's density of its
+    draw, or raises :class:`NoSiteDensityError` naming the loss to use.  Inside a
+    vectorised plate (``Predictive(parallel=True)``, vectorised particles) it draws one
+    independent value per plate entry.  On top of that it offers:
 
     * :meth:`sample_weights` -- draws of all Bayesian tensors outside inference,
       vectorised over samples, for fast prediction;
@@ -84,6 +165,7 @@ class DiagonalNormalGuide(BNNGuide):
         return d.to_event(len(site.shape))
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        self._param_statements()
         return {
             site.name: pyro.sample(site.name, self.site_distribution(site)) for site in self.sites
         }

@@ -25,8 +25,11 @@ estimated by routing example ``i`` of a batch to component ``i mod M`` (``routin
 that every example meets every component (``routing="tile"``, ``M`` times the cost, lower
 variance); the likelihood's data plate rescales either to the data-set size.  By the
 convexity of KL, :math:`\mathrm{KL}(\frac1M\sum_m q_m \| p) \le \frac1M \sum_m
-\mathrm{KL}(q_m \| p)`, so this is still a lower bound on the evidence; the guide reports
-the per-component average through :meth:`Rank1Guide.site_kl`.
+\mathrm{KL}(q_m \| p)`, so this is still a lower bound on the evidence.  As Pyro programs,
+the model and the guide count each factor site :math:`1/M` (``poutine.scale``), so the KL
+of every ELBO -- :class:`~twodg_pyro.infer.DecomposedELBO` through
+:meth:`Rank1Guide.site_kl`, and stock ``Trace_ELBO``/``TraceMeanField_ELBO`` -- is this
+per-component average.
 
 **Priors** are centred at 1 (the factors multiply :math:`W`): ``Normal(1, scale)`` or
 ``Cauchy(1, scale)`` (:func:`rank1_prior`).  The Normal has a closed-form KL against the
@@ -54,16 +57,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pyro
 import pyro.distributions as dist
+import pyro.poutine as poutine
 import torch
 from torch import nn
 
 from ..infer.callbacks import KLAnnealing
 from ..infer.elbo import site_kl
 from ..likelihoods import Categorical, Likelihood
-from ..model import match_input
+from ..model import LOGITS_SITE, match_input
 from ..nn.rank1 import RANK1_LAYER_TYPES, Rank1Layer, find_rank1_layers, rank1_factors
 from ..nn.sites import BayesianSite
 from ..priors import NormalPrior, Prior, _positive, as_prior
+from ..pyro_params import PyroParamsMixin, params_are_local
 from .base import DiagonalNormalGuide, site_key, standard_normal
 from .mean_field import inverse_softplus
 
@@ -132,7 +137,7 @@ def _check_components(components) -> int:
     return components
 
 
-class Rank1BNNModel(nn.Module):
+class Rank1BNNModel(PyroParamsMixin, nn.Module):
     r"""Pyro model of a rank-1 BNN with ``M`` batch-ensemble components.
 
     Same constructor surface as :class:`~twodg_pyro.model.BNNModel`; its sample sites are
@@ -288,11 +293,32 @@ class Rank1BNNModel(nn.Module):
         return out.reshape(m, b, *out.shape[1:])
 
     # ------------------------------------------------------------------ program
+    def pyro_parameters(self):
+        """The network's point-estimated parameters (the shared weights :math:`W`, biases,
+        normalisation layers) as ``("net.<name>", parameter)``."""
+        return ((f"net.{n}", p) for n, p in self.net.named_parameters() if p.requires_grad)
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        factors = {
-            site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
-            for i, site in enumerate(self.sites)
-        }
+        r"""The model program: the factor sites, each counted :math:`1/M` (so that a stock
+        ELBO's KL is the per-component average :math:`\frac1M\sum_m \mathrm{KL}(q_m\|p)`,
+        as with :class:`~twodg_pyro.infer.DecomposedELBO`), the routed network, the
+        ``"logits"`` site (:data:`~twodg_pyro.model.LOGITS_SITE`) and the likelihood."""
+        local = params_are_local()
+        if not local:
+            self._param_statements()
+        with poutine.scale(scale=1.0 / self.components):
+            factors = {
+                site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
+                for i, site in enumerate(self.sites)
+            }
+        for site in self.sites:
+            if factors[site.name].dim() != len(site.shape):
+                raise ValueError(
+                    f"Rank1BNNModel got factors of shape {tuple(factors[site.name].shape)} at "
+                    f"site {site.name!r} (shape {tuple(site.shape)}): it does not run on a "
+                    "leading particle dimension; use Predictive(..., parallel=False), "
+                    "vectorize_particles=False, or twodg_pyro.predict.predict"
+                )
         if self.routing == "tile":
             m, b = self.components, x.shape[0]
             x = x.repeat(m, *([1] * (x.dim() - 1)))
@@ -301,7 +327,10 @@ class Rank1BNNModel(nn.Module):
         else:
             assignment = self.route(x.shape[0], x.device)
         output = self.routed_forward(factors, x, assignment)
-        self.likelihood(output, y)
+        if local:  # the fast path: no bookkeeping site
+            self.likelihood(output, y)
+        else:
+            self.likelihood(output, y, outputs_site=LOGITS_SITE)
         return output
 
 
@@ -358,14 +387,21 @@ class Rank1Guide(DiagonalNormalGuide):
         self.locs = nn.ParameterDict(locs)
         self.rhos = nn.ParameterDict(rhos)
 
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        r"""The factor sites, each counted :math:`1/M` (``poutine.scale``), as in the model:
+        the per-component average of the objective."""
+        with poutine.scale(scale=1.0 / self.components):
+            return super().forward(*args, **kwargs)
+
     def site_kl(self, name: str, prior_fn, value: torch.Tensor) -> dict[str, torch.Tensor]:
-        r"""``{"kl": (1/M) sum_m KL(q_m || p)}`` for one factor site.
+        r"""``{"kl": sum_m KL(q_m || p)}`` for one factor site; the site's scale
+        :math:`1/M` (applied by the ELBO) makes it the per-component average.
 
         Closed form when registered (Normal prior), else the one-sample Monte Carlo
         estimate :math:`\log q_m(v_m) - \log p(v_m)` (Cauchy prior).
         """
         site = next(s for s in self.sites if s.name == name)
-        return {"kl": site_kl(self.site_distribution(site), prior_fn, value) / self.components}
+        return {"kl": site_kl(self.site_distribution(site), prior_fn, value)}
 
     # ------------------------------------------------------------------ BNNGuide API
     def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:

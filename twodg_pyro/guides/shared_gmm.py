@@ -43,6 +43,8 @@ and the outlier parameters.
 
 from __future__ import annotations
 
+import math
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -51,7 +53,7 @@ from pyro.distributions.kl import kl_divergence
 from torch import nn
 
 from ..sharing.structure import SharingStructure
-from .base import BNNGuide
+from .base import BNNGuide, GuideDraw, NoSiteDensityError, particle_batch_shape
 from .mean_field import inverse_softplus
 from .stochastic_kl import expected_normal_kl
 
@@ -141,10 +143,18 @@ class SharedGMMGuide(BNNGuide):
         self._cache: dict = {}
 
     # ------------------------------------------------------------------ parameters
-    def _set_components(self, means: torch.Tensor, covs: torch.Tensor) -> None:
+    def _set_components(
+        self, means: torch.Tensor, covs: torch.Tensor, point_covs: torch.Tensor | None = None
+    ) -> None:
         like = self.outlier_loc  # the guide's device and dtype
         means = means.detach().to(device=like.device, dtype=like.dtype)
         covs = covs.detach().to(device=like.device, dtype=like.dtype)
+        point_covs = covs if point_covs is None else point_covs
+        # the spread of each component's member points, which the Mahalanobis check
+        # measures them against (see point_covariances)
+        self.register_buffer(
+            "point_covs", point_covs.detach().to(device=like.device, dtype=like.dtype).clone()
+        )
         m1 = means[:, 1]
         raw = inverse_softplus(m1.clamp_min(_MIN_SIGMA)) if self.coordinates == "sigma" else m1
         self.centre_mu = nn.Parameter(means[:, 0].clone())
@@ -249,6 +259,19 @@ class SharedGMMGuide(BNNGuide):
         r""":math:`S_k = L_k L_k^\top`, ``(K, 2, 2)``."""
         L = self.cholesky()
         return L @ L.transpose(-1, -2)
+
+    def point_covariances(self) -> torch.Tensor:
+        r"""The spread :math:`\Sigma_k` of each component's member points, ``(K, 2, 2)``,
+        which the Mahalanobis check (:math:`D^2 > T_M`) measures a point against.
+
+        Stage 2 sets it to the mixture's covariances.  In the ``representative`` tying it
+        is the guide's (untrained) covariances; the ``stochastic`` and ``tied`` tyings
+        train their covariances as variational parameters (the spread of the weights'
+        posterior, which shrinks away from that of their stage-1 points), so the points'
+        spread is kept apart, and a merge combines it exactly
+        (:func:`~twodg_pyro.sharing.refine.merge_point_covariances`).
+        """
+        return self.point_covs
 
     def current_points(self) -> torch.Tensor:
         r"""The inlier points :math:`x_i` moved with their components since stage 2.
@@ -440,10 +463,11 @@ class SharedGMMGuide(BNNGuide):
         eps = torch.randn(out.shape, device=out.device, dtype=out.dtype, out=u)
         return out.addcmul_(var.sqrt_(), eps)
 
-    def _stochastic_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        r"""``(c, v, sigma~)``, each ``(S, n_w)``, of the last ``stochastic`` draw: the mean
-        and variance of :math:`\tilde\mu` given :math:`t`, and :math:`\tilde\sigma`."""
-        cache = self._cache
+    def _stochastic_state(self, cache: dict | None = None):
+        r"""``(c, v, sigma~)``, each ``(S, n_w)``, of the last ``stochastic`` draw (or of
+        the draw whose ``cache`` is given): the mean and variance of :math:`\tilde\mu`
+        given :math:`t`, and :math:`\tilde\sigma`."""
+        cache = self._cache if cache is None else cache
         if "stochastic_state" not in cache:
             parts = cache["stochastic_parts"]
             state = parts["plain"]
@@ -487,12 +511,90 @@ class SharedGMMGuide(BNNGuide):
         }
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        flat, self._cache = self._draw(1)
-        weights = self._split(flat[0])
+        r"""The guide as a Pyro program: one draw of all weights, one site per tensor.
+
+        Each site is a :class:`~twodg_pyro.guides.base.GuideDraw` whose ``log_prob`` is
+        :meth:`log_density` of the draw, so stock Pyro ELBOs estimate the same bound as
+        :class:`~twodg_pyro.infer.DecomposedELBO` (``representative``, ``stochastic``);
+        for ``tied`` it raises :class:`~twodg_pyro.guides.base.NoSiteDensityError`.
+        Inside vectorised plates it draws one value per plate entry."""
+        self._param_statements()
+        batch = particle_batch_shape()
+        n = math.prod(batch)
+        flat, self._cache = self._draw(n)
+        weights = self._split(flat.reshape(*batch, flat.shape[-1]) if batch else flat[0])
+        cache, densities = self._cache, {}
+
+        def site_density(name: str):
+            def density():
+                if "per_site" not in densities:
+                    log_q = self.log_density(cache)  # (n, n_w)
+                    densities["per_site"] = {
+                        k: v.reshape(*batch, -1).sum(-1) for k, v in self._split(log_q).items()
+                    }
+                return densities["per_site"][name].reshape(batch)
+
+            return density
+
         return {
-            s.name: pyro.sample(s.name, dist.Delta(weights[s.name], event_dim=len(s.shape)))
+            s.name: pyro.sample(
+                s.name, GuideDraw(weights[s.name], site_density(s.name), event_dim=len(s.shape))
+            )
             for s in self.sites
         }
+
+    def log_density(self, cache: dict | None = None) -> torch.Tensor:
+        r"""Per-weight :math:`\log q(w_i \mid \cdot)` of the last draw (or of the draw of
+        ``cache``), ``(S, n_w)``: the guide density whose expectation minus
+        :math:`\mathbb E \log p(w)` is the Eq. 10 bound of the tying.
+
+        * ``representative``: :math:`\log\mathcal N(w_i; \mu_i, \sigma_i^2)` with the
+          parameters of the weight's own Normal (outliers), its component's centre (plain
+          inliers) or the centre of the component drawn from its alphas (ellipse weights):
+          :math:`\mathbb E[\log q(w \mid c) - \log p(w)] = \sum_k \alpha_k
+          \mathrm{KL}(\mathcal N(m_{k,0}, m_{k,1}^2) \| p)`.
+        * ``stochastic``: :math:`\log\mathcal N(w_i; \tilde\mu_i, \tilde\sigma_i^2)` at
+          :math:`\tilde\mu_i` drawn from :math:`\tilde\mu \mid t, w` (the draw integrated it
+          out): :math:`(\tilde\mu, t, w)` has the law of the three-normal draw, so the
+          expectation is :math:`\mathbb E_{(\tilde\mu, \tilde\sigma)}\mathrm{KL}(\mathcal
+          N(\tilde\mu, \tilde\sigma^2) \| p)` (a Monte Carlo estimate; ``DecomposedELBO``
+          computes it exactly for a Normal prior).
+        * ``tied``: none: raises :class:`~twodg_pyro.guides.base.NoSiteDensityError`.
+        """
+        cache = self._cache if cache is None else cache
+        if self.tying == "tied":
+            raise NoSiteDensityError(
+                "SharedGMMGuide(tying='tied') draws one value per component, shared by all "
+                "the weights tied to it: a site's weights have no joint density, and the "
+                "tying's Eq. 10 KL has one term per component, which no stock Pyro ELBO "
+                "(Trace_ELBO, TraceMeanField_ELBO, ...) can express. Train it with "
+                "twodg_pyro.infer.DecomposedELBO (or twodg_pyro.infer.fit), which uses the "
+                "guide's own KL terms (guide.site_kl); Predictive and poutine.trace work"
+            )
+        flat = cache["flat"]
+        if self.tying == "representative":
+            loc = torch.cat([self.centre_mu, self.outlier_loc]).index_select(0, self.nat_index)
+            scale = torch.cat([self.centre_sigma(), F.softplus(self.outlier_rho)])
+            scale = scale.index_select(0, self.nat_index)
+            chosen = cache["chosen"]
+            if chosen is not None:
+                shape = (flat.shape[0], loc.shape[0])
+                loc = loc.expand(shape).index_copy(1, self.ellipse_index, self.centre_mu[chosen])
+                scale = scale.expand(shape).index_copy(
+                    1, self.ellipse_index, self.centre_sigma()[chosen]
+                )
+            return dist.Normal(loc, scale, validate_args=False).log_prob(flat)
+        c, v, sig = self._stochastic_state(cache)
+        # mu~ | t, w ~ N(c + g (w - c), g sig~^2), g = v / (v + sig~^2); exactly c where v = 0
+        # (outliers): v is replaced there so that no infinite gradient of a square root at 0
+        # meets a zero factor
+        pos = v > 0
+        v1 = torch.where(pos, v, torch.ones_like(v))
+        s2 = sig * sig
+        gain = v1 / (v1 + s2)
+        mu = c + gain * (flat - c) + torch.sqrt(gain * s2) * torch.randn_like(c)
+        mu = torch.where(pos, mu, c)
+        return dist.Normal(mu, sig, validate_args=False).log_prob(flat)
 
     def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
         S = 1 if num_samples is None else int(num_samples)
@@ -636,6 +738,13 @@ class SharedGMMGuide(BNNGuide):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # files written before 0.1.0's memory diet carry an unused weight-sized buffer
         state_dict.pop(prefix + "inverse_order", None)
+        # files written before the points' spread was kept apart: the saved covariances
+        if prefix + "point_covs" not in state_dict and prefix + "chol_log_diag" in state_dict:
+            d = state_dict[prefix + "chol_log_diag"].exp()
+            off = state_dict[prefix + "chol_off"]
+            L = torch.zeros(d.shape[0], 2, 2, dtype=d.dtype, device=d.device)
+            L[:, 0, 0], L[:, 1, 0], L[:, 1, 1] = d[:, 0], off, d[:, 1]
+            state_dict[prefix + "point_covs"] = L @ L.transpose(-1, -2)
         # files written before the points followed their components: the points are where
         # they were, relative to the saved centres
         if prefix + "anchor_centres" not in state_dict and prefix + "centre_mu" in state_dict:
@@ -646,13 +755,20 @@ class SharedGMMGuide(BNNGuide):
             )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def load_structure(self, structure: SharingStructure, components: bool = True) -> None:
+    def load_structure(
+        self,
+        structure: SharingStructure,
+        components: bool = True,
+        point_covariances: torch.Tensor | None = None,
+    ) -> None:
         """Adopt a refined structure (after a merge or a reassignment).
 
         With ``components=True`` the component parameters are rebuilt from the
         structure's means and covariances (new parameter objects: rebuild the
-        optimiser); otherwise they are kept and only the assignments change.  Outlier
-        parameters are kept when the set of outliers is unchanged.
+        optimiser), and the points' spread (:meth:`point_covariances`) is
+        ``point_covariances`` (default: the structure's covariances); otherwise they are
+        kept and only the assignments change.  Outlier parameters are kept when the set
+        of outliers is unchanged.
         """
         structure.check_matches([s.name for s in self.sites], [tuple(s.shape) for s in self.sites])
         if structure.coordinates != self.coordinates:
@@ -669,7 +785,7 @@ class SharedGMMGuide(BNNGuide):
                 inverse_softplus(structure.outlier_scale.detach().to(device=dev, dtype=dtype))
             )
         if components:
-            self._set_components(structure.means, structure.covariances)
+            self._set_components(structure.means, structure.covariances, point_covariances)
         elif structure.n_gaussians != self.n_components:
             raise ValueError("components=False needs the same number of components")
         else:  # the structure's points are current: they ride from the centres as they are

@@ -22,8 +22,9 @@ so the inactive point masses cancel and
 
 in closed form for a Normal prior and by the one-sample estimate
 :math:`\log q(\theta_i) - \log p(\theta_i)` otherwise (:meth:`SSVIGuide.site_kl`, used by
-:class:`~twodg_pyro.infer.DecomposedELBO`; the guide emits a ``Delta`` at each weight
-site, so it needs that ELBO).
+:class:`~twodg_pyro.infer.DecomposedELBO`).  Stock Pyro ELBOs get the same bound: each
+weight site's ``log_prob`` is :meth:`SSVIGuide.site_log_density`, whose point masses are
+measured against the prior as above.
 
 **Subspace updates** (:class:`SubspaceUpdate`, a training-loop callback) alternate with
 the SVI steps: every ``update_every`` epochs, in each site, the ``n`` active coordinates
@@ -73,7 +74,7 @@ from torch import nn
 from ..infer.callbacks import Callback
 from ..model import BNNModel
 from ..nn.sites import BayesianSite
-from .base import BNNGuide, site_key
+from .base import BNNGuide, GuideDraw, particle_batch_shape, site_key
 from .mean_field import check_init_scale, inverse_softplus, paper_initial_scales
 
 __all__ = [
@@ -192,6 +193,8 @@ class SSVIGuide(BNNGuide):
         check_init_scale(init_scale)
         self.init_scale = init_scale
         self.sites = list(model.sites)
+        # the model's prior, for the density that stock Pyro ELBOs read (site_log_density)
+        self._prior = model.prior
         self._generator = torch.Generator().manual_seed(int(seed))
         init_loc = init_loc if init_loc is not None else model.initial_values()
         locs, rhos = {}, {}
@@ -319,13 +322,51 @@ class SSVIGuide(BNNGuide):
 
     # ------------------------------------------------------------------ Pyro guide
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        r"""The guide as a Pyro program: a dense draw per site, exactly zero off
+        :math:`\Gamma`, as a :class:`~twodg_pyro.guides.base.GuideDraw` whose ``log_prob``
+        is :meth:`site_log_density` (one draw per entry of enclosing vectorised plates)."""
+        self._param_statements()
+        batch = particle_batch_shape()
         out = {}
         for site in self.sites:
             loc, scale = self.loc(site.name), self.scale(site.name)
-            active = loc + scale * torch.randn_like(loc)
+            if batch:
+                noise = torch.randn(*batch, *loc.shape, device=loc.device, dtype=loc.dtype)
+            else:
+                noise = torch.randn_like(loc)
+            active = loc + scale * noise
             weight = self.densify(site.name, active)
-            out[site.name] = pyro.sample(site.name, dist.Delta(weight, event_dim=len(site.shape)))
+
+            def density(site=site, active=active):
+                return self.site_log_density(site.name, active)
+
+            out[site.name] = pyro.sample(
+                site.name, GuideDraw(weight, density, event_dim=len(site.shape))
+            )
         return out
+
+    def site_log_density(self, name: str, active: torch.Tensor) -> torch.Tensor:
+        r"""The site's guide density for stock Pyro ELBOs, at the active values ``active``
+        (``(..., |Gamma|)``):
+
+        .. math::
+            \sum_{i \in \Gamma} \log \mathcal N(\theta_i \mid \mu_i, \sigma_i^2)
+            + \sum_{i \notin \Gamma} \log p(\theta_i = 0).
+
+        The second sum is the point masses of :math:`q_\Gamma` measured against the
+        subspace-restricted prior :math:`p_\Gamma`, as in the paper: a stock ELBO
+        subtracts the model's full prior :math:`\log p(\theta)`, in which the inactive
+        coordinates (exactly 0) contribute :math:`\log p(0)`, so that
+        :math:`\log q - \log p = \sum_{i \in \Gamma} \log q(\theta_i) - \log p(\theta_i)`,
+        the integrand of :meth:`site_kl`."""
+        site = self._site(name)
+        q = dist.Normal(self.loc(name), self.scale(name), validate_args=False)
+        log_q = q.log_prob(active).sum(-1)
+        prior = _unwrap(self._prior(site, self.loc(name)))
+        zero = self.loc(name).new_zeros(site.shape)
+        log_p0 = prior.log_prob(zero).expand(site.shape).reshape(-1)
+        inactive = ~self.active_mask(name).reshape(-1)
+        return log_q + log_p0[inactive].sum()
 
     def site_kl(self, name: str, prior_fn, value: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""``{"kl": sum_{i in Gamma} KL(N(mu_i, sigma_i^2) || p(theta_i))}``: the inactive

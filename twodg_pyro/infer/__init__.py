@@ -2,7 +2,7 @@
 
 from .callbacks import Callback, EarlyStopping, History, KLAnnealing
 from .elbo import DecomposedELBO, site_kl
-from .trainer import TrainState, fit
+from .trainer import TrainState, fit, guide_param_groups
 
 __all__ = [
     "Callback",
@@ -12,5 +12,6 @@ __all__ = [
     "KLAnnealing",
     "TrainState",
     "fit",
+    "guide_param_groups",
     "site_kl",
 ]

@@ -12,8 +12,20 @@ collected site by site:
   shared-GMM guide) supplies its own terms (``kl_inlier``, ``kl_outlier``);
 * otherwise the closed form :math:`\mathrm{KL}(q_s \| p_s)` is used when one is
   registered (Normal guide vs Normal prior), and a one-sample Monte Carlo estimate
-  :math:`\log q_s(w_s) - \log p_s(w_s)` when it is not (e.g. a Laplace prior); both
-  under the name ``kl``.
+  :math:`\log q_s(w_s) - \log p_s(w_s)` when it is not (e.g. a Laplace prior), or when
+  the guide's site is a point mass carrying a density (a ``Delta``, as Pyro's autoguides
+  emit: their auxiliary sites' :math:`\log q` is added); all under the name ``kl``.
+
+Every term is scaled and masked like its site (``poutine.scale``), e.g. the rank-1
+factor sites count :math:`1/M`.  Deterministic sites (``pyro.deterministic``) are skipped.
+
+**Speed.**  :meth:`DecomposedELBO.loss_terms` -- what :func:`~twodg_pyro.infer.fit` and
+the distributed loop call -- runs the library's models and guides without their
+``pyro.param`` statements and bookkeeping sites
+(:func:`~twodg_pyro.pyro_params.local_params`); so does :meth:`~DecomposedELBO.
+differentiable_loss` when no Pyro handler is active.  Under ``pyro.infer.SVI`` (whose
+parameter capture is a handler) the statements are emitted, so ``SVI`` trains the
+parameters.
 
 ``beta`` weights the KL terms (KL annealing); ``beta = 1`` is the true bound.
 """
@@ -22,6 +34,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
 from pyro.distributions.kl import kl_divergence
@@ -29,12 +42,24 @@ from pyro.infer.elbo import ELBO
 from pyro.infer.util import torch_item
 from pyro.poutine.util import site_is_subsample
 
+from ..pyro_params import handlers_active, local_params, params_are_local
+
 __all__ = ["DecomposedELBO", "site_kl"]
+
+
+def _is_point_mass(fn) -> bool:
+    """Whether a guide site's distribution is a ``Delta`` (possibly wrapped)."""
+    while isinstance(fn, (dist.Independent, dist.MaskedDistribution)):
+        fn = fn.base_dist
+    return isinstance(fn, dist.Delta)
 
 
 def site_kl(guide_fn, prior_fn, value: torch.Tensor) -> torch.Tensor:
     r""":math:`\mathrm{KL}(q \| p)` in closed form if registered, else the one-sample
-    Monte Carlo estimate :math:`\log q(v) - \log p(v)`."""
+    Monte Carlo estimate :math:`\log q(v) - \log p(v)`.  A point mass (``Delta``, whose
+    registered "KL" would drop its ``log_density``) always takes the estimate."""
+    if _is_point_mass(guide_fn):
+        return (guide_fn.log_prob(value) - prior_fn.log_prob(value)).sum()
     try:
         kl = kl_divergence(guide_fn, prior_fn)
     except NotImplementedError:
@@ -85,6 +110,8 @@ class DecomposedELBO(ELBO):
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample" or site_is_subsample(site):
                 continue
+            if site["infer"].get("_deterministic"):
+                continue
             if site["is_observed"]:
                 log_p = site["fn"].log_prob(site["value"])
                 terms["nll"] = terms["nll"] - _scale_mask(log_p, site).sum()
@@ -98,10 +125,25 @@ class DecomposedELBO(ELBO):
                 parts = {"kl": site_kl(guide_site["fn"], site["fn"], guide_site["value"])}
             for key, value in parts.items():
                 terms[key] = terms[key] + _scale_mask(value, guide_site)
+        if own_kl is None:  # auxiliary guide sites (autoguides): their log q joins the KL
+            for name, site in guide_trace.nodes.items():
+                if site["type"] == "sample" and name not in model_trace.nodes:
+                    if site_is_subsample(site) or site["is_observed"]:
+                        continue
+                    log_q = site["fn"].log_prob(site["value"])
+                    terms["kl"] = terms["kl"] + _scale_mask(log_q, site).sum()
         return dict(terms)
 
     def loss_terms(self, model, guide, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Differentiable terms averaged over particles: ``nll`` and the KL terms."""
+        """Differentiable terms averaged over particles: ``nll`` and the KL terms.
+
+        The fast path: the library's programs run without their ``pyro.param``
+        statements and bookkeeping sites (:func:`~twodg_pyro.pyro_params.local_params`),
+        so the parameters are trained by whatever optimiser holds them (``fit``'s)."""
+        with local_params():
+            return self._terms(model, guide, args, kwargs)
+
+    def _terms(self, model, guide, args, kwargs) -> dict[str, torch.Tensor]:
         total: dict[str, torch.Tensor] = {}
         for _ in range(self.num_particles):
             for key, value in self._particle_terms(model, guide, args, kwargs).items():
@@ -114,7 +156,11 @@ class DecomposedELBO(ELBO):
         return terms.get("nll", 0.0) + self.beta * kl
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
-        terms = self.loss_terms(model, guide, *args, **kwargs)
+        """The negative ELBO (Pyro's ``ELBO`` interface, used by ``SVI``).  The programs'
+        ``pyro.param`` statements are emitted when a Pyro handler is active (``SVI``'s
+        parameter capture), skipped otherwise (a module loss with a torch optimiser)."""
+        with local_params(params_are_local() or not handlers_active()):
+            terms = self._terms(model, guide, args, kwargs)
         self.last_terms = {k: torch_item(v) for k, v in terms.items()}
         return self.combine(terms)
 

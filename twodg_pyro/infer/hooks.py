@@ -116,7 +116,7 @@ class MergeHook(_Scheduled):
     def apply(self, state) -> int:
         """Run the merge on ``state.guide`` now; returns the number of merges."""
         from ..gmm import merge_components
-        from ..sharing.refine import apply_mapping
+        from ..sharing.refine import apply_mapping, merge_point_covariances
 
         guide = state.guide
         grads = None
@@ -142,10 +142,19 @@ class MergeHook(_Scheduled):
         old = [guide.centre_mu, guide.centre_raw]
         if guide.tying != "representative":
             old += [guide.chol_log_diag, guide.chol_off]
+        with torch.no_grad():  # the points' spread: the merged clouds', exactly
+            point_covs = merge_point_covariances(
+                guide.point_covariances(),
+                guide.centres(),
+                guide.component_counts(),
+                result.mapping,
+                result.means.to(guide.point_covariances()),
+            )
         guide.load_structure(
             apply_mapping(
                 guide.structure(current_points=True), result.mapping, result.means, result.covs
-            )
+            ),
+            point_covariances=point_covs if guide.tying != "representative" else None,
         )
         new = [guide.centre_mu, guide.centre_raw]
         if guide.tying != "representative":
@@ -163,7 +172,11 @@ class MahalanobisHook(_Scheduled):
 
     The inlier points are the guide's :meth:`~twodg_pyro.guides.SharedGMMGuide.current_points`:
     they move with their components during stage 3, so the check reacts to changes of the
-    mixture's shape (a merge, trained covariances), not to the centres' drift.  By default
+    mixture (a merge), not to the centres' drift; it measures them against the spread of
+    their components' points (:meth:`~twodg_pyro.guides.SharedGMMGuide.point_covariances`),
+    not against the covariances that the ``stochastic`` and ``tied`` tyings train as
+    variational parameters (against those, half of the inliers became ellipse weights on
+    digits).  By default
     every weight keeps the component it is tied to (``reassign=False``): a weight that now
     lies beyond :math:`T_M` of it becomes an ellipse weight over its ``k`` nearest
     components, an ellipse weight back within :math:`T_M` of its nearest component becomes
@@ -203,7 +216,7 @@ class MahalanobisHook(_Scheduled):
         after = reassign(
             before,
             before.means,
-            before.covariances,
+            guide.point_covariances(),
             threshold=self.threshold,
             k=self.k,
             keep_components=not self.reassign,

@@ -7,7 +7,14 @@ reparameterised sample, and takes an optimiser step on
 
 Guides expose named parameter groups (``loc``, ``scale``, ...) so that means and
 scales get their own learning rates; parameters of the model that are not Bayesian
-(e.g. BatchNorm affine) form the group ``deterministic``.
+(e.g. BatchNorm affine) form the group ``deterministic``.  Any other Pyro guide module
+(e.g. Pyro's ``AutoNormal``, ``AutoLowRankMultivariateNormal``) is trained too: it is
+run once on the first minibatch to create its parameters, which are grouped by their
+top-level name (:func:`guide_param_groups`).
+
+The loop calls :meth:`~twodg_pyro.infer.DecomposedELBO.loss_terms`, which runs the
+library's programs without ``pyro.param`` statements: it neither reads nor writes Pyro's
+param store (see :mod:`twodg_pyro.pyro_params` for mixing ``fit`` with ``pyro.infer.SVI``).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import pyro.poutine as poutine
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -23,7 +31,7 @@ from tqdm.auto import tqdm
 from .callbacks import Callback
 from .elbo import DecomposedELBO
 
-__all__ = ["TrainState", "fit", "build_optimizer"]
+__all__ = ["TrainState", "fit", "build_optimizer", "guide_param_groups"]
 
 
 def _check_lr(name: str, lr: float) -> float:
@@ -46,6 +54,48 @@ def _group_lrs(lr: float | Mapping[str, float], names: Iterable[str]) -> dict[st
     return {n: _check_lr(n, lr) for n in names}
 
 
+_GROUP_OF = {"loc": "loc", "locs": "loc", "scale": "scale", "scales": "scale"}
+
+
+def guide_param_groups(guide: nn.Module) -> list[dict]:
+    """``guide.param_groups()`` for the library's guides; for any other guide module (e.g.
+    Pyro's autoguides) its parameters grouped by top-level name, ``locs``/``loc`` ->
+    ``"loc"``, ``scales``/``scale`` -> ``"scale"``, others by their own name (e.g.
+    ``"cov_factor"``)."""
+    if hasattr(guide, "param_groups"):
+        return guide.param_groups()
+    groups: dict[str, list] = {}
+    for name, p in guide.named_parameters():
+        top = name.split(".", 1)[0].removesuffix("_unconstrained")
+        groups.setdefault(_GROUP_OF.get(top, top), []).append(p)
+    return [{"name": k, "params": v} for k, v in groups.items()]
+
+
+def prepare_guide(model: nn.Module, guide: nn.Module, data: Iterable, device=None) -> None:
+    """Create the parameters of a guide that makes them at its first call (Pyro's
+    autoguides), by running it once on the first minibatch; nothing for the library's
+    guides or a guide that has its parameters.
+
+    Raises:
+        TypeError: ``guide`` is not a ``torch.nn.Module`` (it has no parameters to train).
+    """
+    if hasattr(guide, "param_groups"):
+        return
+    if not isinstance(guide, nn.Module):
+        raise TypeError(
+            f"fit trains a guide module (a twodg_pyro guide or a Pyro autoguide), got "
+            f"{type(guide).__name__}"
+        )
+    if next(guide.parameters(), None) is not None:
+        return
+    batch = next(iter(data), None)
+    if batch is None:
+        raise ValueError("no minibatches to set the guide up with: the data set is empty")
+    x, y = _to_device(batch, device)[:2]
+    with poutine.block():
+        guide(x, y)
+
+
 def build_optimizer(
     model: nn.Module,
     guide: nn.Module,
@@ -60,7 +110,7 @@ def build_optimizer(
     per-parameter state of every parameter object that still exists is carried over;
     new parameters start fresh (or with state set by the guide before the call).
     """
-    groups = [dict(g) for g in guide.param_groups()]
+    groups = [dict(g) for g in guide_param_groups(guide)]
     det = [p for p in getattr(model, "deterministic_parameters", lambda: [])()]
     if det:
         groups.append({"name": "deterministic", "params": det})
@@ -160,7 +210,8 @@ def fit(
 
     Args:
         model: a :class:`~twodg_pyro.model.BNNModel` (``model(x, y)``).
-        guide: a guide with ``param_groups()`` (mean-field, shared-GMM, ...).
+        guide: a guide with ``param_groups()`` (mean-field, shared-GMM, ...), or another
+            Pyro guide module such as ``AutoNormal`` (see :func:`guide_param_groups`).
         data: an iterable of ``(x, y)`` minibatches, e.g. a ``DataLoader``.
         epochs: total number of epochs (a resumed state continues up to it).
         lr: one learning rate, or ``{"loc": ..., "scale": ..., "default": ...}`` per group.
@@ -179,6 +230,8 @@ def fit(
         FloatingPointError: the loss became NaN or infinite; the message names the
             epoch, step and the terms that went bad.
     """
+    if state is None:
+        prepare_guide(model, guide, data, device)
     state = start_state(model, guide, epochs, lr, elbo, optimizer, clip_norm, state)
     callbacks = list(callbacks)
     for cb in callbacks:

@@ -8,6 +8,7 @@ process (the default), or on every rank of a process group with the same result 
 
 from __future__ import annotations
 
+import copy
 import time
 
 from ..accounting import compression_report
@@ -128,6 +129,9 @@ def run_2dg(
     else:
         structure, report = resumed.structure(), resumed.extra["report"]
     extra = {"records": list(art.records), "report": report}
+    # stage 3 trains the network's deterministic parameters (BatchNorm) too: on a copy,
+    # so that the mean-field model in ``art`` keeps predicting as it was evaluated
+    model = copy.deepcopy(model)
     guide, state, hooks = stage3(
         cfg, model, structure, loader, progress, checkpoints, extra, execution
     )
