@@ -203,6 +203,31 @@ def test_log_likelihood_is_stable_where_float32_saturates():
     np.testing.assert_allclose(ll, -np.log1p(np.exp(-20.0)), rtol=1e-5)
 
 
+def test_regression_export_has_one_log_likelihood_per_example():
+    """A Gaussian likelihood: pointwise log N(y_n | f_w(x_n), scale^2) of the same draws."""
+    from torch import nn
+
+    from twodg_pyro.evaluation import seeded
+    from twodg_pyro.likelihoods import Gaussian
+
+    torch.manual_seed(0)
+    x = torch.randn(120, 3)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.1 * torch.randn(120)
+    net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+    model = BNNModel(net, prior=1.0, likelihood=Gaussian(120, 0.1))
+    guide = MeanFieldGuide(model)
+    fit(model, guide, [(x, y)], epochs=100, lr=1e-2, progress=False)
+    idata = D.to_inference_data(model, guide, (x, y), 20, seed=2)
+    assert idata.log_likelihood["y"].shape == idata.posterior_predictive["y"].shape == (1, 20, 120)
+    assert "class_probs" not in idata.posterior_predictive
+    with torch.no_grad(), seeded(2):
+        draws = [guide.sample_weights(10) for _ in range(2)]
+    f = torch.cat([torch.func.vmap(model.network_forward, in_dims=(0, None))(w, x) for w in draws])
+    expected = torch.distributions.Normal(f.squeeze(-1).double(), 0.1).log_prob(y.double())
+    np.testing.assert_allclose(idata.log_likelihood["y"].values[0], expected.numpy(), atol=1e-9)
+    assert math.isfinite(D.loo(idata)["elpd_loo"])
+
+
 def test_inference_data_of_mean_field_and_tied_guides(small, digits):
     model = small["model"]
     x, y = (t[:64] for t in digits.test.tensors)

@@ -198,7 +198,7 @@ def forward(model, weights: dict[str, torch.Tensor], batch_list, device, outputs
     for xb, yb in batch_list:
         xb, yb = xb.to(device), yb.to(device)
         out = batched(weights, xb)  # (s, B, ...) or (s, M, B, ...)
-        ll = log_likelihood(lik, out, yb)
+        ll = log_likelihood(lik, out, yb, 2 if components > 1 else 1)
         if components > 1:
             ll = ll.reshape(out.shape[0], components, -1)
             ll = torch.logsumexp(ll, 1) - math.log(components)
@@ -222,13 +222,20 @@ def categorical_log_prob(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return -torch.nn.functional.softplus(torch.logsumexp(others, -1) - f_y)
 
 
-def log_likelihood(likelihood, outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    r"""Per-example :math:`\log p(y \mid f)` of network ``outputs`` in float64."""
+def log_likelihood(
+    likelihood, outputs: torch.Tensor, y: torch.Tensor, particle_dims: int = 1
+) -> torch.Tensor:
+    r"""Per-example :math:`\log p(y \mid f)` in float64 of network ``outputs`` with
+    ``particle_dims`` leading dimensions (draws, and a rank-1 BNN's components):
+    ``(*particles, B)``."""
     from ..likelihoods import Categorical
 
     if isinstance(likelihood, Categorical):
         return categorical_log_prob(outputs, y)
-    return likelihood.distribution(outputs.to(torch.float64)).log_prob(y)
+    f = outputs.to(torch.float64)
+    batched = getattr(likelihood, "batched_distribution", None)
+    d = batched(f, particle_dims) if batched is not None else likelihood.distribution(f)
+    return d.log_prob(y.to(torch.float64) if y.is_floating_point() else y)
 
 
 def chunks(total: int, size: int = SAMPLE_CHUNK) -> Iterator[int]:
