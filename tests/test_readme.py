@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import matplotlib
+import pyro
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -31,11 +32,14 @@ def test_readme_python_blocks_run_as_pasted(tmp_path, monkeypatch):
     matplotlib.use("Agg")
     monkeypatch.chdir(tmp_path)  # the blocks write model files into the current folder
     namespace: dict = {"__name__": "__readme__"}
-    for i, block in enumerate(python_blocks(README.read_text())):
-        try:
-            exec(compile(block, f"README.md python block {i + 1}", "exec"), namespace)
-        except Exception as e:  # noqa: BLE001 - name the block that failed
-            raise AssertionError(f"README python block {i + 1} failed: {e!r}\n{block}") from e
+    try:
+        for i, block in enumerate(python_blocks(README.read_text())):
+            try:
+                exec(compile(block, f"README.md python block {i + 1}", "exec"), namespace)
+            except Exception as e:  # noqa: BLE001 - name the block that failed
+                raise AssertionError(f"README python block {i + 1} failed: {e!r}\n{block}") from e
+    finally:
+        pyro.clear_param_store()  # the SVI block fills Pyro's global store
     # what the blocks promise
     assert 0.9 < float((namespace["probs"].argmax(-1) == namespace["y_test"]).float().mean())
     assert (tmp_path / "model_2dg.pt").is_file() and (tmp_path / "model.2dgz").is_file()

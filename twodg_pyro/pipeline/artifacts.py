@@ -631,7 +631,7 @@ def evaluate_model_file(
     results table.  The output says which draws and examples it used, and gives the
     run's recorded metrics (``recorded_metrics``) when it used the same ones.
     """
-    from ..evaluation import evaluate
+    from ..evaluation import SAMPLE_CHUNK, evaluate
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
     model, guide, split = _load(model_file, d["data"], root, device, d["data_settings"])
@@ -646,7 +646,7 @@ def evaluate_model_file(
         "method": d["recorded"].get("method") or _method_of(guide),
         "data": d["data"],
         "split": split_name,
-        "sample_chunk": 10,
+        "sample_chunk": SAMPLE_CHUNK,
         **metrics,
     }
     rec = d["recorded"]
