@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal, get_args
 
 import pyro
 import pyro.distributions as dist
@@ -78,10 +79,18 @@ __all__ = [
     "Rank1Guide",
     "rank1_prior",
     "rank1_kl_annealing",
+    "ROUTINGS",
+    "INIT_MEANS",
+    "RANK1_PRIORS",
 ]
 
-ROUTINGS = ("modulo", "tile")
-INIT_MEANS = ("random_sign", "ones")
+#: which component an example goes to; how the rank-1 factors' means start; their prior
+Routing = Literal["modulo", "tile"]
+ROUTINGS: tuple[str, ...] = get_args(Routing)
+InitMean = Literal["random_sign", "ones"]
+INIT_MEANS: tuple[str, ...] = get_args(InitMean)
+Rank1PriorKind = Literal["normal", "cauchy"]
+RANK1_PRIORS: tuple[str, ...] = get_args(Rank1PriorKind)
 
 
 class CauchyPrior(Prior):

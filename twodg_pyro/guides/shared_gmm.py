@@ -44,6 +44,7 @@ and the outlier parameters.
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import pyro
 import pyro.distributions as dist
@@ -57,9 +58,11 @@ from .base import BNNGuide, GuideDraw, NoSiteDensityError, particle_batch_shape
 from .mean_field import inverse_softplus
 from .stochastic_kl import expected_normal_kl
 
-__all__ = ["SharedGMMGuide", "TYINGS"]
+__all__ = ["SharedGMMGuide", "TYINGS", "Tying"]
 
-TYINGS = ("representative", "stochastic", "tied")
+#: how an inlier is drawn from its component (module docstring); the settings' choices
+Tying = Literal["representative", "stochastic", "tied"]
+TYINGS: tuple[str, ...] = get_args(Tying)
 _MIN_SIGMA = 1e-8
 
 

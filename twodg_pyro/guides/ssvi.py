@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Literal, get_args
 
 import pyro
 import pyro.distributions as dist
@@ -82,12 +83,17 @@ __all__ = [
     "SubspaceUpdate",
     "REMOVAL_CRITERIA",
     "ADDITION_CRITERIA",
+    "RemovalCriterion",
+    "AdditionCriterion",
     "removal_scores",
     "folded_normal_moments",
 ]
 
-REMOVAL_CRITERIA = ("mu", "snr", "snr_abs_theta")
-ADDITION_CRITERIA = ("gradient", "random")
+#: which active coordinates leave the subspace, and which inactive ones join it
+RemovalCriterion = Literal["mu", "snr", "snr_abs_theta"]
+REMOVAL_CRITERIA: tuple[str, ...] = get_args(RemovalCriterion)
+AdditionCriterion = Literal["gradient", "random"]
+ADDITION_CRITERIA: tuple[str, ...] = get_args(AdditionCriterion)
 
 
 def _check_density(density) -> float:

@@ -96,10 +96,12 @@ class MergeHook(_Scheduled):
         super().__init__(every, until_fixed_point)
         if not (tau_d >= 0):
             raise ValueError(f"tau_d must be >= 0, got {tau_d!r}")
-        if rule not in ("paper", "moment"):
-            raise ValueError(f"merge rule must be 'paper' or 'moment', got {rule!r}")
-        if test not in ("both", "difference"):
-            raise ValueError(f"merge test must be 'both' or 'difference', got {test!r}")
+        from ..gmm.merging import MERGE_RULES, MERGE_TESTS
+
+        if rule not in MERGE_RULES:
+            raise ValueError(f"merge rule must be one of {list(MERGE_RULES)}, got {rule!r}")
+        if test not in MERGE_TESTS:
+            raise ValueError(f"merge test must be one of {list(MERGE_TESTS)}, got {test!r}")
         if math.isfinite(tau_g) and data is None:
             raise ValueError("a finite tau_g needs data to compute centre gradients")
         self.tau_d, self.rule, self.test = float(tau_d), rule, test
