@@ -319,7 +319,10 @@ def section_surface(device: str, work: Path, quick: bool) -> dict:
     out["records"] = _metrics(art.records)
     written = sorted(p.name for p in run_dir.iterdir())
     out["files"] = written
-    for name in ("results.json", "model_2dg.pt", "inference_data.nc", "diagnostics.json"):
+    methods = [r["method"] for r in art.records if r["method"] != "deterministic"]
+    expected = ["results.json", "diagnostics.json"]
+    expected += [f"model_{m}.pt" for m in methods] + [f"inference_data_{m}.nc" for m in methods]
+    for name in expected:
         if name not in written:
             out["problems"].append(f"{name} not written")
     diag = json.loads((run_dir / "diagnostics.json").read_text())

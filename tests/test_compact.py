@@ -317,10 +317,12 @@ def test_resnet20_round_trip_on_digits_images(tmp_path):
 
 def test_float64_network_and_pretrained_prior(trained_mean_field, stage2_structure, tmp_path):
     """The network's dtype comes back; a PretrainedPrior (whose centres, the pretrained
-    weights, a compact file does not hold) becomes N(0, 1) with a warning."""
+    weights, a compact file does not hold) loads, with a warning, as an UnavailablePrior
+    that raises where the prior is used: never as a silent N(0, 1)."""
     import copy
     import warnings
 
+    from twodg_pyro.io import UnavailablePrior
     from twodg_pyro.model import BNNModel
     from twodg_pyro.priors import NormalPrior, PretrainedPrior
 
@@ -333,7 +335,9 @@ def test_float64_network_and_pretrained_prior(trained_mean_field, stage2_structu
     with pytest.warns(UserWarning, match="PretrainedPrior"):
         m2, g2 = load_compact(path)
     assert m2.dtype == torch.float64 and g2.centre_mu.dtype == torch.float64
-    assert isinstance(m2.prior, NormalPrior)
+    assert isinstance(m2.prior, UnavailablePrior)
+    with pytest.raises(ValueError, match="pass it to the loader"):
+        m2.prior_distribution(m2.sites[0])
     torch.testing.assert_close(g2.centres(), guide.centres(), rtol=1e-6, atol=1e-9)
     x = torch.randn(5, 64, dtype=torch.float64)
     torch.manual_seed(1)

@@ -1,11 +1,12 @@
 """Command-line interface: ``twodg-pyro run | train | evaluate | diagnose | export | report``.
 
 ``run`` is the main job on the bundled digits; ``train --config FILE`` runs any
-configuration (both write the table, the 2DG model file, the InferenceData,
-diagnostics and figures into ``--out``); ``evaluate MODEL_FILE`` prints the
-predictive metrics of a saved 2DG BNN; ``diagnose MODEL_FILE`` writes its
+configuration (both write the table, a model file per Bayesian method, the
+InferenceData, diagnostics and figures into ``--out``); ``evaluate MODEL_FILE`` prints
+the predictive metrics of a saved model of any method (by default with the run's seed,
+draws and data: the numbers of its results table); ``diagnose MODEL_FILE`` writes its
 InferenceData, k-hat, PSIS-LOO, posterior summary and figures; ``export
-RUN_OR_MODEL_FILE --out FILE.2dgz`` writes the compact model file
+RUN_OR_MODEL_FILE --out FILE.2dgz`` writes the compact model file of a 2DG BNN
 (:mod:`twodg_pyro.io.compact`), which ``evaluate`` and ``diagnose`` read like the full
 one; ``report RUN_DIR`` rebuilds the table of a finished run.
 
@@ -20,6 +21,7 @@ command that resumes it.  Warnings are one line each (``twodg-pyro <command>: wa
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import traceback
@@ -78,9 +80,18 @@ _RESUME_HELP = (
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default="digits", help="evaluation data set (default: digits)")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="evaluation data set (default: the run's, from the model file; else digits)",
+    )
     p.add_argument("--root", default=None, help="folder of a file-based data set")
-    p.add_argument("--num-samples", type=int, default=30, help="posterior samples N_s (30)")
+    p.add_argument(
+        "--num-samples",
+        type=int,
+        default=None,
+        help="posterior draws N_s (default: the run's, from the model file; else 30)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,19 +117,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="config file (TOML, JSON or YAML)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
     _common(p)
-    p = sub.add_parser("evaluate", help="metrics of a saved 2DG model file")
+    p = sub.add_parser("evaluate", help="metrics of a saved model file (any method)")
     p.add_argument(
-        "model_file", help="a model file written by run/train (model_2dg.pt) or export (.2dgz)"
+        "model_file",
+        help="a model file written by run/train (model_<method>.pt) or export (.2dgz)",
     )
     _data_args(p)
     p.add_argument("--split", choices=["test", "val"], default="test", help="default: test")
     p.add_argument("--out", default=None, help="also write the metrics as JSON to this file")
-    p.add_argument("--seed", type=int, default=0, help="seed of the posterior draws")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the posterior draws (default: the run's, from the model file; else 0)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
     _debug(p)
-    p = sub.add_parser("diagnose", help="ArviZ diagnostics and figures of a saved 2DG model")
+    p = sub.add_parser(
+        "diagnose", help="ArviZ diagnostics and figures of a saved model file (any method)"
+    )
     p.add_argument(
-        "model_file", help="a model file written by run/train (model_2dg.pt) or export (.2dgz)"
+        "model_file",
+        help="a model file written by run/train (model_<method>.pt) or export (.2dgz)",
     )
     _data_args(p)
     p.add_argument("--out", default=None, help="output folder (default: runs/diagnose)")
@@ -130,8 +150,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="seeded subset of at most this many training examples (k-hat) and test "
         "examples (InferenceData, PSIS-LOO) (2000)",
     )
-    p.add_argument("--n-weights", type=int, default=200, help="weights exported (200)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the draws and subsets")
+    p.add_argument(
+        "--max-site-values",
+        type=int,
+        default=10_000,
+        help="values of each Pyro site exported per draw; a larger site is exported on a "
+        "seeded sub-grid (10000)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the draws and subsets (default: the run's, from the model file; else 0)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _debug(p)
@@ -356,18 +387,20 @@ def _check_data_args(args) -> None:
     from .data import available_datasets
     from .pipeline import ConfigError
 
-    if args.data.strip().lower().replace("-", "_") not in available_datasets():
+    if args.data is not None and args.data.strip().lower().replace("-", "_") not in (
+        available_datasets()
+    ):
         raise ConfigError(f"--data {args.data!r}: must be one of {available_datasets()}")
-    if args.num_samples < 1:
+    if args.num_samples is not None and args.num_samples < 1:
         raise ConfigError(f"--num-samples {args.num_samples}: must be >= 1")
 
 
 def _report(args) -> int:
-    from .pipeline import format_table, read_results
-    from .pipeline.results import atomic_write_text
+    from .pipeline import read_results
+    from .pipeline.results import atomic_write_text, format_results
 
     payload = read_results(args.run_dir)
-    table = format_table(payload["records"])
+    table = format_results(payload)
     atomic_write_text(Path(args.run_dir) / "results.md", table)
     print(table)
     return 0
@@ -441,7 +474,7 @@ def _diagnose(args) -> int:
     _check_data_args(args)
     for flag, value in (
         ("--khat-samples", args.khat_samples),
-        ("--n-weights", args.n_weights),
+        ("--max-site-values", args.max_site_values),
         ("--max-examples", args.max_examples),
     ):
         if value < 1:
@@ -455,7 +488,7 @@ def _diagnose(args) -> int:
         root=args.root,
         num_samples=args.num_samples,
         khat_samples=args.khat_samples,
-        n_weights=args.n_weights,
+        max_site_values=args.max_site_values,
         seed=args.seed,
         device=args.device,
         max_train_examples=args.max_examples,
@@ -463,10 +496,24 @@ def _diagnose(args) -> int:
         progress=not args.no_progress,
     )
     vi, loo = report.get("vi") or {}, report.get("loo") or {}
+    metrics = report.get("metrics") or {}
+    if metrics:
+        print(
+            f"{report.get('method')}: accuracy {_num(metrics.get('accuracy'), '.4f')}, "
+            f"NLL {_num(metrics.get('nll'), '.4f')}, ECE {_num(metrics.get('ece'), '.4f')} "
+            f"({_num(report['draws'].get('num_samples'), 'd')} draws, seed "
+            f"{_num(report['draws'].get('seed'), 'd')})"
+        )
     if vi:
-        print(f"k-hat = {vi['khat']:.3f} ({vi['khat_assessment']}, log q: {vi['log_q_method']})")
+        print(
+            f"k-hat = {_num(vi.get('khat'), '.3f')} ({vi.get('khat_assessment')}, "
+            f"log q: {vi.get('log_q_method')})"
+        )
     if loo:
-        print(f"PSIS-LOO elpd = {loo['elpd_loo']:.2f} (se {loo['se']:.2f})")
+        print(
+            f"PSIS-LOO elpd = {_num(loo.get('elpd_loo'), '.2f')} (se {_num(loo.get('se'), '.2f')}"
+            f", max Pareto k {_num(loo.get('max_pareto_k'), '.2f')})"
+        )
     for name, path in sorted(report["files"].items()):
         print(f"wrote {name}: {path}")
     for name, message in sorted(report["errors"].items()):
@@ -475,6 +522,24 @@ def _diagnose(args) -> int:
             file=sys.stderr,
         )
     return 1 if report["errors"] else 0
+
+
+def _num(value, spec: str) -> str:
+    """``value`` formatted with ``spec``; NaN, infinities, strings (``"nan"`` as
+    diagnostics.json writes them) and ``None`` are written as they are, never an error."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return value
+    try:
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -42,7 +42,8 @@ What a compact 2DG file stores
 Not stored: the stage-1 points of the inliers (needed only to rerun the Mahalanobis
 check while training), for ``representative`` by default the covariances (unused when
 drawing), and the centres of a ``PretrainedPrior`` (the pretrained weights: a loaded
-model gets N(0, 1) with a warning; prediction does not use the prior).  A loaded guide
+model gets an :class:`~twodg_pyro.io.specs.UnavailablePrior`, with a warning, which
+raises wherever the prior is used; prediction does not use it).  A loaded guide
 gets each inlier's component centre (the :math:`\alpha`-weighted centre of an ellipse
 weight's components) as its point and, without stored covariances, zero covariances:
 compact files are for prediction; continue training from the full ``model_2dg.pt``.
@@ -410,11 +411,21 @@ def _decode_columns(buf, info: dict, n: int, c: int, alphabet: int, bits: int) -
 
 
 def _model_header(model, network: dict | None) -> dict:
-    from .bnn_file import _likelihood_spec, _prior_spec
+    from ..priors import PretrainedPrior
+    from .specs import likelihood_spec, prior_spec
 
+    if isinstance(model.prior, PretrainedPrior):  # its centres are not in a compact file
+        prior = {
+            "kind": "PretrainedPrior",
+            "scale": model.prior.scale,
+            "delta": model.prior.delta,
+            "centres": "not stored",
+        }
+    else:
+        prior = prior_spec(model.prior, model)[0]
     return {
-        "likelihood": _likelihood_spec(model.likelihood),
-        "prior": _prior_spec(model.prior),
+        "likelihood": likelihood_spec(model.likelihood),
+        "prior": prior,
         "network": network,
         "dtype": str(model.dtype).removeprefix("torch."),
         "sites": [[s.name, list(s.shape)] for s in model.sites],
@@ -591,7 +602,7 @@ def export_compact(
 def _rebuild_model(header: dict, net, prior, where: str, net_bytes):
     from ..likelihoods import Categorical, Gaussian
     from ..model import BNNModel
-    from .bnn_file import _rebuild_prior
+    from .specs import PriorNotStoredWarning, UnavailablePrior, rebuild_prior
 
     if net is None:
         spec = header.get("network")
@@ -615,14 +626,19 @@ def _rebuild_model(header: dict, net, prior, where: str, net_bytes):
         # hold: prediction does not use the prior, the KL, k-hat and training do
         warnings.warn(
             f"{where!r} was trained with a PretrainedPrior whose centres (the pretrained "
-            "weights) a compact file does not hold; the loaded model gets the default "
-            "N(0, 1) prior (predictions are unaffected; pass prior= or use the full model "
-            "file for anything that uses the prior)",
-            UserWarning,
+            "weights) a compact file does not hold: the loaded model predicts, but its "
+            "prior raises until you pass one (prior=), or use the full model file for "
+            "anything that uses the prior",
+            PriorNotStoredWarning,
             stacklevel=4,
         )
+        prior = UnavailablePrior(
+            f"PretrainedPrior(scale={prior_spec.get('scale')}, delta="
+            f"{prior_spec.get('delta')}), whose centres a compact file does not hold",
+            where,
+        )
     elif prior is None:
-        prior = _rebuild_prior(prior_spec, net)
+        prior = rebuild_prior(prior_spec, net, where)
     model = BNNModel(net, prior=prior, likelihood=lik)
     saved = [[n, list(sh)] for n, sh in header["sites"]]
     here = [[s.name, list(s.shape)] for s in model.sites]
@@ -888,13 +904,11 @@ def resolve_model_file(run_or_file: str | Path) -> Path:
 
 
 def load_model_file(path: str | Path, net=None, prior=None, device="cpu"):
-    """``(model, guide)`` from a full model file (:func:`~twodg_pyro.io.load_2dg`) or a
-    compact one (:func:`load_compact`), told apart by the compact magic bytes."""
-    if is_compact_file(path):
-        return load_compact(path, net=net, prior=prior, device=device)
-    from .bnn_file import load_2dg
+    """``(model, guide)`` from any model file: :func:`~twodg_pyro.io.load_model` (full
+    files of every method and compact ones, told apart by magic bytes and header)."""
+    from .model_file import load_model
 
-    return load_2dg(path, net=net, prior=prior, device=device)
+    return load_model(path, net=net, prior=prior, device=device)
 
 
 def export_compact_file(run_or_file: str | Path, out: str | Path, **options) -> dict:

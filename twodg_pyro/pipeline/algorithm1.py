@@ -13,10 +13,10 @@ import time
 
 from ..accounting import compression_report
 from ..distributed import env
+from ..evaluation import seeded_predict
 from ..guides import SharedGMMGuide
 from ..infer.hooks import MahalanobisHook, MergeHook
 from ..metrics import classification_metrics
-from ..predict import predict
 from ..sharing import build_sharing
 from .builders import train_loader
 from .config import RunConfig
@@ -136,11 +136,12 @@ def run_2dg(
         cfg, model, structure, loader, progress, checkpoints, extra, execution
     )
     seconds = time.perf_counter() - t0
-    pred = execution.predict(
-        lambda d: predict(model, guide, d, cfg.num_samples, progress=progress),
+    pred = execution.predict(  # the run's seeded draws (twodg_pyro.evaluation)
+        lambda d: seeded_predict(model, guide, d, cfg.num_samples, cfg.seed, progress=progress),
         eval_data,
         cfg.device,
     )
+    art.extras.setdefault("predictions", {})["2dg"] = pred
     record = {
         "method": "2dg",
         **classification_metrics(pred.mean, pred.targets),

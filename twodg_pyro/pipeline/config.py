@@ -414,6 +414,10 @@ class DiagnosticsConfig(_Section):
     (epochs times training examples, over its SVI stages; a training pass also runs the
     backward, so ``budget = 1`` keeps the diagnostics to about a third of the training
     time): both subsets shrink in proportion, to no fewer than ``min_examples`` each.
+
+    ``max_site_values``: the InferenceData holds at most this many values of each Pyro
+    site per draw (a seeded sub-grid of a larger site; ``null``/``None``: every value;
+    see :mod:`twodg_pyro.diagnostics.arviz_export`).
     """
 
     section: ClassVar[str] = "diagnostics"
@@ -424,6 +428,9 @@ class DiagnosticsConfig(_Section):
     max_examples: Annotated[int, at_least(1)] = 2000
     budget: Annotated[float, positive()] = 1.0
     min_examples: Annotated[int, at_least(1)] = 100
+    max_site_values: Annotated[
+        int | None, optional(at_least(1), "must be an integer >= 1, or null for every value")
+    ] = 10_000
 
     def _check(self) -> None:
         _require(

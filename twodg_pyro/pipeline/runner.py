@@ -16,11 +16,12 @@ from pathlib import Path
 import torch
 
 from ..distributed import env
+from ..evaluation import draws_record, seeded_predict
 from ..guides import MeanFieldGuide
 from ..infer import DecomposedELBO, KLAnnealing
 from ..io.checkpoint import restore_state
 from ..metrics import classification_metrics
-from ..predict import deterministic_predict, predict
+from ..predict import deterministic_predict
 from .builders import (
     build_model,
     build_net,
@@ -36,7 +37,7 @@ from .results import format_table, write_results
 from .resume import RunCheckpoints
 from .run_folder import RunFolder
 
-__all__ = ["run", "RunArtifacts", "train_mean_field", "train_svi"]
+__all__ = ["run", "RunArtifacts", "evaluation_of", "train_mean_field", "train_svi"]
 
 
 class RunArtifacts:
@@ -273,10 +274,13 @@ def _run(
         art.mean_field = (model, guide, state)
         if "mean_field" in cfg.methods and resume_from != "stage3":
             pred = execution.predict(
-                lambda d: predict(model, guide, d, cfg.num_samples, progress=progress),
+                lambda d: seeded_predict(
+                    model, guide, d, cfg.num_samples, cfg.seed, progress=progress
+                ),
                 eval_data,
                 cfg.device,
             )
+            art.extras.setdefault("predictions", {})["mean_field"] = pred
             n_train = guide.num_trainable() + sum(
                 p.numel() for p in model.deterministic_parameters()
             )
@@ -301,25 +305,36 @@ def _run(
     if "rank1" in cfg.methods:
         from .alternatives import run_rank1
 
-        art.records.append(run_rank1(cfg, split, eval_data))
+        art.records.append(run_rank1(cfg, split, eval_data, art))
 
     if "ssvi" in cfg.methods:
         from .alternatives import run_ssvi
 
-        art.records.append(run_ssvi(cfg, split, eval_data))
+        art.records.append(run_ssvi(cfg, split, eval_data, art))
 
     if env.is_main():
         print(format_table(art.records))
     if out_dir is not None:
 
         def write():
-            write_results(out_dir, art.records, cfg.to_dict())
+            write_results(out_dir, art.records, cfg.to_dict(), evaluation_of(cfg, eval_data))
             from .artifacts import write_artifacts  # model file, InferenceData, diagnostics, ...
 
             write_artifacts(art, cfg, out_dir)
 
         env.on_main(write, f"write the results to {out_dir}")
     return art
+
+
+def evaluation_of(cfg: RunConfig, eval_data) -> dict:
+    """How the Bayesian rows of the results table were evaluated (``results.json``'s
+    ``evaluation``): ``num_samples`` draws seeded with the run's seed on the test split
+    (:mod:`twodg_pyro.evaluation`)."""
+    if isinstance(eval_data, tuple):
+        n = int(eval_data[0].shape[0])
+    else:
+        n = len(eval_data.dataset)
+    return draws_record(cfg.num_samples, cfg.seed, n, "test")
 
 
 def deterministic_recipe(cfg: RunConfig) -> dict:
