@@ -142,7 +142,7 @@ def build_step(config: str, name: str, device: str):
 
     from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
     from twodg_pyro.infer import DecomposedELBO
-    from twodg_pyro.infer.trainer import build_optimizer
+    from twodg_pyro.infer.optim import build_optimizer
     from twodg_pyro.likelihoods import Categorical
     from twodg_pyro.model import BNNModel
 
@@ -373,7 +373,7 @@ def section_float64(device: str, work: Path) -> dict:
 def _interrupt_after(stage: str, epoch: int):
     """A patch of ``Checkpoint.save`` that raises ``KeyboardInterrupt`` right after the
     checkpoint of ``stage`` at ``epoch`` is written; returns ``(install, remove)``."""
-    from twodg_pyro.io import checkpoint as ckpt_mod
+    from twodg_pyro.infer import checkpoint as ckpt_mod
 
     real = ckpt_mod.Checkpoint.save
 

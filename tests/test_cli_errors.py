@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from twodg_pyro.cli import main
+from twodg_pyro.infer import checkpoint as ckpt_mod
 from twodg_pyro.infer.elbo import DecomposedELBO
-from twodg_pyro.io import checkpoint as ckpt_mod
 from twodg_pyro.io.integrity import seal
 from twodg_pyro.pipeline import config_from_dict, run
 

@@ -28,7 +28,6 @@ from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.guides.rank1 import CauchyPrior, Rank1BNNModel, Rank1Guide
 from twodg_pyro.guides.ssvi import SSVIGuide, SubspaceUpdate
 from twodg_pyro.infer import DecomposedELBO, fit
-from twodg_pyro.infer.hooks import MahalanobisHook, MergeHook
 from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
@@ -45,7 +44,7 @@ from twodg_pyro.priors import (
     SitePrior,
     distribution_to,
 )
-from twodg_pyro.sharing import build_sharing
+from twodg_pyro.sharing import MahalanobisHook, MergeHook, build_sharing
 
 F64 = torch.float64
 SHARING = SharingConfig(
@@ -289,7 +288,7 @@ def test_pipeline_float64_every_method_dtype(tmp_path, monkeypatch):
 
 
 def test_float64_checkpoint_resume_is_exact_dtype(tmp_path, monkeypatch):
-    from twodg_pyro.io import checkpoint as ckpt_mod
+    from twodg_pyro.infer import checkpoint as ckpt_mod
 
     cfg = {**TINY, "methods": ["mean_field", "2dg"], "checkpoint_every": 1}
     cfg["diagnostics"] = {"enabled": False}

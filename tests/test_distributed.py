@@ -111,9 +111,9 @@ def _stage3_epoch(inputs, batch_size=GLOBAL_BATCH):
 def _worker(tmp: Path) -> None:  # pragma: no cover - runs in the launched processes
     from twodg_pyro.distributed import DistributedGaussianMixture2D, MainOnly, env
     from twodg_pyro.distributed.train import fit_distributed, state_checksum
-    from twodg_pyro.infer.hooks import MahalanobisHook, MergeHook
-    from twodg_pyro.io.checkpoint import Checkpoint
+    from twodg_pyro.infer.checkpoint import Checkpoint
     from twodg_pyro.pipeline.results import write_results
+    from twodg_pyro.sharing import MahalanobisHook, MergeHook
 
     rank = int(os.environ["RANK"])
     out: dict = {"errors": {}}

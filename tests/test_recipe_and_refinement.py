@@ -14,7 +14,6 @@ from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.infer import DecomposedELBO, fit
-from twodg_pyro.infer.hooks import MahalanobisHook, MergeHook
 from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import accuracy
@@ -23,6 +22,7 @@ from twodg_pyro.pipeline import ConfigError, config_from_dict
 from twodg_pyro.pipeline.presets import PRESETS, preset
 from twodg_pyro.predict import predict
 from twodg_pyro.priors import PretrainedPrior
+from twodg_pyro.sharing import MahalanobisHook, MergeHook
 
 
 def _kl_normal(m1, s1, m2, s2):

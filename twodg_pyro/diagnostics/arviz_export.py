@@ -90,6 +90,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..guide import BNNGuide
 from ..io.files import atomic_write
 from ._draws import (
     SAMPLE_CHUNK,
@@ -98,7 +99,6 @@ from ._draws import (
     chunks,
     count_examples,
     device_of,
-    draw_chunk,
     forward,
     quiet,
     seeded,
@@ -140,19 +140,10 @@ _KIND_OUTLIER, _KIND_PLAIN, _KIND_ELLIPSE = 0, 1, 2
 
 # ---------------------------------------------------------------------------- names
 def method_of(guide) -> str:
-    """The method name of a guide: ``"mean_field"``, ``"2dg"``, ``"rank1"``, ``"ssvi"``,
-    else the guide's class name."""
-    from ..guides import MeanFieldGuide, Rank1Guide, SharedGMMGuide, SSVIGuide
-
-    for cls, name in (
-        (SharedGMMGuide, "2dg"),
-        (Rank1Guide, "rank1"),
-        (SSVIGuide, "ssvi"),
-        (MeanFieldGuide, "mean_field"),
-    ):
-        if isinstance(guide, cls):
-            return name
-    return type(guide).__name__
+    """The method name of a guide (:attr:`~twodg_pyro.guide.BNNGuide.method`:
+    ``"mean_field"``, ``"2dg"``, ``"rank1"``, ``"ssvi"``), else the guide's class name."""
+    method = guide.method if isinstance(guide, BNNGuide) else None
+    return method or type(guide).__name__
 
 
 def site_dims(site) -> list[str]:
@@ -282,20 +273,20 @@ def to_inference_data(
     if not data_batches:
         raise ValueError("no evaluation data (empty data set)")
     labels = torch.cat([yb.cpu() for _, yb in data_batches])
-    components = int(getattr(model, "output_components", 1))
+    components = int(model.output_components)
     is_cat = _is_categorical(model)
     grids = {
         s.name: thinned_coordinates(s.shape, max_site_values, seed, salt=i)
         for i, s in enumerate(guide.sites)
     }
-    tied = method_of(guide) == "2dg" and guide.tying == "tied"
 
     site_draws: dict[str, list[torch.Tensor]] = {s.name: [] for s in guide.sites}
     ll_draws, out_draws, z_draws = [], [], []
     bar = tqdm(total=S, desc="export", unit="draw", disable=not progress, leave=False)
     with bar, seeded(seed, device):
         for s in chunks(S, SAMPLE_CHUNK):
-            weights, extra = draw_chunk(guide, s)
+            sample = guide.draw(s)
+            weights = sample.weights
             for site in guide.sites:
                 site_draws[site.name].append(_take(weights[site.name], grids[site.name], 1).cpu())
             ll, out = forward(model, weights, data_batches, device, outputs=True)
@@ -305,8 +296,8 @@ def to_inference_data(
                 out_draws.append((probs.mean(1) if components > 1 else probs).cpu())
             else:
                 out_draws.append(out.cpu())
-            if tied and "z0" in extra:
-                z_draws.append(extra["z0"].cpu())
+            if sample.component_values is not None:  # the tied tying's z_{k,0}
+                z_draws.append(sample.component_values.cpu())
             bar.update(s)
 
     posterior, dims, coords = {}, {}, {"obs": to_numpy(example_index)}
@@ -358,11 +349,12 @@ def to_inference_data(
         "thinned_sites": json.dumps(thinned),
         "sites": json.dumps([s.name for s in guide.sites]),
     }
-    if method_of(guide) == "2dg":
+    structure = guide.structure()
+    if structure is not None:
         meta.update(
             tying=guide.tying,
-            coordinates=guide.coordinates,
-            counts=json.dumps(guide.structure().counts()),
+            coordinates=structure.coordinates,
+            counts=json.dumps(structure.counts()),
             weight_kind_codes=json.dumps({"outlier": 0, "plain": 1, "ellipse": 2}),
         )
     if components > 1:
@@ -420,11 +412,10 @@ def _sample_y(model, outs: torch.Tensor, is_cat: bool, components: int, gen) -> 
 
 
 def _guide_constants(guide, grids, dims, coords, max_site_values, seed) -> dict:
-    """The guide's variational parameters at the exported coordinates (constant_data)."""
-    from ..guides.base import DiagonalNormalGuide
-    from ..guides.shared_gmm import SharedGMMGuide
-    from ..guides.ssvi import SSVIGuide
-
+    """The guide's variational parameters at the exported coordinates (constant_data):
+    each site's (:meth:`~twodg_pyro.guide.BNNGuide.site_parameters`), and for a guide
+    with a sharing structure each weight's kind and component, the mixture and the
+    outliers."""
     out: dict = {}
 
     def put(site, suffix: str, values: torch.Tensor) -> None:
@@ -432,17 +423,11 @@ def _guide_constants(guide, grids, dims, coords, max_site_values, seed) -> dict:
         out[name] = to_numpy(_take(values.detach().reshape(site.shape), grids[site.name], 0))
         dims[name] = site_dims(site)
 
-    if isinstance(guide, DiagonalNormalGuide):
-        for site in guide.sites:
-            put(site, "loc", guide.loc(site.name))
-            put(site, "scale", guide.scale(site.name))
-    elif isinstance(guide, SSVIGuide):
-        for site in guide.sites:
-            put(site, "loc", guide.densify(site.name, guide.loc(site.name).detach()))
-            put(site, "scale", guide.densify(site.name, guide.scale(site.name).detach()))
-            put(site, "active", guide.active_mask(site.name))
-    elif isinstance(guide, SharedGMMGuide):
-        st = guide.structure()
+    for site in guide.sites:
+        for suffix, values in guide.site_parameters(site.name).items():
+            put(site, suffix, values)
+    st = guide.structure()
+    if st is not None:
         n_w = st.num_weights
         kind = torch.full((n_w,), _KIND_OUTLIER, dtype=torch.int8)
         kind[st.plain_index] = _KIND_PLAIN

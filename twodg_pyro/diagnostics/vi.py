@@ -40,7 +40,6 @@ from ._draws import (
     check_guide,
     chunks,
     device_of,
-    draw_chunk,
     forward,
     n_examples,
     seeded,
@@ -78,7 +77,7 @@ def log_prior(model, guide, weights: dict[str, torch.Tensor]) -> torch.Tensor:
 def _target(model, guide) -> str:
     from ..guides.ssvi import SSVIGuide
 
-    if int(getattr(model, "output_components", 1)) > 1:
+    if int(model.output_components) > 1:
         return "p(w) prod_n (1/M) sum_m p(y_n | x_n, w_m): the M-component ensemble"
     if isinstance(guide, SSVIGuide):
         return "p_Gamma(w) prod_n p(y_n | x_n, w): the prior restricted to the active subspace"
@@ -142,7 +141,7 @@ def vi_diagnostics(
     bar = tqdm(total=S, desc="k-hat", unit="draw", disable=not progress, leave=False)
     with bar, seeded(seed, device):
         for s in chunks(S, SAMPLE_CHUNK):
-            weights, _ = draw_chunk(guide, s)
+            weights = guide.draw(s).weights
             ll, _ = forward(model, weights, data, device, outputs=False)
             log_p = log_prior(model, guide, weights).to(torch.float64) + scale * ll.sum(1)
             ratios.append((log_p - log_q(weights).to(torch.float64)).cpu())

@@ -72,7 +72,9 @@ import torch.nn.functional as F
 from pyro.distributions.kl import kl_divergence
 from torch import nn
 
+from ..guide import GuideSample, MarginalDensity
 from ..infer.callbacks import Callback
+from ..infer.optim import remap_optimizer_rows
 from ..model import BNNModel
 from ..nn.sites import BayesianSite
 from .base import BNNGuide, GuideDraw, particle_batch_shape, site_key
@@ -186,6 +188,8 @@ class SSVIGuide(BNNGuide):
         ValueError: density outside (0, 1], or a bad ``init_scale``.
     """
 
+    method = "ssvi"
+
     def __init__(
         self,
         model: BNNModel,
@@ -224,12 +228,6 @@ class SSVIGuide(BNNGuide):
         self.rhos = nn.ParameterDict(rhos)
 
     # ------------------------------------------------------------------ subspace
-    def _site(self, name: str) -> BayesianSite:
-        for s in self.sites:
-            if s.name == name:
-                return s
-        raise KeyError(f"no site {name!r}; sites are {[s.name for s in self.sites]}")
-
     def _initial_scales(self, site: BayesianSite, idx: torch.Tensor) -> torch.Tensor:
         if self.init_scale == "paper":
             return paper_initial_scales(site, self._generator).reshape(-1)[idx.cpu()]
@@ -250,7 +248,7 @@ class SSVIGuide(BNNGuide):
 
     def active_mask(self, name: str) -> torch.Tensor:
         """Boolean tensor of the site's shape, ``True`` on active coordinates."""
-        site = self._site(name)
+        site = self.site(name)
         idx = self.active_indices(name)
         mask = torch.zeros(site.numel, dtype=torch.bool, device=idx.device)
         mask[idx] = True
@@ -266,7 +264,7 @@ class SSVIGuide(BNNGuide):
 
     def densify(self, name: str, values: torch.Tensor) -> torch.Tensor:
         """Scatter active values ``(..., |Gamma|)`` into zeros of shape ``(..., *site.shape)``."""
-        site = self._site(name)
+        site = self.site(name)
         idx = self.active_indices(name)
         batch = values.shape[:-1]
         dense = values.new_zeros(*batch, site.numel).index_copy(-1, idx, values)
@@ -312,7 +310,7 @@ class SSVIGuide(BNNGuide):
         keep = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
         keep[remove] = False
         kept_pos = keep.nonzero().squeeze(1)
-        site = self._site(name)
+        site = self.site(name)
         old_loc, old_rho = self.locs[key], self.rhos[key]
         new_loc = torch.cat([old_loc[kept_pos], old_loc.new_zeros(len(add))])
         new_rho = torch.cat(
@@ -365,7 +363,7 @@ class SSVIGuide(BNNGuide):
         coordinates (exactly 0) contribute :math:`\log p(0)`, so that
         :math:`\log q - \log p = \sum_{i \in \Gamma} \log q(\theta_i) - \log p(\theta_i)`,
         the integrand of :meth:`site_kl`."""
-        site = self._site(name)
+        site = self.site(name)
         q = dist.Normal(self.loc(name), self.scale(name), validate_args=False)
         log_q = q.log_prob(active).sum(-1)
         prior = _unwrap(self._prior(site, self.loc(name)))
@@ -374,11 +372,13 @@ class SSVIGuide(BNNGuide):
         inactive = ~self.active_mask(name).reshape(-1)
         return log_q + log_p0[inactive].sum()
 
-    def site_kl(self, name: str, prior_fn, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    def site_kl(
+        self, name: str, prior_fn, value: torch.Tensor, guide_fn=None
+    ) -> dict[str, torch.Tensor]:
         r"""``{"kl": sum_{i in Gamma} KL(N(mu_i, sigma_i^2) || p(theta_i))}``: the inactive
         point masses match the subspace-restricted prior and cost nothing."""
         idx = self.active_indices(name)
-        site = self._site(name)
+        site = self.site(name)
         q = dist.Normal(self.loc(name), self.scale(name), validate_args=False)
         base = _unwrap(prior_fn)
         if isinstance(base, torch.distributions.Normal):
@@ -393,7 +393,7 @@ class SSVIGuide(BNNGuide):
         return {"kl": (q.log_prob(active) - log_p).sum()}
 
     # ------------------------------------------------------------------ BNNGuide API
-    def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
+    def draw(self, num_samples: int | None = None) -> GuideSample:
         """Dense draws, exactly zero outside the subspace: ``site.shape`` or ``(S, *shape)``."""
         out = {}
         for site in self.sites:
@@ -401,34 +401,39 @@ class SSVIGuide(BNNGuide):
             shape = loc.shape if num_samples is None else (num_samples, *loc.shape)
             active = loc + scale * torch.randn(shape, device=loc.device, dtype=loc.dtype)
             out[site.name] = self.densify(site.name, active)
-        return out
+        return GuideSample(out)
+
+    def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
+        r"""The Normal log density of the *active* coordinates,
+        :math:`\sum_{i \in \Gamma} \log \mathcal N(\theta_i \mid \mu_i, \sigma_i^2)`: the
+        inactive ones are point masses at 0, whose density with respect to the counting
+        measure is 1 (the VI diagnostics pair it with the prior restricted to the same
+        subspace, as the SSVI objective does)."""
+
+        def subspace(weights, flat=None):
+            total = 0.0
+            for s in self.sites:
+                d = torch.distributions.Normal(self.loc(s.name), self.scale(s.name))
+                w = weights[s.name]
+                active = w.reshape(w.shape[0], -1)[:, self.active_indices(s.name)]
+                total = total + d.log_prob(active).sum(-1)
+            return total.detach()
+
+        return MarginalDensity(subspace, "exact")
+
+    def site_parameters(self, name: str) -> dict[str, torch.Tensor]:
+        """``loc`` and ``scale`` (0 off the subspace) and the ``active`` mask of a site."""
+        return {
+            "loc": self.densify(name, self.loc(name).detach()),
+            "scale": self.densify(name, self.scale(name).detach()),
+            "active": self.active_mask(name),
+        }
 
     def param_groups(self) -> list[dict]:
         return [
             {"name": "loc", "params": list(self.locs.values())},
             {"name": "scale", "params": list(self.rhos.values())},
         ]
-
-
-def _transplant_state(
-    optimizer: torch.optim.Optimizer,
-    old: torch.Tensor,
-    new: torch.Tensor,
-    kept_pos: torch.Tensor,
-) -> None:
-    """Give ``new`` the optimiser state of ``old``'s kept coordinates (zeros for added ones)."""
-    state = optimizer.state.get(old)
-    if not state:
-        return
-    moved = {}
-    for key, value in state.items():
-        if torch.is_tensor(value) and value.shape == old.shape:
-            fresh = torch.zeros_like(new)
-            fresh[: len(kept_pos)] = value[kept_pos]
-            moved[key] = fresh
-        else:
-            moved[key] = value.clone() if torch.is_tensor(value) else value
-    optimizer.state[new] = moved
 
 
 class SubspaceUpdate(Callback):
@@ -540,10 +545,13 @@ class SubspaceUpdate(Callback):
             candidates[idx.cpu()] = -math.inf  # inactive before the removal only
             add = torch.topk(candidates, n_move).indices.to(idx.device)
             key = site_key(site.name)
-            old_loc, old_rho = guide.locs[key], guide.rhos[key]
+            old = [guide.locs[key], guide.rhos[key]]
             kept_pos = guide.move(site.name, remove, add)
-            _transplant_state(state.optimizer, old_loc, guide.locs[key], kept_pos)
-            _transplant_state(state.optimizer, old_rho, guide.rhos[key], kept_pos)
+            # the kept coordinates keep their optimiser state, the added ones start afresh
+            rows = torch.full((len(idx),), -1, dtype=torch.long, device=kept_pos.device)
+            rows[kept_pos] = torch.arange(len(kept_pos), device=kept_pos.device)
+            new = [guide.locs[key], guide.rhos[key]]
+            remap_optimizer_rows(state.optimizer, zip(old, new, strict=True), rows, len(idx))
             moved += n_move
         if moved:
             state.rebuild_optimizer()

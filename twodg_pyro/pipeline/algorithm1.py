@@ -15,9 +15,8 @@ from ..accounting import compression_report
 from ..distributed import env
 from ..evaluation import seeded_predict
 from ..guides import SharedGMMGuide
-from ..infer.hooks import MahalanobisHook, MergeHook
 from ..metrics import classification_metrics
-from ..sharing import build_sharing
+from ..sharing import MahalanobisHook, MergeHook, build_sharing
 from .builders import train_loader
 from .config import RunConfig
 from .execution import LOCAL, Execution

@@ -19,7 +19,7 @@ from ..distributed import env
 from ..evaluation import draws_record, seeded_predict
 from ..guides import MeanFieldGuide
 from ..infer import DecomposedELBO, KLAnnealing
-from ..io.checkpoint import restore_state
+from ..infer.checkpoint import restore_state
 from ..metrics import classification_metrics
 from ..predict import deterministic_predict
 from .builders import (
