@@ -25,7 +25,7 @@ from twodg_pyro.io.compact import (
     resolve_model_file,
 )
 from twodg_pyro.models import MLP
-from twodg_pyro.pipeline.artifacts import evaluate_model_file
+from twodg_pyro.pipeline.saved_models import evaluate_model_file
 
 SPEC = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [128], "num_classes": 10}}
 

@@ -464,16 +464,15 @@ def test_single_process_paths_are_the_plain_ones():
 
 
 def test_run_distributed_rejects_methods_without_support():
-    from twodg_pyro.distributed import run_distributed
-    from twodg_pyro.pipeline import RunConfig
+    from twodg_pyro.pipeline import RunConfig, run_distributed
 
     with pytest.raises(ValueError, match=r"\['rank1'\] have no multi-process support"):
         run_distributed(RunConfig(methods=["mean_field", "rank1"]))
 
 
 def test_data_parallel_execution_refuses_resume():
-    from twodg_pyro.distributed.runner import DataParallel
     from twodg_pyro.pipeline import RunConfig, run
+    from twodg_pyro.pipeline.data_parallel import DataParallel
 
     with pytest.raises(ValueError, match="--resume runs in one process"):
         run(RunConfig(methods=["mean_field"]), "unused", resume=True, execution=DataParallel())

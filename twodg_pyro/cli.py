@@ -338,7 +338,7 @@ def _run_or_train(args, ctx: dict) -> int:
     out = Path(args.out or f"runs/{args.command}")
     ctx.update(out=out, cfg=cfg)
     if env_world_size() > 1:  # started by torchrun: every stage on all processes
-        from .distributed import run_distributed
+        from .pipeline import run_distributed
 
         run_distributed(cfg, out, overwrite=args.overwrite)
     else:
@@ -409,10 +409,10 @@ def _report(args) -> int:
 def _evaluate(args) -> int:
     import json
 
-    from .pipeline.artifacts import evaluate_model_file
     from .pipeline.builders import check_device
     from .pipeline.results import atomic_write_text
     from .pipeline.run_folder import check_output_file
+    from .pipeline.saved_models import evaluate_model_file
 
     check_device(args.device, "--device")
     _check_data_args(args)
@@ -466,9 +466,9 @@ def _export(args) -> int:
 
 def _diagnose(args) -> int:
     from .pipeline import ConfigError
-    from .pipeline.artifacts import diagnose_model_file
     from .pipeline.builders import check_device
     from .pipeline.run_folder import check_output_folder
+    from .pipeline.saved_models import diagnose_model_file
 
     check_device(args.device, "--device")
     _check_data_args(args)

@@ -78,6 +78,7 @@ __all__ = [
     "ELBOTermsModule",
     "MainOnly",
     "ShardedLoader",
+    "average_buffers",
     "fit_distributed",
     "local_batch_size",
     "shard_loader",
@@ -218,7 +219,7 @@ def _wrap(
     return DDP(module, **kwargs)
 
 
-def _average_buffers(module: nn.Module) -> None:
+def average_buffers(module: nn.Module) -> None:
     """Mean over ranks of the module's floating buffers (BatchNorm running statistics)."""
     if not env.is_distributed():
         return
@@ -347,7 +348,7 @@ class DataParallelStep(TrainingStep):
 
     def end_epoch(self, state: TrainState) -> None:
         """Average the model's buffers over the ranks; the callbacks' seed."""
-        _average_buffers(state.model)
+        average_buffers(state.model)
         _seed_common(self.seed, self._epoch, 5)
 
     def after_callbacks(self, state: TrainState, callbacks: Sequence[Callback]) -> None:
