@@ -60,8 +60,8 @@ from twodg_pyro.io.compact import (  # noqa: E402
     export_compact,
     export_int8_mean_field,
     load_compact,
-    load_model_file,
 )
+from twodg_pyro.io.model_file import load_model_file  # noqa: E402
 from twodg_pyro.metrics import classification_metrics  # noqa: E402
 from twodg_pyro.pipeline import config_from_dict  # noqa: E402
 from twodg_pyro.pipeline.algorithm1 import run_2dg, stage1_mean_field  # noqa: E402

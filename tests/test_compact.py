@@ -20,10 +20,10 @@ from twodg_pyro.io.compact import (
     export_int8_mean_field,
     is_compact_file,
     load_compact,
-    load_model_file,
     read_compact,
     resolve_model_file,
 )
+from twodg_pyro.io.model_file import load_model_file
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline.saved_models import evaluate_model_file
 
