@@ -26,7 +26,8 @@ import torch
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.guides.rank1 import CauchyPrior, Rank1BNNModel, Rank1Guide
-from twodg_pyro.guides.ssvi import SSVIGuide, SubspaceUpdate
+from twodg_pyro.guides.ssvi import SSVIGuide
+from twodg_pyro.guides.ssvi_subspace import SubspaceUpdate
 from twodg_pyro.infer import DecomposedELBO, fit
 from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical

@@ -3,7 +3,7 @@ r"""VI diagnostics of a trained BNN guide (Yao et al. 2018, "Yes, but did it wor
 :func:`vi_diagnostics` computes the importance ratios
 :math:`\log r_s = \log p(w^{(s)}, \mathcal D) - \log q(w^{(s)})` of ``S`` draws of the
 guide and their Pareto :math:`\hat k` (PSIS, ``az.psislw`` through
-:func:`~twodg_pyro.diagnostics.arviz_export.psislw`).
+:func:`~twodg_pyro.diagnostics.arviz_stats.psislw`).
 
 * :math:`\log p(w, \mathcal D) = \log p(w) + \log p(\mathcal D \mid w)`, the
   log-likelihood summed over the training data given (by default all of it); on a
@@ -44,7 +44,7 @@ from ._draws import (
     n_examples,
     seeded,
 )
-from .arviz_export import psislw
+from .arviz_stats import psislw
 
 __all__ = ["vi_diagnostics", "log_prior", "KHAT_GOOD", "KHAT_OK", "MIN_KHAT_SAMPLES"]
 

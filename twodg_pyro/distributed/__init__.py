@@ -2,8 +2,9 @@
 
 * :mod:`.env` -- joining the process group (:func:`setup`), ranks, small collectives;
 * :mod:`.train` -- SVI with the ELBO module under DDP (:class:`DataParallelStep`, the
-  step strategy of :func:`~twodg_pyro.infer.fit`; :func:`fit_distributed`), sharded
-  loaders, rank-0-only callbacks;
+  step strategy of :func:`~twodg_pyro.infer.fit`; :func:`fit_distributed`), rank-0-only
+  callbacks;
+* :mod:`.data` -- each rank's shard of the data (:class:`ShardedLoader`);
 * :mod:`.gmm` -- :class:`DistributedGaussianMixture2D`, EM with all-reduced statistics;
 * :mod:`.parallel` -- DDP around a deterministic network, sharded prediction, the
   ranks' agreement on the sharing structure, the default backend;
@@ -14,6 +15,7 @@ the pipeline: the whole main job under ``torchrun`` is
 :func:`twodg_pyro.pipeline.run_distributed` (:mod:`twodg_pyro.pipeline.data_parallel`).
 """
 
+from .data import ShardedLoader, local_batch_size, shard_loader
 from .env import (
     DEFAULT_TIMEOUT_S,
     DistInfo,
@@ -32,14 +34,7 @@ from .env import (
 )
 from .gmm import DistributedGaussianMixture2D
 from .parallel import agree_on_structure, default_backend, sharded_predict
-from .train import (
-    DataParallelStep,
-    MainOnly,
-    ShardedLoader,
-    fit_distributed,
-    local_batch_size,
-    shard_loader,
-)
+from .train import DataParallelStep, MainOnly, fit_distributed
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

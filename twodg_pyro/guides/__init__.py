@@ -9,7 +9,8 @@ from .base import BNNGuide, GuideDraw, GuideSample, MarginalDensity, NoSiteDensi
 from .mean_field import MeanFieldGuide, paper_initial_scales
 from .rank1 import CauchyPrior, Rank1BNNModel, Rank1Guide, rank1_prior
 from .shared_gmm import SharedGMMGuide
-from .ssvi import SSVIGuide, SubspaceUpdate
+from .ssvi import SSVIGuide
+from .ssvi_subspace import SubspaceUpdate
 from .tyings import TYINGS, Representative, Stochastic, Tied, Tying, TyingName, tying_named
 
 __all__ = [

@@ -38,11 +38,9 @@ Trainable per component: the centre :math:`m_k` (2) for ``representative``, whic
 :math:`S_k` (2 + 3) for ``stochastic`` and ``tied``, where :math:`S_k` shapes the
 weights' distribution (:attr:`Tying.trains_covariances`).
 
-The marginal of one weight tied to component :math:`k` (the VI diagnostics' density,
-:meth:`Tying.component_marginals`) is exact for ``representative``, a Gauss-Hermite
-quadrature for ``stochastic`` and, for ``tied``, whose weights share one value per
-draw and have no joint density, the product of the exact per-weight marginals as a
-surrogate (:mod:`~twodg_pyro.guides.marginal_density`).
+The marginal of a tied weight (:meth:`Tying.component_marginals`, the VI diagnostics'
+density; :mod:`~twodg_pyro.guides.marginal_density`) is exact for ``representative``, a
+quadrature for ``stochastic`` and a product-of-marginals surrogate for ``tied``.
 """
 
 from __future__ import annotations
@@ -74,6 +72,7 @@ __all__ = [
     "Tying",
     "TyingName",
     "TyingDraw",
+    "normal_kl",
     "tying_named",
 ]
 

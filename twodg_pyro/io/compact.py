@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .bits import pack_bits
 from .compact_format import (
     _FLOAT_DTYPES,
     _MU_DTYPES,
@@ -82,7 +83,7 @@ from .compact_format import (
     read_compact,
 )
 from .compact_load import load_compact
-from .entropy import empirical_entropy_bits, encode_index, pack_bits
+from .entropy import empirical_entropy_bits, encode_index
 
 __all__ = [
     "COMPACT_FORMAT_VERSION",

@@ -53,7 +53,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .entropy import decode_index, encode_index, pack_bits, unpack_bits
+from .bits import pack_bits, unpack_bits
+from .entropy import decode_index, encode_index
 from .files import atomic_write
 from .integrity import ChecksumError, bytes_digest
 

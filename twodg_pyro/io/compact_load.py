@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .bits import unpack_bits
 from .compact_format import (
     _MU_DTYPES,
     _SECTIONS_2DG,
@@ -24,7 +25,7 @@ from .compact_format import (
     _site_counts,
     read_compact,
 )
-from .entropy import decode_index, unpack_bits
+from .entropy import decode_index
 
 __all__ = ["load_compact"]
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from ..evaluation import seeded_predict
 from ..guides.rank1 import Rank1BNNModel, Rank1Guide, rank1_kl_annealing, rank1_prior
-from ..guides.ssvi import SSVIGuide, SubspaceUpdate
+from ..guides.ssvi import SSVIGuide
+from ..guides.ssvi_subspace import SubspaceUpdate
 from ..infer import DecomposedELBO, KLAnnealing, fit
 from ..likelihoods import Categorical
 from ..metrics import classification_metrics

@@ -28,7 +28,7 @@ from ..baselines.deterministic import Optimizer
 from ..data import available_datasets
 from ..gmm.merging import MergeRule, MergeTest
 from ..guides.rank1 import InitMean, Rank1PriorKind, Routing
-from ..guides.ssvi import AdditionCriterion, RemovalCriterion
+from ..guides.ssvi_subspace import AdditionCriterion, RemovalCriterion
 from ..guides.tyings import TyingName
 from ..priors import PriorKind
 from ..sharing.outliers import OutlierRule

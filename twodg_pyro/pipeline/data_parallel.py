@@ -42,6 +42,7 @@ import torch
 
 from ..baselines import train_deterministic
 from ..distributed import env
+from ..distributed.data import ShardedLoader, local_batch_size
 from ..distributed.gmm import DistributedGaussianMixture2D
 from ..distributed.parallel import (
     agree_on_structure,
@@ -49,7 +50,7 @@ from ..distributed.parallel import (
     default_backend,
     sharded_predict,
 )
-from ..distributed.train import ShardedLoader, average_buffers, fit_distributed, local_batch_size
+from ..distributed.train import average_buffers, fit_distributed
 from .config import RunConfig
 from .execution import Execution
 from .runner import METHODS, run
