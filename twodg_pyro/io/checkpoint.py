@@ -94,7 +94,7 @@ def optimizer_layout(optimizer: torch.optim.Optimizer, model, guide) -> list[lis
 
 
 def site_list(model) -> list[list]:
-    return [[s.name, list(s.shape)] for s in getattr(model, "sites", [])]
+    return [[s.name, list(s.shape)] for s in model.sites]
 
 
 def _jsonable(obj):

@@ -53,13 +53,13 @@ from ..distributed.parallel import (
 from ..distributed.train import average_buffers, fit_distributed
 from .config import RunConfig
 from .execution import Execution
-from .runner import METHODS, run
+from .runner import METHOD_REGISTRY, run
 from .trained import RunArtifacts
 
 __all__ = ["DataParallel", "SUPPORTED_METHODS", "check_supported", "run_distributed"]
 
 #: Methods that run under torch.distributed.
-SUPPORTED_METHODS = tuple(name for name, method in METHODS.items() if method.distributed)
+SUPPORTED_METHODS = tuple(name for name, method in METHOD_REGISTRY.items() if method.distributed)
 
 
 def run_distributed(

@@ -1,7 +1,7 @@
 """The main job: train and evaluate the configured methods, write the results table.
 
 :func:`run` reads top-down: check the device and the output folder, load and check the
-data, then run every method of the registry :data:`METHODS` that the settings ask for,
+data, then run every method of the registry :data:`METHOD_REGISTRY` that the settings ask for,
 in the registry's order (each returns its row of the table), then print the table and
 write the results, model files and diagnostics.  What the methods share (the data, the
 seeded initial network, stage 1, checkpoints) is a :class:`RunContext`; the 2DG BNN's
@@ -42,7 +42,7 @@ from .resume import RunCheckpoints
 from .run_folder import RunFolder
 from .trained import RunArtifacts, Trained
 
-__all__ = ["METHODS", "Method", "RunArtifacts", "RunContext", "Trained", "run"]
+__all__ = ["METHOD_REGISTRY", "Method", "RunArtifacts", "RunContext", "Trained", "run"]
 
 
 # ---------------------------------------------------------------------------- run
@@ -106,7 +106,7 @@ def _run(
     """:func:`run` once the device and the output folder are checked."""
     ctx = _context(cfg, out_dir, resume, execution, folder)
     art = ctx.art
-    for name, method in METHODS.items():
+    for name, method in METHOD_REGISTRY.items():
         if name in cfg.methods:
             record = method.run(ctx)
             if record is not None:
@@ -308,8 +308,9 @@ def ssvi(ctx: RunContext) -> dict:
     return run_ssvi(ctx.cfg, ctx.art.split, ctx.art.eval_data, ctx.art)
 
 
-#: The methods a run can train, in the order they run (``methods`` in the settings).
-METHODS: dict[str, Method] = {
+#: The methods a run can train, in the order they run: the choices of ``methods`` in the
+#: settings (:data:`~twodg_pyro.pipeline.config.METHODS`).
+METHOD_REGISTRY: dict[str, Method] = {
     "deterministic": Method(deterministic, distributed=True),
     "mean_field": Method(mean_field, distributed=True),
     "2dg": Method(two_dg, distributed=True),
