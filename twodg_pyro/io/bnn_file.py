@@ -41,9 +41,7 @@ from .specs import (
     likelihood_spec,
     prior_spec,
     rebuild_bnn_model,
-    rebuild_likelihood,
-    rebuild_network,
-    rebuild_prior,
+    rebuild_parts,
 )
 
 __all__ = ["save_2dg", "load_2dg", "load_2dg_payload", "FILE_FORMAT_VERSION"]
@@ -196,18 +194,7 @@ def load_2dg_payload(payload: dict, header: dict, where: str, net=None, prior=No
     from ..sharing.structure import SharingStructure
 
     _check_header(header, where)
-    net = rebuild_network(header, net, payload_section(payload, "net/"), where)
-    lik = rebuild_likelihood(header["likelihood"])
-    if prior is None:
-        try:
-            prior = rebuild_prior(
-                header.get("prior"), net, where, payload_section(payload, "prior/")
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(
-                f"{where!r}: the header's prior {header.get('prior')!r:.80} "
-                f"cannot be rebuilt: {type(e).__name__}: {e}"
-            ) from e
+    net, lik, prior = rebuild_parts(payload, header, where, net, prior)
     model = rebuild_bnn_model(net, prior, lik, header["site_names"], where)
     try:
         structure = SharingStructure.from_payload(payload_section(payload, "structure/"))

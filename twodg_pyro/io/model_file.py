@@ -59,9 +59,7 @@ from .specs import (
     likelihood_spec,
     prior_spec,
     rebuild_bnn_model,
-    rebuild_likelihood,
-    rebuild_network,
-    rebuild_prior,
+    rebuild_parts,
     site_types,
 )
 
@@ -212,18 +210,7 @@ def _rebuild(payload: dict, header: dict, where: str, net, prior, device):
     from ..guides import MeanFieldGuide, Rank1BNNModel, Rank1Guide, SSVIGuide
 
     _check_header(header, where)
-    net = rebuild_network(header, net, payload_section(payload, "net/"), where)
-    lik = rebuild_likelihood(header["likelihood"])
-    if prior is None:
-        try:
-            prior = rebuild_prior(
-                header.get("prior"), net, where, payload_section(payload, "prior/")
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(
-                f"{where!r}: the header's prior {header.get('prior')!r:.80} "
-                f"cannot be rebuilt: {type(e).__name__}: {e}"
-            ) from e
+    net, lik, prior = rebuild_parts(payload, header, where, net, prior)
     m_spec, g_spec = header["model"], header["guide"]
     try:
         if header["method"] == "rank1":

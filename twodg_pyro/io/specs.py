@@ -370,3 +370,29 @@ def rebuild_bnn_model(net: nn.Module, prior, likelihood, site_names: list[str], 
             f"{model.site_names[:4]}..., the file's {list(site_names)[:4]}..."
         )
     return model
+
+
+def rebuild_parts(payload: dict, header: dict, where: str, net: nn.Module | None, prior):
+    """``(net, likelihood, prior)`` of a full model file: the network (``net``'s
+    architecture, or the header's) with the saved weights, the likelihood, and ``prior``
+    or the saved one.
+
+    Raises:
+        ValueError: naming the file, when the network does not match or the saved prior
+            cannot be rebuilt.
+    """
+    from .payload import payload_section
+
+    net = rebuild_network(header, net, payload_section(payload, "net/"), where)
+    lik = rebuild_likelihood(header["likelihood"])
+    if prior is None:
+        try:
+            prior = rebuild_prior(
+                header.get("prior"), net, where, payload_section(payload, "prior/")
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(
+                f"{where!r}: the header's prior {header.get('prior')!r:.80} "
+                f"cannot be rebuilt: {type(e).__name__}: {e}"
+            ) from e
+    return net, lik, prior
