@@ -166,7 +166,7 @@ def export_compact(
         raise ValueError("the sharing structure's sites are not laid out back to back")
     ends = np.cumsum(sizes)
     if covariances is None:
-        covariances = guide.tying != "representative"
+        covariances = guide.tying_rule.trains_covariances
 
     # centres (and covariances as Cholesky parameters)
     centre_bytes, centre_dt = _float_bytes(s.means, centre_dtype)

@@ -151,7 +151,8 @@ def write_artifacts(art, cfg, out_dir) -> dict:
     """Write the model files, InferenceData, diagnostics and figures of a finished run.
 
     Args:
-        art: the :class:`~twodg_pyro.pipeline.runner.RunArtifacts` of :func:`run`.
+        art: the :class:`~twodg_pyro.pipeline.trained.RunArtifacts` of
+            :func:`~twodg_pyro.pipeline.run`.
         cfg: its :class:`~twodg_pyro.pipeline.config.RunConfig` (``cfg.diagnostics``: on
             or off, draws and examples; :func:`diagnostics_budget`).
         out_dir: the run folder.
