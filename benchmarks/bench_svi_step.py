@@ -28,7 +28,7 @@ from _common import interleaved, record  # noqa: E402
 
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide  # noqa: E402
 from twodg_pyro.infer import DecomposedELBO  # noqa: E402
-from twodg_pyro.infer.trainer import build_optimizer  # noqa: E402
+from twodg_pyro.infer.optim import build_optimizer  # noqa: E402
 from twodg_pyro.likelihoods import Categorical  # noqa: E402
 from twodg_pyro.model import BNNModel  # noqa: E402
 from twodg_pyro.models import MLP  # noqa: E402

@@ -142,7 +142,7 @@ def build_step(config: str, name: str, device: str):
 
     from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
     from twodg_pyro.infer import DecomposedELBO
-    from twodg_pyro.infer.trainer import build_optimizer
+    from twodg_pyro.infer.optim import build_optimizer
     from twodg_pyro.likelihoods import Categorical
     from twodg_pyro.model import BNNModel
 
@@ -330,7 +330,7 @@ def section_surface(device: str, work: Path, quick: bool) -> dict:
     out["khat"] = (diag.get("vi") or {}).get("khat")
     if diag.get("errors"):
         out["problems"].append(f"diagnostics errors: {sorted(diag['errors'])}")
-    guide = art.extras["2dg"]["guide"]
+    guide = art.trained["2dg"].guide
     out["guide_device"] = str(guide.centre_mu.device)
     if guide.centre_mu.device.type != torch.device(device).type:
         out["problems"].append(f"the 2DG guide is on {guide.centre_mu.device}")
@@ -356,15 +356,15 @@ def section_float64(device: str, work: Path) -> dict:
     from twodg_pyro.pipeline import config_from_dict, run
 
     art = run(config_from_dict(_tiny(device, network={"dtype": "float64"})), work / "f64")
-    model, guide = art.extras["2dg"]["model"], art.extras["2dg"]["guide"]
-    mf_guide = art.mean_field[1]
+    model, guide = art.trained["2dg"].model, art.trained["2dg"].guide
+    mf_guide = art.mean_field.guide
     dtypes = {
         "network": str(model.dtype),
         "prior": str(model.prior_distribution(model.sites[0]).base_dist.loc.dtype),
         "mean_field_guide": str(next(iter(mf_guide.locs.values())).dtype),
         "shared_gmm_guide": str(guide.centre_mu.dtype),
         "draws": str(next(iter(guide.sample_weights(2).values())).dtype),
-        "structure": str(art.extras["2dg"]["structure"].means.dtype),
+        "structure": str(art.trained["2dg"].structure.means.dtype),
     }
     problems = [f"{k} is {v}" for k, v in dtypes.items() if v != "torch.float64"]
     return {"dtypes": dtypes, "records": _metrics(art.records), "problems": problems}
@@ -373,7 +373,7 @@ def section_float64(device: str, work: Path) -> dict:
 def _interrupt_after(stage: str, epoch: int):
     """A patch of ``Checkpoint.save`` that raises ``KeyboardInterrupt`` right after the
     checkpoint of ``stage`` at ``epoch`` is written; returns ``(install, remove)``."""
-    from twodg_pyro.io import checkpoint as ckpt_mod
+    from twodg_pyro.infer import checkpoint as ckpt_mod
 
     real = ckpt_mod.Checkpoint.save
 

@@ -76,7 +76,7 @@ def base_settings(dataset: str | None, root: str | None, seed: int) -> tuple[dic
 
 
 def _int8_rows(art, eval_data) -> list[dict]:
-    model, guide, _ = art.mean_field
+    model, guide = art.mean_field.model, art.mean_field.guide
     n_det = sum(p.numel() for p in model.deterministic_parameters())
     rows = []
     for bits in (4, 2, 1):
@@ -115,7 +115,7 @@ def run_table(name: str, root: str | None, seed: int) -> tuple[list[dict], str]:
                     r["setting"] = f"{size}, {label}"
                 records += recs
                 if pre == 0:
-                    for r in _int8_rows(art, art.extras["eval_data"]):
+                    for r in _int8_rows(art, art.eval_data):
                         r["setting"] = f"{size}, {label}"
                         records.append(r)
         return records, size

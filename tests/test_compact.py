@@ -20,12 +20,12 @@ from twodg_pyro.io.compact import (
     export_int8_mean_field,
     is_compact_file,
     load_compact,
-    load_model_file,
     read_compact,
     resolve_model_file,
 )
+from twodg_pyro.io.model_file import load_model_file
 from twodg_pyro.models import MLP
-from twodg_pyro.pipeline.artifacts import evaluate_model_file
+from twodg_pyro.pipeline.saved_models import evaluate_model_file
 
 SPEC = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [128], "num_classes": 10}}
 

@@ -581,11 +581,11 @@ def test_run_writes_model_inference_data_and_plots(tmp_path):
     assert idata.posterior["layers.0.weight"].shape[:2] == (1, 5)
     # the model file rebuilds its network from the stored spec and predicts the same
     model, guide = load_2dg(out / "model_2dg.pt")
-    trained = art.extras["2dg"]["guide"]
+    trained = art.trained["2dg"].guide
     x = art.split.test.tensors[0][:16]
     torch.manual_seed(1)
     a = torch.func.vmap(model.network_forward, in_dims=(0, None))(guide.sample_weights(3), x)
     torch.manual_seed(1)
-    ref_model = art.extras["2dg"]["model"]
+    ref_model = art.trained["2dg"].model
     b = torch.func.vmap(ref_model.network_forward, in_dims=(0, None))(trained.sample_weights(3), x)
     torch.testing.assert_close(a, b)

@@ -10,8 +10,8 @@ import pytest
 from twodg_pyro import diagnostics as D
 from twodg_pyro.cli import main
 from twodg_pyro.pipeline import ConfigError, config_from_dict, run
-from twodg_pyro.pipeline.artifacts import diagnostics_budget
 from twodg_pyro.pipeline.config import DiagnosticsConfig
+from twodg_pyro.pipeline.diagnostics_steps import diagnostics_budget
 
 TINY = {
     "methods": ["mean_field", "2dg"],

@@ -9,6 +9,7 @@ from pyro.distributions.kl import kl_divergence
 from torch import nn
 
 from twodg_pyro.data import make_loader
+from twodg_pyro.guide import BNNGuide, GuideSample
 from twodg_pyro.guides import CauchyPrior, Rank1BNNModel, Rank1Guide, rank1_prior
 from twodg_pyro.guides.rank1 import rank1_kl_annealing
 from twodg_pyro.infer import DecomposedELBO, fit
@@ -126,14 +127,15 @@ def test_tile_routing_sends_every_example_to_every_component():
         torch.testing.assert_close(site["fn"].logits[5 * m : 5 * (m + 1)], expected)
 
 
-class _FixedGuide:
+class _FixedGuide(BNNGuide):
     """Returns the same factors for every sample: predict must average the components."""
 
     def __init__(self, factors):
+        super().__init__()
         self.factors = factors
 
-    def sample_weights(self, num_samples=None):
-        return {k: v.expand(num_samples, *v.shape) for k, v in self.factors.items()}
+    def draw(self, num_samples=None):
+        return GuideSample({k: v.expand(num_samples, *v.shape) for k, v in self.factors.items()})
 
 
 def test_prediction_averages_all_components_and_samples():

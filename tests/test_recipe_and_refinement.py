@@ -14,7 +14,6 @@ from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.infer import DecomposedELBO, fit
-from twodg_pyro.infer.hooks import MahalanobisHook, MergeHook
 from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import accuracy
@@ -23,6 +22,7 @@ from twodg_pyro.pipeline import ConfigError, config_from_dict
 from twodg_pyro.pipeline.presets import PRESETS, preset
 from twodg_pyro.predict import predict
 from twodg_pyro.priors import PretrainedPrior
+from twodg_pyro.sharing import MahalanobisHook, MergeHook
 
 
 def _kl_normal(m1, s1, m2, s2):
@@ -292,7 +292,7 @@ def test_stage3_trains_its_own_copy_of_the_network_state(tmp_path):
         }
     )
     art = run(cfg)
-    mf_net, tdg_net = art.mean_field[0].net, art.extras["2dg"]["model"].net
+    mf_net, tdg_net = art.mean_field.model.net, art.trained["2dg"].model.net
     assert mf_net is not tdg_net
     bn = [n for n, _ in mf_net.named_buffers() if n.endswith("running_mean")]
     mf_buf, tdg_buf = dict(mf_net.named_buffers()), dict(tdg_net.named_buffers())

@@ -68,6 +68,9 @@ class BNNModel(PyroParamsMixin, nn.Module):
     observes ``y``.  Weights may carry leading particle dimensions (see the module).
     """
 
+    #: outputs of :meth:`network_forward` per draw (a rank-1 BNN's ``M`` components)
+    output_components: int = 1
+
     def __init__(
         self,
         net: nn.Module,

@@ -32,6 +32,7 @@ import torch
 from torch.func import vmap
 from tqdm.auto import tqdm
 
+from .guide import BNNGuide
 from .likelihoods import Categorical
 from .model import match_input
 
@@ -106,7 +107,7 @@ def predict(
     if device is None:  # where the guide lives (inputs from a CPU DataLoader are moved there)
         device = _device_of(guide) or _device_of(model)
     lik = model.likelihood
-    components = int(getattr(model, "output_components", 1))
+    components = int(model.output_components)
 
     def one(weights, x):
         return model.network_forward(weights, x)
@@ -125,7 +126,7 @@ def predict(
     ) as bar:
         while done < num_samples:
             s = min(int(sample_chunk), num_samples - done)
-            if hasattr(guide, "sample_weights"):
+            if isinstance(guide, BNNGuide):
                 weights = guide.sample_weights(s)
             else:
                 x0 = batches[0][0]

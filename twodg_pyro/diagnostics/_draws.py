@@ -1,5 +1,6 @@
-r"""What the ArviZ export and the VI diagnostics share: the guide's draws, the data
-batches, and the per-draw log-likelihood, computed stably.
+r"""What the ArviZ export and the VI diagnostics share: the data batches and the per-draw
+log-likelihood, computed stably (the draws are the guide's,
+:meth:`~twodg_pyro.guide.BNNGuide.draw`, those of a seeded prediction).
 
 **Log-likelihood, stably.**  A confident prediction's log-likelihood is a tiny
 negative number, :math:`\log p_y = -\log(1 + \sum_{j \ne y} e^{f_j - f_y})`.  Computed as
@@ -39,6 +40,7 @@ import torch
 from torch.func import vmap
 
 from ..evaluation import SAMPLE_CHUNK, seeded
+from ..guide import BNNGuide
 
 __all__ = [
     "SAMPLE_CHUNK",
@@ -48,7 +50,6 @@ __all__ = [
     "chunks",
     "count_examples",
     "device_of",
-    "draw_chunk",
     "forward",
     "log_likelihood",
     "n_examples",
@@ -78,10 +79,10 @@ def check_guide(guide, what: str) -> None:
             "Normal family, with the Normal at each weight site), or SharedGMMGuide, "
             "Rank1Guide or SSVIGuide"
         )
-    if not (hasattr(guide, "sample_weights") and hasattr(guide, "sites")):
+    if not isinstance(guide, BNNGuide):
         raise TypeError(
             f"{what} needs one of the library's guides (MeanFieldGuide, SharedGMMGuide, "
-            f"Rank1Guide, SSVIGuide: guides with sites and sample_weights), got "
+            f"Rank1Guide, SSVIGuide: a twodg_pyro.guide.BNNGuide), got "
             f"{type(guide).__name__}"
         )
 
@@ -109,19 +110,6 @@ def quiet():
             yield
     finally:
         logger.setLevel(level)
-
-
-def draw_chunk(guide, s: int):
-    """``s`` joint draws ``{site: (s, *shape)}`` and extras: exactly the draws of
-    ``guide.sample_weights(s)`` (so that a seeded export sees the draws of a seeded
-    prediction).  For the shared-GMM guide the guide's own draw is used, so that the
-    ``tied`` tying's component values :math:`z_{k,0}` of the same draws come along."""
-    from ..guides.shared_gmm import SharedGMMGuide
-
-    if isinstance(guide, SharedGMMGuide) and hasattr(guide, "_draw"):
-        flat, cache = guide._draw(s, fast=not torch.is_grad_enabled())
-        return guide._split(flat), cache
-    return guide.sample_weights(s), {}
 
 
 def batches(data, batch_size: int, max_examples: int | None, seed: int, with_index: bool = False):
@@ -191,7 +179,7 @@ def forward(model, weights: dict[str, torch.Tensor], batch_list, device, outputs
     ``output_components = M``; the log-likelihood of such a draw is
     :math:`\log \frac1M \sum_m p(y \mid x, w_m)` (module docstring).
     """
-    components = int(getattr(model, "output_components", 1))
+    components = int(model.output_components)
     batched = vmap(model.network_forward, in_dims=(0, None), randomness="different")
     lik = model.likelihood
     lls, outs = [], []

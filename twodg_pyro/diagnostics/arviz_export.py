@@ -68,29 +68,20 @@ weights, addressed as in the network.
 A Pyro autoguide (``AutoNormal``, ...) is refused with a one-line ``TypeError`` naming
 the guide to use: its draws are not per-site objects the library can read.
 
-PSIS-LOO and model comparison
------------------------------
-:func:`loo` runs ``az.loo`` on the ``log_likelihood`` group with ``reff = 1`` (draws from
-:math:`q` are independent): it estimates the leave-one-out predictive of the variational
-approximation, treating :math:`q` as the posterior.  :func:`compare` ranks the methods
-of one run (``az.compare`` on their PSIS-LOO, same ``reff``): every InferenceData must
-hold the same observations.  A deterministic network has no posterior draws (its log
-score is the NLL of the results table) and is not an input of :func:`compare`.
+PSIS-LOO, model comparison, summaries and netCDF files: :mod:`.arviz_stats`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..io.files import atomic_write
+from ..guide import BNNGuide
 from ._draws import (
     SAMPLE_CHUNK,
     batches,
@@ -98,7 +89,6 @@ from ._draws import (
     chunks,
     count_examples,
     device_of,
-    draw_chunk,
     forward,
     quiet,
     seeded,
@@ -113,24 +103,11 @@ with warnings.catch_warnings():  # ArviZ 0.23 announces its 1.x refactor on impo
 __all__ = [
     "DEFAULT_MAX_SITE_VALUES",
     "LOG_LIKELIHOOD_GRID",
-    "NETCDF_ENGINE",
-    "class_probabilities",
-    "compare",
-    "load_inference_data",
-    "loo",
     "method_of",
-    "psislw",
-    "save_inference_data",
     "site_dims",
-    "summary",
     "thinned_coordinates",
     "to_inference_data",
 ]
-
-#: netCDF backend of :func:`save_inference_data`.  ``h5netcdf`` is a dependency of
-#: ArviZ 0.23 itself (and ArviZ's default); the groups of an InferenceData need netCDF4
-#: (HDF5) files, which scipy's netCDF3 writer cannot hold.
-NETCDF_ENGINE = "h5netcdf"
 
 #: Values per site exported by default (see "Thinning" in the module docstring).
 DEFAULT_MAX_SITE_VALUES = 10_000
@@ -140,19 +117,10 @@ _KIND_OUTLIER, _KIND_PLAIN, _KIND_ELLIPSE = 0, 1, 2
 
 # ---------------------------------------------------------------------------- names
 def method_of(guide) -> str:
-    """The method name of a guide: ``"mean_field"``, ``"2dg"``, ``"rank1"``, ``"ssvi"``,
-    else the guide's class name."""
-    from ..guides import MeanFieldGuide, Rank1Guide, SharedGMMGuide, SSVIGuide
-
-    for cls, name in (
-        (SharedGMMGuide, "2dg"),
-        (Rank1Guide, "rank1"),
-        (SSVIGuide, "ssvi"),
-        (MeanFieldGuide, "mean_field"),
-    ):
-        if isinstance(guide, cls):
-            return name
-    return type(guide).__name__
+    """The method name of a guide (:attr:`~twodg_pyro.guide.BNNGuide.method`:
+    ``"mean_field"``, ``"2dg"``, ``"rank1"``, ``"ssvi"``), else the guide's class name."""
+    method = guide.method if isinstance(guide, BNNGuide) else None
+    return method or type(guide).__name__
 
 
 def site_dims(site) -> list[str]:
@@ -282,20 +250,20 @@ def to_inference_data(
     if not data_batches:
         raise ValueError("no evaluation data (empty data set)")
     labels = torch.cat([yb.cpu() for _, yb in data_batches])
-    components = int(getattr(model, "output_components", 1))
+    components = int(model.output_components)
     is_cat = _is_categorical(model)
     grids = {
         s.name: thinned_coordinates(s.shape, max_site_values, seed, salt=i)
         for i, s in enumerate(guide.sites)
     }
-    tied = method_of(guide) == "2dg" and guide.tying == "tied"
 
     site_draws: dict[str, list[torch.Tensor]] = {s.name: [] for s in guide.sites}
     ll_draws, out_draws, z_draws = [], [], []
     bar = tqdm(total=S, desc="export", unit="draw", disable=not progress, leave=False)
     with bar, seeded(seed, device):
         for s in chunks(S, SAMPLE_CHUNK):
-            weights, extra = draw_chunk(guide, s)
+            sample = guide.draw(s)
+            weights = sample.weights
             for site in guide.sites:
                 site_draws[site.name].append(_take(weights[site.name], grids[site.name], 1).cpu())
             ll, out = forward(model, weights, data_batches, device, outputs=True)
@@ -305,8 +273,8 @@ def to_inference_data(
                 out_draws.append((probs.mean(1) if components > 1 else probs).cpu())
             else:
                 out_draws.append(out.cpu())
-            if tied and "z0" in extra:
-                z_draws.append(extra["z0"].cpu())
+            if sample.component_values is not None:  # the tied tying's z_{k,0}
+                z_draws.append(sample.component_values.cpu())
             bar.update(s)
 
     posterior, dims, coords = {}, {}, {"obs": to_numpy(example_index)}
@@ -358,11 +326,12 @@ def to_inference_data(
         "thinned_sites": json.dumps(thinned),
         "sites": json.dumps([s.name for s in guide.sites]),
     }
-    if method_of(guide) == "2dg":
+    structure = guide.structure()
+    if structure is not None:
         meta.update(
             tying=guide.tying,
-            coordinates=guide.coordinates,
-            counts=json.dumps(guide.structure().counts()),
+            coordinates=structure.coordinates,
+            counts=json.dumps(structure.counts()),
             weight_kind_codes=json.dumps({"outlier": 0, "plain": 1, "ellipse": 2}),
         )
     if components > 1:
@@ -420,11 +389,10 @@ def _sample_y(model, outs: torch.Tensor, is_cat: bool, components: int, gen) -> 
 
 
 def _guide_constants(guide, grids, dims, coords, max_site_values, seed) -> dict:
-    """The guide's variational parameters at the exported coordinates (constant_data)."""
-    from ..guides.base import DiagonalNormalGuide
-    from ..guides.shared_gmm import SharedGMMGuide
-    from ..guides.ssvi import SSVIGuide
-
+    """The guide's variational parameters at the exported coordinates (constant_data):
+    each site's (:meth:`~twodg_pyro.guide.BNNGuide.site_parameters`), and for a guide
+    with a sharing structure each weight's kind and component, the mixture and the
+    outliers."""
     out: dict = {}
 
     def put(site, suffix: str, values: torch.Tensor) -> None:
@@ -432,17 +400,11 @@ def _guide_constants(guide, grids, dims, coords, max_site_values, seed) -> dict:
         out[name] = to_numpy(_take(values.detach().reshape(site.shape), grids[site.name], 0))
         dims[name] = site_dims(site)
 
-    if isinstance(guide, DiagonalNormalGuide):
-        for site in guide.sites:
-            put(site, "loc", guide.loc(site.name))
-            put(site, "scale", guide.scale(site.name))
-    elif isinstance(guide, SSVIGuide):
-        for site in guide.sites:
-            put(site, "loc", guide.densify(site.name, guide.loc(site.name).detach()))
-            put(site, "scale", guide.densify(site.name, guide.scale(site.name).detach()))
-            put(site, "active", guide.active_mask(site.name))
-    elif isinstance(guide, SharedGMMGuide):
-        st = guide.structure()
+    for site in guide.sites:
+        for suffix, values in guide.site_parameters(site.name).items():
+            put(site, suffix, values)
+    st = guide.structure()
+    if st is not None:
         n_w = st.num_weights
         kind = torch.full((n_w,), _KIND_OUTLIER, dtype=torch.int8)
         kind[st.plain_index] = _KIND_PLAIN
@@ -472,132 +434,3 @@ def _guide_constants(guide, grids, dims, coords, max_site_values, seed) -> dict:
             dims.update(outlier_loc=["outlier"], outlier_scale=["outlier"])
             coords["outlier"] = to_numpy(st.outlier_index[o_sel])
     return out
-
-
-def class_probabilities(idata: az.InferenceData) -> tuple[np.ndarray, np.ndarray]:
-    """``(mean class probabilities (N, C), labels (N,))`` of an exported InferenceData:
-    the Bayesian model average over its draws."""
-    if "class_probs" not in getattr(idata, "posterior_predictive", {}):
-        raise ValueError("the InferenceData has no posterior_predictive class_probs")
-    probs = idata.posterior_predictive["class_probs"].mean(dim=("chain", "draw")).values
-    return np.asarray(probs), np.asarray(idata.observed_data["y"].values)
-
-
-# ---------------------------------------------------------------------------- statistics
-def psislw(log_ratios: np.ndarray, reff: float = 1.0) -> tuple[np.ndarray, float]:
-    """``az.psislw`` of one vector of log importance ratios: ``(smoothed normalised log
-    weights, Pareto k-hat)``."""
-    with quiet():
-        lw, khat = az.psislw(np.asarray(log_ratios, dtype=np.float64).copy(), reff=reff)
-    return np.asarray(lw), float(np.asarray(khat))
-
-
-def _finite_or_nan(x) -> float:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return float("nan")
-    return v
-
-
-def loo(idata: az.InferenceData) -> dict:
-    """PSIS-LOO (``az.loo``, ``reff = 1``) from the ``log_likelihood`` group.
-
-    Returns ``elpd_loo``, ``se``, ``p_loo``, ``n_samples``, ``n_data_points``,
-    ``warning`` (ArviZ's flag), ``good_k`` (ArviZ's sample-size-dependent threshold),
-    ``max_pareto_k``, ``n_bad_k`` (observations with :math:`\\hat k` above ``good_k``),
-    ``n_inf_k`` (those whose tail could not be fitted) and ``scale``.
-
-    An observation whose log-likelihood is the same in every draw (a prediction so
-    confident that :math:`\\log p` rounds to the same float64 in every draw, usually
-    exactly 0) has uniform importance weights: its leave-one-out term is exact, but
-    ArviZ finds no tail to fit and reports :math:`\\hat k = \\infty`.  ``n_constant``
-    counts them, and ``max_pareto_k_varying`` / ``n_bad_k_varying`` are the
-    :math:`\\hat k` figures over the other observations.
-
-    Any of the numbers may be NaN or infinite (fewer than about 25 draws: ArviZ reports
-    :math:`\\hat k = \\infty`); callers format them with that in mind.
-    """
-    with quiet():
-        res = az.loo(idata, pointwise=True, reff=1.0)
-    k = np.asarray(res.pareto_k.values, dtype=np.float64)
-    good = _finite_or_nan(getattr(res, "good_k", 0.7))
-    ll = np.asarray(idata.log_likelihood["y"].values, dtype=np.float64)
-    ll = ll.reshape(-1, ll.shape[-1])
-    constant = np.all(ll == ll[:1], axis=0)  # the same in every draw: uniform weights
-    rest = k[~constant]
-    return {
-        "elpd_loo": _finite_or_nan(res.elpd_loo),
-        "se": _finite_or_nan(res.se),
-        "p_loo": _finite_or_nan(res.p_loo),
-        "n_samples": int(res.n_samples),
-        "n_data_points": int(res.n_data_points),
-        "warning": bool(res.warning),
-        "good_k": good,
-        "max_pareto_k": float(np.nanmax(k)) if k.size and not np.all(np.isnan(k)) else math.nan,
-        "n_bad_k": int((k > good).sum()),
-        "n_inf_k": int(np.isinf(k).sum()),
-        "n_constant": int(constant.sum()),
-        "max_pareto_k_varying": float(rest.max()) if rest.size else math.nan,
-        "n_bad_k_varying": int((rest > good).sum()),
-        "scale": str(res.scale),
-    }
-
-
-def compare(idatas: dict[str, az.InferenceData]):
-    """``az.compare`` of the PSIS-LOO (``reff = 1``) of several methods' InferenceData
-    (a pandas ``DataFrame``, best first: ``rank``, ``elpd_loo``, ``p_loo``,
-    ``elpd_diff``, ``weight`` (stacking), ``se``, ``dse``, ``warning``, ``scale``).
-
-    Raises:
-        ValueError: fewer than two InferenceData, or InferenceData whose observations
-            differ (exported on other examples: use the same data, ``seed`` and
-            ``max_examples``).
-    """
-    if len(idatas) < 2:
-        raise ValueError(f"compare needs at least two InferenceData, got {len(idatas)}")
-    ref_name, ref = next(iter(idatas.items()))
-    y0 = np.asarray(ref.observed_data["y"].values)
-    for name, idata in idatas.items():
-        y = np.asarray(idata.observed_data["y"].values)
-        if y.shape != y0.shape or not np.array_equal(y, y0):
-            raise ValueError(
-                f"InferenceData {name!r} holds other observations than {ref_name!r} "
-                f"({y.shape[0]} against {y0.shape[0]} examples, or other labels): export "
-                "every method on the same data with the same seed and max_examples"
-            )
-    with quiet():
-        elpd = {name: az.loo(idata, pointwise=True, reff=1.0) for name, idata in idatas.items()}
-        return az.compare(elpd, ic="loo")
-
-
-def summary(idata: az.InferenceData, var_names: list[str] | None = None, **kwargs):
-    """``az.summary`` of the exported posterior (a pandas ``DataFrame``).
-
-    With one chain ``r_hat`` is NaN.  ``kwargs`` go to ``az.summary`` (e.g.
-    ``kind="stats"`` for the moments and HDI only, which is fast on many variables).
-    """
-    with quiet():
-        return az.summary(idata, var_names=var_names, **kwargs)
-
-
-# ---------------------------------------------------------------------------- files
-def save_inference_data(idata: az.InferenceData, path: str | os.PathLike) -> Path:
-    """Write ``idata`` as netCDF4 (``h5netcdf`` engine) atomically: a temporary file in
-    the same folder, renamed into place.  Load it back with :func:`load_inference_data`
-    or ``az.from_netcdf``."""
-    path = Path(path)
-    atomic_write(path, lambda tmp: idata.to_netcdf(tmp, engine=NETCDF_ENGINE))
-    return path
-
-
-def load_inference_data(path: str | os.PathLike) -> az.InferenceData:
-    """Read a file written by :func:`save_inference_data`, fully into memory."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {str(path)!r}")
-    with quiet():
-        idata = az.from_netcdf(str(path), engine=NETCDF_ENGINE)
-    for group in idata.groups():
-        getattr(idata, group).load()
-    return idata

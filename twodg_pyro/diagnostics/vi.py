@@ -3,7 +3,7 @@ r"""VI diagnostics of a trained BNN guide (Yao et al. 2018, "Yes, but did it wor
 :func:`vi_diagnostics` computes the importance ratios
 :math:`\log r_s = \log p(w^{(s)}, \mathcal D) - \log q(w^{(s)})` of ``S`` draws of the
 guide and their Pareto :math:`\hat k` (PSIS, ``az.psislw`` through
-:func:`~twodg_pyro.diagnostics.arviz_export.psislw`).
+:func:`~twodg_pyro.diagnostics.arviz_stats.psislw`).
 
 * :math:`\log p(w, \mathcal D) = \log p(w) + \log p(\mathcal D \mid w)`, the
   log-likelihood summed over the training data given (by default all of it); on a
@@ -40,12 +40,11 @@ from ._draws import (
     check_guide,
     chunks,
     device_of,
-    draw_chunk,
     forward,
     n_examples,
     seeded,
 )
-from .arviz_export import psislw
+from .arviz_stats import psislw
 
 __all__ = ["vi_diagnostics", "log_prior", "KHAT_GOOD", "KHAT_OK", "MIN_KHAT_SAMPLES"]
 
@@ -78,7 +77,7 @@ def log_prior(model, guide, weights: dict[str, torch.Tensor]) -> torch.Tensor:
 def _target(model, guide) -> str:
     from ..guides.ssvi import SSVIGuide
 
-    if int(getattr(model, "output_components", 1)) > 1:
+    if int(model.output_components) > 1:
         return "p(w) prod_n (1/M) sum_m p(y_n | x_n, w_m): the M-component ensemble"
     if isinstance(guide, SSVIGuide):
         return "p_Gamma(w) prod_n p(y_n | x_n, w): the prior restricted to the active subspace"
@@ -142,7 +141,7 @@ def vi_diagnostics(
     bar = tqdm(total=S, desc="k-hat", unit="draw", disable=not progress, leave=False)
     with bar, seeded(seed, device):
         for s in chunks(S, SAMPLE_CHUNK):
-            weights, _ = draw_chunk(guide, s)
+            weights = guide.draw(s).weights
             ll, _ = forward(model, weights, data, device, outputs=False)
             log_p = log_prior(model, guide, weights).to(torch.float64) + scale * ll.sum(1)
             ratios.append((log_p - log_q(weights).to(torch.float64)).cpu())

@@ -1,9 +1,10 @@
-"""What every BNN guide of this library offers beyond being a Pyro guide, and the
-site distribution that gives stock Pyro ELBOs a guide's density."""
+"""What the library's guides share: the protocol's base class (:class:`BNNGuide`,
+defined in :mod:`twodg_pyro.guide`), the site distribution that gives stock Pyro ELBOs a
+guide's density (:class:`GuideDraw`), and the diagonal Normal family of the mean-field
+and rank-1 guides (:class:`DiagonalNormalGuide`)."""
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections.abc import Callable
 
 import pyro
@@ -14,13 +15,21 @@ from pyro.distributions.util import sum_rightmost
 from torch import nn
 from torch.distributions import Distribution, register_kl
 
+from ..guide import BNNGuide, GuideSample, MarginalDensity, NoSiteDensityError
 from ..nn.sites import BayesianSite
-from ..pyro_params import PyroParamsMixin, params_are_local, plate_batch_shape
+from ..pyro_params import params_are_local, plate_batch_shape
 
-
-class NoSiteDensityError(ValueError):
-    """A guide's site has no density a stock Pyro ELBO could use (e.g. the ``tied``
-    tying); the message names the loss to use instead."""
+__all__ = [
+    "BNNGuide",
+    "DiagonalNormalGuide",
+    "GuideDraw",
+    "GuideSample",
+    "MarginalDensity",
+    "NoSiteDensityError",
+    "particle_batch_shape",
+    "site_key",
+    "standard_normal",
+]
 
 
 class GuideDraw(dist.Delta):
@@ -101,39 +110,6 @@ def standard_normal(like: torch.Tensor, num_samples: int | None = None) -> torch
     return torch.randn(shape, device=like.device, dtype=like.dtype)
 
 
-class BNNGuide(PyroParamsMixin, nn.Module):
-    """Base class of the library's guides.
-
-    A guide is a Pyro program with one sample statement per Bayesian site of the
-    model, preceded by one ``pyro.param`` statement per trainable parameter (named
-    ``"<pyro_name>.<parameter name>"``, see :mod:`twodg_pyro.pyro_params`), so stock
-    ``pyro.infer.SVI`` trains it.  Every site's ``log_prob`` is the guide's density of its
-    draw, or raises :class:`NoSiteDensityError` naming the loss to use.  Inside a
-    vectorised plate (``Predictive(parallel=True)``, vectorised particles) it draws one
-    independent value per plate entry.  On top of that it offers:
-
-    * :meth:`sample_weights` -- draws of all Bayesian tensors outside inference,
-      vectorised over samples, for fast prediction;
-    * :meth:`param_groups` -- its parameters split into named groups (``"loc"``,
-      ``"scale"``, ...) so that each can have its own learning rate;
-    * :meth:`num_trainable` -- the trainable parameter count it reports.
-    """
-
-    sites: list[BayesianSite]
-
-    @abstractmethod
-    def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
-        """Draw the Bayesian tensors: shape ``site.shape`` or ``(num_samples, *site.shape)``."""
-
-    @abstractmethod
-    def param_groups(self) -> list[dict]:
-        """``[{"name": group_name, "params": [...]}, ...]`` covering every parameter."""
-
-    def num_trainable(self) -> int:
-        """Number of scalar parameters the guide trains."""
-        return sum(p.numel() for g in self.param_groups() for p in g["params"] if p.requires_grad)
-
-
 class DiagonalNormalGuide(BNNGuide):
     r"""A guide with an independent Normal over every scalar of every site.
 
@@ -170,7 +146,7 @@ class DiagonalNormalGuide(BNNGuide):
             site.name: pyro.sample(site.name, self.site_distribution(site)) for site in self.sites
         }
 
-    def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
+    def draw(self, num_samples: int | None = None) -> GuideSample:
         r""":math:`\mu + \sigma \epsilon` per site: shape ``site.shape`` or
         ``(num_samples, *site.shape)``; differentiable when gradients are on, otherwise
         (prediction) one fused pass, in place."""
@@ -182,7 +158,25 @@ class DiagonalNormalGuide(BNNGuide):
                 out[site.name] = torch.addcmul(loc, scale, eps)
             else:  # prediction: one fused pass, in place
                 out[site.name] = torch.addcmul(loc, scale, eps, out=eps)
-        return out
+        return GuideSample(out)
+
+    def site_parameters(self, name: str) -> dict[str, torch.Tensor]:
+        r"""``{"loc": mu, "scale": sigma}`` of a site."""
+        return {"loc": self.loc(name), "scale": self.scale(name)}
+
+    def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
+        r"""The exact :math:`\log q(w) = \sum_s \sum_i \log\mathcal N(w_{s,i} \mid
+        \mu_{s,i}, \sigma_{s,i}^2)` (for rank-1: all ``M`` rows of every factor site)."""
+
+        def diagonal(weights, flat=None):
+            total = 0.0
+            for s in self.sites:
+                d = torch.distributions.Normal(self.loc(s.name), self.scale(s.name))
+                w = weights[s.name]
+                total = total + d.log_prob(w).reshape(w.shape[0], -1).sum(-1)
+            return total.detach()
+
+        return MarginalDensity(diagonal, "exact")
 
     def param_groups(self) -> list[dict]:
         r"""``[{"name": "loc", ...}, {"name": "scale", ...}]``: the :math:`\mu` and the

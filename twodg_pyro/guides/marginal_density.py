@@ -33,63 +33,65 @@ under the guide, marginal over any auxiliary variable the guide draws on the way
     exact per-weight marginals (:math:`\mathcal N(m_{c,0}, S_{c,00})`, mixtures for
     ellipse weights) as a surrogate (method ``"marginal_product"``, not exact).
 
-* any other guide with a ``log_q(weights) -> (S,)`` method: that method.
-
-(This is the *marginal* density of a draw.  The site densities that make stock Pyro
-ELBOs right are the guides' own business, in their modules.)
+Each guide returns its density from
+:meth:`~twodg_pyro.guide.BNNGuide.marginal_log_density`; this module holds the
+mixture machinery of the shared-GMM guide (the per-component marginals of its tyings,
+:mod:`~twodg_pyro.guides.tyings`, and the per-weight mixture tables) and
+:func:`guide_log_q`.  (This is the *marginal* density of a draw.  The site densities that
+make stock Pyro ELBOs right are the guides' own business, in their modules.)
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..guide import LOG_Q_METHODS, BNNGuide, MarginalDensity
+
 __all__ = [
     "LOG_Q_METHODS",
+    "ComponentMarginals",
     "component_marginals",
     "guide_log_q",
     "log_q_fn",
     "mixture_log_prob",
+    "shared_mixture_log_q",
+    "stochastic_component_marginals",
 ]
-
-#: The ``method`` strings of :func:`guide_log_q` and whether each is the exact density.
-LOG_Q_METHODS = {
-    "exact": True,
-    "quadrature": True,
-    "marginal_product": False,
-    "guide.log_q": True,
-}
 
 _MIN_SIGMA = 1e-8
 _LOG_2PI = math.log(2 * math.pi)
 _GROUP_ELEMENTS = 1 << 22  # draws are evaluated in groups of about this many terms
 
 
-def _layout(guide) -> list[tuple[str, int]]:
-    return [(s.name, s.numel) for s in guide.sites]
-
-
 def _flatten(weights: dict[str, torch.Tensor], guide) -> torch.Tensor:
     """``{site: (S, *shape)}`` -> ``(S, n_w)`` in the guide's site order."""
-    return torch.cat([weights[n].reshape(weights[n].shape[0], -1) for n, _ in _layout(guide)], 1)
+    names = [s.name for s in guide.sites]
+    return torch.cat([weights[n].reshape(weights[n].shape[0], -1) for n in names], 1)
 
 
-def component_marginals(guide, nodes: int = 64):
+class ComponentMarginals(NamedTuple):
     r"""Each component's marginal of one weight tied to it, as a Gaussian mixture over
-    quadrature nodes: ``(log weights, means, sds, method)``, the tensors ``(K, J)``
-    (``J = 1`` for ``representative`` and ``tied``, ``nodes`` for ``stochastic``)."""
-    tying = guide.tying
-    if tying == "representative":
-        mu, sd = guide.centre_mu.detach(), guide.centre_sigma().detach()
-        return torch.zeros_like(mu)[:, None], mu[:, None], sd[:, None], "exact"
-    m = guide.centres().detach()
-    cov = guide.covariances().detach()
-    if tying == "tied":
-        sd = cov[:, 0, 0].clamp_min(1e-30).sqrt()
-        return torch.zeros_like(sd)[:, None], m[:, :1], sd[:, None], "marginal_product"
+    ``J`` nodes: :math:`q_k(w) = \sum_j e^{\ell_{kj}} \mathcal N(w \mid a_{kj}, b_{kj}^2)`,
+    the tensors ``(K, J)``, and how exact it is (``method``, :data:`LOG_Q_METHODS`)."""
+
+    log_weights: torch.Tensor
+    means: torch.Tensor
+    sds: torch.Tensor
+    method: str
+
+
+def stochastic_component_marginals(
+    m: torch.Tensor, cov: torch.Tensor, coordinates: str, nodes: int = 64
+) -> ComponentMarginals:
+    r"""The ``stochastic`` tying's marginal of a weight of each component
+    :math:`\mathcal N(m_k, S_k)` (``m (K, 2)``, ``cov (K, 2, 2)``): :math:`\tilde\mu`
+    integrated out analytically, :math:`\theta` by Gauss-Hermite quadrature with ``nodes``
+    nodes (module docstring)."""
     x, h = np.polynomial.hermite.hermgauss(int(nodes))
     x = torch.as_tensor(x, dtype=m.dtype, device=m.device)
     log_h = torch.as_tensor(np.log(h / math.sqrt(math.pi)), dtype=m.dtype, device=m.device)
@@ -97,12 +99,20 @@ def component_marginals(guide, nodes: int = 64):
     theta = m[:, 1:2] + (2 * s11).sqrt()[:, None] * x  # (K, J) nodes over theta ~ N(m1, S11)
     cond_mean = m[:, :1] + (s01 / s11)[:, None] * (theta - m[:, 1:2])
     cond_var = (s00 - s01**2 / s11).clamp_min(0.0)[:, None]
-    if guide.coordinates == "sigma":
+    if coordinates == "sigma":
         sig = theta.abs().clamp_min(_MIN_SIGMA)
     else:
         sig = theta.exp()
     sd = (cond_var + sig**2).sqrt()
-    return log_h.expand_as(theta), cond_mean, sd, "quadrature"
+    return ComponentMarginals(log_h.expand_as(theta), cond_mean, sd, "quadrature")
+
+
+def component_marginals(guide, nodes: int = 64) -> ComponentMarginals:
+    """Each component's marginal of a weight tied to it under ``guide``'s tying
+    (:meth:`~twodg_pyro.guides.tyings.Tying.component_marginals`): ``(log weights, means,
+    sds, method)``, the tensors ``(K, J)`` (``J = 1`` for ``representative`` and
+    ``tied``, ``nodes`` for ``stochastic``)."""
+    return guide.tying_rule.component_marginals(guide, int(nodes))
 
 
 def _mixture_table(log_w, mean, sd):
@@ -118,9 +128,11 @@ def mixture_log_prob(w: torch.Tensor, table) -> torch.Tensor:
     return torch.logsumexp(const - 0.5 * z**2, -1)
 
 
-def _shared_gmm_log_q_fn(guide, nodes: int):
-    """``(fn(flat (S, n_w)) -> log q (S,), method)`` with the per-weight tables built once."""
-    log_w, mean, sd, method = component_marginals(guide, nodes)
+def shared_mixture_log_q(guide, marginals: ComponentMarginals) -> MarginalDensity:
+    r"""The shared-GMM guide's :math:`\log q(w)` of draws ``(S, n_w)``: outliers' Normals,
+    plain inliers' component marginals, ellipse weights' mixtures of them over their
+    alphas, with the per-weight tables built once."""
+    log_w, mean, sd, method = marginals
     J = log_w.shape[1]
     out_idx, plain_idx, ell_idx = guide.outlier_index, guide.plain_index, guide.ellipse_index
     loc = guide.outlier_loc.detach()
@@ -137,7 +149,8 @@ def _shared_gmm_log_q_fn(guide, nodes: int):
     n_terms = plain_idx.numel() + (ell[0].numel() // J if ell is not None else 0)
     group = max(1, _GROUP_ELEMENTS // max(1, n_terms * J))
 
-    def fn(flat: torch.Tensor) -> torch.Tensor:
+    def fn(weights, flat: torch.Tensor | None = None) -> torch.Tensor:
+        flat = _flatten(weights, guide) if flat is None else flat
         total = flat.new_zeros(flat.shape[0])
         if out_idx.numel():
             z = (flat[:, out_idx] - loc) / scale
@@ -150,58 +163,26 @@ def _shared_gmm_log_q_fn(guide, nodes: int):
                 total[rows] += mixture_log_prob(flat[rows][:, ell_idx], ell).sum(-1)
         return total
 
-    return fn, method
+    return MarginalDensity(fn, method)
 
 
 def log_q_fn(guide, quadrature_nodes: int = 64):
     """``(fn(weights, flat=None) -> log q (S,), method)`` for ``guide``: the function
     evaluates draws ``{site: (S, *shape)}`` (``flat``: the same draws as ``(S, n_w)`` in
-    site order, when the caller has them).  See the module docstring.
+    site order, when the caller has them); the guide's
+    :meth:`~twodg_pyro.guide.BNNGuide.marginal_log_density`.
 
     Raises:
-        TypeError: a guide of another kind without a ``log_q`` method.
+        TypeError: not one of the library's guides (a
+            :class:`~twodg_pyro.guide.BNNGuide`).
     """
-    from .base import DiagonalNormalGuide
-    from .shared_gmm import SharedGMMGuide
-    from .ssvi import SSVIGuide
-
-    if isinstance(guide, DiagonalNormalGuide):  # mean-field, rank-1
-
-        def diagonal(weights, flat=None):
-            total = 0.0
-            for s in guide.sites:
-                d = torch.distributions.Normal(guide.loc(s.name), guide.scale(s.name))
-                w = weights[s.name]
-                total = total + d.log_prob(w).reshape(w.shape[0], -1).sum(-1)
-            return total.detach()
-
-        return diagonal, "exact"
-    if isinstance(guide, SSVIGuide):
-
-        def subspace(weights, flat=None):
-            total = 0.0
-            for s in guide.sites:
-                d = torch.distributions.Normal(guide.loc(s.name), guide.scale(s.name))
-                w = weights[s.name]
-                active = w.reshape(w.shape[0], -1)[:, guide.active_indices(s.name)]
-                total = total + d.log_prob(active).sum(-1)
-            return total.detach()
-
-        return subspace, "exact"
-    if isinstance(guide, SharedGMMGuide):
-        fn, method = _shared_gmm_log_q_fn(guide, quadrature_nodes)
-
-        def shared(weights, flat=None):
-            return fn(_flatten(weights, guide) if flat is None else flat)
-
-        return shared, method
-    if hasattr(guide, "log_q"):
-        return (lambda weights, flat=None: guide.log_q(weights).detach()), "guide.log_q"
-    raise TypeError(
-        f"no log q(w) for a {type(guide).__name__}: supported are MeanFieldGuide, "
-        "SharedGMMGuide, Rank1Guide and SSVIGuide, or a guide with a "
-        "log_q(weights) -> (S,) method"
-    )
+    if not isinstance(guide, BNNGuide):
+        raise TypeError(
+            f"no log q(w) for a {type(guide).__name__}: supported are MeanFieldGuide, "
+            "SharedGMMGuide, Rank1Guide and SSVIGuide, or a subclass of "
+            "twodg_pyro.guide.BNNGuide implementing marginal_log_density"
+        )
+    return guide.marginal_log_density(quadrature_nodes)
 
 
 @torch.no_grad()
@@ -210,8 +191,8 @@ def guide_log_q(
 ) -> tuple[torch.Tensor, str]:
     """``(log q(w) per draw (S,), method)`` for draws ``{site: (S, *shape)}`` of ``guide``.
 
-    ``method`` is ``"exact"``, ``"quadrature"`` (stochastic tying), ``"marginal_product"``
-    (tied tying; a surrogate, see the module docstring) or ``"guide.log_q"``.
+    ``method`` is ``"exact"``, ``"quadrature"`` (stochastic tying) or
+    ``"marginal_product"`` (tied tying; a surrogate, see the module docstring).
     """
     fn, method = log_q_fn(guide, quadrature_nodes)
     return fn(weights), method

@@ -62,8 +62,8 @@ import pyro.poutine as poutine
 import torch
 from torch import nn
 
+from ..guide import GuideSample, kl_or_estimate
 from ..infer.callbacks import KLAnnealing
-from ..infer.elbo import site_kl
 from ..likelihoods import Categorical, Likelihood
 from ..model import LOGITS_SITE, match_input
 from ..nn.rank1 import RANK1_LAYER_TYPES, Rank1Layer, find_rank1_layers, rank1_factors
@@ -364,6 +364,8 @@ class Rank1Guide(DiagonalNormalGuide):
         ValueError: unknown ``init_mean`` or non-positive ``init_scale``.
     """
 
+    method = "rank1"
+
     def __init__(
         self,
         model: Rank1BNNModel,
@@ -402,18 +404,24 @@ class Rank1Guide(DiagonalNormalGuide):
         with poutine.scale(scale=1.0 / self.components):
             return super().forward(*args, **kwargs)
 
-    def site_kl(self, name: str, prior_fn, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    def site_kl(
+        self, name: str, prior_fn, value: torch.Tensor, guide_fn=None
+    ) -> dict[str, torch.Tensor]:
         r"""``{"kl": sum_m KL(q_m || p)}`` for one factor site; the site's scale
         :math:`1/M` (applied by the ELBO) makes it the per-component average.
 
         Closed form when registered (Normal prior), else the one-sample Monte Carlo
-        estimate :math:`\log q_m(v_m) - \log p(v_m)` (Cauchy prior).
+        estimate :math:`\log q_m(v_m) - \log p(v_m)` (Cauchy prior).  Always of the
+        guide's own :meth:`site_distribution` (``guide_fn`` is not used).
         """
-        site = next(s for s in self.sites if s.name == name)
-        return {"kl": site_kl(self.site_distribution(site), prior_fn, value)}
+        return {"kl": kl_or_estimate(self.site_distribution(self.site(name)), prior_fn, value)}
+
+    def kl_terms(self, priors, values) -> dict[str, torch.Tensor]:
+        """The sites' KL terms, each factor site counted :math:`1/M` as in the program."""
+        return {k: v / self.components for k, v in super().kl_terms(priors, values).items()}
 
     # ------------------------------------------------------------------ BNNGuide API
-    def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
+    def draw(self, num_samples: int | None = None) -> GuideSample:
         """Factor draws: ``(M, dim)`` per site, or ``(num_samples, M, dim)``."""
         # loc + scale * eps in two roundings, not DiagonalNormalGuide's fused addcmul:
         # keeps the factor draws bit for bit what they have always been
@@ -421,4 +429,4 @@ class Rank1Guide(DiagonalNormalGuide):
         for site in self.sites:
             loc, scale = self.loc(site.name), self.scale(site.name)
             out[site.name] = loc + scale * standard_normal(loc, num_samples)
-        return out
+        return GuideSample(out)

@@ -8,12 +8,13 @@ The expected log-likelihood is a Monte Carlo estimate whose minibatch terms are
 scaled by ``N / B`` through the model's subsampled data plate.  The KL part is
 collected site by site:
 
-* a guide that defines ``site_kl(name, prior, value) -> {term: tensor}`` (the
-  shared-GMM guide) supplies its own terms (``kl_inlier``, ``kl_outlier``);
-* otherwise the closed form :math:`\mathrm{KL}(q_s \| p_s)` is used when one is
-  registered (Normal guide vs Normal prior), and a one-sample Monte Carlo estimate
-  :math:`\log q_s(w_s) - \log p_s(w_s)` when it is not (e.g. a Laplace prior), or when
-  the guide's site is a point mass carrying a density (a ``Delta``, as Pyro's autoguides
+* the library's guides (:class:`~twodg_pyro.guide.BNNGuide`) supply their own terms
+  through :meth:`~twodg_pyro.guide.BNNGuide.site_kl` (``kl``; the shared-GMM guide's
+  ``kl_inlier`` and ``kl_outlier``);
+* for any other guide (Pyro's autoguides) the closed form
+  :math:`\mathrm{KL}(q_s \| p_s)` is used when one is registered, and a one-sample Monte
+  Carlo estimate :math:`\log q_s(w_s) - \log p_s(w_s)` when it is not, or when the
+  guide's site is a point mass carrying a density (a ``Delta``, as Pyro's autoguides
   emit: their auxiliary sites' :math:`\log q` is added); all under the name ``kl``.
 
 Every term is scaled and masked like its site (``poutine.scale``), e.g. the rank-1
@@ -34,37 +35,21 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
-from pyro.distributions.kl import kl_divergence
 from pyro.infer.elbo import ELBO
 from pyro.infer.util import torch_item
 from pyro.poutine.util import site_is_subsample
 
+from ..guide import BNNGuide, kl_or_estimate
 from ..pyro_params import handlers_active, local_params, params_are_local
 
 __all__ = ["DecomposedELBO", "site_kl"]
 
 
-def _is_point_mass(fn) -> bool:
-    """Whether a guide site's distribution is a ``Delta`` (possibly wrapped)."""
-    while isinstance(fn, (dist.Independent, dist.MaskedDistribution)):
-        fn = fn.base_dist
-    return isinstance(fn, dist.Delta)
-
-
-def site_kl(guide_fn, prior_fn, value: torch.Tensor) -> torch.Tensor:
-    r""":math:`\mathrm{KL}(q \| p)` in closed form if registered, else the one-sample
-    Monte Carlo estimate :math:`\log q(v) - \log p(v)`.  A point mass (``Delta``, whose
-    registered "KL" would drop its ``log_density``) always takes the estimate."""
-    if _is_point_mass(guide_fn):
-        return (guide_fn.log_prob(value) - prior_fn.log_prob(value)).sum()
-    try:
-        kl = kl_divergence(guide_fn, prior_fn)
-    except NotImplementedError:
-        kl = guide_fn.log_prob(value) - prior_fn.log_prob(value)
-    return kl.sum()
+#: :math:`\mathrm{KL}(q \| p)` of a site, closed form if registered, else the one-draw
+#: estimate (:func:`twodg_pyro.guide.kl_or_estimate`)
+site_kl = kl_or_estimate
 
 
 def _scale_mask(value: torch.Tensor, site: dict) -> torch.Tensor:
@@ -105,7 +90,7 @@ class DecomposedELBO(ELBO):
 
     def _particle_terms(self, model, guide, args, kwargs) -> dict[str, torch.Tensor]:
         model_trace, guide_trace = self._get_trace(model, guide, args, kwargs)
-        own_kl = getattr(guide, "site_kl", None)
+        ours = isinstance(guide, BNNGuide)
         terms: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros(()))
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample" or site_is_subsample(site):
@@ -119,13 +104,13 @@ class DecomposedELBO(ELBO):
             guide_site = guide_trace.nodes.get(name)
             if guide_site is None:
                 raise ValueError(f"model site {name!r} has no matching site in the guide")
-            if own_kl is not None:
-                parts = own_kl(name, site["fn"], guide_site["value"])
+            if ours:
+                parts = guide.site_kl(name, site["fn"], guide_site["value"], guide_site["fn"])
             else:
-                parts = {"kl": site_kl(guide_site["fn"], site["fn"], guide_site["value"])}
+                parts = {"kl": kl_or_estimate(guide_site["fn"], site["fn"], guide_site["value"])}
             for key, value in parts.items():
                 terms[key] = terms[key] + _scale_mask(value, guide_site)
-        if own_kl is None:  # auxiliary guide sites (autoguides): their log q joins the KL
+        if not ours:  # auxiliary guide sites (autoguides): their log q joins the KL
             for name, site in guide_trace.nodes.items():
                 if site["type"] == "sample" and name not in model_trace.nodes:
                     if site_is_subsample(site) or site["is_observed"]:

@@ -3,9 +3,9 @@
 (:func:`save_2dg` / :func:`load_2dg`) and compact ``.2dgz`` files."""
 
 from .bnn_file import load_2dg, save_2dg
-from .compact import export_compact, load_compact, load_model_file
+from .compact import export_compact, load_compact
 from .files import atomic_torch_save, safe_torch_load
-from .model_file import load_model, read_model_header, save_model
+from .model_file import load_model, load_model_file, read_model_header, save_model
 from .specs import PriorNotStoredWarning, UnavailablePrior
 
 __all__ = [

@@ -120,7 +120,7 @@ def _bad(header: dict, where: str, field: str, what: str) -> ValueError:
 
 def _check_header(header: dict, where: str) -> None:
     """Every field :func:`load_2dg` reads, of the right kind (a hand-edited header)."""
-    from ..guides.shared_gmm import TYINGS
+    from ..guides.tyings import TYINGS
 
     if header.get("tying") not in TYINGS:
         raise _bad(header, where, "tying", f"is not one of {list(TYINGS)}")

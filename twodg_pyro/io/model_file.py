@@ -67,6 +67,7 @@ __all__ = [
     "MODEL_FILE_KIND",
     "MODEL_FILE_VERSION",
     "load_model",
+    "load_model_file",
     "read_model_header",
     "save_model",
 ]
@@ -316,3 +317,9 @@ def read_model_header(path: str | Path) -> dict:
     if fmt is None:
         return {}
     return read_payload(path, fmt, loaded=loaded)[1]
+
+
+def load_model_file(path: str | Path, net=None, prior=None, device="cpu"):
+    """``(model, guide)`` from any model file: :func:`~twodg_pyro.io.load_model` (full
+    files of every method and compact ones, told apart by magic bytes and header)."""
+    return load_model(path, net=net, prior=prior, device=device)

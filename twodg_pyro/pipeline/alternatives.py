@@ -15,12 +15,14 @@ from collections.abc import Callable
 
 from ..evaluation import seeded_predict
 from ..guides.rank1 import Rank1BNNModel, Rank1Guide, rank1_kl_annealing, rank1_prior
-from ..guides.ssvi import SSVIGuide, SubspaceUpdate
+from ..guides.ssvi import SSVIGuide
+from ..guides.ssvi_subspace import SubspaceUpdate
 from ..infer import DecomposedELBO, KLAnnealing, fit
 from ..likelihoods import Categorical
 from ..metrics import classification_metrics
 from .builders import build_model, build_net, seed_everything, train_loader
 from .config import RunConfig
+from .trained import Trained
 
 __all__ = ["run_rank1", "run_ssvi", "size_mb"]
 
@@ -46,8 +48,8 @@ def _train_and_evaluate(
 ) -> dict:
     """Fit ``guide`` (timed), predict ``eval_data`` (the run's seeded draws) and return
     the method's record; with ``art`` (the run's
-    :class:`~twodg_pyro.pipeline.runner.RunArtifacts`) keep the trained model, guide and
-    state in ``art.extras[method]`` and the prediction in ``art.extras["predictions"]``.
+    :class:`~twodg_pyro.pipeline.trained.RunArtifacts`) keep the trained model, guide and
+    state in ``art.trained[method]`` and the prediction in ``art.predictions[method]``.
 
     ``extra(n_guide, n_det)`` gives the method-specific fields, placed after ``size_mb``
     (``n_guide`` counts the guide's trainable parameters, ``n_det`` the network's
@@ -68,8 +70,8 @@ def _train_and_evaluate(
     seconds = time.perf_counter() - t0
     pred = seeded_predict(model, guide, eval_data, cfg.num_samples, cfg.seed, progress=cfg.progress)
     if art is not None:
-        art.extras[method] = {"model": model, "guide": guide, "state": state}
-        art.extras.setdefault("predictions", {})[method] = pred
+        art.trained[method] = Trained(model, guide, state)
+        art.predictions[method] = pred
     n_guide = guide.num_trainable()
     n_det = sum(p.numel() for p in model.deterministic_parameters())
     return {

@@ -28,8 +28,8 @@ from ..baselines.deterministic import Optimizer
 from ..data import available_datasets
 from ..gmm.merging import MergeRule, MergeTest
 from ..guides.rank1 import InitMean, Rank1PriorKind, Routing
-from ..guides.shared_gmm import Tying
-from ..guides.ssvi import AdditionCriterion, RemovalCriterion
+from ..guides.ssvi_subspace import AdditionCriterion, RemovalCriterion
+from ..guides.tyings import TyingName
 from ..priors import PriorKind
 from ..sharing.outliers import OutlierRule
 from ..sharing.structure import Coordinates
@@ -348,7 +348,7 @@ class Stage3Config(_Section):
     lr_centre: Annotated[float, positive()] = 1e-3
     lr_outlier: Annotated[float, positive()] = 1e-3
     lr_cov: Annotated[float, positive()] = 1e-3
-    tying: Tying = "representative"
+    tying: TyingName = "representative"
     #: epochs between merge hooks (0: never during stage 3)
     merge_every: Annotated[int, at_least(0)] = 0
     #: epochs between Mahalanobis reassignment hooks (0: never)

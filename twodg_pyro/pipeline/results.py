@@ -23,11 +23,14 @@ import json
 import math
 from pathlib import Path
 
+from ..evaluation import draws_record
 from ..io.files import atomic_write_text
 
 __all__ = [
     "atomic_write_text",
     "evaluation_note",
+    "evaluation_of",
+    "kl_weight_field",
     "format_results",
     "format_table",
     "read_results",
@@ -154,3 +157,19 @@ def read_results(run_dir: str | Path) -> dict:
     if not isinstance(payload.get("config", {}), dict):
         raise ValueError(f"{where!r}: 'config' must be a table of settings")
     return payload
+
+
+def evaluation_of(cfg, eval_data) -> dict:
+    """How the Bayesian rows of the results table were evaluated (``results.json``'s
+    ``evaluation``): ``cfg.num_samples`` draws seeded with the run's seed on the test split
+    (:mod:`twodg_pyro.evaluation`)."""
+    if isinstance(eval_data, tuple):
+        n = int(eval_data[0].shape[0])
+    else:
+        n = len(eval_data.dataset)
+    return draws_record(cfg.num_samples, cfg.seed, n, "test")
+
+
+def kl_weight_field(kl_weight: float) -> dict:
+    """``{"kl_weight": beta}`` for a record trained on a tempered ELBO, ``{}`` at 1."""
+    return {} if kl_weight == 1.0 else {"kl_weight": kl_weight}
