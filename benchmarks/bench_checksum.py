@@ -31,7 +31,7 @@ from _common import interleaved, record  # noqa: E402
 
 from twodg_pyro.guides import MeanFieldGuide  # noqa: E402
 from twodg_pyro.infer import DecomposedELBO  # noqa: E402
-from twodg_pyro.infer.trainer import start_state  # noqa: E402
+from twodg_pyro.infer.state import start_state  # noqa: E402
 from twodg_pyro.io import checkpoint as ckpt_mod  # noqa: E402
 from twodg_pyro.io.files import atomic_torch_save, safe_torch_load  # noqa: E402
 from twodg_pyro.io.integrity import CHECKSUM_KEY, content_digest  # noqa: E402

@@ -60,15 +60,17 @@ from twodg_pyro.io.compact import (  # noqa: E402
     export_compact,
     export_int8_mean_field,
     load_compact,
-    load_model_file,
 )
+from twodg_pyro.io.model_file import load_model_file  # noqa: E402
 from twodg_pyro.metrics import classification_metrics  # noqa: E402
 from twodg_pyro.pipeline import config_from_dict  # noqa: E402
-from twodg_pyro.pipeline.artifacts import evaluate_model_file, network_spec  # noqa: E402
+from twodg_pyro.pipeline.algorithm1 import run_2dg, stage1_mean_field  # noqa: E402
+from twodg_pyro.pipeline.artifacts import network_spec  # noqa: E402
 from twodg_pyro.pipeline.builders import build_net, load_data, seed_everything  # noqa: E402
 from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
 from twodg_pyro.pipeline.presets import preset  # noqa: E402
-from twodg_pyro.pipeline.runner import RunArtifacts, train_mean_field  # noqa: E402
+from twodg_pyro.pipeline.saved_models import evaluate_model_file  # noqa: E402
+from twodg_pyro.pipeline.trained import RunArtifacts  # noqa: E402
 from twodg_pyro.predict import predict  # noqa: E402
 
 TOL = {"accuracy": 0.001, "nll": 0.01, "ece": 0.005}
@@ -135,8 +137,6 @@ def train(cfg):
     the mean-field BNN from before stage 3 (stage 3 goes on training the same network's
     deterministic parts, e.g. BatchNorm, so afterwards the mean-field model in the run's
     artifacts carries the 2DG BNN's BatchNorm state)."""
-    from twodg_pyro.pipeline.algorithm1 import run_2dg
-
     art = RunArtifacts()
     seed_everything(cfg.seed)
     art.split = split = load_data(cfg.data, image=cfg.network.arch != "mlp")
@@ -144,7 +144,7 @@ def train(cfg):
     seed_everything(cfg.seed)
     net = build_net(cfg.network, split)
     seed_everything(cfg.seed)
-    art.mean_field = train_mean_field(cfg, split, copy.deepcopy(net), False)
+    art.mean_field = stage1_mean_field(cfg, split, copy.deepcopy(net), False)
     mean_field = copy.deepcopy(art.mean_field[:2])
     predict(*art.mean_field[:2], (x, y), cfg.num_samples)  # as run() does (same RNG stream)
     record = run_2dg(cfg, split, art, (x, y))
@@ -156,8 +156,8 @@ def measure(name: str, folder: Path) -> dict:
     t0 = time.perf_counter()
     art, (mf_model, mf_guide), _ = train(cfg)
     train_s = time.perf_counter() - t0
-    entry = art.extras["2dg"]
-    model, guide = entry["model"], entry["guide"]
+    entry = art.trained["2dg"]
+    model, guide = entry.model, entry.guide
     split = art.split
     spec = network_spec(cfg.network, split)
 

@@ -142,7 +142,7 @@ def build_step(config: str, name: str, device: str):
 
     from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
     from twodg_pyro.infer import DecomposedELBO
-    from twodg_pyro.infer.trainer import build_optimizer
+    from twodg_pyro.infer.optim import build_optimizer
     from twodg_pyro.likelihoods import Categorical
     from twodg_pyro.model import BNNModel
 
@@ -319,7 +319,10 @@ def section_surface(device: str, work: Path, quick: bool) -> dict:
     out["records"] = _metrics(art.records)
     written = sorted(p.name for p in run_dir.iterdir())
     out["files"] = written
-    for name in ("results.json", "model_2dg.pt", "inference_data.nc", "diagnostics.json"):
+    methods = [r["method"] for r in art.records if r["method"] != "deterministic"]
+    expected = ["results.json", "diagnostics.json"]
+    expected += [f"model_{m}.pt" for m in methods] + [f"inference_data_{m}.nc" for m in methods]
+    for name in expected:
         if name not in written:
             out["problems"].append(f"{name} not written")
     diag = json.loads((run_dir / "diagnostics.json").read_text())
@@ -327,7 +330,7 @@ def section_surface(device: str, work: Path, quick: bool) -> dict:
     out["khat"] = (diag.get("vi") or {}).get("khat")
     if diag.get("errors"):
         out["problems"].append(f"diagnostics errors: {sorted(diag['errors'])}")
-    guide = art.extras["2dg"]["guide"]
+    guide = art.trained["2dg"].guide
     out["guide_device"] = str(guide.centre_mu.device)
     if guide.centre_mu.device.type != torch.device(device).type:
         out["problems"].append(f"the 2DG guide is on {guide.centre_mu.device}")
@@ -353,15 +356,15 @@ def section_float64(device: str, work: Path) -> dict:
     from twodg_pyro.pipeline import config_from_dict, run
 
     art = run(config_from_dict(_tiny(device, network={"dtype": "float64"})), work / "f64")
-    model, guide = art.extras["2dg"]["model"], art.extras["2dg"]["guide"]
-    mf_guide = art.mean_field[1]
+    model, guide = art.trained["2dg"].model, art.trained["2dg"].guide
+    mf_guide = art.mean_field.guide
     dtypes = {
         "network": str(model.dtype),
         "prior": str(model.prior_distribution(model.sites[0]).base_dist.loc.dtype),
         "mean_field_guide": str(next(iter(mf_guide.locs.values())).dtype),
         "shared_gmm_guide": str(guide.centre_mu.dtype),
         "draws": str(next(iter(guide.sample_weights(2).values())).dtype),
-        "structure": str(art.extras["2dg"]["structure"].means.dtype),
+        "structure": str(art.trained["2dg"].structure.means.dtype),
     }
     problems = [f"{k} is {v}" for k, v in dtypes.items() if v != "torch.float64"]
     return {"dtypes": dtypes, "records": _metrics(art.records), "problems": problems}
@@ -370,7 +373,7 @@ def section_float64(device: str, work: Path) -> dict:
 def _interrupt_after(stage: str, epoch: int):
     """A patch of ``Checkpoint.save`` that raises ``KeyboardInterrupt`` right after the
     checkpoint of ``stage`` at ``epoch`` is written; returns ``(install, remove)``."""
-    from twodg_pyro.io import checkpoint as ckpt_mod
+    from twodg_pyro.infer import checkpoint as ckpt_mod
 
     real = ckpt_mod.Checkpoint.save
 
@@ -486,6 +489,20 @@ def section_ddp(device: str, work: Path) -> dict:
     return out
 
 
+def section_recipe(device: str, work: Path, mnist_root: str) -> dict:
+    """Issue 13's full-recipe table: ResNet-20 on the MNIST subset with the paper's epochs
+    (``experiments/mnist_subset.py --arch resnet20 --full``); needs the subset folder
+    (``experiments/mnist_subset_data.py``) carried to the machine."""
+    script = Path(__file__).resolve().parents[1] / "experiments" / "mnist_subset.py"
+    cmd = [sys.executable, str(script), "--arch", "resnet20", "--full", "--device", device]
+    cmd += ["--root", mnist_root, "--out", str(work / "recipe")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"problems": [f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}"]}
+    payload = json.loads((work / "recipe" / "mnist_subset_resnet20_full.json").read_text())
+    return {"table": (work / "recipe" / "mnist_subset_resnet20_full.md").read_text(), **payload}
+
+
 def section_steps(device: str, quick: bool, deadline: float) -> dict:
     cuda = device.startswith("cuda")
     if quick:
@@ -544,6 +561,9 @@ def _markdown(payload: dict) -> str:
                 f" | {mb(r['later_step_peak_mb'])} | {mb(r['held_before_steps_mb'])} |"
                 f" {r['trainable']:,} |"
             )
+    recipe = payload["sections"].get("recipe", {})
+    if "table" in recipe:  # issue 13's full-recipe table, as mnist_subset.py writes it
+        lines += ["", recipe["table"].strip()]
     unit = "CUDA max_memory_allocated" if dev.startswith("cuda") else "peak RSS (VmHWM)"
     lines += [
         "",
@@ -572,6 +592,12 @@ def main() -> None:
         "--sections",
         nargs="+",
         default=["surface", "float64", "resume", "evaluate", "ddp", "steps"],
+    )
+    ap.add_argument(
+        "--mnist-root",
+        default="data/mnist_subset",
+        help="the MNIST subset folder for --sections recipe (not in the default sections: "
+        "the full ResNet-20 recipe, 250 + 200 + 200 epochs)",
     )
     ap.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
@@ -608,6 +634,7 @@ def main() -> None:
             "evaluate": lambda: section_evaluate(args.device, work),
             "ddp": lambda: section_ddp(args.device, work),
             "steps": lambda: section_steps(args.device, args.quick, deadline),
+            "recipe": lambda: section_recipe(args.device, work, args.mnist_root),
         }
         for name in args.sections:
             _section(payload, name, runs[name], deadline)

@@ -50,9 +50,9 @@ def trained_models(seed: int) -> tuple[dict[str, tuple], object]:
     model, guide = art.mean_field[:2]
     models["mean_field INT8 mu + 4-bit sigma"] = (model, quantize_mean_field(guide, 4))
     for t in tyings:
-        two = art.extras["variants"][t]
-        models[f"2dg ({t})"] = (two["model"], two["guide"])
-    return models, art.extras["eval_data"]
+        two = art.variants[t]
+        models[f"2dg ({t})"] = (two.model, two.guide)
+    return models, art.eval_data
 
 
 def evaluate(model, guide, eval_data, num_samples: int, seed: int) -> dict[str, float]:

@@ -9,7 +9,7 @@ from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import SharedGMMGuide
 from twodg_pyro.infer import fit
-from twodg_pyro.infer.hooks import MahalanobisHook, MergeHook
+from twodg_pyro.sharing import MahalanobisHook, MergeHook
 
 
 def test_pipeline_on_digits_compresses_and_stays_accurate(tmp_path):

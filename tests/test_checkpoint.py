@@ -11,13 +11,14 @@ from twodg_pyro.data import make_loader
 from twodg_pyro.gmm import check_spd
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.infer import Callback, KLAnnealing, fit
-from twodg_pyro.infer.hooks import MahalanobisHook, MergeHook
+from twodg_pyro.infer.checkpoint import Checkpoint, restore_state, resume_fit
 from twodg_pyro.io import atomic_torch_save
-from twodg_pyro.io.checkpoint import Checkpoint, load_checkpoint, restore_state, resume_fit
+from twodg_pyro.io.checkpoint import load_checkpoint
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.predict import predict
+from twodg_pyro.sharing import MahalanobisHook, MergeHook
 
 
 class Kill(Callback):

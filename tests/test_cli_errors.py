@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from twodg_pyro.cli import main
+from twodg_pyro.infer import checkpoint as ckpt_mod
 from twodg_pyro.infer.elbo import DecomposedELBO
-from twodg_pyro.io import checkpoint as ckpt_mod
 from twodg_pyro.io.integrity import seal
 from twodg_pyro.pipeline import config_from_dict, run
 
@@ -302,7 +302,7 @@ def test_ctrl_c_without_checkpoints_says_the_run_cannot_be_resumed(tmp_path, cap
     def interrupt(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner_mod, "train_mean_field", interrupt)
+    monkeypatch.setattr(runner_mod, "stage1_mean_field", interrupt)
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({**TINY, "checkpoint_every": 0}))
     one_line(
@@ -332,7 +332,7 @@ def test_debug_shows_the_traceback_and_unexpected_failures_are_one_line(
     def bug(*a, **k):
         raise RuntimeError("an internal error\nover two lines")
 
-    monkeypatch.setattr(runner_mod, "train_mean_field", bug)
+    monkeypatch.setattr(runner_mod, "stage1_mean_field", bug)
     one_line(
         capsys,
         1,

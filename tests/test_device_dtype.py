@@ -26,16 +26,16 @@ import torch
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.guides.rank1 import CauchyPrior, Rank1BNNModel, Rank1Guide
-from twodg_pyro.guides.ssvi import SSVIGuide, SubspaceUpdate
+from twodg_pyro.guides.ssvi import SSVIGuide
+from twodg_pyro.guides.ssvi_subspace import SubspaceUpdate
 from twodg_pyro.infer import DecomposedELBO, fit
-from twodg_pyro.infer.hooks import MahalanobisHook, MergeHook
 from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.nn.sites import BayesianSite
 from twodg_pyro.pipeline import ConfigError, SharingConfig, config_from_dict, load_config, run
-from twodg_pyro.pipeline.artifacts import diagnose_model_file, evaluate_model_file
+from twodg_pyro.pipeline.saved_models import diagnose_model_file, evaluate_model_file
 from twodg_pyro.predict import predict
 from twodg_pyro.priors import (
     LaplacePrior,
@@ -45,7 +45,7 @@ from twodg_pyro.priors import (
     SitePrior,
     distribution_to,
 )
-from twodg_pyro.sharing import build_sharing
+from twodg_pyro.sharing import MahalanobisHook, MergeHook, build_sharing
 
 F64 = torch.float64
 SHARING = SharingConfig(
@@ -277,9 +277,9 @@ def test_pipeline_float64_every_method_dtype(tmp_path, monkeypatch):
     art = run(config_from_dict(TINY), tmp_path)
     assert seen == {"Rank1Guide": {F64}, "SSVIGuide": {F64}}
     assert {p.dtype for p in art.mean_field[1].parameters()} == {F64}
-    entry = art.extras["2dg"]
-    assert {p.dtype for p in entry["guide"].parameters()} == {F64}
-    assert entry["structure"].means.dtype == F64
+    entry = art.trained["2dg"]
+    assert {p.dtype for p in entry.guide.parameters()} == {F64}
+    assert entry.structure.means.dtype == F64
     records = json.loads((tmp_path / "results.json").read_text())["records"]
     assert [r["method"] for r in records] == TINY["methods"]
     for r in records:
@@ -289,7 +289,7 @@ def test_pipeline_float64_every_method_dtype(tmp_path, monkeypatch):
 
 
 def test_float64_checkpoint_resume_is_exact_dtype(tmp_path, monkeypatch):
-    from twodg_pyro.io import checkpoint as ckpt_mod
+    from twodg_pyro.infer import checkpoint as ckpt_mod
 
     cfg = {**TINY, "methods": ["mean_field", "2dg"], "checkpoint_every": 1}
     cfg["diagnostics"] = {"enabled": False}
@@ -307,7 +307,7 @@ def test_float64_checkpoint_resume_is_exact_dtype(tmp_path, monkeypatch):
         run(config_from_dict(cfg), tmp_path / "r")
     monkeypatch.setattr(ckpt_mod.Checkpoint, "save", real)
     art = run(config_from_dict(cfg), tmp_path / "r", resume=True)
-    assert art.extras["2dg"]["guide"].centre_mu.dtype == F64
+    assert art.trained["2dg"].guide.centre_mu.dtype == F64
 
     def metrics(folder):
         recs = json.loads((folder / "results.json").read_text())["records"]
@@ -338,7 +338,7 @@ def test_cuda_device_without_cuda_is_a_clear_error_before_anything_is_written(tm
 
 
 def test_distributed_backend_follows_the_run_device():
-    from twodg_pyro.distributed.runner import default_backend
+    from twodg_pyro.distributed.parallel import default_backend
 
     assert default_backend("cpu") == "gloo"  # even on a GPU machine: NCCL moves CUDA only
     expected = "nccl" if torch.cuda.is_available() else "gloo"

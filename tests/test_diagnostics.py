@@ -14,8 +14,8 @@ import torch
 from twodg_pyro import diagnostics as D
 from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
-from twodg_pyro.diagnostics.arviz_export import _component_marginals, _mixture_log_prob
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
+from twodg_pyro.guides.marginal_density import component_marginals, mixture_log_prob
 from twodg_pyro.infer import fit
 from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
@@ -66,11 +66,14 @@ def _is_png(path) -> bool:
 
 
 # ---------------------------------------------------------------------------- InferenceData
+SITES = ["layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias"]
+
+
 def test_inference_data_groups_shapes_and_round_trip(small, digits, tmp_path):
     model, guide = small["model"], small["guide"]
     x, y = digits.test.tensors
     st = guide.structure()
-    idata = D.to_inference_data(model, guide, (x, y), num_samples=S, n_weights=50, seed=3)
+    idata = D.to_inference_data(model, guide, (x, y), S, seed=3)
     assert set(idata.groups()) == {
         "posterior",
         "posterior_predictive",
@@ -80,61 +83,221 @@ def test_inference_data_groups_shapes_and_round_trip(small, digits, tmp_path):
     }
     post, N, K = idata.posterior, len(y), st.n_gaussians
     assert post.sizes["chain"] == 1 and post.sizes["draw"] == S
-    assert post["w"].shape == (1, S, 50)
-    assert post["centre"].shape == (1, S, K, 2)
-    assert post["covariance"].shape == (1, S, K, 2, 2)
-    assert post["component_count"].shape == (1, S, K)
-    n_o = min(50, st.n_outliers)
-    assert post["outlier_loc"].shape == post["outlier_scale"].shape == (1, S, n_o)
-    assert list(post["coord"].values) == ["mu", "sigma"]
-    # variational parameters are constant over draws, the weights are not
-    spread = post.max("draw") - post.min("draw")
-    assert float(spread["centre"].max()) == 0.0 and float(spread["covariance"].max()) == 0.0
-    assert float(spread["w"].min()) > 0.0
+    # one posterior variable per Pyro site, named as the site, with named dims
+    assert list(post.data_vars) == SITES
+    assert post["layers.0.weight"].dims == (
+        "chain",
+        "draw",
+        "layers.0.weight_out",
+        "layers.0.weight_in",
+    )
+    assert post["layers.0.weight"].shape == (1, S, 16, 64)
+    assert post["layers.2.bias"].dims == ("chain", "draw", "layers.2.bias_out")
+    assert float((post.max("draw") - post.min("draw"))["layers.0.weight"].max()) > 0.0
+    # the guide's variational parameters are constants, not posterior variables
+    const = idata.constant_data
+    assert const["centre"].shape == (K, 2) and const["covariance"].shape == (K, 2, 2)
+    assert const["component_count"].shape == (K,)
+    assert const["outlier_loc"].shape == const["outlier_scale"].shape == (st.n_outliers,)
+    assert list(const["coord"].values) == ["mu", "sigma"]
+    kinds = np.concatenate([const[f"{n}.kind"].values.reshape(-1) for n in SITES])
+    assert (kinds == 0).sum() == st.n_outliers and (kinds == 2).sum() == st.n_ellipses
     assert idata.posterior_predictive["y"].shape == (1, S, N)
     assert idata.posterior_predictive["class_probs"].shape == (1, S, N, 10)
     assert idata.log_likelihood["y"].shape == (1, S, N)
+    assert idata.log_likelihood["y"].dtype == np.float64
     assert idata.observed_data["y"].shape == (N,)
     assert np.array_equal(idata.observed_data["y"].values, y.numpy())
-    assert idata.constant_data["weight_kind"].shape == (50,)
     # the log-likelihood is the log class probability of the label under the same draw
     probs = idata.posterior_predictive["class_probs"].values[0]
     ll = idata.log_likelihood["y"].values[0]
     picked = np.take_along_axis(probs, y.numpy()[None, :, None], -1)[..., 0]
     np.testing.assert_allclose(ll, np.log(picked), rtol=1e-4, atol=1e-5)
+    # metadata on every group, not only on idata.attrs
+    for group in idata.groups():
+        attrs = getattr(idata, group).attrs
+        assert attrs["method"] == "2dg" and attrs["tying"] == "representative", group
+        assert attrs["seed"] == 3 and attrs["num_draws"] == S and attrs["guide"] == "SharedGMMGuide"
+        assert attrs["inference_library"] == "pyro" and attrs["creation_library"] == "twodg_pyro"
     # seeded: the same seed gives the same draws, and the caller's RNG is left alone
     before = torch.get_rng_state()
-    again = D.to_inference_data(model, guide, (x, y), num_samples=S, n_weights=50, seed=3)
+    again = D.to_inference_data(model, guide, (x, y), S, seed=3)
     assert torch.equal(before, torch.get_rng_state())
-    np.testing.assert_array_equal(again.posterior["w"].values, post["w"].values)
+    np.testing.assert_array_equal(
+        again.posterior["layers.0.weight"].values, post["layers.0.weight"].values
+    )
 
     path = D.save_inference_data(idata, tmp_path / "sub" / "idata.nc")
     assert path.is_file() and [p.name for p in path.parent.iterdir()] == ["idata.nc"]
     back = D.load_inference_data(path)
     assert set(back.groups()) == set(idata.groups())
-    np.testing.assert_array_equal(back.posterior["w"].values, post["w"].values)
-    assert json.loads(back.attrs["counts"])["n_gaussians"] == K
+    np.testing.assert_array_equal(
+        back.posterior["layers.0.weight"].values, post["layers.0.weight"].values
+    )
+    assert back.posterior["layers.0.weight"].dims == post["layers.0.weight"].dims
+    assert json.loads(back.posterior.attrs["counts"])["n_gaussians"] == K
+    assert back.log_likelihood.attrs["method"] == "2dg"
+
+
+def test_export_draws_are_the_seeded_prediction_draws(small, digits):
+    """The exported class probabilities average to the prediction of the evaluation with
+    the same seed and number of draws (the results table's)."""
+    from twodg_pyro.evaluation import seeded_predict
+
+    x, y = digits.test.tensors
+    for guide in (small["mf_guide"], small["guide"]):
+        idata = D.to_inference_data(small["model"], guide, (x, y), 23, seed=5)
+        probs, labels = D.class_probabilities(idata)
+        pred = seeded_predict(small["model"], guide, (x, y), 23, seed=5)
+        np.testing.assert_allclose(probs, pred.mean.numpy(), rtol=0, atol=1e-6)
+        assert np.array_equal(labels, pred.targets.numpy())
+
+
+def test_thinning_keeps_named_dims_and_original_indices(small, digits):
+    model, guide = small["model"], small["mf_guide"]
+    xy = tuple(t[:50] for t in digits.test.tensors)
+    full = D.to_inference_data(model, guide, xy, 4, seed=1, max_site_values=None)
+    thin = D.to_inference_data(model, guide, xy, 4, seed=1, max_site_values=100)
+    w = thin.posterior["layers.0.weight"]  # (16, 64) thinned to a sub-grid of <= 100
+    assert w.sizes["layers.0.weight_out"] * w.sizes["layers.0.weight_in"] <= 100
+    assert w.sizes["layers.0.weight_out"] == 10 and w.sizes["layers.0.weight_in"] == 10
+    rows = w["layers.0.weight_out"].values
+    cols = w["layers.0.weight_in"].values
+    assert np.all(np.diff(rows) > 0) and rows.max() < 16 and cols.max() < 64
+    # the same draws, read at the kept coordinates
+    ref = full.posterior["layers.0.weight"].sel(
+        {"layers.0.weight_out": rows, "layers.0.weight_in": cols}
+    )
+    np.testing.assert_array_equal(w.values, ref.values)
+    np.testing.assert_array_equal(
+        thin.constant_data["layers.0.weight.loc"].values,
+        guide.loc("layers.0.weight").detach().numpy()[np.ix_(rows, cols)],
+    )
+    assert thin.posterior["layers.0.bias"].shape == (1, 4, 16)  # small sites stay whole
+    assert json.loads(thin.posterior.attrs["thinned_sites"]) == [
+        "layers.0.weight",
+        "layers.2.weight",
+    ]
+    # a 3x3 kernel is kept whole while the channels are thinned
+    grid = D.thinned_coordinates((64, 32, 3, 3), 1000, seed=0)
+    assert [len(g) for g in grid][2:] == [3, 3] and np.prod([len(g) for g in grid]) <= 1000
+    assert D.thinned_coordinates((4, 4), 100, seed=0) is None
+
+
+def test_log_likelihood_is_stable_where_float32_saturates():
+    """A logit gap of 20 makes float32 log_softmax exactly 0; the export keeps
+    log p = -log(1 + e^-20) ~ -2.06e-9 (float64)."""
+    from torch import nn
+
+    net = nn.Sequential(nn.Linear(2, 2))
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor([[20.0, 0.0], [0.0, 0.0]]))
+        net[0].bias.zero_()
+    model = BNNModel(net, prior=1.0, likelihood=Categorical(4))
+    guide = MeanFieldGuide(model, init_scale=1e-9)
+    x, y = torch.tensor([[1.0, 0.0]] * 3), torch.zeros(3, dtype=torch.long)
+    assert float(torch.log_softmax(torch.tensor([20.0, 0.0]), -1)[0]) == 0.0  # the problem
+    idata = D.to_inference_data(model, guide, (x, y), 30, seed=0)
+    ll = idata.log_likelihood["y"].values
+    assert np.all(ll < 0)
+    np.testing.assert_allclose(ll, -np.log1p(np.exp(-20.0)), rtol=1e-5)
+
+
+def test_regression_export_has_one_log_likelihood_per_example():
+    """A Gaussian likelihood: pointwise log N(y_n | f_w(x_n), scale^2) of the same draws."""
+    from torch import nn
+
+    from twodg_pyro.evaluation import seeded
+    from twodg_pyro.likelihoods import Gaussian
+
+    torch.manual_seed(0)
+    x = torch.randn(120, 3)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.1 * torch.randn(120)
+    net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+    model = BNNModel(net, prior=1.0, likelihood=Gaussian(120, 0.1))
+    guide = MeanFieldGuide(model)
+    fit(model, guide, [(x, y)], epochs=100, lr=1e-2, progress=False)
+    idata = D.to_inference_data(model, guide, (x, y), 20, seed=2)
+    assert idata.log_likelihood["y"].shape == idata.posterior_predictive["y"].shape == (1, 20, 120)
+    assert "class_probs" not in idata.posterior_predictive
+    with torch.no_grad(), seeded(2):
+        draws = [guide.sample_weights(10) for _ in range(2)]
+    f = torch.cat([torch.func.vmap(model.network_forward, in_dims=(0, None))(w, x) for w in draws])
+    expected = torch.distributions.Normal(f.squeeze(-1).double(), 0.1).log_prob(y.double())
+    np.testing.assert_allclose(idata.log_likelihood["y"].values[0], expected.numpy(), atol=1e-9)
+    assert math.isfinite(D.loo(idata)["elpd_loo"])
 
 
 def test_inference_data_of_mean_field_and_tied_guides(small, digits):
     model = small["model"]
     x, y = (t[:64] for t in digits.test.tensors)
-    mf = D.to_inference_data(model, small["mf_guide"], (x, y), num_samples=6, n_weights=20)
-    assert mf.posterior["w"].shape == (1, 6, 20)
-    assert "centre" not in mf.posterior
-    assert mf.constant_data["weight_scale"].shape == (20,)
+    mf = D.to_inference_data(model, small["mf_guide"], (x, y), 6)
+    assert mf.posterior["layers.0.weight"].shape == (1, 6, 16, 64)
+    assert "centre" not in mf.constant_data and mf.posterior.attrs["method"] == "mean_field"
+    assert mf.constant_data["layers.0.weight.scale"].shape == (16, 64)
 
     st = small["structure"]
     tied = SharedGMMGuide(model, st, tying="tied")
-    idata = D.to_inference_data(model, tied, (x, y), num_samples=6, n_weights=2000)
+    idata = D.to_inference_data(model, tied, (x, y), 6)
     z = idata.posterior["component_value"]
     assert z.shape == (1, 6, st.n_gaussians)
     # a plain inlier of component k takes the value z_k of the same draw
-    kind = idata.constant_data["weight_kind"].values
-    comp = idata.constant_data["weight_component"].values
-    w = idata.posterior["w"].values[0]
-    plain = np.flatnonzero(kind == 1)
-    np.testing.assert_allclose(w[:, plain], z.values[0][:, comp[plain]])
+    for name in SITES:
+        kind = idata.constant_data[f"{name}.kind"].values.reshape(-1)
+        comp = idata.constant_data[f"{name}.component"].values.reshape(-1)
+        w = idata.posterior[name].values[0].reshape(6, -1)
+        plain = np.flatnonzero(kind == 1)
+        np.testing.assert_allclose(w[:, plain], z.values[0][:, comp[plain]])
+
+
+def test_rank1_and_ssvi_export_and_khat(digits):
+    from twodg_pyro.guides import Rank1BNNModel, Rank1Guide, SSVIGuide
+
+    loader = make_loader(digits.train, 128, shuffle=True, seed=0)
+    xy = tuple(t[:80] for t in digits.test.tensors)
+    r1 = Rank1BNNModel(MLP(64, (16,), 10), likelihood=Categorical(len(digits.train)), components=3)
+    rg = Rank1Guide(r1)
+    fit(r1, rg, loader, epochs=2, lr=1e-2, progress=False)
+    idata = D.to_inference_data(r1, rg, xy, 10, seed=0)
+    assert idata.posterior["layers.0.r"].dims == (
+        "chain",
+        "draw",
+        "layers.0.r_component",
+        "layers.0.r_out",
+    )
+    assert idata.posterior["layers.0.s"].shape == (1, 10, 3, 64)
+    assert (
+        idata.posterior.attrs["method"] == "rank1"
+        and idata.posterior.attrs["output_components"] == 3
+    )
+    from twodg_pyro.evaluation import seeded_predict
+
+    probs, _ = D.class_probabilities(idata)
+    np.testing.assert_allclose(probs, seeded_predict(r1, rg, xy, 10, 0).mean.numpy(), atol=1e-6)
+    res = D.vi_diagnostics(r1, rg, digits.train.tensors, num_samples=25, max_examples=200)
+    assert math.isfinite(res["khat"]) and res["exact"] and "ensemble" in res["target"]
+
+    model = BNNModel(MLP(64, (16,), 10), prior=1.0, likelihood=Categorical(len(digits.train)))
+    sv = SSVIGuide(model, density=0.25)
+    fit(model, sv, loader, epochs=2, lr=1e-2, progress=False)
+    idata = D.to_inference_data(model, sv, xy, 10, seed=0)
+    active = idata.constant_data["layers.0.weight.active"].values
+    w = idata.posterior["layers.0.weight"].values
+    assert active.mean() == pytest.approx(0.25, abs=0.01) and np.all(w[..., ~active] == 0)
+    res = D.vi_diagnostics(model, sv, digits.train.tensors, num_samples=25, max_examples=200)
+    assert math.isfinite(res["khat"]) and "subspace" in res["target"]
+
+
+def test_autoguides_are_refused_with_what_to_use(small, digits):
+    from pyro.infer.autoguide import AutoNormal
+
+    guide = AutoNormal(small["model"])
+    for call in (
+        lambda: D.to_inference_data(small["model"], guide, digits.test.tensors, 5),
+        lambda: D.vi_diagnostics(small["model"], guide, digits.train.tensors, 25),
+    ):
+        with pytest.raises(TypeError, match="Pyro autoguide .*AutoNormal.*MeanFieldGuide"):
+            call()
 
 
 # ---------------------------------------------------------------------------- k-hat, LOO
@@ -160,7 +323,7 @@ def test_stochastic_marginal_matches_the_guide_draws(small):
     Kolmogorov-Smirnov statistic sqrt(n) D (on a grid of order statistics) stays below
     2.0 (p < 5e-4 per component)."""
     guide = SharedGMMGuide(small["model"], small["structure"], tying="stochastic")
-    log_w, mean, sd, method = _component_marginals(guide, 64)
+    log_w, mean, sd, method = component_marginals(guide, 64)
     assert method == "quadrature"
     torch.manual_seed(0)
     with torch.no_grad():
@@ -181,20 +344,49 @@ def test_stochastic_marginal_matches_the_guide_draws(small):
     table = (log_w[0] - sd[0].log() - 0.5 * math.log(2 * math.pi), mean[0], 1 / sd[0])
     x = mean[0, :1] + torch.linspace(-1, 1, 5)[:, None] * sd[0, :1]
     direct = torch.logsumexp(log_w[0] + torch.distributions.Normal(mean[0], sd[0]).log_prob(x), -1)
-    got = _mixture_log_prob(x.T, tuple(t[None].expand(5, -1) for t in table))[0]
+    got = mixture_log_prob(x.T, tuple(t[None].expand(5, -1) for t in table))[0]
     torch.testing.assert_close(got, direct)
 
 
-def test_loo_and_summary(small, digits):
-    idata = D.to_inference_data(
-        small["model"], small["guide"], digits.test.tensors, num_samples=S, n_weights=10
-    )
+def test_loo_compare_plot_ppc_and_summary(small, digits, tmp_path):
+    """What an ArviZ user does with our output: az.loo, az.compare across methods,
+    az.plot_ppc, az.summary."""
+    import arviz as az
+    import matplotlib
+
+    matplotlib.use("Agg")
+    xy = digits.test.tensors
+    idata = D.to_inference_data(small["model"], small["guide"], xy, 30)
+    mf = D.to_inference_data(small["model"], small["mf_guide"], xy, 30)
     res = D.loo(idata)
-    assert math.isfinite(res["elpd_loo"]) and res["elpd_loo"] < 0
-    assert res["n_samples"] == S and res["n_data_points"] == len(digits.test)
-    table = D.summary(idata)
-    assert {"mean", "sd", "ess_bulk"} <= set(table.columns)
-    assert sum(i.startswith("w[") for i in table.index) == 10
+    assert math.isfinite(res["elpd_loo"]) and res["elpd_loo"] < 0 and math.isfinite(res["se"])
+    assert res["n_samples"] == 30 and res["n_data_points"] == len(digits.test)
+    direct = az.loo(idata, reff=1.0)
+    assert float(direct.elpd_loo) == pytest.approx(res["elpd_loo"])
+    table = D.compare({"2dg": idata, "mean_field": mf})
+    assert set(table.index) == {"2dg", "mean_field"} and table["rank"].min() == 0
+    assert np.all(np.isfinite(table["elpd_loo"].values))
+    assert az.compare({"2dg": idata, "mean_field": mf}, ic="loo").shape[0] == 2
+    other = D.to_inference_data(small["model"], small["mf_guide"], tuple(t[:50] for t in xy), 30)
+    with pytest.raises(ValueError, match="other observations"):
+        D.compare({"2dg": idata, "mean_field": other})
+    ax = az.plot_ppc(idata, num_pp_samples=10, random_seed=0)
+    fig = np.atleast_1d(ax).ravel()[0].figure
+    fig.savefig(tmp_path / "ppc.png")
+    assert _is_png(tmp_path / "ppc.png")
+    summary = D.summary(idata, var_names=["layers.2.bias"])
+    assert {"mean", "sd", "ess_bulk"} <= set(summary.columns)
+    assert list(summary.index) == [f"layers.2.bias[{i}]" for i in range(10)]
+    assert D.summary(idata, kind="stats").shape[0] == 16 * 64 + 16 + 10 * 16 + 10
+
+
+def test_loo_reports_nan_and_inf_without_failing(small, digits):
+    """Three draws cannot fit a Pareto tail: k-hat is inf and the numbers may be NaN; loo
+    returns them as floats, and constant observations are counted."""
+    idata = D.to_inference_data(small["model"], small["guide"], digits.test.tensors, 3)
+    res = D.loo(idata)
+    assert res["max_pareto_k"] == math.inf and res["n_inf_k"] == len(digits.test)
+    assert isinstance(res["elpd_loo"], float)
 
 
 # ---------------------------------------------------------------------------- figures
@@ -234,43 +426,149 @@ def test_evaluate_and_diagnose_a_saved_model(small, digits, tmp_path, capsys):
     saved = json.loads(out.read_text())
     assert printed == saved
     assert saved["n_examples"] == len(digits.test) and saved["num_samples"] == 5
+    assert saved["method"] == "2dg" and saved["seed"] == 0
     for key in ("accuracy", "nll", "ece", "brier"):
         assert math.isfinite(saved[key])
     assert 0.5 < saved["accuracy"] <= 1.0
 
     folder = tmp_path / "diag"
     args = ["diagnose", str(path), "--out", str(folder), "--num-samples", "8"]
-    assert main(args + ["--khat-samples", "25", "--n-weights", "30"]) == 0
+    assert main(args + ["--khat-samples", "25", "--max-site-values", "30"]) == 0
     report = json.loads((folder / "diagnostics.json").read_text())
-    assert report["errors"] == {}
+    assert report["errors"] == {} and report["method"] == "2dg"
     assert math.isfinite(report["vi"]["khat"]) and math.isfinite(report["loo"]["elpd_loo"])
+    assert "2dg: accuracy" in capsys.readouterr().out
+    # diagnose's metrics are evaluate's with the same draws
+    assert main(["evaluate", str(path), "--num-samples", "8"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert report["metrics"] == {k: again[k] for k in ("accuracy", "nll", "ece", "brier")}
     for name in ("sharing_plane.png", "reliability.png"):
         assert _is_png(folder / name)
     assert (folder / "posterior_summary.csv").read_text().startswith(",mean,sd")
-    idata = D.load_inference_data(folder / "inference_data.nc")
-    assert idata.posterior["w"].shape == (1, 8, 30)
+    idata = D.load_inference_data(folder / "inference_data_2dg.nc")
+    assert idata.posterior["layers.0.weight"].shape == (1, 8, 5, 6)  # 30 values: 5 x 6
 
     assert main(["evaluate", str(tmp_path / "missing.pt")]) == 2
     assert "no such file" in capsys.readouterr().err
 
 
+def test_diagnose_prints_nan_and_inf_without_failing(small, tmp_path, capsys):
+    """Three draws: PSIS-LOO's k-hat is inf and its numbers may be NaN; diagnose and its
+    report print them (\"nan\", \"inf\") instead of failing on a format code."""
+    from twodg_pyro.cli import _num
+
+    path = tmp_path / "model_2dg.pt"
+    save_2dg(path, small["model"], small["guide"], network=_spec())
+    args = ["diagnose", str(path), "--out", str(tmp_path / "d"), "--num-samples", "3"]
+    assert main(args + ["--khat-samples", "25", "--max-examples", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "PSIS-LOO elpd = " in out and "max Pareto k inf" in out
+    report = json.loads((tmp_path / "d" / "diagnostics.json").read_text())
+    assert report["loo"]["max_pareto_k"] == "inf"  # JSON has no inf: written as a string
+    assert [_num(v, ".2f") for v in (math.nan, math.inf, "nan", "inf", None, 1.234)] == [
+        "nan",
+        "inf",
+        "nan",
+        "inf",
+        "None",
+        "1.23",
+    ]
+
+
+def test_report_formats_nan_and_inf(tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    records = [
+        {"method": "mean_field", "accuracy": 0.9, "nll": float("nan"), "ece": "inf"},
+        {"method": "2dg", "accuracy": float("inf"), "nll": "nan", "ece": None},
+    ]
+    (run_dir / "results.json").write_text(
+        json.dumps({"schema": 1, "config": {}, "records": records})
+    )
+    assert main(["report", str(run_dir)]) == 0
+    table = capsys.readouterr().out
+    assert "| mean_field | 0.9000 | - | inf |" in table and "| 2dg | inf | nan | - |" in table
+
+
+TINY_RUN = {
+    "methods": ["deterministic", "mean_field", "2dg"],
+    "num_samples": 30,
+    "progress": False,
+    "network": {"hidden": [16]},
+    "stage1": {"epochs": 3, "deterministic_epochs": 2},
+    "sharing": {
+        "outlier_rule": "quantile",
+        "mu_quantile": 0.99,
+        "grad_percentile": 0.005,
+        "n_components": 8,
+        "n_min": 5,
+    },
+    "stage3": {"epochs": 2, "merge_every": 1},
+    "diagnostics": {"khat_samples": 25},
+}
+
+
+def test_one_model_one_set_of_numbers(tmp_path, capsys):
+    """results.json/md, diagnostics.json (and the figure drawn from the same prediction)
+    and `evaluate` on each model file give the same metrics: the same seeded draws on the
+    same examples."""
+    # a budget that exports every test example (test_diagnostics_budget covers subsets)
+    cfg = config_from_dict(
+        {**TINY_RUN, "seed": 3, "diagnostics": {"khat_samples": 25, "budget": 100.0}}
+    )
+    out = tmp_path / "run"
+    art = run_pipeline(cfg, out)
+    capsys.readouterr()  # the printed table
+    results = json.loads((out / "results.json").read_text())
+    report = json.loads((out / "diagnostics.json").read_text())
+    assert (
+        results["evaluation"]
+        == report["draws"]
+        == {
+            "num_samples": 30,
+            "seed": 3,
+            "sample_chunk": 10,
+            "n_examples": len(art.split.test),
+            "split": "test",
+        }
+    )
+    assert (
+        "N_s = 30 posterior draws seeded with 3 on the 359 test" in (out / "results.md").read_text()
+    )
+    keys = ("accuracy", "nll", "ece", "brier")
+    for record in results["records"]:
+        method = record["method"]
+        if method == "deterministic":
+            continue
+        table = {k: record[k] for k in keys}
+        assert report["methods"][method]["metrics"] == table, method
+        # the InferenceData holds the same draws: its model average gives the same numbers
+        idata = D.load_inference_data(out / f"inference_data_{method}.nc")
+        probs, labels = D.class_probabilities(idata)
+        from twodg_pyro.metrics import classification_metrics
+
+        again = classification_metrics(torch.as_tensor(probs), torch.as_tensor(labels))
+        for k in keys:
+            assert again[k] == pytest.approx(table[k], abs=1e-6), (method, k)
+        # `evaluate` on the model file, with its defaults (the run's seed, draws, data)
+        assert main(["evaluate", str(out / f"model_{method}.pt")]) == 0
+        evaluated = json.loads(capsys.readouterr().out)
+        assert {k: evaluated[k] for k in keys} == table, method
+        assert evaluated["seed"] == 3 and evaluated["recorded_metrics"] == table
+    assert report["metrics"] == report["methods"]["2dg"]["metrics"]
+    assert _is_png(out / "reliability.png")
+    assert [r["method"] for r in report["compare"]] and {
+        r["method"] for r in report["compare"]
+    } == {"mean_field", "2dg"}
+    # another seed gives other draws, and says so
+    assert main(["evaluate", str(out / "model_2dg.pt"), "--seed", "4"]) == 0
+    other = json.loads(capsys.readouterr().out)
+    assert other["seed"] == 4 and "recorded_metrics" not in other
+
+
 def test_run_writes_model_inference_data_and_plots(tmp_path):
     cfg = config_from_dict(
-        {
-            "methods": ["2dg"],
-            "num_samples": 5,
-            "progress": False,
-            "network": {"hidden": [16]},
-            "stage1": {"epochs": 3},
-            "sharing": {
-                "outlier_rule": "quantile",
-                "mu_quantile": 0.99,
-                "grad_percentile": 0.005,
-                "n_components": 8,
-                "n_min": 5,
-            },
-            "stage3": {"epochs": 2, "merge_every": 1},
-        }
+        {**TINY_RUN, "methods": ["2dg"], "num_samples": 5, "stage1": {"epochs": 3}}
     )
     out = tmp_path / "run"
     art = run_pipeline(cfg, out)
@@ -279,15 +577,15 @@ def test_run_writes_model_inference_data_and_plots(tmp_path):
     assert math.isfinite(report["vi"]["khat"])
     for name in ("sharing_plane.png", "reliability.png", "elbo_terms.png", "merges.png"):
         assert _is_png(out / name), name
-    idata = D.load_inference_data(out / "inference_data.nc")
-    assert idata.posterior["w"].shape[:2] == (1, 5)
+    idata = D.load_inference_data(out / "inference_data_2dg.nc")
+    assert idata.posterior["layers.0.weight"].shape[:2] == (1, 5)
     # the model file rebuilds its network from the stored spec and predicts the same
     model, guide = load_2dg(out / "model_2dg.pt")
-    trained = art.extras["2dg"]["guide"]
+    trained = art.trained["2dg"].guide
     x = art.split.test.tensors[0][:16]
     torch.manual_seed(1)
     a = torch.func.vmap(model.network_forward, in_dims=(0, None))(guide.sample_weights(3), x)
     torch.manual_seed(1)
-    ref_model = art.extras["2dg"]["model"]
+    ref_model = art.trained["2dg"].model
     b = torch.func.vmap(ref_model.network_forward, in_dims=(0, None))(trained.sample_weights(3), x)
     torch.testing.assert_close(a, b)

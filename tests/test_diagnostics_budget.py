@@ -10,8 +10,8 @@ import pytest
 from twodg_pyro import diagnostics as D
 from twodg_pyro.cli import main
 from twodg_pyro.pipeline import ConfigError, config_from_dict, run
-from twodg_pyro.pipeline.artifacts import diagnostics_budget
 from twodg_pyro.pipeline.config import DiagnosticsConfig
+from twodg_pyro.pipeline.diagnostics_steps import diagnostics_budget
 
 TINY = {
     "methods": ["mean_field", "2dg"],
@@ -47,6 +47,9 @@ def test_budget_caps_then_shrinks_the_examples_in_proportion():
     # no training to compare with (diagnose): the caps only
     b = diagnostics_budget(d, 30, 1000, 500, None)
     assert (b["n_train_examples"], b["n_eval_examples"], b["reduced"]) == (1000, 500, False)
+    # every exported method costs its draws: 100 x 2000 + 3 x 30 x 2000 = 380,000 passes
+    b = diagnostics_budget(d, 30, 50_000, 10_000, 10 * 50_000, n_exports=3)
+    assert (b["diagnostics_passes"], b["n_exports"], b["reduced"]) == (380_000, 3, False)
 
 
 def test_diagnostics_settings_are_validated():
@@ -73,14 +76,21 @@ def test_run_holds_diagnostics_to_the_budget_after_writing_results(tmp_path, mon
     assert seen == {"results_written_first": True}
     report = json.loads((tmp_path / "diagnostics.json").read_text())
     budget = report["budget"]
-    # 3 epochs (2 + 1) x 1258 examples = 3774 passes < 25 x 300 + 5 x 300 = 9000: both
-    # subsets shrink by 3774 / 9000, to 125 examples
+    # 3 epochs (2 + 1) x 1258 examples = 3774 passes < 25 x 300 + 2 x 5 x 300 = 10,500
+    # (k-hat, and the exports of mean_field and 2dg): both subsets shrink by
+    # 3774 / 10,500, to 107 examples
     assert budget["train_passes"] == 3 * budget["train_examples_total"] == 3774
-    assert budget["reduced"] and budget["n_train_examples"] == budget["n_eval_examples"] == 125
+    assert budget["n_exports"] == 2
+    assert budget["reduced"] and budget["n_train_examples"] == budget["n_eval_examples"] == 107
     assert budget["diagnostics_passes"] <= budget["train_passes"]
-    assert report["vi"]["n_examples"] == 125 and report["vi"]["num_samples"] == 25
-    idata = D.load_inference_data(tmp_path / "inference_data.nc")
-    assert idata.log_likelihood["y"].shape == (1, 5, 125)
+    assert report["vi"]["n_examples"] == 107 and report["vi"]["num_samples"] == 25
+    for method in ("mean_field", "2dg"):
+        idata = D.load_inference_data(tmp_path / f"inference_data_{method}.nc")
+        assert idata.log_likelihood["y"].shape == (1, 5, 107)
+        # a subset of the test examples: diagnostics.json says so and gives its metrics
+        info = report["methods"][method]["inference_data"]
+        assert (info["n_examples"], info["n_examples_total"]) == (107, 359)
+        assert set(info["metrics_on_exported_examples"]) == {"accuracy", "nll", "ece", "brier"}
     assert report["errors"] == {}
 
 
@@ -91,8 +101,19 @@ def test_no_diagnostics_writes_results_and_model_only(tmp_path):
     args = ["train", "--config", str(cfg), "--out", str(out), "--no-diagnostics"]
     assert main(args) == 0
     names = {p.name for p in out.iterdir()}
-    assert {"results.json", "results.md", "model_2dg.pt", "diagnostics.json"} <= names
-    assert not names & {"inference_data.nc", "posterior_summary.csv", "elbo_terms.png"}
+    assert {
+        "results.json",
+        "results.md",
+        "model_2dg.pt",
+        "model_mean_field.pt",
+        "diagnostics.json",
+    } <= names
+    assert not names & {
+        "inference_data_2dg.nc",
+        "inference_data_mean_field.nc",
+        "posterior_summary.csv",
+        "elbo_terms.png",
+    }
     report = json.loads((out / "diagnostics.json").read_text())
     assert report["skipped"] == "diagnostics.enabled = false"
 

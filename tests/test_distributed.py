@@ -111,9 +111,9 @@ def _stage3_epoch(inputs, batch_size=GLOBAL_BATCH):
 def _worker(tmp: Path) -> None:  # pragma: no cover - runs in the launched processes
     from twodg_pyro.distributed import DistributedGaussianMixture2D, MainOnly, env
     from twodg_pyro.distributed.train import fit_distributed, state_checksum
-    from twodg_pyro.infer.hooks import MahalanobisHook, MergeHook
-    from twodg_pyro.io.checkpoint import Checkpoint
+    from twodg_pyro.infer.checkpoint import Checkpoint
     from twodg_pyro.pipeline.results import write_results
+    from twodg_pyro.sharing import MahalanobisHook, MergeHook
 
     rank = int(os.environ["RANK"])
     out: dict = {"errors": {}}
@@ -464,16 +464,15 @@ def test_single_process_paths_are_the_plain_ones():
 
 
 def test_run_distributed_rejects_methods_without_support():
-    from twodg_pyro.distributed import run_distributed
-    from twodg_pyro.pipeline import RunConfig
+    from twodg_pyro.pipeline import RunConfig, run_distributed
 
     with pytest.raises(ValueError, match=r"\['rank1'\] have no multi-process support"):
         run_distributed(RunConfig(methods=["mean_field", "rank1"]))
 
 
 def test_data_parallel_execution_refuses_resume():
-    from twodg_pyro.distributed.runner import DataParallel
     from twodg_pyro.pipeline import RunConfig, run
+    from twodg_pyro.pipeline.data_parallel import DataParallel
 
     with pytest.raises(ValueError, match="--resume runs in one process"):
         run(RunConfig(methods=["mean_field"]), "unused", resume=True, execution=DataParallel())

@@ -7,17 +7,14 @@ import math
 import numpy as np
 import pytest
 
+from twodg_pyro.io.bits import pack_bits, read_varints, unpack_bits, write_varints
 from twodg_pyro.io.entropy import (
     decode_index,
     empirical_entropy_bits,
     encode_index,
-    pack_bits,
     quantise_frequencies,
     rans_decode,
     rans_encode,
-    read_varints,
-    unpack_bits,
-    write_varints,
 )
 
 

@@ -86,13 +86,13 @@ def test_table4_takes_the_full_size_path_when_the_data_is_present(tmp_path, monk
     write_fake_cifar10(tmp_path, per_batch=4)
     tables = _tables_module()
     quick = {
-        "stage1": {"epochs": 1, "deterministic_epochs": 1},
+        "network": {"pretrain_epochs": 1},
+        "stage1": {"epochs": 1, "deterministic_epochs": 1, "deterministic_milestones": []},
         "sharing": {"n_components": 16},
-        "stage3": {"epochs": 1},
+        "stage3": {"epochs": 1, "merge_every": 1, "reassign_every": 1},
         "num_samples": 2,
     }
-    monkeypatch.setattr(tables, "FULL_COMMON", tables.merge_settings(tables.FULL_COMMON, quick))
-    monkeypatch.setattr(tables, "PRETRAIN_EPOCHS", 1)
+    monkeypatch.setattr(tables, "FULL_OVERRIDES", quick)
     records, size = tables.run_table("table4", str(tmp_path), seed=0)
     settings = sorted({r["setting"] for r in records})
     assert settings == [
@@ -108,3 +108,32 @@ def test_table4_takes_the_full_size_path_when_the_data_is_present(tmp_path, monk
         assert all(0.0 <= r["accuracy"] <= 1.0 and math.isfinite(r["nll"]) for r in rows.values())
         if setting.endswith("no pretraining"):  # the INT8 baselines, 3 sigma widths
             assert sum("INT8" in m for m in rows) == 3
+
+
+def _script_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_mnist_subset_experiment_runs_end_to_end_on_an_mnist_folder(tmp_path):
+    """``experiments/mnist_subset.py`` on a (fake) MNIST folder: LeNet-5 with one recipe
+    and ResNet-20 with the CPU epochs write records with the required fields."""
+    from test_data import write_fake_mnist
+
+    write_fake_mnist(tmp_path, "MNIST", n_train=200, n_test=50)
+    script = _script_module("mnist_subset")
+    out = tmp_path / "out"
+    args = ["--root", str(tmp_path), "--seeds", "0", "--out", str(out), "--threads", "1"]
+    assert script.main([*args, "--recipes", "KL weight 0.01"]) == 0
+    payload = json.loads((out / "mnist_subset.json").read_text())
+    assert {r["method"] for r in payload["records"]} == {"mean_field", "2dg"}
+    for r in payload["records"]:
+        assert set(script.FIELDS) <= r.keys() and r["kl_weight"] == 0.01
+    assert "KL weight 0.01" in (out / "mnist_subset.md").read_text()
+    assert script.main([*args, "--arch", "resnet20"]) == 0
+    payload = json.loads((out / "mnist_subset_resnet20.json").read_text())
+    assert [r["method"] for r in payload["records"]] == ["deterministic", "mean_field", "2dg"]
+    assert set(payload["targets"]) == {"mean_field_accuracy"}

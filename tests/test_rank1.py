@@ -9,6 +9,7 @@ from pyro.distributions.kl import kl_divergence
 from torch import nn
 
 from twodg_pyro.data import make_loader
+from twodg_pyro.guide import BNNGuide, GuideSample
 from twodg_pyro.guides import CauchyPrior, Rank1BNNModel, Rank1Guide, rank1_prior
 from twodg_pyro.guides.rank1 import rank1_kl_annealing
 from twodg_pyro.infer import DecomposedELBO, fit
@@ -126,14 +127,15 @@ def test_tile_routing_sends_every_example_to_every_component():
         torch.testing.assert_close(site["fn"].logits[5 * m : 5 * (m + 1)], expected)
 
 
-class _FixedGuide:
+class _FixedGuide(BNNGuide):
     """Returns the same factors for every sample: predict must average the components."""
 
     def __init__(self, factors):
+        super().__init__()
         self.factors = factors
 
-    def sample_weights(self, num_samples=None):
-        return {k: v.expand(num_samples, *v.shape) for k, v in self.factors.items()}
+    def draw(self, num_samples=None):
+        return GuideSample({k: v.expand(num_samples, *v.shape) for k, v in self.factors.items()})
 
 
 def test_prediction_averages_all_components_and_samples():
@@ -180,7 +182,17 @@ def test_guide_initialisation_and_per_component_kl():
     q = guide.site_distribution(site)
     per_component = kl_divergence(q.base_dist, prior_fn.base_dist).sum(-1)
     kl = guide.site_kl(site.name, prior_fn, q.sample())["kl"]
-    torch.testing.assert_close(kl, per_component.mean())
+    torch.testing.assert_close(kl, per_component.sum())
+    # the ELBO scales it by the site's 1/M: the per-component average
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    guide_trace = poutine.trace(guide).get_trace(x, y)
+    assert guide_trace.nodes[site.name]["scale"] == pytest.approx(1 / 4)
+    terms = DecomposedELBO().loss_terms(model, guide, x, y)
+    expected = sum(
+        kl_divergence(guide.site_distribution(s).base_dist, model.prior(s).base_dist).sum() / 4
+        for s in model.sites
+    )
+    torch.testing.assert_close(terms["kl"], expected)
     n = guide.num_trainable()
     assert n == 2 * 4 * (6 + 8 + 8 + 3) == 2 * model.num_weights
 

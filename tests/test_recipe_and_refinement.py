@@ -14,7 +14,6 @@ from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.infer import DecomposedELBO, fit
-from twodg_pyro.infer.hooks import MahalanobisHook, MergeHook
 from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import accuracy
@@ -23,6 +22,7 @@ from twodg_pyro.pipeline import ConfigError, config_from_dict
 from twodg_pyro.pipeline.presets import PRESETS, preset
 from twodg_pyro.predict import predict
 from twodg_pyro.priors import PretrainedPrior
+from twodg_pyro.sharing import MahalanobisHook, MergeHook
 
 
 def _kl_normal(m1, s1, m2, s2):
@@ -225,9 +225,9 @@ def test_points_ride_with_their_components():
     torch.testing.assert_close(fresh.current_points(), guide.inlier_points)
 
 
-def _stage3_accuracy(model, structure, digits, hooks, epochs=12):
+def _stage3_accuracy(model, structure, digits, hooks, epochs=12, tying="representative"):
     torch.manual_seed(0)
-    guide = SharedGMMGuide(model, structure)
+    guide = SharedGMMGuide(model, structure, tying)
     loader = make_loader(digits.train, 128, shuffle=True, seed=0)
     fit(model, guide, loader, epochs, lr=1e-2, callbacks=hooks, progress=False)
     torch.manual_seed(0)
@@ -235,19 +235,65 @@ def _stage3_accuracy(model, structure, digits, hooks, epochs=12):
     return accuracy(pred.mean, pred.targets), guide
 
 
+@pytest.mark.parametrize("tying", ["representative", "stochastic"])
 def test_refinement_hooks_every_few_epochs_keep_accuracy(
-    trained_mean_field, stage2_structure, digits
+    trained_mean_field, stage2_structure, digits, tying
 ):
     """Both hooks every 3 epochs: within 1 pp of the run without them, and the
     Mahalanobis check no longer turns the inliers into ellipse weights (it did: the
-    stage-1 points stayed behind while the trained centres moved)."""
+    stage-1 points stayed behind while the trained centres moved, and the stochastic
+    tying's trained covariances, its posterior's spread, were taken for the points')."""
     model, _ = trained_mean_field
-    base, _ = _stage3_accuracy(model, stage2_structure, digits, [])
+    base, _ = _stage3_accuracy(model, stage2_structure, digits, [], tying=tying)
     hooks = [
         MergeHook(tau_d=0.01, every=3, until_fixed_point=False),
         MahalanobisHook(every=3, until_fixed_point=False),
     ]
-    acc, guide = _stage3_accuracy(model, stage2_structure, digits, hooks)
+    acc, guide = _stage3_accuracy(model, stage2_structure, digits, hooks, tying=tying)
     assert acc >= base - 0.01
     assert len(hooks[1].log) == 4
     assert guide.structure().n_ellipses <= 2 * stage2_structure.n_ellipses + 20
+
+
+def test_merged_point_spread_is_the_second_moment_of_the_merged_clouds():
+    from twodg_pyro.sharing.refine import merge_point_covariances
+
+    g = torch.Generator().manual_seed(0)
+    clouds = [
+        torch.randn(n, 2, generator=g, dtype=torch.float64) * sd + c
+        for n, sd, c in ((40, 0.3, 1.0), (25, 0.1, -0.5), (30, 0.2, 2.0))
+    ]
+    means = torch.stack([x.mean(0) for x in clouds])
+    covs = torch.stack([torch.cov(x.T, correction=0) for x in clouds])
+    counts = torch.tensor([40.0, 25.0, 30.0], dtype=torch.float64)
+    mapping = torch.tensor([0, 0, 1])
+    new_means = torch.tensor([[0.3, 0.1], [2.0, 0.0]], dtype=torch.float64)
+    got = merge_point_covariances(covs, means, counts, mapping, new_means)
+    merged = torch.cat(clouds[:2]) - new_means[0]
+    torch.testing.assert_close(got[0], merged.T @ merged / merged.shape[0])
+    d = clouds[2] - new_means[1]
+    torch.testing.assert_close(got[1], d.T @ d / d.shape[0])
+
+
+def test_stage3_trains_its_own_copy_of_the_network_state(tmp_path):
+    """BatchNorm statistics trained in stage 3 belong to the 2DG model: the mean-field
+    model (and the INT8 rows built from it) keep predicting as evaluated."""
+    from twodg_pyro.pipeline import run
+
+    cfg = config_from_dict(
+        {
+            "methods": ["mean_field", "2dg"],
+            "progress": False,
+            "network": {"arch": "resnet20"},
+            "stage1": {"epochs": 1},
+            "sharing": {"outlier_rule": "quantile", "n_components": 8, "grad_percentile": 0.0},
+            "stage3": {"epochs": 1},
+            "diagnostics": {"enabled": False},
+        }
+    )
+    art = run(cfg)
+    mf_net, tdg_net = art.mean_field.model.net, art.trained["2dg"].model.net
+    assert mf_net is not tdg_net
+    bn = [n for n, _ in mf_net.named_buffers() if n.endswith("running_mean")]
+    mf_buf, tdg_buf = dict(mf_net.named_buffers()), dict(tdg_net.named_buffers())
+    assert any(not torch.equal(mf_buf[n], tdg_buf[n]) for n in bn)

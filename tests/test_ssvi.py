@@ -13,9 +13,9 @@ from torch import nn
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import SSVIGuide, SubspaceUpdate
 from twodg_pyro.guides.mean_field import inverse_softplus
-from twodg_pyro.guides.ssvi import folded_normal_moments, removal_scores
+from twodg_pyro.guides.ssvi_subspace import folded_normal_moments, removal_scores
 from twodg_pyro.infer import Callback, DecomposedELBO, TrainState, fit
-from twodg_pyro.infer.trainer import build_optimizer
+from twodg_pyro.infer.optim import build_optimizer
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.model import BNNModel

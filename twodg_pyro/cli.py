@@ -1,11 +1,12 @@
 """Command-line interface: ``twodg-pyro run | train | evaluate | diagnose | export | report``.
 
 ``run`` is the main job on the bundled digits; ``train --config FILE`` runs any
-configuration (both write the table, the 2DG model file, the InferenceData,
-diagnostics and figures into ``--out``); ``evaluate MODEL_FILE`` prints the
-predictive metrics of a saved 2DG BNN; ``diagnose MODEL_FILE`` writes its
+configuration (both write the table, a model file per Bayesian method, the
+InferenceData, diagnostics and figures into ``--out``); ``evaluate MODEL_FILE`` prints
+the predictive metrics of a saved model of any method (by default with the run's seed,
+draws and data: the numbers of its results table); ``diagnose MODEL_FILE`` writes its
 InferenceData, k-hat, PSIS-LOO, posterior summary and figures; ``export
-RUN_OR_MODEL_FILE --out FILE.2dgz`` writes the compact model file
+RUN_OR_MODEL_FILE --out FILE.2dgz`` writes the compact model file of a 2DG BNN
 (:mod:`twodg_pyro.io.compact`), which ``evaluate`` and ``diagnose`` read like the full
 one; ``report RUN_DIR`` rebuilds the table of a finished run.
 
@@ -19,168 +20,16 @@ command that resumes it.  Warnings are one line each (``twodg-pyro <command>: wa
 
 from __future__ import annotations
 
-import argparse
+import math
 import re
 import sys
 import traceback
 import warnings
 from pathlib import Path
 
+from .cli_parser import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USER_ERROR, build_parser
+
 __all__ = ["main", "build_parser", "EXIT_USER_ERROR", "EXIT_FAILURE", "EXIT_INTERRUPTED"]
-
-#: Exit code of a user error (also argparse's).
-EXIT_USER_ERROR = 2
-#: Exit code of an unexpected failure.
-EXIT_FAILURE = 1
-#: Exit code after Ctrl-C (128 + SIGINT).
-EXIT_INTERRUPTED = 130
-
-
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (with where to find the usage)."""
-
-    def error(self, message: str):
-        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _debug(p: argparse.ArgumentParser, top: bool = False) -> None:
-    p.add_argument(
-        "--debug",
-        action="store_true",
-        default=False if top else argparse.SUPPRESS,
-        help="show the full traceback of an error",
-    )
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default=None, help="output folder (default: runs/<command>)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the whole pipeline")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:<index>")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the results and checkpoints of an earlier run in --out (refused without it)",
-    )
-    p.add_argument(
-        "--no-diagnostics",
-        action="store_true",
-        help="write the results and the model file only: no InferenceData, k-hat, "
-        "PSIS-LOO or figures (the setting diagnostics.enabled = false)",
-    )
-    _debug(p)
-
-
-_RESUME_HELP = (
-    "continue a killed run from the checkpoints in RUN_DIR (written with checkpoint_every > 0); "
-    "its stored settings are used"
-)
-
-
-def _data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default="digits", help="evaluation data set (default: digits)")
-    p.add_argument("--root", default=None, help="folder of a file-based data set")
-    p.add_argument("--num-samples", type=int, default=30, help="posterior samples N_s (30)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``twodg-pyro``."""
-    parser = _Parser(
-        prog="twodg-pyro", description="Stochastic weight-sharing BNNs (2DGBNN) in Pyro."
-    )
-    _debug(parser, top=True)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("run", help="the main job: every method on the bundled digits")
-    p.add_argument("--config", default=None, help="optional config file (TOML/JSON/YAML)")
-    p.add_argument("--methods", nargs="+", default=None, help="subset of methods to run")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
-    _common(p)
-    p = sub.add_parser("train", help="run a preset and/or the configuration in a config file")
-    p.add_argument(
-        "--preset",
-        default=None,
-        help="named settings (digits, mnist-lenet5, mnist-resnet20, cifar10-resnet20, "
-        "cifar10-resnet18); a --config file given too overrides them",
-    )
-    p.add_argument("--root", default=None, help="data folder (sets data.root)")
-    p.add_argument("--config", default=None, help="config file (TOML, JSON or YAML)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
-    _common(p)
-    p = sub.add_parser("evaluate", help="metrics of a saved 2DG model file")
-    p.add_argument(
-        "model_file", help="a model file written by run/train (model_2dg.pt) or export (.2dgz)"
-    )
-    _data_args(p)
-    p.add_argument("--split", choices=["test", "val"], default="test", help="default: test")
-    p.add_argument("--out", default=None, help="also write the metrics as JSON to this file")
-    p.add_argument("--seed", type=int, default=0, help="seed of the posterior draws")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
-    _debug(p)
-    p = sub.add_parser("diagnose", help="ArviZ diagnostics and figures of a saved 2DG model")
-    p.add_argument(
-        "model_file", help="a model file written by run/train (model_2dg.pt) or export (.2dgz)"
-    )
-    _data_args(p)
-    p.add_argument("--out", default=None, help="output folder (default: runs/diagnose)")
-    p.add_argument("--khat-samples", type=int, default=100, help="draws for k-hat (100)")
-    p.add_argument(
-        "--max-examples",
-        type=int,
-        default=2000,
-        help="seeded subset of at most this many training examples (k-hat) and test "
-        "examples (InferenceData, PSIS-LOO) (2000)",
-    )
-    p.add_argument("--n-weights", type=int, default=200, help="weights exported (200)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the draws and subsets")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    _debug(p)
-    p = sub.add_parser("export", help="write the compact model file (.2dgz) of a 2DG BNN")
-    p.add_argument("source", metavar="RUN_OR_MODEL_FILE", help="a run folder or its model_2dg.pt")
-    p.add_argument(
-        "--out", default=None, help="the compact file (default: model_2dg.2dgz beside the source)"
-    )
-    p.add_argument(
-        "--precision",
-        choices=["float16", "float32"],
-        default="float16",
-        help="centres and covariances (default float16)",
-    )
-    p.add_argument(
-        "--outlier-sigma-bits", type=int, default=16, help="bits per outlier sigma (1-16; 16)"
-    )
-    p.add_argument(
-        "--outlier-mu-bits",
-        type=int,
-        default=16,
-        help="bits per outlier mean (16, or 8: INT8 as the quantised baseline; 16)",
-    )
-    p.add_argument(
-        "--alpha-bits", type=int, default=8, help="bits per ellipse blending weight (2-16; 8)"
-    )
-    p.add_argument(
-        "--index-coding",
-        choices=["auto", "global", "per_site"],
-        default="auto",
-        help="one rANS table, one per layer, or the smaller (default auto)",
-    )
-    p.add_argument(
-        "--covariances",
-        choices=["auto", "yes", "no"],
-        default="auto",
-        help="store the covariances (auto: when the tying draws with them)",
-    )
-    p.add_argument(
-        "--faithful",
-        action="store_true",
-        help="predict as the full file does: float32 centres, 16-bit outliers and alphas "
-        "(overrides --precision and the bit widths)",
-    )
-    _debug(p)
-    p = sub.add_parser("report", help="rebuild the results table of a run folder")
-    p.add_argument("run_dir")
-    _debug(p)
-    return parser
 
 
 def _overrides(args) -> dict:
@@ -307,7 +156,7 @@ def _run_or_train(args, ctx: dict) -> int:
     out = Path(args.out or f"runs/{args.command}")
     ctx.update(out=out, cfg=cfg)
     if env_world_size() > 1:  # started by torchrun: every stage on all processes
-        from .distributed import run_distributed
+        from .pipeline import run_distributed
 
         run_distributed(cfg, out, overwrite=args.overwrite)
     else:
@@ -356,18 +205,20 @@ def _check_data_args(args) -> None:
     from .data import available_datasets
     from .pipeline import ConfigError
 
-    if args.data.strip().lower().replace("-", "_") not in available_datasets():
+    if args.data is not None and args.data.strip().lower().replace("-", "_") not in (
+        available_datasets()
+    ):
         raise ConfigError(f"--data {args.data!r}: must be one of {available_datasets()}")
-    if args.num_samples < 1:
+    if args.num_samples is not None and args.num_samples < 1:
         raise ConfigError(f"--num-samples {args.num_samples}: must be >= 1")
 
 
 def _report(args) -> int:
-    from .pipeline import format_table, read_results
-    from .pipeline.results import atomic_write_text
+    from .pipeline import read_results
+    from .pipeline.results import atomic_write_text, format_results
 
     payload = read_results(args.run_dir)
-    table = format_table(payload["records"])
+    table = format_results(payload)
     atomic_write_text(Path(args.run_dir) / "results.md", table)
     print(table)
     return 0
@@ -376,10 +227,10 @@ def _report(args) -> int:
 def _evaluate(args) -> int:
     import json
 
-    from .pipeline.artifacts import evaluate_model_file
     from .pipeline.builders import check_device
     from .pipeline.results import atomic_write_text
     from .pipeline.run_folder import check_output_file
+    from .pipeline.saved_models import evaluate_model_file
 
     check_device(args.device, "--device")
     _check_data_args(args)
@@ -433,15 +284,15 @@ def _export(args) -> int:
 
 def _diagnose(args) -> int:
     from .pipeline import ConfigError
-    from .pipeline.artifacts import diagnose_model_file
     from .pipeline.builders import check_device
     from .pipeline.run_folder import check_output_folder
+    from .pipeline.saved_models import diagnose_model_file
 
     check_device(args.device, "--device")
     _check_data_args(args)
     for flag, value in (
         ("--khat-samples", args.khat_samples),
-        ("--n-weights", args.n_weights),
+        ("--max-site-values", args.max_site_values),
         ("--max-examples", args.max_examples),
     ):
         if value < 1:
@@ -455,7 +306,7 @@ def _diagnose(args) -> int:
         root=args.root,
         num_samples=args.num_samples,
         khat_samples=args.khat_samples,
-        n_weights=args.n_weights,
+        max_site_values=args.max_site_values,
         seed=args.seed,
         device=args.device,
         max_train_examples=args.max_examples,
@@ -463,10 +314,24 @@ def _diagnose(args) -> int:
         progress=not args.no_progress,
     )
     vi, loo = report.get("vi") or {}, report.get("loo") or {}
+    metrics = report.get("metrics") or {}
+    if metrics:
+        print(
+            f"{report.get('method')}: accuracy {_num(metrics.get('accuracy'), '.4f')}, "
+            f"NLL {_num(metrics.get('nll'), '.4f')}, ECE {_num(metrics.get('ece'), '.4f')} "
+            f"({_num(report['draws'].get('num_samples'), 'd')} draws, seed "
+            f"{_num(report['draws'].get('seed'), 'd')})"
+        )
     if vi:
-        print(f"k-hat = {vi['khat']:.3f} ({vi['khat_assessment']}, log q: {vi['log_q_method']})")
+        print(
+            f"k-hat = {_num(vi.get('khat'), '.3f')} ({vi.get('khat_assessment')}, "
+            f"log q: {vi.get('log_q_method')})"
+        )
     if loo:
-        print(f"PSIS-LOO elpd = {loo['elpd_loo']:.2f} (se {loo['se']:.2f})")
+        print(
+            f"PSIS-LOO elpd = {_num(loo.get('elpd_loo'), '.2f')} (se {_num(loo.get('se'), '.2f')}"
+            f", max Pareto k {_num(loo.get('max_pareto_k'), '.2f')})"
+        )
     for name, path in sorted(report["files"].items()):
         print(f"wrote {name}: {path}")
     for name, message in sorted(report["errors"].items()):
@@ -475,6 +340,24 @@ def _diagnose(args) -> int:
             file=sys.stderr,
         )
     return 1 if report["errors"] else 0
+
+
+def _num(value, spec: str) -> str:
+    """``value`` formatted with ``spec``; NaN, infinities, strings (``"nan"`` as
+    diagnostics.json writes them) and ``None`` are written as they are, never an error."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return value
+    try:
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 if __name__ == "__main__":  # pragma: no cover

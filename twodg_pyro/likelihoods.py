@@ -43,27 +43,50 @@ class Likelihood(ABC):
         mean prediction.
         """
 
-    def __call__(self, output: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        """Observe ``y`` (or sample it when ``None``) for a minibatch of ``output``."""
-        batch = output.shape[0]
+    def batched_distribution(self, output: torch.Tensor, particle_dims: int) -> dist.Distribution:
+        """The distribution for ``output`` with ``particle_dims`` leading particle
+        dimensions (``(*particles, B, ...)``); the default suits any likelihood whose event
+        is read from the rightmost dimensions (e.g. :class:`Categorical`)."""
+        return self.distribution(output)
+
+    def __call__(
+        self,
+        output: torch.Tensor,
+        y: torch.Tensor | None = None,
+        particle_dims: int = 0,
+        outputs_site: str | None = None,
+    ) -> torch.Tensor:
+        """Observe ``y`` (or sample it when ``None``) for a minibatch of ``output``;
+        ``output`` may have ``particle_dims`` leading particle dimensions.  With
+        ``outputs_site``, ``output`` is also recorded as a deterministic site of that name
+        in the data plate (one event per example)."""
+        batch = output.shape[particle_dims]
         # The DataLoader already drew the minibatch: the plate only needs the ratio N/B.
         subsample = torch.arange(batch, device=output.device)
+        if particle_dims:
+            d = self.batched_distribution(output, particle_dims)
+        else:
+            d = self.distribution(output)
         with pyro.plate("data", size=self.dataset_size, subsample=subsample):
-            return pyro.sample(self.site_name, self.distribution(output), obs=y)
+            if outputs_site is not None:
+                pyro.deterministic(outputs_site, output, event_dim=output.dim() - particle_dims - 1)
+            return pyro.sample(self.site_name, d, obs=y)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(dataset_size={self.dataset_size})"
 
 
-def check_labels(output: torch.Tensor, y: torch.Tensor) -> None:
+def check_labels(output: torch.Tensor, y: torch.Tensor, particle_dims: int = 0) -> None:
     """Raise ``ValueError`` naming the first bad label: not an integer, a shape that does
-    not match the outputs, or a class outside ``[0, C)`` for ``C`` outputs."""
+    not match the outputs (with ``particle_dims`` leading particle dimensions, the labels
+    may leave them out), or a class outside ``[0, C)`` for ``C`` outputs."""
     if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
         raise ValueError(f"class labels must be integers, got dtype {y.dtype}")
-    if tuple(y.shape) != tuple(output.shape[:-1]):
+    expected = tuple(output.shape[:-1])
+    if tuple(y.shape) != expected and tuple(y.shape) != expected[particle_dims:]:
         raise ValueError(
             f"labels of shape {tuple(y.shape)} do not match network outputs of shape "
-            f"{tuple(output.shape)} (expected labels of shape {tuple(output.shape[:-1])})"
+            f"{tuple(output.shape)} (expected labels of shape {expected[particle_dims:]})"
         )
     n_classes = output.shape[-1]
     bad = (y < 0) | (y >= n_classes)
@@ -83,10 +106,16 @@ class Categorical(Likelihood):
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
         return dist.Categorical(logits=output, validate_args=False)
 
-    def __call__(self, output: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self,
+        output: torch.Tensor,
+        y: torch.Tensor | None = None,
+        particle_dims: int = 0,
+        outputs_site: str | None = None,
+    ) -> torch.Tensor:
         if y is not None:
-            check_labels(output, y)
-        return super().__call__(output, y)
+            check_labels(output, y, particle_dims)
+        return super().__call__(output, y, particle_dims, outputs_site)
 
     def predictive(self, outputs: torch.Tensor) -> torch.Tensor:
         return outputs.softmax(-1).mean(0)
@@ -107,10 +136,15 @@ class Gaussian(Likelihood):
         self.scale = scale
 
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
-        if output.dim() == 2 and output.shape[-1] == 1:
+        return self.batched_distribution(output, 0)
+
+    def batched_distribution(self, output: torch.Tensor, particle_dims: int) -> dist.Distribution:
+        core = output.dim() - particle_dims  # dimensions of one particle's (B, ...) output
+        if core == 2 and output.shape[-1] == 1:
             output = output.squeeze(-1)
+            core = 1
         d = dist.Normal(output, self.scale, validate_args=False)
-        return d.to_event(output.dim() - 1) if output.dim() > 1 else d
+        return d.to_event(core - 1) if core > 1 else d
 
     def predictive(self, outputs: torch.Tensor) -> torch.Tensor:
         return outputs.mean(0)

@@ -8,23 +8,36 @@ Any ``torch.nn.Module`` becomes a model: its selected Linear/Conv weights and bi
 are Pyro sample sites (one per tensor) and the network runs with the sampled values
 through :func:`torch.func.functional_call`, so the network itself is never
 modified.  Parameters that are not Bayesian (normalisation layers, or layers left
-out) stay point estimates, trained alongside the guide.
+out) stay point estimates, trained alongside the guide; the program declares them to
+Pyro (``pyro.param`` statements, see :mod:`twodg_pyro.pyro_params`) so stock
+``pyro.infer.SVI`` trains them too.
+
+The network's outputs are the deterministic site ``"logits"`` (:data:`LOGITS_SITE`;
+the means for a regression likelihood), so ``poutine.trace`` and
+``Predictive(..., return_sites=["logits"])`` return them.  Weights with leading particle
+dimensions (``Predictive(parallel=True)``, vectorised ELBO particles) run through the
+network in one vectorised call (:func:`torch.func.vmap` over ``functional_call``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pyro
 import torch
 from torch import nn
-from torch.func import functional_call
+from torch.func import functional_call, vmap
 
 from .likelihoods import Categorical, Likelihood
 from .nn.sites import DEFAULT_LAYER_TYPES, BayesianSite, find_sites
 from .priors import Prior, as_prior
+from .pyro_params import PyroParamsMixin, params_are_local
 
-__all__ = ["BNNModel", "match_input"]
+__all__ = ["BNNModel", "LOGITS_SITE", "match_input"]
+
+#: Name of the model's deterministic site holding the network's outputs.
+LOGITS_SITE = "logits"
 
 
 def match_input(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -37,7 +50,7 @@ def match_input(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return x if x.device == like.device else x.to(like.device)
 
 
-class BNNModel(nn.Module):
+class BNNModel(PyroParamsMixin, nn.Module):
     """Pyro model ``p(w) p(y | f_w(x))`` around any torch network.
 
     Args:
@@ -51,8 +64,12 @@ class BNNModel(nn.Module):
             (see :func:`~twodg_pyro.nn.find_sites`).
 
     Calling the model ``model(x, y)`` samples every site from the prior (or replays
-    the guide's values under SVI) and observes ``y``.
+    the guide's values under SVI), records the outputs at the ``"logits"`` site and
+    observes ``y``.  Weights may carry leading particle dimensions (see the module).
     """
+
+    #: outputs of :meth:`network_forward` per draw (a rank-1 BNN's ``M`` components)
+    output_components: int = 1
 
     def __init__(
         self,
@@ -134,20 +151,102 @@ class BNNModel(nn.Module):
         x = match_input(x, self.site_parameter(0))
         return functional_call(self.net, dict(weights), (x,), strict=False)
 
-    # ------------------------------------------------------------------ program
-    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        weights = {
-            site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
-            for i, site in enumerate(self.sites)
-        }
+    def pyro_parameters(self):
+        """The network's point-estimated parameters as ``("net.<name>", parameter)``: what
+        the program declares to Pyro (e.g. BatchNorm's affine parameters)."""
+        return ((f"net.{n}", p) for n, p in self.net.named_parameters() if p.requires_grad)
+
+    def particle_shape(self, weights: Mapping[str, torch.Tensor]) -> tuple[int, ...] | None:
+        """The leading particle shape of ``weights`` (``None``: one draw, no leading dims).
+
+        A value of site shape ``s`` may come as ``(*lead, *s)``; trailing 1s of ``lead``
+        (the data plate's dimension, which Pyro's plates leave in global sites) are
+        dropped and the sites' shapes are broadcast together.
+
+        Raises:
+            ValueError: a value whose trailing dimensions are not its site's shape.
+        """
+        lead = None
+        for site in self.sites:
+            w = weights[site.name]
+            extra = w.dim() - len(site.shape)
+            if extra == 0 and w.shape == site.shape:
+                continue
+            if extra < 0 or tuple(w.shape[extra:]) != tuple(site.shape):
+                raise ValueError(
+                    f"site {site.name!r} got a value of shape {tuple(w.shape)}; it must end "
+                    f"in the site's shape {tuple(site.shape)} (leading dimensions are "
+                    "particles)"
+                )
+            this = list(w.shape[:extra])
+            while this and this[-1] == 1:
+                this.pop()
+            lead = tuple(this) if lead is None else torch.broadcast_shapes(lead, tuple(this))
+        return None if lead is None else tuple(lead)
+
+    def particle_forward(
+        self, weights: Mapping[str, torch.Tensor], x: torch.Tensor, lead: tuple[int, ...]
+    ) -> torch.Tensor:
+        r""":math:`f_{w^{(p)}}(x)` for every particle ``p`` of weights with leading shape
+        ``lead`` (see :meth:`particle_shape`), in one call: :func:`torch.func.vmap` over
+        :meth:`network_forward`.  Returns ``(*lead, B, ...)``.
+
+        Raises:
+            ValueError: the network cannot run vectorised (e.g. BatchNorm updating its
+                running statistics in training mode), naming the way out.
+        """
+        n = math.prod(lead)
+        flat = {}
+        for site in self.sites:
+            w = weights[site.name]
+            core = list(w.shape[: w.dim() - len(site.shape)])
+            while core and core[-1] == 1:
+                core.pop()
+            w = w.reshape(*core, *site.shape).expand(*lead, *site.shape)
+            flat[site.name] = w.reshape(n, *site.shape)
+        if not lead:
+            return self.network_forward({k: v[0] for k, v in flat.items()}, x)
+        batched = vmap(self.network_forward, in_dims=(0, None), randomness="different")
         try:
-            output = self.network_forward(weights, x)
+            out = batched(flat, x)
         except RuntimeError as e:
             if isinstance(e, torch.OutOfMemoryError):
                 raise
             raise ValueError(
-                f"input of shape {tuple(x.shape)} does not fit the network "
-                f"{type(self.net).__name__}: {e}"
+                f"the network {type(self.net).__name__} could not run on {n} weight draws at "
+                f"once (particle shape {lead}, input of shape {tuple(x.shape)}): {e}. Run the "
+                "draws one at a time (Predictive(..., parallel=False), "
+                "vectorize_particles=False), or put the model in eval mode if a layer "
+                "updates state in training (BatchNorm)"
             ) from e
-        self.likelihood(output, y)
+        return out.reshape(*lead, *out.shape[1:])
+
+    # ------------------------------------------------------------------ program
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        local = params_are_local()
+        if not local:
+            self._param_statements()
+        weights = {
+            site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
+            for i, site in enumerate(self.sites)
+        }
+        lead = self.particle_shape(weights)
+        if lead is not None:
+            output = self.particle_forward(weights, x, lead)
+            n_lead = len(lead)
+        else:
+            n_lead = 0
+            try:
+                output = self.network_forward(weights, x)
+            except RuntimeError as e:
+                if isinstance(e, torch.OutOfMemoryError):
+                    raise
+                raise ValueError(
+                    f"input of shape {tuple(x.shape)} does not fit the network "
+                    f"{type(self.net).__name__}: {e}"
+                ) from e
+        if local:  # the fast path: no bookkeeping site
+            self.likelihood(output, y)
+        else:
+            self.likelihood(output, y, particle_dims=n_lead, outputs_site=LOGITS_SITE)
         return output

@@ -13,6 +13,12 @@ see the same ``S`` weight samples and memory stays bounded by one chunk.
 A model whose ``network_forward`` returns ``K`` outputs per weight sample (shape
 ``(K, B, ...)``, e.g. the ``M`` components of a rank-1 BNN) declares
 ``output_components = K``; the average then runs over all ``S K`` predictions.
+
+A guide without ``sample_weights`` (e.g. Pyro's ``AutoNormal`` or
+``AutoLowRankMultivariateNormal``) is drawn from by running its Pyro program
+(:func:`program_draws`), vectorised over a chunk's samples where it allows.
+Pyro's own ``Predictive(model, guide=guide, return_sites=["logits"], parallel=True)``
+gives the same posterior predictive (the ``"logits"`` site holds the network's outputs).
 """
 
 from __future__ import annotations
@@ -20,14 +26,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import pyro
+import pyro.poutine as poutine
 import torch
 from torch.func import vmap
 from tqdm.auto import tqdm
 
+from .guide import BNNGuide
 from .likelihoods import Categorical
 from .model import match_input
 
-__all__ = ["Prediction", "predict", "deterministic_predict"]
+__all__ = ["Prediction", "predict", "deterministic_predict", "program_draws"]
 
 
 @dataclass
@@ -75,7 +84,8 @@ def predict(
 
     Args:
         model: a :class:`~twodg_pyro.model.BNNModel`.
-        guide: any guide with ``sample_weights(num_samples)``.
+        guide: any guide with ``sample_weights(num_samples)``, or another Pyro guide
+            (drawn from by running its program, :func:`program_draws`).
         data: inputs ``X``, a pair ``(X, y)``, or an iterable of ``(x, y)`` batches.
         num_samples: ``N_s`` (paper: 30).
         batch_size: examples per forward when ``data`` is a tensor or a pair.
@@ -97,7 +107,7 @@ def predict(
     if device is None:  # where the guide lives (inputs from a CPU DataLoader are moved there)
         device = _device_of(guide) or _device_of(model)
     lik = model.likelihood
-    components = int(getattr(model, "output_components", 1))
+    components = int(model.output_components)
 
     def one(weights, x):
         return model.network_forward(weights, x)
@@ -116,7 +126,11 @@ def predict(
     ) as bar:
         while done < num_samples:
             s = min(int(sample_chunk), num_samples - done)
-            weights = guide.sample_weights(s)
+            if isinstance(guide, BNNGuide):
+                weights = guide.sample_weights(s)
+            else:
+                x0 = batches[0][0]
+                weights = program_draws(model, guide, s, x0 if device is None else x0.to(device))
             for i, (xb, _) in enumerate(batches):
                 xb = xb.to(device) if device is not None else xb
                 outputs = batched(weights, xb)  # (s, B, ...), or (s, K, B, ...)
@@ -140,6 +154,44 @@ def predict(
     if keep_samples:
         samples = torch.cat([torch.cat(chunks, 0) for chunks in per_sample], 1)
     return Prediction(mean=mean, targets=targets, samples=samples)
+
+
+def program_draws(model, guide, num_samples: int, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``num_samples`` draws of the model's sites from a guide's Pyro program:
+    ``{site: (num_samples, *site.shape)}``.
+
+    The program runs once in a plate of ``num_samples`` entries (Pyro's autoguides and this
+    library's guides draw one value per entry); a guide whose draws do not come out so is
+    run once per sample.  ``x`` is handed to the program (an autoguide that has not run
+    yet traces the model on it).
+
+    Raises:
+        ValueError: the guide draws no value for one of the model's sites.
+    """
+    sites = list(model.sites)
+    with poutine.block():
+        with pyro.plate("_predict_draws", int(num_samples), dim=-1):
+            trace = poutine.trace(guide).get_trace(x)
+    draws = {}
+    for site in sites:
+        node = trace.nodes.get(site.name)
+        if node is None:
+            raise ValueError(
+                f"the guide {type(guide).__name__} draws no value for the model's site "
+                f"{site.name!r}"
+            )
+        draws[site.name] = node["value"]
+    if all(tuple(draws[s.name].shape) == (num_samples, *s.shape) for s in sites):
+        return draws
+    rows = []
+    with poutine.block():
+        for _ in range(int(num_samples)):
+            trace = poutine.trace(guide).get_trace(x)
+            rows.append([trace.nodes[site.name]["value"] for site in sites])
+    return {
+        site.name: torch.stack([row[i] for row in rows]).reshape(num_samples, *site.shape)
+        for i, site in enumerate(sites)
+    }
 
 
 def _device_of(module) -> torch.device | None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from typing import Literal, get_args
 
 import pyro
 import pyro.distributions as dist
@@ -48,6 +49,8 @@ __all__ = [
     "SitePrior",
     "as_prior",
     "distribution_to",
+    "PRIOR_KINDS",
+    "PriorKind",
 ]
 
 
@@ -139,6 +142,11 @@ def distribution_to(
             f"from its parameters ({e}); build it from tensors on the network's device and "
             "dtype instead"
         ) from e
+
+
+#: the library priors a run's settings name (``prior.kind``)
+PriorKind = Literal["normal", "laplace", "layerwise", "pretrained"]
+PRIOR_KINDS: tuple[str, ...] = get_args(PriorKind)
 
 
 class Prior(ABC):

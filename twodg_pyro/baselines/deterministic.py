@@ -18,16 +18,18 @@ It is both a baseline and the pretraining that initialises the means of stage 1
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-__all__ = ["train_deterministic", "OPTIMIZERS"]
+__all__ = ["train_deterministic", "OPTIMIZERS", "Optimizer"]
 
 #: the recipes :func:`train_deterministic` knows
-OPTIMIZERS = ("adam", "sgd")
+Optimizer = Literal["adam", "sgd"]
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 
 
 def _epoch_lr(

@@ -1,4 +1,4 @@
-r"""ArviZ export and VI diagnostics of a trained BNN guide.
+r"""ArviZ export of a trained BNN, and the ArviZ statistics the library reports.
 
 **Every ArviZ call of the library lives in this module** (a move to ArviZ 1.x, whose
 ``DataTree`` replaces ``InferenceData``, touches this file only).
@@ -7,715 +7,430 @@ InferenceData from SVI draws
 ----------------------------
 ``az.from_pyro`` needs an MCMC object, so :func:`to_inference_data` builds the
 ``InferenceData`` with ``az.from_dict`` from ``S`` independent draws
-:math:`w^{(s)} \sim q(w)` of the guide, on a chain axis of size 1.  Groups and shapes
-(``S = num_samples``, ``N`` evaluation examples, ``C`` classes, ``W`` = ``min(n_weights,
-n_w)`` weights, ``O`` = ``min(n_weights, n_out)`` outliers, ``K`` components):
+:math:`w^{(s)} \sim q(w)` of the guide on one chain (``chain`` axis of size 1, ``draw``
+axis of size ``S``).  The draws are those of the library's evaluations
+(:mod:`twodg_pyro.evaluation`): the same ``seed`` and ``num_samples`` give the draws of
+:func:`~twodg_pyro.evaluation.seeded_predict`, so the Bayesian model average of the
+exported ``class_probs`` is the prediction behind the results table.  Groups (``N``
+exported examples, ``C`` classes):
 
 ``posterior``
-    ``w`` (1, S, W): a seeded random subset of the Bayesian weights, drawn from the
-    guide (coordinate ``weight`` = global flat index, sites in network order).
-    Shared-GMM guide only -- the variational parameters, which are point estimates in
-    VI and therefore constant over draws: ``centre`` (1, S, K, 2), ``covariance``
-    (1, S, K, 2, 2), ``component_count`` :math:`N_k` (1, S, K), ``outlier_loc`` and
-    ``outlier_scale`` (1, S, O) for a seeded subset of outliers (absent when there are
-    none).  With the ``tied`` tying the component *values* are random, one draw per
-    component and forward pass: ``component_value`` :math:`z_{k,0}` (1, S, K).  (With
-    ``stochastic`` the per-weight :math:`(\tilde\mu_i, \tilde\sigma_i)` are random
-    too; they enter ``w`` and are not exported separately.)
+    **one variable per Pyro sample site, named as the site** (``"layers.0.weight"``,
+    ``"layers.0.bias"``; a rank-1 BNN's factor sites ``"layers.0.r"``, ``"layers.0.s"``),
+    with named dimensions: ``<site>_out``, ``<site>_in`` (Linear and Conv weights, then
+    ``<site>_k0``, ``<site>_k1``, ... over the kernel), ``<site>_out`` (biases),
+    ``<site>_component`` (the ``M`` rows of a rank-1 factor), else ``<site>_dim_<i>``;
+    each dimension's coordinate is the index into the site's tensor.  With the ``tied``
+    tying also ``component_value`` (``component``): the value :math:`z_{k,0}` shared by
+    the weights of component ``k`` in that draw.
 ``posterior_predictive``
-    ``y`` (1, S, N): a label drawn from :math:`p(y \mid x_n, w^{(s)})` (ArviZ's
-    convention: same name as the observed variable), and for classification
-    ``class_probs`` (1, S, N, C), the per-draw class probabilities (their mean over
-    draws is the Bayesian model average that :func:`twodg_pyro.predict.predict` returns).
+    ``y`` (``obs``): a label drawn from :math:`p(y \mid x_n, w^{(s)})` (ArviZ's convention:
+    the observed variable's name); classification adds ``class_probs`` (``obs``,
+    ``class``), the per-draw class probabilities (a rank-1 draw's: the mean over its
+    ``M`` components, as :func:`~twodg_pyro.predict.predict` averages them).
 ``log_likelihood``
-    ``y`` (1, S, N): :math:`\log p(y_n \mid x_n, w^{(s)})` (unscaled, per example).
+    ``y`` (``obs``): :math:`\log p(y_n \mid x_n, w^{(s)})` per example, unscaled, computed
+    in float64 without cancellation (:mod:`twodg_pyro.diagnostics._draws`; float32
+    ``log_softmax`` rounds a confident prediction's log-likelihood to exactly 0, which
+    made PSIS-LOO NaN) and stored on a grid of :data:`LOG_LIKELIHOOD_GRID` (2**-50
+    nats): the finest differences ArviZ's PSIS can use (:func:`_on_grid`).
 ``observed_data``
-    ``y`` (N,): the labels.
+    ``y`` (``obs``): the labels.
 ``constant_data``
-    ``weight_site`` (W,): position of each exported weight's site in ``attrs["sites"]``;
-    shared-GMM: ``weight_kind`` (W,) (0 outlier, 1 plain inlier, 2 ellipse weight) and
-    ``weight_component`` (W,) (the plain inlier's component, else -1); mean-field:
-    ``weight_loc`` and ``weight_scale`` (W,).
+    ``example_index`` (``obs``): the position of each exported example in the evaluation
+    data; the guide's variational parameters at the exported coordinates (constant over
+    draws, so kept out of the posterior): mean-field and rank-1 ``<site>.loc`` and
+    ``<site>.scale``; SSVI the same (0 outside the subspace) and ``<site>.active``;
+    shared-GMM ``<site>.kind`` (0 outlier, 1 plain inlier, 2 ellipse weight) and
+    ``<site>.component`` (a plain inlier's component, else -1), ``centre``
+    (``component``, ``coord``), ``covariance`` (``component``, ``coord``, ``coord_``),
+    ``component_count`` :math:`N_k`, and ``outlier_loc``/``outlier_scale`` (``outlier``:
+    the global flat index of each outlier weight).
 
-``attrs`` hold the guide's class, tying, coordinates, the seed, the site names and the
-structure counts (JSON strings where not scalars, so that netCDF can store them).
+**Metadata** is on every group (``idata.posterior.attrs`` and the others, not only
+``idata.attrs``): ``inference_library`` ("pyro") and its version, ``creation_library``
+("twodg_pyro") and its version, ``method`` (``mean_field``, ``2dg``, ``rank1``,
+``ssvi``), ``guide``, ``tying`` and ``coordinates`` (2DG), ``seed``, ``num_draws``,
+``sample_chunk``, ``n_examples`` and ``n_examples_total``, ``max_site_values`` and
+``thinned_sites``; ArviZ adds ``created_at`` and ``arviz_version``.
 
-VI diagnostics (Yao et al. 2018, "Yes, but did it work?")
----------------------------------------------------------
-:func:`vi_diagnostics` computes the importance ratios
-:math:`\log r_s = \log p(w^{(s)}, \mathcal D) - \log q(w^{(s)})` and their Pareto
-:math:`\hat k` (``az.psislw``).  :math:`\log p(w, \mathcal D) = \log p(w) + \log p(\mathcal D
-\mid w)`, the log-likelihood summed over the training data given (by default all of
-it); on a subset of ``n`` examples it is scaled by ``N / n`` with ``N`` the model's
-data-set size (an unbiased but noisier estimate, which inflates :math:`\hat k`).
+**Thinning for large networks** (``max_site_values``, default 10,000): a site with more
+coordinates than that is exported on a seeded sub-grid: along each dimension a sorted
+random subset of its indices (smaller dimensions such as a 3x3 kernel are kept whole
+first, the budget shared out over the others), at most ``max_site_values`` values in
+all.  The named dimensions stay, and their coordinates are the original indices, so
+``idata.posterior["fc1.weight"].sel({"fc1.weight_out": 3})`` still means row 3.  The
+sub-grid depends on ``seed`` and the site only.  ``max_site_values=None`` exports every
+coordinate (on ResNet-50, 25 million per draw).  Per-layer summaries were the
+alternative; a sub-grid keeps what ArviZ users plot and summarise: real draws of real
+weights, addressed as in the network.
 
-:math:`\log q(w)`:
+A Pyro autoguide (``AutoNormal``, ...) is refused with a one-line ``TypeError`` naming
+the guide to use: its draws are not per-site objects the library can read.
 
-* mean-field: the exact Normal log density;
-* shared-GMM, ``representative``: exact.  Weights are independent under this guide;
-  outliers are :math:`\mathcal N(\mu_i, \sigma_i^2)`, a plain inlier of component
-  :math:`c` is :math:`\mathcal N(m_{c,0}, m_{c,1}^2)` (``log_sigma`` coordinates:
-  :math:`e^{m_{c,1}}`), an ellipse weight is the mixture
-  :math:`\sum_j \alpha_{ij}\,\mathcal N(m_{c_j,0}, m_{c_j,1}^2)`;
-* shared-GMM, ``stochastic``: weights are still independent, but the marginal
-  :math:`q_c(w) = \int \mathcal N(w \mid \tilde\mu, \tilde\sigma^2)\,
-  \mathcal N((\tilde\mu, \theta) \mid m_c, S_c)\, d\tilde\mu\, d\theta` (with
-  :math:`\tilde\sigma = |\theta|` or :math:`e^\theta`) has no closed form.  We integrate
-  :math:`\tilde\mu` out analytically (given :math:`\theta`, :math:`w` is Normal with
-  mean :math:`m_{c,0} + S_{c,01}/S_{c,11}(\theta - m_{c,1})` and variance
-  :math:`S_{c,00} - S_{c,01}^2/S_{c,11} + \tilde\sigma(\theta)^2`) and :math:`\theta` by
-  Gauss-Hermite quadrature with ``quadrature_nodes`` nodes (default 64): a deterministic,
-  near-exact marginal (``log_q_method = "quadrature"``); ellipse weights mix these over
-  their alphas;
-* shared-GMM, ``tied``: all weights of a component share one value per draw, so the
-  joint :math:`q(w)` has no density on :math:`\mathbb R^{n_w}` and the importance ratio
-  is not defined.  We use the product of the exact per-weight marginals
-  (:math:`\mathcal N(m_{c,0}, S_{c,00})`, mixtures for ellipse weights) as a surrogate
-  (``log_q_method = "marginal_product"``, ``exact = False``): its :math:`\hat k`
-  compares the posterior with that surrogate, not with the tied guide, and is reported
-  for completeness only.
-
-A guide of another kind can provide ``log_q(weights) -> (S,)`` itself.
-
-PSIS-LOO (:func:`loo`) runs ``az.loo`` on the ``log_likelihood`` group with
-``reff = 1`` (draws from :math:`q` are independent); it treats :math:`q` as the
-posterior, i.e. it estimates the leave-one-out predictive of the variational
-approximation.
+PSIS-LOO, model comparison, summaries and netCDF files: :mod:`.arviz_stats`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
-import os
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch.func import vmap
 from tqdm.auto import tqdm
 
-from ..io.files import atomic_write
+from ..guide import BNNGuide
+from ._draws import (
+    SAMPLE_CHUNK,
+    batches,
+    check_guide,
+    chunks,
+    count_examples,
+    device_of,
+    forward,
+    quiet,
+    seeded,
+    subset,
+    to_numpy,
+)
 
 with warnings.catch_warnings():  # ArviZ 0.23 announces its 1.x refactor on import
     warnings.simplefilter("ignore", FutureWarning)
     import arviz as az
 
 __all__ = [
+    "DEFAULT_MAX_SITE_VALUES",
+    "LOG_LIKELIHOOD_GRID",
+    "method_of",
+    "site_dims",
+    "thinned_coordinates",
     "to_inference_data",
-    "vi_diagnostics",
-    "loo",
-    "summary",
-    "save_inference_data",
-    "load_inference_data",
-    "class_probabilities",
-    "guide_log_q",
-    "NETCDF_ENGINE",
 ]
 
-#: netCDF backend of :func:`save_inference_data`.  ``h5netcdf`` is a dependency of
-#: ArviZ 0.23 itself (and ArviZ's default); the groups of an InferenceData need netCDF4
-#: (HDF5) files, which scipy's netCDF3 writer cannot hold.
-NETCDF_ENGINE = "h5netcdf"
+#: Values per site exported by default (see "Thinning" in the module docstring).
+DEFAULT_MAX_SITE_VALUES = 10_000
 
 _KIND_OUTLIER, _KIND_PLAIN, _KIND_ELLIPSE = 0, 1, 2
-_MIN_SIGMA = 1e-8
 
 
-# ---------------------------------------------------------------------------- helpers
-def _is_shared_gmm(guide) -> bool:
-    from ..guides.shared_gmm import SharedGMMGuide
-
-    return isinstance(guide, SharedGMMGuide)
-
-
-def _is_mean_field(guide) -> bool:
-    from ..guides.mean_field import MeanFieldGuide
-
-    return isinstance(guide, MeanFieldGuide)
+# ---------------------------------------------------------------------------- names
+def method_of(guide) -> str:
+    """The method name of a guide (:attr:`~twodg_pyro.guide.BNNGuide.method`:
+    ``"mean_field"``, ``"2dg"``, ``"rank1"``, ``"ssvi"``), else the guide's class name."""
+    method = guide.method if isinstance(guide, BNNGuide) else None
+    return method or type(guide).__name__
 
 
-def _device(guide) -> torch.device:
-    for t in guide.parameters():
-        return t.device
-    for t in guide.buffers():
-        return t.device
-    return torch.device("cpu")
+def site_dims(site) -> list[str]:
+    """Named dimensions of a site's tensor, prefixed with the site's name (see the module
+    docstring): ``["fc1.weight_out", "fc1.weight_in"]`` for a Linear weight."""
+    n, nd, kind = site.name, len(site.shape), site.layer_type
+    if site.param_name in ("r", "s") and nd == 2:  # a rank-1 factor: (M, out) or (M, in)
+        names = ["component", "out" if site.param_name == "r" else "in"]
+    elif site.param_name == "bias" and nd == 1:
+        names = ["out"]
+    elif site.param_name == "weight" and kind == "Linear" and nd == 2:
+        names = ["out", "in"]
+    elif site.param_name == "weight" and kind.startswith("ConvTranspose") and nd >= 3:
+        names = ["in", "out", *[f"k{i}" for i in range(nd - 2)]]
+    elif site.param_name == "weight" and kind.startswith("Conv") and nd >= 3:
+        names = ["out", "in", *[f"k{i}" for i in range(nd - 2)]]
+    else:
+        names = [f"dim_{i}" for i in range(nd)]
+    return [f"{n}_{d}" for d in names]
 
 
-@contextmanager
-def _seeded(seed: int, device: torch.device):
-    """Seed torch's global RNG (the guides draw from it) without disturbing the caller's."""
-    devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(seed))
-        yield
+def thinned_coordinates(
+    shape, max_values: int | None, seed: int, salt: int = 0
+) -> list[torch.Tensor] | None:
+    """The seeded sub-grid of a tensor of ``shape`` with at most ``max_values`` entries:
+    one sorted index tensor per dimension, or ``None`` when every entry fits.
 
-
-@contextmanager
-def _quiet():
-    """Silence ArviZ's warnings about one chain (no R-hat) and constant variables."""
-    # ArviZ 0.23 logs through its own Logger instance (not registered with logging)
-    logger = getattr(az, "_log", None) or logging.getLogger("arviz")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
-
-
-def _layout(guide) -> list[tuple[str, int, int, tuple[int, ...]]]:
-    """``(site name, flat offset, numel, shape)`` in network order."""
-    out, off = [], 0
-    for s in guide.sites:
-        out.append((s.name, off, s.numel, tuple(s.shape)))
-        off += s.numel
-    return out
-
-
-def _flatten(weights: dict[str, torch.Tensor], layout) -> torch.Tensor:
-    """``{site: (s, *shape)}`` -> ``(s, n_w)`` in layout order."""
-    return torch.cat([weights[name].reshape(weights[name].shape[0], -1) for name, *_ in layout], 1)
-
-
-def _draw_chunk(guide, s: int):
-    """``s`` joint draws: ``(weights {site: (s, *shape)}, flat (s, n_w), extras)``.
-
-    For the shared-GMM guide the guide's own draw is used, so that the tied tying's
-    component values ``z_{k,0}`` of the same draws are available.
+    Dimensions are served from the smallest: each keeps
+    :math:`\\min(n_d, \\lfloor b^{1/r} \\rfloor)` indices of the remaining budget
+    :math:`b` over the :math:`r` dimensions left, so a 3x3 kernel stays whole and the
+    product never exceeds ``max_values``.
     """
-    if _is_shared_gmm(guide) and hasattr(guide, "_draw"):
-        flat, cache = guide._draw(s)
-        return guide._split(flat), flat, cache
-    weights = guide.sample_weights(s)
-    return weights, _flatten(weights, _layout(guide)), {}
+    shape = [int(d) for d in shape]
+    if max_values is None or math.prod(shape) <= int(max_values):
+        return None
+    if int(max_values) < 1:
+        raise ValueError(f"max_site_values must be at least 1 (or None), got {max_values!r}")
+    keep = list(shape)
+    budget, left = int(max_values), len(shape)
+    for d in sorted(range(len(shape)), key=lambda i: shape[i]):
+        k = min(shape[d], max(1, int(math.floor(budget ** (1.0 / left) + 1e-9))))
+        keep[d], budget, left = k, max(1, budget // k), left - 1
+    return [
+        subset(n, k, seed, salt=salt * 64 + d) if k < n else torch.arange(n)
+        for d, (n, k) in enumerate(zip(shape, keep, strict=True))
+    ]
 
 
-def _batches(data, batch_size: int, max_examples: int | None, seed: int) -> list:
-    """Evaluation data as a re-iterable list of ``(x, y)`` batches (``y`` required).
-
-    Accepts a pair of tensors ``(X, y)``, a ``Dataset`` or an iterable of batches.
-    ``max_examples`` keeps a seeded random subset (tensors, datasets) or the first
-    examples (other iterables).
-    """
-    gen = torch.Generator().manual_seed(int(seed))
-    if torch.is_tensor(data):
-        raise ValueError("diagnostics need labelled data: pass (X, y), a Dataset or batches")
-    if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[0]):
-        x, y = data
-        if max_examples is not None and max_examples < x.shape[0]:
-            idx = torch.randperm(x.shape[0], generator=gen)[: int(max_examples)].sort().values
-            x, y = x[idx.to(x.device)], y[idx.to(y.device)]
-        return list(zip(x.split(batch_size), y.split(batch_size), strict=True))
-    if isinstance(data, torch.utils.data.Dataset) and hasattr(data, "__len__"):
-        if hasattr(data, "tensors") and len(data.tensors) >= 2:
-            return _batches(tuple(data.tensors[:2]), batch_size, max_examples, seed)
-        if max_examples is not None and max_examples < len(data):
-            idx = torch.randperm(len(data), generator=gen)[: int(max_examples)].sort().values
-            data = torch.utils.data.Subset(data, idx.tolist())
-        return list(torch.utils.data.DataLoader(data, batch_size=batch_size))
-    out, seen = [], 0
-    for batch in data:
-        x, y = batch[0], batch[1]
-        if max_examples is not None and seen + x.shape[0] > max_examples:
-            keep = int(max_examples) - seen
-            x, y = x[:keep], y[:keep]
-        if x.shape[0]:
-            out.append((x, y))
-        seen += x.shape[0]
-        if max_examples is not None and seen >= max_examples:
-            break
-    return out
-
-
-def _n_examples(batches) -> int:
-    return sum(int(x.shape[0]) for x, _ in batches)
-
-
-def _forward(model, weights: dict[str, torch.Tensor], batches, device, outputs: bool):
-    """Per-draw log-likelihood ``(s, N)`` and, if asked, per-draw outputs ``(s, N, ...)``."""
-    if int(getattr(model, "output_components", 1)) != 1:
-        raise ValueError(
-            "diagnostics need one prediction per weight draw; models with "
-            "output_components > 1 (e.g. rank-1 mixtures) are not supported"
-        )
-    batched = vmap(model.network_forward, in_dims=(0, None), randomness="different")
-    lik = model.likelihood
-    lls, outs = [], []
-    for xb, yb in batches:
-        xb, yb = xb.to(device), yb.to(device)
-        out = batched(weights, xb)  # (s, B, ...)
-        lls.append(lik.distribution(out).log_prob(yb).reshape(out.shape[0], -1))
-        if outputs:
-            outs.append(out)
-    ll = torch.cat(lls, 1)
-    return ll, (torch.cat(outs, 1) if outputs else None)
-
-
-def _chunks(total: int, size: int) -> Iterator[int]:
-    done = 0
-    while done < total:
-        s = min(size, total - done)
-        yield s
-        done += s
-
-
-def _subset(n: int, k: int, seed: int, salt: int = 0) -> torch.Tensor:
-    """Sorted seeded random subset of ``min(k, n)`` indices of ``range(n)``."""
-    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + salt)
-    return torch.randperm(n, generator=gen)[: min(int(k), n)].sort().values
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy()
+def _take(t: torch.Tensor, grid: list[torch.Tensor] | None, lead: int) -> torch.Tensor:
+    """``t[..., grid...]`` with ``lead`` leading dimensions left whole."""
+    if grid is None:
+        return t
+    for d, idx in enumerate(grid):
+        t = t.index_select(lead + d, idx.to(t.device))
+    return t
 
 
 # ---------------------------------------------------------------------------- export
-@torch.no_grad()
-def to_inference_data(
-    model,
-    guide,
-    data,
-    num_samples: int = 30,
-    n_weights: int = 200,
-    seed: int = 0,
-    batch_size: int = 512,
-    sample_chunk: int = 10,
-    max_examples: int | None = None,
-    progress: bool = False,
-) -> az.InferenceData:
-    """Export ``num_samples`` guide draws and their predictions on ``data`` to ArviZ.
-
-    Args:
-        model: the :class:`~twodg_pyro.model.BNNModel`.
-        guide: a mean-field, shared-GMM, or any guide with ``sample_weights``.
-        data: evaluation data with labels: ``(X, y)`` tensors, a ``Dataset`` or an
-            iterable of ``(x, y)`` batches.
-        num_samples: draws ``S`` (the ``draw`` axis).
-        n_weights: size of the seeded random subset of weights (and of outliers) exported.
-        seed: seeds the draws and the subsets (the caller's RNG state is restored).
-        batch_size, sample_chunk: examples per forward pass and draws evaluated at once.
-        max_examples: export only a seeded random subset of this many examples.
-        progress: a tqdm bar (``"export"``) over the draws.
-
-    Returns:
-        ``az.InferenceData`` with the groups described in the module docstring.
-    """
-    S = int(num_samples)
-    if S < 1:
-        raise ValueError(f"num_samples must be at least 1, got {num_samples!r}")
-    if int(n_weights) < 1:
-        raise ValueError(f"n_weights must be at least 1, got {n_weights!r}")
-    model.eval()
-    device = _device(guide)
-    batches = _batches(data, int(batch_size), max_examples, seed)
-    if not batches:
-        raise ValueError("no evaluation data (empty data set)")
-    labels = torch.cat([yb.cpu() for _, yb in batches])
-    layout = _layout(guide)
-    n_w = sum(n for _, _, n, _ in layout)
-    w_idx = _subset(n_w, n_weights, seed)
-    shared = _is_shared_gmm(guide)
-    tied = shared and guide.tying == "tied"
-    is_cat = _is_categorical(model)
-
-    w_draws, ll_draws, y_draws, p_draws, z_draws = [], [], [], [], []
-    bar = tqdm(total=S, desc="export", unit="draw", disable=not progress, leave=False)
-    with bar, _seeded(seed, device):
-        for s in _chunks(S, int(sample_chunk)):
-            weights, flat, extra = _draw_chunk(guide, s)
-            w_draws.append(flat[:, w_idx.to(flat.device)].cpu())
-            ll, out = _forward(model, weights, batches, device, outputs=True)
-            ll_draws.append(ll.cpu())
-            y_draws.append(model.likelihood.distribution(out).sample().cpu())
-            if is_cat:
-                p_draws.append(out.softmax(-1).cpu())
-            if tied and "z0" in extra:
-                z_draws.append(extra["z0"].cpu())
-            bar.update(s)
-
-    posterior = {"w": _np(torch.cat(w_draws))[None]}
-    dims: dict[str, list[str]] = {"w": ["weight"]}
-    coords: dict = {"weight": _np(w_idx), "obs": np.arange(labels.shape[0])}
-    ends = np.cumsum([n for _, _, n, _ in layout])
-    constant = {"weight_site": np.searchsorted(ends, _np(w_idx), side="right")}
-    dims["weight_site"] = ["weight"]
-    attrs = {
-        "inference": "Pyro SVI (draws from the variational guide; chain axis of size 1)",
-        "guide": type(guide).__name__,
-        "num_samples": S,
-        "seed": int(seed),
-        "n_weights_total": int(n_w),
-        "sites": json.dumps([name for name, *_ in layout]),
-    }
-
-    def const_over_draws(t: torch.Tensor) -> np.ndarray:
-        a = _np(t)
-        return np.broadcast_to(a, (1, S, *a.shape)).copy()
-
-    if shared:
-        st = guide.structure()
-        coord_names = ["mu", "sigma"] if st.coordinates == "sigma" else ["mu", "log_sigma"]
-        coords.update(
-            component=np.arange(st.n_gaussians), coord=coord_names, coord_=list(coord_names)
-        )
-        posterior["centre"] = const_over_draws(st.means)
-        posterior["covariance"] = const_over_draws(st.covariances)
-        posterior["component_count"] = const_over_draws(st.component_counts())
-        dims.update(
-            centre=["component", "coord"],
-            covariance=["component", "coord", "coord_"],
-            component_count=["component"],
-        )
-        if z_draws:
-            posterior["component_value"] = _np(torch.cat(z_draws))[None]
-            dims["component_value"] = ["component"]
-        if st.n_outliers:  # (a structure without outliers has no outlier variables)
-            o_sel = _subset(st.n_outliers, n_weights, seed, salt=1)
-            posterior["outlier_loc"] = const_over_draws(st.outlier_loc[o_sel])
-            posterior["outlier_scale"] = const_over_draws(st.outlier_scale[o_sel])
-            dims.update(outlier_loc=["outlier"], outlier_scale=["outlier"])
-            coords["outlier"] = _np(st.outlier_index[o_sel])
-        kind = torch.full((n_w,), _KIND_OUTLIER, dtype=torch.int8)
-        kind[st.plain_index] = _KIND_PLAIN
-        kind[st.ellipse_index] = _KIND_ELLIPSE
-        comp = torch.full((n_w,), -1, dtype=torch.long)
-        comp[st.plain_index] = st.plain_component
-        constant["weight_kind"] = _np(kind[w_idx])
-        constant["weight_component"] = _np(comp[w_idx])
-        dims.update(weight_kind=["weight"], weight_component=["weight"])
-        attrs.update(
-            tying=guide.tying,
-            coordinates=st.coordinates,
-            counts=json.dumps(st.counts()),
-            weight_kind_codes=json.dumps({"outlier": 0, "plain": 1, "ellipse": 2}),
-        )
-    elif _is_mean_field(guide):
-        locs = torch.cat([guide.loc(name).detach().reshape(-1) for name, *_ in layout])
-        scales = torch.cat([guide.scale(name).detach().reshape(-1) for name, *_ in layout])
-        constant["weight_loc"] = _np(locs[w_idx.to(locs.device)])
-        constant["weight_scale"] = _np(scales[w_idx.to(scales.device)])
-        dims.update(weight_loc=["weight"], weight_scale=["weight"])
-
-    predictive = {"y": _np(torch.cat(y_draws))[None]}
-    dims["y"] = ["obs"]
-    if p_draws:
-        probs = torch.cat(p_draws)
-        predictive["class_probs"] = _np(probs)[None]
-        dims["class_probs"] = ["obs", "class"]
-        coords["class"] = np.arange(probs.shape[-1])
-    return az.from_dict(
-        posterior=posterior,
-        posterior_predictive=predictive,
-        log_likelihood={"y": _np(torch.cat(ll_draws))[None]},
-        observed_data={"y": _np(labels)},
-        constant_data=constant,
-        coords=coords,
-        dims=dims,
-        attrs=attrs,
-    )
-
-
 def _is_categorical(model) -> bool:
     from ..likelihoods import Categorical
 
     return isinstance(model.likelihood, Categorical)
 
 
-def class_probabilities(idata: az.InferenceData) -> tuple[np.ndarray, np.ndarray]:
-    """``(mean class probabilities (N, C), labels (N,))`` of an exported InferenceData:
-    the Bayesian model average over its draws."""
-    if "class_probs" not in getattr(idata, "posterior_predictive", {}):
-        raise ValueError("the InferenceData has no posterior_predictive class_probs")
-    probs = idata.posterior_predictive["class_probs"].mean(dim=("chain", "draw")).values
-    return np.asarray(probs), np.asarray(idata.observed_data["y"].values)
-
-
-# ---------------------------------------------------------------------------- log q
-def _component_marginals(guide, nodes: int):
-    r"""Each component's marginal of one tied weight as a Gaussian mixture over its
-    quadrature nodes: ``(log weights, means, sds)``, each ``(K, J)``, and the method."""
-    tying = guide.tying
-    if tying == "representative":
-        mu, sd = guide.centre_mu.detach(), guide.centre_sigma().detach()
-        return torch.zeros_like(mu)[:, None], mu[:, None], sd[:, None], "exact"
-    m = guide.centres().detach()
-    cov = guide.covariances().detach()
-    if tying == "tied":
-        sd = cov[:, 0, 0].clamp_min(1e-30).sqrt()
-        return torch.zeros_like(sd)[:, None], m[:, :1], sd[:, None], "marginal_product"
-    x, h = np.polynomial.hermite.hermgauss(int(nodes))
-    x = torch.as_tensor(x, dtype=m.dtype, device=m.device)
-    log_h = torch.as_tensor(np.log(h / math.sqrt(math.pi)), dtype=m.dtype, device=m.device)
-    s00, s01, s11 = cov[:, 0, 0], cov[:, 0, 1], cov[:, 1, 1].clamp_min(1e-30)
-    theta = m[:, 1:2] + (2 * s11).sqrt()[:, None] * x  # (K, J) nodes over theta ~ N(m1, S11)
-    cond_mean = m[:, :1] + (s01 / s11)[:, None] * (theta - m[:, 1:2])
-    cond_var = (s00 - s01**2 / s11).clamp_min(0.0)[:, None]
-    if guide.coordinates == "sigma":
-        sig = theta.abs().clamp_min(_MIN_SIGMA)
-    else:
-        sig = theta.exp()
-    sd = (cond_var + sig**2).sqrt()
-    return log_h.expand_as(theta), cond_mean, sd, "quadrature"
-
-
-_LOG_2PI = math.log(2 * math.pi)
-_GROUP_ELEMENTS = 1 << 22  # draws are evaluated in groups of about this many terms
-
-
-def _mixture_table(log_w, mean, sd):
-    """Per-weight constants of ``log sum_j w_j N(x | mean_j, sd_j^2)``: ``(const, mean, 1/sd)``."""
-    return log_w - sd.log() - 0.5 * _LOG_2PI, mean, 1.0 / sd
-
-
-def _mixture_log_prob(w: torch.Tensor, table) -> torch.Tensor:
-    """``logsumexp_j (const_j - (w - mean_j)^2 / (2 sd_j^2))`` for ``w (g, n)``, table
-    ``(n, J)``: returns ``(g, n)``."""
-    const, mean, inv_sd = table
-    z = (w[..., None] - mean) * inv_sd
-    return torch.logsumexp(const - 0.5 * z**2, -1)
-
-
-def _shared_gmm_log_q_fn(guide, nodes: int):
-    """``(fn(flat (s, n_w)) -> log q (s,), method)`` with the per-weight tables built once."""
-    log_w, mean, sd, method = _component_marginals(guide, nodes)
-    J = log_w.shape[1]
-    out_idx, plain_idx, ell_idx = guide.outlier_index, guide.plain_index, guide.ellipse_index
-    loc = guide.outlier_loc.detach()
-    scale = F.softplus(guide.outlier_rho.detach())
-    c = guide.plain_component
-    plain = _mixture_table(log_w[c], mean[c], sd[c])
-    ell = None
-    if ell_idx.numel():
-        e_c, n_e = guide.ellipse_components, ell_idx.numel()
-        lw = log_w[e_c] + guide.ellipse_alphas.clamp_min(1e-38).log()[..., None]  # (n_e, k, J)
-        ell = _mixture_table(
-            lw.reshape(n_e, -1), mean[e_c].reshape(n_e, -1), sd[e_c].reshape(n_e, -1)
-        )
-    n_terms = plain_idx.numel() + (ell[0].numel() // J if ell is not None else 0)
-    per_draw = max(1, n_terms * J)
-    group = max(1, _GROUP_ELEMENTS // per_draw)
-
-    def fn(flat: torch.Tensor) -> torch.Tensor:
-        total = flat.new_zeros(flat.shape[0])
-        if out_idx.numel():
-            z = (flat[:, out_idx] - loc) / scale
-            total += (-0.5 * z**2 - scale.log() - 0.5 * _LOG_2PI).sum(-1)
-        for g0 in range(0, flat.shape[0], group):
-            rows = slice(g0, g0 + group)
-            if plain_idx.numel():
-                total[rows] += _mixture_log_prob(flat[rows][:, plain_idx], plain).sum(-1)
-            if ell is not None:
-                total[rows] += _mixture_log_prob(flat[rows][:, ell_idx], ell).sum(-1)
-        return total
-
-    return fn, method
-
-
-def _log_q_fn(guide, quadrature_nodes: int = 64):
-    """``(fn(weights, flat) -> log q (s,), method)`` for ``guide`` (see :func:`guide_log_q`)."""
-    if _is_mean_field(guide):
-
-        def mean_field(weights, flat=None):
-            total = 0.0
-            for s in guide.sites:
-                d = torch.distributions.Normal(guide.loc(s.name), guide.scale(s.name))
-                w = weights[s.name]
-                total = total + d.log_prob(w).reshape(w.shape[0], -1).sum(-1)
-            return total.detach()
-
-        return mean_field, "exact"
-    if _is_shared_gmm(guide):
-        fn, method = _shared_gmm_log_q_fn(guide, quadrature_nodes)
-        layout = _layout(guide)
-
-        def shared(weights, flat=None):
-            return fn(_flatten(weights, layout) if flat is None else flat)
-
-        return shared, method
-    if hasattr(guide, "log_q"):
-        return (lambda weights, flat=None: guide.log_q(weights).detach()), "guide.log_q"
-    raise TypeError(
-        f"no log q(w) for a {type(guide).__name__}: supported are MeanFieldGuide and "
-        "SharedGMMGuide, or a guide with a log_q(weights) -> (S,) method"
-    )
+def _netcdf_attr(v):
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float, str)):
+        return v
+    return json.dumps(v)
 
 
 @torch.no_grad()
-def guide_log_q(
-    guide, weights: dict[str, torch.Tensor], quadrature_nodes: int = 64
-) -> tuple[torch.Tensor, str]:
-    """``(log q(w) per draw (S,), method)`` for draws ``{site: (S, *shape)}`` of ``guide``.
-
-    ``method`` is ``"exact"``, ``"quadrature"`` (stochastic tying) or
-    ``"marginal_product"`` (tied tying; a surrogate, see the module docstring).
-    """
-    fn, method = _log_q_fn(guide, quadrature_nodes)
-    return fn(weights), method
-
-
-def _log_prior(model, weights: dict[str, torch.Tensor]) -> torch.Tensor:
-    total = 0.0
-    for site in model.sites:
-        total = total + model.prior_distribution(site).log_prob(weights[site.name])
-    return total
-
-
-# ---------------------------------------------------------------------------- diagnostics
-_KHAT_GOOD, _KHAT_OK = 0.5, 0.7
-_MIN_KHAT_SAMPLES = 25  # PSIS fits the largest ceil(min(S / 5, 3 sqrt(S))) ratios; ArviZ needs > 4
-
-
-@torch.no_grad()
-def vi_diagnostics(
+def to_inference_data(
     model,
     guide,
-    train_data,
-    num_samples: int = 100,
+    data,
+    num_samples: int = 30,
     seed: int = 0,
+    *,
+    max_site_values: int | None = DEFAULT_MAX_SITE_VALUES,
     max_examples: int | None = None,
     batch_size: int = 512,
-    sample_chunk: int = 10,
-    quadrature_nodes: int = 64,
+    method: str | None = None,
     progress: bool = False,
-) -> dict:
-    r"""Pareto :math:`\hat k` of the importance ratios :math:`p(w, \mathcal D) / q(w)`.
+) -> az.InferenceData:
+    """Export ``num_samples`` guide draws and their predictions on ``data`` to ArviZ.
 
     Args:
-        model, guide: the trained BNN.
-        train_data: the training data (``(X, y)``, a ``Dataset`` or batches).
-        num_samples: draws from :math:`q`, at least 25 (Yao et al. use about 100 or more;
-            with fewer the tail fit is unreliable).
-        seed: seeds the draws and an example subset.
-        max_examples: use a seeded random subset of this many training examples and scale
-            its log-likelihood by ``N / n`` (``N`` = the model's data-set size).
-        progress: a tqdm bar (``"k-hat"``) over the draws.
+        model: the :class:`~twodg_pyro.model.BNNModel` (or
+            :class:`~twodg_pyro.guides.Rank1BNNModel`).
+        guide: one of the library's guides (mean-field, shared-GMM in any tying, rank-1,
+            SSVI); a Pyro autoguide is refused (``TypeError`` naming what to use).
+        data: evaluation data with labels: ``(X, y)`` tensors, a ``Dataset`` or an
+            iterable of ``(x, y)`` batches.
+        num_samples: draws ``S`` (the ``draw`` axis); at least about 30 for PSIS-LOO.
+        seed: seeds the draws (those of
+            :func:`~twodg_pyro.evaluation.seeded_predict` with the same seed), the thinning
+            sub-grids and the example subset; the caller's random state is restored.
+        max_site_values: values exported per site (a seeded sub-grid above it; ``None``:
+            all).  See "Thinning" in the module docstring.
+        max_examples: export only a seeded random subset of this many examples.
+        batch_size: examples per forward pass.
+        method: the ``method`` attribute (default: from the guide, :func:`method_of`).
+        progress: a tqdm bar (``"export"``) over the draws.
 
     Returns:
-        ``khat``; ``khat_assessment`` (``"good"`` below 0.5, ``"ok"`` below 0.7,
-        ``"unreliable"`` otherwise, Yao et al.); ``log_q_method`` and ``exact`` (see the
-        module docstring); ``elbo`` (mean log ratio: an estimate of the full-data ELBO,
-        when ``exact``); ``log_evidence_is`` (importance-sampling estimate of
-        :math:`\log p(\mathcal D)`); ``ess`` (effective sample size of the smoothed
-        normalised weights); ``log_ratio_sd``; ``num_samples``, ``n_examples``,
-        ``loglik_scale``.
+        ``az.InferenceData`` with the groups described in the module docstring.
+
+    Raises:
+        TypeError: a guide the export cannot read.
+        ValueError: no labelled data, ``num_samples < 1``.
     """
+    check_guide(guide, "to_inference_data")
     S = int(num_samples)
-    if S < _MIN_KHAT_SAMPLES:
-        raise ValueError(
-            f"num_samples must be at least {_MIN_KHAT_SAMPLES} for the Pareto fit (its tail "
-            f"needs more than 4 draws), got {num_samples!r}"
-        )
+    if S < 1:
+        raise ValueError(f"num_samples must be at least 1, got {num_samples!r}")
+    if max_site_values is not None and int(max_site_values) < 1:
+        raise ValueError(f"max_site_values must be at least 1 (or None), got {max_site_values!r}")
     model.eval()
-    device = _device(guide)
-    batches = _batches(train_data, int(batch_size), max_examples, seed)
-    if not batches:
-        raise ValueError("no training data (empty data set)")
-    n = _n_examples(batches)
-    scale = model.likelihood.dataset_size / n
-    log_q_fn, method = _log_q_fn(guide, quadrature_nodes)
-    ratios = []
-    bar = tqdm(total=S, desc="k-hat", unit="draw", disable=not progress, leave=False)
-    with bar, _seeded(seed, device):
-        for s in _chunks(S, int(sample_chunk)):
-            weights, flat, _ = _draw_chunk(guide, s)
-            ll, _ = _forward(model, weights, batches, device, outputs=False)
-            log_p = _log_prior(model, weights) + scale * ll.sum(1)
-            log_q = log_q_fn(weights, flat)
-            ratios.append((log_p - log_q).double().cpu())
+    device = device_of(guide)
+    data_batches, example_index = batches(
+        data, int(batch_size), max_examples, seed, with_index=True
+    )
+    n_total = count_examples(data)
+    n_total = int(example_index.numel()) if n_total is None else n_total
+    if not data_batches:
+        raise ValueError("no evaluation data (empty data set)")
+    labels = torch.cat([yb.cpu() for _, yb in data_batches])
+    components = int(model.output_components)
+    is_cat = _is_categorical(model)
+    grids = {
+        s.name: thinned_coordinates(s.shape, max_site_values, seed, salt=i)
+        for i, s in enumerate(guide.sites)
+    }
+
+    site_draws: dict[str, list[torch.Tensor]] = {s.name: [] for s in guide.sites}
+    ll_draws, out_draws, z_draws = [], [], []
+    bar = tqdm(total=S, desc="export", unit="draw", disable=not progress, leave=False)
+    with bar, seeded(seed, device):
+        for s in chunks(S, SAMPLE_CHUNK):
+            sample = guide.draw(s)
+            weights = sample.weights
+            for site in guide.sites:
+                site_draws[site.name].append(_take(weights[site.name], grids[site.name], 1).cpu())
+            ll, out = forward(model, weights, data_batches, device, outputs=True)
+            ll_draws.append(ll.cpu())
+            if is_cat:  # per-draw class probabilities in the network's dtype, as predict
+                probs = out.softmax(-1)
+                out_draws.append((probs.mean(1) if components > 1 else probs).cpu())
+            else:
+                out_draws.append(out.cpu())
+            if sample.component_values is not None:  # the tied tying's z_{k,0}
+                z_draws.append(sample.component_values.cpu())
             bar.update(s)
-    log_r = torch.cat(ratios).numpy()
-    if not np.all(np.isfinite(log_r)):
-        raise FloatingPointError(
-            f"{int((~np.isfinite(log_r)).sum())} of {S} log importance ratios are not finite"
+
+    posterior, dims, coords = {}, {}, {"obs": to_numpy(example_index)}
+    thinned = []
+    for site in guide.sites:
+        names = site_dims(site)
+        grid = grids[site.name]
+        posterior[site.name] = to_numpy(torch.cat(site_draws[site.name]))[None]
+        dims[site.name] = names
+        for d, name in enumerate(names):
+            coords[name] = to_numpy(grid[d]) if grid is not None else np.arange(site.shape[d])
+        if grid is not None:
+            thinned.append(site.name)
+    constant = {"example_index": to_numpy(example_index)}
+    dims["example_index"] = ["obs"]
+    constant.update(_guide_constants(guide, grids, dims, coords, max_site_values, seed))
+    if z_draws:
+        posterior["component_value"] = to_numpy(torch.cat(z_draws))[None]
+        dims["component_value"] = ["component"]
+        coords.setdefault("component", np.arange(posterior["component_value"].shape[-1]))
+
+    outs = torch.cat(out_draws)  # (S, N, C) probabilities, or (S, [M,] N, ...) outputs
+    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + 7)
+    predictive = {"y": to_numpy(_sample_y(model, outs, is_cat, components, gen))[None]}
+    dims["y"] = ["obs"]
+    if is_cat:
+        predictive["class_probs"] = to_numpy(outs)[None]
+        dims["class_probs"] = ["obs", "class"]
+        coords["class"] = np.arange(outs.shape[-1])
+
+    import pyro
+
+    from .. import __version__
+
+    meta = {
+        "inference_library": "pyro",
+        "inference_library_version": pyro.__version__,
+        "creation_library": "twodg_pyro",
+        "creation_library_version": __version__,
+        "inference": "variational (SVI): independent draws from the guide, one chain",
+        "method": method or method_of(guide),
+        "guide": type(guide).__name__,
+        "seed": int(seed),
+        "num_draws": S,
+        "sample_chunk": SAMPLE_CHUNK,
+        "n_examples": int(labels.shape[0]),
+        "n_examples_total": int(n_total),
+        "max_site_values": -1 if max_site_values is None else int(max_site_values),
+        "thinned_sites": json.dumps(thinned),
+        "sites": json.dumps([s.name for s in guide.sites]),
+    }
+    structure = guide.structure()
+    if structure is not None:
+        meta.update(
+            tying=guide.tying,
+            coordinates=structure.coordinates,
+            counts=json.dumps(structure.counts()),
+            weight_kind_codes=json.dumps({"outlier": 0, "plain": 1, "ellipse": 2}),
         )
-    with _quiet():
-        lw, khat = az.psislw(log_r.copy(), reff=1.0)
-    khat = float(np.asarray(khat))
-    if khat < _KHAT_GOOD:
-        assessment = "good"
-    elif khat < _KHAT_OK:
-        assessment = "ok"
-    else:
-        assessment = "unreliable"
-    lse = float(np.logaddexp.reduce(log_r))
-    return {
-        "khat": khat,
-        "khat_assessment": assessment,
-        "log_q_method": method,
-        "exact": method in ("exact", "quadrature"),
-        "elbo": float(log_r.mean()),
-        "log_evidence_is": lse - math.log(S),
-        "ess": float(1.0 / np.exp(np.logaddexp.reduce(2 * np.asarray(lw)))),
-        "log_ratio_sd": float(log_r.std()),
-        "num_samples": S,
-        "n_examples": n,
-        "loglik_scale": float(scale),
-    }
-
-
-def loo(idata: az.InferenceData) -> dict:
-    """PSIS-LOO (``az.loo``, ``reff = 1``) from the ``log_likelihood`` group.
-
-    Returns ``elpd_loo``, ``se``, ``p_loo``, ``n_samples``, ``n_data_points``,
-    ``warning`` (ArviZ's flag), ``good_k`` (ArviZ's sample-size-dependent threshold),
-    ``max_pareto_k``, ``n_bad_k`` (observations with :math:`\\hat k` above ``good_k``)
-    and ``scale``.  With fewer than about 25 draws the Pareto tails cannot be fitted
-    (ArviZ reports :math:`\\hat k = \\infty`): export at least 30 draws.
-    """
-    with _quiet():
-        res = az.loo(idata, pointwise=True, reff=1.0)
-    k = np.asarray(res.pareto_k.values)
-    good = float(getattr(res, "good_k", 0.7))
-    return {
-        "elpd_loo": float(res.elpd_loo),
-        "se": float(res.se),
-        "p_loo": float(res.p_loo),
-        "n_samples": int(res.n_samples),
-        "n_data_points": int(res.n_data_points),
-        "warning": bool(res.warning),
-        "good_k": good,
-        "max_pareto_k": float(k.max()),
-        "n_bad_k": int((k > good).sum()),
-        "scale": str(res.scale),
-    }
-
-
-def summary(idata: az.InferenceData, var_names: list[str] | None = None, **kwargs):
-    """``az.summary`` of the exported posterior (a pandas ``DataFrame``).
-
-    With one chain ``r_hat`` is NaN; variables constant over draws (the variational
-    parameters) have ``sd = 0`` and NaN ESS.  ``kwargs`` go to ``az.summary``.
-    """
-    with _quiet():
-        return az.summary(idata, var_names=var_names, **kwargs)
-
-
-# ---------------------------------------------------------------------------- files
-def save_inference_data(idata: az.InferenceData, path: str | os.PathLike) -> Path:
-    """Write ``idata`` as netCDF4 (``h5netcdf`` engine) atomically: a temporary file in
-    the same folder, renamed into place.  Load it back with :func:`load_inference_data`
-    or ``az.from_netcdf``."""
-    path = Path(path)
-    atomic_write(path, lambda tmp: idata.to_netcdf(tmp, engine=NETCDF_ENGINE))
-    return path
-
-
-def load_inference_data(path: str | os.PathLike) -> az.InferenceData:
-    """Read a file written by :func:`save_inference_data`, fully into memory."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {str(path)!r}")
-    with _quiet():
-        idata = az.from_netcdf(str(path), engine=NETCDF_ENGINE)
+    if components > 1:
+        meta["output_components"] = components
+    ll = _on_grid(torch.cat(ll_draws))
+    with quiet():
+        idata = az.from_dict(
+            posterior=posterior,
+            posterior_predictive=predictive,
+            log_likelihood={"y": to_numpy(ll)[None]},
+            observed_data={"y": to_numpy(labels)},
+            constant_data=constant,
+            coords=coords,
+            dims=dims,
+            attrs={k: _netcdf_attr(v) for k, v in meta.items()},
+        )
     for group in idata.groups():
-        getattr(idata, group).load()
+        getattr(idata, group).attrs.update({k: _netcdf_attr(v) for k, v in meta.items()})
     return idata
+
+
+#: The grid (nats) the exported log-likelihood is stored on: 2**-50, about 8.9e-16.
+LOG_LIKELIHOOD_GRID = 2.0**-50
+
+
+def _on_grid(ll: torch.Tensor) -> torch.Tensor:
+    r"""``ll`` rounded to multiples of :data:`LOG_LIKELIHOOD_GRID` (values of magnitude
+    above 8 are multiples of it already).
+
+    PSIS exponentiates each observation's log ratios; two ratios closer than one float64
+    step of :math:`e^x` but distinct as floats (e.g. :math:`-10^{-17}` and
+    :math:`-3 \cdot 10^{-17}` beside :math:`-4.5 \cdot 10^{-5}`) make ArviZ 0.23's Pareto
+    fit return NaN weights and an ``elpd_loo`` of NaN.  On this grid distinct values stay
+    distinct after ``exp``; the rounding (at most :math:`4.4 \cdot 10^{-16}` nats) is below
+    anything an importance weight can show.
+    """
+    return torch.round(ll * 2.0**50) * LOG_LIKELIHOOD_GRID
+
+
+def _sample_y(model, outs: torch.Tensor, is_cat: bool, components: int, gen) -> torch.Tensor:
+    """A label per draw and example from the predictive of that draw, with its own
+    generator (the guide's draws are not disturbed)."""
+    if is_cat:
+        p = outs.to(torch.float64)
+        flat = p.reshape(-1, p.shape[-1]).clamp_min(0)
+        return torch.multinomial(flat, 1, generator=gen).reshape(p.shape[:-1])
+    mean = outs
+    if components > 1:  # (S, M, N, ...): one component per draw and example
+        m = torch.randint(components, (outs.shape[0], 1, *outs.shape[2:]), generator=gen)
+        mean = outs.gather(1, m).squeeze(1)
+    scale = float(getattr(model.likelihood, "scale", 1.0))
+    noise = torch.randn(mean.shape, generator=gen, dtype=torch.float64)
+    y = mean.to(torch.float64) + scale * noise
+    return y.squeeze(-1) if y.dim() == 3 and y.shape[-1] == 1 else y
+
+
+def _guide_constants(guide, grids, dims, coords, max_site_values, seed) -> dict:
+    """The guide's variational parameters at the exported coordinates (constant_data):
+    each site's (:meth:`~twodg_pyro.guide.BNNGuide.site_parameters`), and for a guide
+    with a sharing structure each weight's kind and component, the mixture and the
+    outliers."""
+    out: dict = {}
+
+    def put(site, suffix: str, values: torch.Tensor) -> None:
+        name = f"{site.name}.{suffix}"
+        out[name] = to_numpy(_take(values.detach().reshape(site.shape), grids[site.name], 0))
+        dims[name] = site_dims(site)
+
+    for site in guide.sites:
+        for suffix, values in guide.site_parameters(site.name).items():
+            put(site, suffix, values)
+    st = guide.structure()
+    if st is not None:
+        n_w = st.num_weights
+        kind = torch.full((n_w,), _KIND_OUTLIER, dtype=torch.int8)
+        kind[st.plain_index] = _KIND_PLAIN
+        kind[st.ellipse_index] = _KIND_ELLIPSE
+        comp = torch.full((n_w,), -1, dtype=torch.long)
+        comp[st.plain_index] = st.plain_component
+        off = 0
+        for site in guide.sites:
+            put(site, "kind", kind[off : off + site.numel])
+            put(site, "component", comp[off : off + site.numel])
+            off += site.numel
+        names = ["mu", "sigma"] if st.coordinates == "sigma" else ["mu", "log_sigma"]
+        coords.update(component=np.arange(st.n_gaussians), coord=names, coord_=list(names))
+        out["centre"] = to_numpy(st.means)
+        out["covariance"] = to_numpy(st.covariances)
+        out["component_count"] = to_numpy(st.component_counts())
+        dims.update(
+            centre=["component", "coord"],
+            covariance=["component", "coord", "coord_"],
+            component_count=["component"],
+        )
+        if st.n_outliers:  # (a structure without outliers has no outlier variables)
+            limit = st.n_outliers if max_site_values is None else int(max_site_values)
+            o_sel = subset(st.n_outliers, limit, seed, salt=1)
+            out["outlier_loc"] = to_numpy(st.outlier_loc[o_sel])
+            out["outlier_scale"] = to_numpy(st.outlier_scale[o_sel])
+            dims.update(outlier_loc=["outlier"], outlier_scale=["outlier"])
+            coords["outlier"] = to_numpy(st.outlier_index[o_sel])
+    return out

@@ -30,6 +30,7 @@ from matplotlib.collections import EllipseCollection
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..guide import BNNGuide
 from ..io.files import atomic_write
 
 __all__ = ["plot_sharing_plane", "plot_reliability", "plot_elbo_terms", "plot_merges"]
@@ -85,7 +86,7 @@ def plot_sharing_plane(
     outliers are their :math:`(\mu_i, \sigma_i)` as held by the structure (the trained
     outlier parameters when taken from a guide), marked with red triangles.
     """
-    s = structure.structure() if hasattr(structure, "structure") else structure
+    s = structure.structure() if isinstance(structure, BNNGuide) else structure
     rng = np.random.default_rng(seed)
     log_sigma = s.coordinates == "log_sigma"
 

@@ -1,15 +1,21 @@
 """Multi-process training on ``torch.distributed`` (DDP, launched by ``torchrun``).
 
 * :mod:`.env` -- joining the process group (:func:`setup`), ranks, small collectives;
-* :mod:`.train` -- stage-1/stage-3 SVI with the ELBO module under DDP
-  (:func:`fit_distributed`), sharded loaders, rank-0-only callbacks;
+* :mod:`.train` -- SVI with the ELBO module under DDP (:class:`DataParallelStep`, the
+  step strategy of :func:`~twodg_pyro.infer.fit`; :func:`fit_distributed`), rank-0-only
+  callbacks;
+* :mod:`.data` -- each rank's shard of the data (:class:`ShardedLoader`);
 * :mod:`.gmm` -- :class:`DistributedGaussianMixture2D`, EM with all-reduced statistics;
-* :mod:`.runner` -- the whole pipeline under ``torchrun`` (:func:`run_distributed`);
+* :mod:`.parallel` -- DDP around a deterministic network, sharded prediction, the
+  ranks' agreement on the sharing structure, the default backend;
 * :mod:`.launch` -- starting N local processes on loopback (tests, benchmarks).
 
-Everything also runs in a single process without a process group.
+Everything also runs in a single process without a process group.  Nothing here knows
+the pipeline: the whole main job under ``torchrun`` is
+:func:`twodg_pyro.pipeline.run_distributed` (:mod:`twodg_pyro.pipeline.data_parallel`).
 """
 
+from .data import ShardedLoader, local_batch_size, shard_loader
 from .env import (
     DEFAULT_TIMEOUT_S,
     DistInfo,
@@ -27,17 +33,21 @@ from .env import (
     setup,
 )
 from .gmm import DistributedGaussianMixture2D
-from .train import MainOnly, ShardedLoader, fit_distributed, local_batch_size, shard_loader
+from .parallel import agree_on_structure, default_backend, sharded_predict
+from .train import DataParallelStep, MainOnly, fit_distributed
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "DataParallelStep",
     "DistInfo",
     "DistributedGaussianMixture2D",
     "DistributedSetupError",
     "MainOnly",
     "ShardedLoader",
+    "agree_on_structure",
     "barrier",
     "cleanup",
+    "default_backend",
     "env_rank",
     "env_world_size",
     "fit_distributed",
@@ -48,14 +58,7 @@ __all__ = [
     "is_main",
     "local_batch_size",
     "on_main",
-    "run_distributed",
     "setup",
     "shard_loader",
+    "sharded_predict",
 ]
-
-
-def run_distributed(*args, **kwargs):
-    """See :func:`twodg_pyro.distributed.runner.run_distributed` (imported lazily)."""
-    from .runner import run_distributed as _run
-
-    return _run(*args, **kwargs)

@@ -47,7 +47,7 @@ all parameters and buffers is compared across ranks (a divergence is an error on
 rank), the optimiser has been rebuilt on every rank by the hook itself, and when a hook
 replaced parameter objects (a merge) the module is wrapped anew in DDP.  BatchNorm-like
 buffers of the model are averaged over ranks at each epoch's end.  Only rank 0 writes
-progress; a callback that writes files (the :class:`~twodg_pyro.io.checkpoint.Checkpoint`
+progress; a callback that writes files (the :class:`~twodg_pyro.infer.checkpoint.Checkpoint`
 of the pipeline, ...) is wrapped in :class:`MainOnly`: it runs on rank 0, and its outcome
 (an error, or a request to stop) reaches every rank.
 """
@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyro
@@ -64,22 +64,21 @@ import torch
 from pyro.infer.elbo import ELBOModule
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset
-from torch.utils.data.distributed import DistributedSampler
-from tqdm.auto import tqdm
+from torch.utils.data import Dataset
 
 from ..infer.callbacks import Callback
 from ..infer.elbo import DecomposedELBO
-from ..infer.trainer import TrainState, clip_gradients, start_state
+from ..infer.state import TrainState
+from ..infer.trainer import TrainingStep, fit
 from . import env
+from .data import ShardedLoader
 
 __all__ = [
+    "DataParallelStep",
     "ELBOTermsModule",
     "MainOnly",
-    "ShardedLoader",
+    "average_buffers",
     "fit_distributed",
-    "local_batch_size",
-    "shard_loader",
     "state_checksum",
 ]
 
@@ -89,74 +88,6 @@ _BUFFER_SYNC_ARG = (
     "forward_sync_buffers" if "forward_sync_buffers" in _DDP_ARGS else "broadcast_buffers"
 )
 _HAS_INIT_SYNC = "init_sync" in _DDP_ARGS
-
-
-def local_batch_size(batch_size: int, world_size: int | None = None) -> int:
-    """Per-rank batch of a configured global ``batch_size``; it must divide evenly."""
-    world = env.get_world_size() if world_size is None else int(world_size)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch size must be a positive integer, got {batch_size!r}")
-    if batch_size % world:
-        lo = batch_size // world * world
-        options = f"{lo} or {lo + world}" if lo else f"{world}"
-        raise ValueError(
-            f"the global batch size {batch_size} is not divisible by the world size {world}: "
-            f"every process must take the same number of examples per step; use a multiple "
-            f"of {world} (e.g. {options}) or a different number of processes"
-        )
-    return batch_size // world
-
-
-class ShardedLoader:
-    """A ``DataLoader`` over this rank's shard (``DistributedSampler``), global batch in.
-
-    Iterating it advances the sampler's epoch (a new shuffle each pass, the same on
-    every rank); :meth:`set_epoch` fixes it explicitly (resuming).  With one process it
-    is a seeded shuffled loader over the whole data set.
-    """
-
-    def __init__(
-        self,
-        dataset: Dataset,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        num_workers: int = 0,
-        world_size: int | None = None,
-        rank: int | None = None,
-    ):
-        world = env.get_world_size() if world_size is None else int(world_size)
-        rank = env.get_rank() if rank is None else int(rank)
-        self.global_batch_size = int(batch_size)
-        self.batch_size = local_batch_size(batch_size, world)
-        if len(dataset) < world:
-            raise ValueError(f"the data set has {len(dataset)} examples, fewer than {world} ranks")
-        self.sampler = DistributedSampler(
-            dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
-        )
-        self.dataset = dataset
-        self.loader = DataLoader(
-            dataset, batch_size=self.batch_size, sampler=self.sampler, num_workers=num_workers
-        )
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __iter__(self):
-        self.sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        return iter(self.loader)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-
-def shard_loader(dataset: Dataset, batch_size: int, seed: int = 0, **kwargs) -> ShardedLoader:
-    """This rank's :class:`ShardedLoader` for a global ``batch_size``."""
-    return ShardedLoader(dataset, batch_size, seed=seed, **kwargs)
 
 
 class ELBOTermsModule(ELBOModule):
@@ -217,7 +148,7 @@ def _wrap(
     return DDP(module, **kwargs)
 
 
-def _average_buffers(module: nn.Module) -> None:
+def average_buffers(module: nn.Module) -> None:
     """Mean over ranks of the module's floating buffers (BatchNorm running statistics)."""
     if not env.is_distributed():
         return
@@ -260,11 +191,115 @@ class MainOnly(Callback):
     def on_train_end(self, state) -> None:
         self._call("on_train_end", state)
 
+    def last_checkpoint(self) -> str | None:
+        return self.callback.last_checkpoint()
+
     def state_dict(self) -> dict:
         return self.callback.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self.callback.load_state_dict(state)
+
+
+class DataParallelStep(TrainingStep):
+    """:func:`~twodg_pyro.infer.fit`'s step on every rank of a process group (see the
+    module docstring); without a group, the same loop in one process.
+
+    Args:
+        seed: seeds the shuffling, the guide's noise and the callbacks' randomness.
+        noise: ``"independent"`` or ``"shared"`` (see :func:`fit_distributed`).
+        device: where the minibatches go (and the GPU DDP uses).
+        ddp_options: keyword arguments for ``DistributedDataParallel``.
+    """
+
+    def __init__(
+        self,
+        seed: int = 0,
+        noise: str = "independent",
+        device: torch.device | str | None = None,
+        ddp_options: Mapping | None = None,
+    ):
+        super().__init__()
+        if noise not in _NOISE:
+            raise ValueError(f"noise must be one of {list(_NOISE)}, got {noise!r}")
+        self.seed, self.noise = int(seed), noise
+        self.device = torch.device(device) if device is not None else None
+        self.ddp_options = ddp_options
+        self.rank, self.world = env.get_rank(), env.get_world_size()
+        self.is_main = self.rank == 0
+        self._sums: torch.Tensor | None = None
+        self._keys: list[str] = []
+
+    def start(self, state: TrainState) -> None:
+        """Wrap the ELBO module in DDP; the callbacks' seed."""
+        self.module = ELBOTermsModule(state.model, state.guide, state.elbo)
+        self.wrapped = _wrap(self.module, self.device, self.ddp_options)
+        self.ids = _param_ids(self.module)
+        _seed_common(self.seed, state.epoch, 1)
+
+    def before_epoch(self, state: TrainState) -> None:
+        self._epoch = state.epoch
+        _seed_common(self.seed, self._epoch, 2)
+
+    def batches(self, data: Iterable, state: TrainState, device) -> Iterator[tuple]:
+        """This rank's shard of the epoch (``data``: a :class:`ShardedLoader`), the guide's
+        noise seeded per rank and epoch (``independent``) or per step (``shared``)."""
+        self._sums, self._n = None, 0
+        epoch = state.epoch
+        data.set_epoch(epoch)
+        if self.noise == "independent":
+            torch.manual_seed(_derive_seed(self.seed, 3, epoch, self.rank))
+        dev = self.device
+        for j, batch in enumerate(data):
+            if self.noise == "shared":
+                torch.manual_seed(_derive_seed(self.seed, 4, epoch, j))
+            yield tuple(b.to(dev) if dev is not None else b for b in batch[:2])
+
+    def loss_terms(self, state: TrainState, x, y) -> tuple[torch.Tensor, dict]:
+        return self.wrapped(x, y)
+
+    def add(self, state: TrainState, loss, terms: Mapping, callbacks: Sequence) -> None:
+        """All-reduce the loss and its terms (one small vector, before the backward pass:
+        a NaN on any rank stops every rank) and add their global means."""
+        self._keys = keys = sorted(terms)
+        local = torch.stack([loss.detach().reshape(())] + [terms[k].detach() for k in keys])
+        glob = env.all_reduce_sum(local.to(torch.float64)) / self.world
+        if not bool(torch.isfinite(glob).all()):
+            _raise_non_finite(state, keys, local, glob, self.rank)
+        self._sums = glob if self._sums is None else self._sums + glob
+        self._n += 1
+
+    def epoch_means(self) -> dict[str, float] | None:
+        if self._sums is None:
+            return None
+        means = (self._sums / max(self._n, 1)).tolist()
+        return {"loss": means[0], **dict(zip(self._keys, means[1:], strict=True))}
+
+    def end_epoch(self, state: TrainState) -> None:
+        """Average the model's buffers over the ranks; the callbacks' seed."""
+        average_buffers(state.model)
+        _seed_common(self.seed, self._epoch, 5)
+
+    def after_callbacks(self, state: TrainState, callbacks: Sequence[Callback]) -> None:
+        """Check that the ranks agree; wrap anew when a hook replaced parameters."""
+        env.check_same_across_ranks(
+            torch.cat(
+                [state_checksum(state.model, state.guide), torch.tensor([float(state.stop)])]
+            ),
+            f"the model and guide state after epoch {self._epoch} (callbacks: "
+            f"{[type(c).__name__ for c in callbacks]})",
+        )
+        new_ids = _param_ids(self.module)
+        if new_ids != self.ids:  # a hook replaced parameters: a new DDP reducer over them
+            del self.wrapped
+            self.wrapped = _wrap(self.module, self.device, self.ddp_options, sync=False)
+            self.ids = new_ids
+
+    def before_train_end(self, state: TrainState) -> None:
+        _seed_common(self.seed, state.epoch, 6)
+
+    def finish(self, state: TrainState) -> None:
+        env.barrier()
 
 
 def fit_distributed(
@@ -286,7 +321,8 @@ def fit_distributed(
     ddp_options: Mapping | None = None,
     state: TrainState | None = None,
 ) -> TrainState:
-    """Train ``guide`` (and the model's deterministic parameters) by SVI on every rank.
+    """Train ``guide`` (and the model's deterministic parameters) by SVI on every rank:
+    :func:`~twodg_pyro.infer.fit` with a :class:`DataParallelStep`.
 
     Every rank calls it with the same arguments (see the module docstring for the
     loss each rank computes).  Without a process group it is a single-process loop
@@ -319,9 +355,7 @@ def fit_distributed(
         FloatingPointError: the loss became non-finite on some rank (every rank raises).
         RuntimeError: the ranks' parameters diverged, or a collective timed out.
     """
-    if noise not in _NOISE:
-        raise ValueError(f"noise must be one of {list(_NOISE)}, got {noise!r}")
-    state = start_state(model, guide, epochs, lr, elbo, optimizer, clip_norm, state)
+    step = DataParallelStep(seed, noise, device, ddp_options)
     if isinstance(data, ShardedLoader):
         loader = data
         if batch_size is not None and batch_size != loader.global_batch_size:
@@ -333,82 +367,21 @@ def fit_distributed(
         if batch_size is None:
             raise ValueError("batch_size (the global batch) is required when data is a Dataset")
         loader = ShardedLoader(data, batch_size, seed=seed)
-    rank, world = env.get_rank(), env.get_world_size()
-    dev = torch.device(device) if device is not None else None
-    main = rank == 0
-    callbacks = list(callbacks)
-    module = ELBOTermsModule(model, guide, state.elbo)
-    wrapped = _wrap(module, dev, ddp_options)
-    ids = _param_ids(module)
-    _seed_common(seed, state.epoch, 1)
-    for cb in callbacks:
-        cb.on_train_begin(state)
-    model.train()
-    bar = tqdm(total=state.epochs, initial=state.epoch, desc="SVI", disable=not (progress and main))
-    try:
-        while state.epoch < state.epochs and not state.stop:
-            epoch = state.epoch
-            _seed_common(seed, epoch, 2)
-            for cb in callbacks:
-                cb.on_epoch_begin(state)
-            loader.set_epoch(epoch)
-            if noise == "independent":
-                torch.manual_seed(_derive_seed(seed, 3, epoch, rank))
-            sums: torch.Tensor | None = None
-            keys: list[str] = []
-            n_batches = 0
-            for j, batch in enumerate(loader):
-                if noise == "shared":
-                    torch.manual_seed(_derive_seed(seed, 4, epoch, j))
-                x, y = (b.to(dev) if dev is not None else b for b in batch[:2])
-                state.optimizer.zero_grad(set_to_none=True)
-                loss, terms = wrapped(x, y)
-                keys = sorted(terms)
-                local = torch.stack([loss.detach().reshape(())] + [terms[k].detach() for k in keys])
-                glob = env.all_reduce_sum(local.to(torch.float64)) / world
-                if not bool(torch.isfinite(glob).all()):
-                    _raise_non_finite(state, keys, local, glob, rank)
-                loss.backward()
-                clip_gradients(state.optimizer, clip_norm)
-                state.optimizer.step()
-                state.step += 1
-                n_batches += 1
-                sums = glob if sums is None else sums + glob
-            record = {}
-            if sums is not None:
-                means = (sums / max(n_batches, 1)).tolist()
-                record = {"loss": means[0], **dict(zip(keys, means[1:], strict=True))}
-            record.update(epoch=epoch, beta=state.elbo.beta)
-            state.history.append(record)
-            state.epoch += 1
-            _average_buffers(model)
-            _seed_common(seed, epoch, 5)
-            stop = False
-            for cb in callbacks:
-                if cb.on_epoch_end(state):
-                    stop = True
-            state.stop = state.stop or stop
-            env.check_same_across_ranks(
-                torch.cat([state_checksum(model, guide), torch.tensor([float(state.stop)])]),
-                f"the model and guide state after epoch {epoch} (callbacks: "
-                f"{[type(c).__name__ for c in callbacks]})",
-            )
-            new_ids = _param_ids(module)
-            if new_ids != ids:  # a hook replaced parameters: a new DDP reducer over them
-                del wrapped
-                wrapped = _wrap(module, dev, ddp_options, sync=False)
-                ids = new_ids
-            bar.update(1)
-            if main and progress:
-                bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k != "epoch"})
-        _seed_common(seed, state.epoch, 6)
-        for cb in callbacks:
-            cb.on_train_end(state)
-    finally:
-        bar.close()
-    model.eval()
-    env.barrier()
-    return state
+    return fit(
+        model,
+        guide,
+        loader,
+        epochs,
+        lr=lr,
+        elbo=elbo,
+        callbacks=callbacks,
+        device=device,
+        optimizer=optimizer,
+        clip_norm=clip_norm,
+        progress=progress,
+        state=state,
+        step=step,
+    )
 
 
 def _raise_non_finite(state, keys, local, glob, rank) -> None:

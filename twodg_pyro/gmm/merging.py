@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -35,11 +36,19 @@ __all__ = [
     "merge_paper",
     "merge_moment",
     "merge_components",
+    "MERGE_RULES",
+    "MERGE_TESTS",
+    "MergeRule",
+    "MergeTest",
     "remap_assignments",
 ]
 
-_RULES = ("paper", "moment")
-_TESTS = ("both", "difference")
+#: the merge formulas: Eqs. 5-6 as printed, or count-weighted moment matching
+MergeRule = Literal["paper", "moment"]
+MERGE_RULES: tuple[str, ...] = get_args(MergeRule)
+#: the gradient/variance tests: each cluster below the thresholds, or their difference
+MergeTest = Literal["both", "difference"]
+MERGE_TESTS: tuple[str, ...] = get_args(MergeTest)
 
 
 def _outer(d: Tensor) -> Tensor:
@@ -281,10 +290,10 @@ def merge_components(
     tau_w = _check_threshold("tau_w", tau_w)
     tau_g = _check_threshold("tau_g", tau_g)
     tau_v = _check_threshold("tau_v", tau_v)
-    if rule not in _RULES:
-        raise ValueError(f"rule must be one of {_RULES}, got {rule!r}")
-    if test not in _TESTS:
-        raise ValueError(f"test must be one of {_TESTS}, got {test!r}")
+    if rule not in MERGE_RULES:
+        raise ValueError(f"rule must be one of {MERGE_RULES}, got {rule!r}")
+    if test not in MERGE_TESTS:
+        raise ValueError(f"test must be one of {MERGE_TESTS}, got {test!r}")
     if grads is not None:
         _check_vector("grads", grads, (k0, 2))
     if variances is not None:

@@ -1,16 +1,101 @@
-"""What every BNN guide of this library offers beyond being a Pyro guide."""
+"""What the library's guides share: the protocol's base class (:class:`BNNGuide`,
+defined in :mod:`twodg_pyro.guide`), the site distribution that gives stock Pyro ELBOs a
+guide's density (:class:`GuideDraw`), and the diagonal Normal family of the mean-field
+and rank-1 guides (:class:`DiagonalNormalGuide`)."""
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from collections.abc import Callable
 
 import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
+from pyro.distributions.util import sum_rightmost
 from torch import nn
+from torch.distributions import Distribution, register_kl
 
+from ..guide import BNNGuide, GuideSample, MarginalDensity, NoSiteDensityError
 from ..nn.sites import BayesianSite
+from ..pyro_params import params_are_local, plate_batch_shape
+
+__all__ = [
+    "BNNGuide",
+    "DiagonalNormalGuide",
+    "GuideDraw",
+    "GuideSample",
+    "MarginalDensity",
+    "NoSiteDensityError",
+    "particle_batch_shape",
+    "site_key",
+    "standard_normal",
+]
+
+
+class GuideDraw(dist.Delta):
+    r"""A guide's draw at a site, :math:`\delta_v`, carrying the guide's log-density
+    :math:`\log q(v)` (computed on demand).
+
+    Like the ``Delta(value, log_density=...)`` of Pyro's ``AutoContinuous`` guides,
+    ``log_prob(v)`` is the guide's density of its own draw, so every stock ELBO
+    (``Trace_ELBO``, ``TraceMeanField_ELBO``, ``TraceGraph_ELBO``, ...) gets the right
+    :math:`\log q`; no closed-form KL is registered for it, so ``TraceMeanField_ELBO``
+    falls back to :math:`\log q - \log p` at the draw.  The density is a function
+    evaluated at the first ``log_prob`` only: :func:`~twodg_pyro.infer.fit`, which
+    uses the guide's own KL terms, never pays for it.
+
+    Args:
+        v: the drawn value, ``batch_shape + event_shape``.
+        log_density: a function returning :math:`\log q(v)` of shape ``batch_shape``
+            (it may raise :class:`NoSiteDensityError` where no density exists).
+        event_dim: the number of rightmost dimensions of ``v`` that form one event.
+    """
+
+    def __init__(self, v: torch.Tensor, log_density: Callable[[], torch.Tensor], event_dim: int):
+        batch_dim = v.dim() - event_dim
+        # Delta.__init__ would build a zero log_density tensor; the density comes later
+        Distribution.__init__(self, v.shape[:batch_dim], v.shape[batch_dim:], validate_args=False)
+        self.v = v
+        self._density_fn = log_density
+        self._density: torch.Tensor | None = None
+
+    @property
+    def log_density(self) -> torch.Tensor:  # type: ignore[override]
+        r""":math:`\log q(v)`, ``batch_shape``."""
+        if self._density is None:
+            self._density = self._density_fn()
+        return self._density
+
+    @log_density.setter
+    def log_density(self, value) -> None:  # Delta.expand assigns it
+        self._density = value
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        density = self.log_density
+        if x is self.v:
+            return density
+        same = (x == self.v).type(x.dtype).log()
+        return sum_rightmost(same, self.event_dim) + density
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        if batch_shape == self.batch_shape:
+            return self
+        # as a plain Delta: one draw repeated (the guides draw per particle themselves)
+        return dist.Delta(self.v, self.log_density, event_dim=self.event_dim).expand(batch_shape)
+
+
+@register_kl(GuideDraw, Distribution)
+@register_kl(GuideDraw, dist.Distribution)  # beats Pyro's (Delta, Distribution) -log p(v)
+def _kl_guide_draw(p, q):
+    # no closed form: TraceMeanField_ELBO then uses log q - log p at the draw
+    raise NotImplementedError
+
+
+def particle_batch_shape() -> tuple[int, ...]:
+    """The batch shape of a guide's draw: that of the enclosing vectorised plates
+    (:func:`~twodg_pyro.pyro_params.plate_batch_shape`), ``()`` on the library's fast path."""
+    return () if params_are_local() else plate_batch_shape()
 
 
 def site_key(name: str) -> str:
@@ -23,34 +108,6 @@ def standard_normal(like: torch.Tensor, num_samples: int | None = None) -> torch
     on its device and with its dtype: the noise of one or ``num_samples`` draws of a site."""
     shape = like.shape if num_samples is None else (num_samples, *like.shape)
     return torch.randn(shape, device=like.device, dtype=like.dtype)
-
-
-class BNNGuide(nn.Module):
-    """Base class of the library's guides.
-
-    A guide is a Pyro program with one sample statement per Bayesian site of the
-    model.  On top of that it offers:
-
-    * :meth:`sample_weights` -- draws of all Bayesian tensors outside inference,
-      vectorised over samples, for fast prediction;
-    * :meth:`param_groups` -- its parameters split into named groups (``"loc"``,
-      ``"scale"``, ...) so that each can have its own learning rate;
-    * :meth:`num_trainable` -- the trainable parameter count it reports.
-    """
-
-    sites: list[BayesianSite]
-
-    @abstractmethod
-    def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
-        """Draw the Bayesian tensors: shape ``site.shape`` or ``(num_samples, *site.shape)``."""
-
-    @abstractmethod
-    def param_groups(self) -> list[dict]:
-        """``[{"name": group_name, "params": [...]}, ...]`` covering every parameter."""
-
-    def num_trainable(self) -> int:
-        """Number of scalar parameters the guide trains."""
-        return sum(p.numel() for g in self.param_groups() for p in g["params"] if p.requires_grad)
 
 
 class DiagonalNormalGuide(BNNGuide):
@@ -84,11 +141,12 @@ class DiagonalNormalGuide(BNNGuide):
         return d.to_event(len(site.shape))
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        self._param_statements()
         return {
             site.name: pyro.sample(site.name, self.site_distribution(site)) for site in self.sites
         }
 
-    def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
+    def draw(self, num_samples: int | None = None) -> GuideSample:
         r""":math:`\mu + \sigma \epsilon` per site: shape ``site.shape`` or
         ``(num_samples, *site.shape)``; differentiable when gradients are on, otherwise
         (prediction) one fused pass, in place."""
@@ -100,7 +158,25 @@ class DiagonalNormalGuide(BNNGuide):
                 out[site.name] = torch.addcmul(loc, scale, eps)
             else:  # prediction: one fused pass, in place
                 out[site.name] = torch.addcmul(loc, scale, eps, out=eps)
-        return out
+        return GuideSample(out)
+
+    def site_parameters(self, name: str) -> dict[str, torch.Tensor]:
+        r"""``{"loc": mu, "scale": sigma}`` of a site."""
+        return {"loc": self.loc(name), "scale": self.scale(name)}
+
+    def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
+        r"""The exact :math:`\log q(w) = \sum_s \sum_i \log\mathcal N(w_{s,i} \mid
+        \mu_{s,i}, \sigma_{s,i}^2)` (for rank-1: all ``M`` rows of every factor site)."""
+
+        def diagonal(weights, flat=None):
+            total = 0.0
+            for s in self.sites:
+                d = torch.distributions.Normal(self.loc(s.name), self.scale(s.name))
+                w = weights[s.name]
+                total = total + d.log_prob(w).reshape(w.shape[0], -1).sum(-1)
+            return total.detach()
+
+        return MarginalDensity(diagonal, "exact")
 
     def param_groups(self) -> list[dict]:
         r"""``[{"name": "loc", ...}, {"name": "scale", ...}]``: the :math:`\mu` and the

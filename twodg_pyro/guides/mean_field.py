@@ -72,11 +72,13 @@ class MeanFieldGuide(DiagonalNormalGuide):
             float for a constant initial :math:`\sigma`.
         init_loc: optional ``{site: tensor}`` of initial means (default: the network's
             current values, pretrained or freshly initialised).
+        seed: seed of the random initial scales.
 
     The parameters are created on the network's device and in its dtype (a float64
     network gets a float64 guide).
-        seed: seed of the random initial scales.
     """
+
+    method = "mean_field"
 
     def __init__(
         self,

@@ -25,8 +25,11 @@ estimated by routing example ``i`` of a batch to component ``i mod M`` (``routin
 that every example meets every component (``routing="tile"``, ``M`` times the cost, lower
 variance); the likelihood's data plate rescales either to the data-set size.  By the
 convexity of KL, :math:`\mathrm{KL}(\frac1M\sum_m q_m \| p) \le \frac1M \sum_m
-\mathrm{KL}(q_m \| p)`, so this is still a lower bound on the evidence; the guide reports
-the per-component average through :meth:`Rank1Guide.site_kl`.
+\mathrm{KL}(q_m \| p)`, so this is still a lower bound on the evidence.  As Pyro programs,
+the model and the guide count each factor site :math:`1/M` (``poutine.scale``), so the KL
+of every ELBO -- :class:`~twodg_pyro.infer.DecomposedELBO` through
+:meth:`Rank1Guide.site_kl`, and stock ``Trace_ELBO``/``TraceMeanField_ELBO`` -- is this
+per-component average.
 
 **Priors** are centred at 1 (the factors multiply :math:`W`): ``Normal(1, scale)`` or
 ``Cauchy(1, scale)`` (:func:`rank1_prior`).  The Normal has a closed-form KL against the
@@ -51,19 +54,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal, get_args
 
 import pyro
 import pyro.distributions as dist
+import pyro.poutine as poutine
 import torch
 from torch import nn
 
+from ..guide import GuideSample, kl_or_estimate
 from ..infer.callbacks import KLAnnealing
-from ..infer.elbo import site_kl
 from ..likelihoods import Categorical, Likelihood
-from ..model import match_input
+from ..model import LOGITS_SITE, match_input
 from ..nn.rank1 import RANK1_LAYER_TYPES, Rank1Layer, find_rank1_layers, rank1_factors
 from ..nn.sites import BayesianSite
 from ..priors import NormalPrior, Prior, _positive, as_prior
+from ..pyro_params import PyroParamsMixin, params_are_local
 from .base import DiagonalNormalGuide, site_key, standard_normal
 from .mean_field import inverse_softplus
 
@@ -73,10 +79,18 @@ __all__ = [
     "Rank1Guide",
     "rank1_prior",
     "rank1_kl_annealing",
+    "ROUTINGS",
+    "INIT_MEANS",
+    "RANK1_PRIORS",
 ]
 
-ROUTINGS = ("modulo", "tile")
-INIT_MEANS = ("random_sign", "ones")
+#: which component an example goes to; how the rank-1 factors' means start; their prior
+Routing = Literal["modulo", "tile"]
+ROUTINGS: tuple[str, ...] = get_args(Routing)
+InitMean = Literal["random_sign", "ones"]
+INIT_MEANS: tuple[str, ...] = get_args(InitMean)
+Rank1PriorKind = Literal["normal", "cauchy"]
+RANK1_PRIORS: tuple[str, ...] = get_args(Rank1PriorKind)
 
 
 class CauchyPrior(Prior):
@@ -132,7 +146,7 @@ def _check_components(components) -> int:
     return components
 
 
-class Rank1BNNModel(nn.Module):
+class Rank1BNNModel(PyroParamsMixin, nn.Module):
     r"""Pyro model of a rank-1 BNN with ``M`` batch-ensemble components.
 
     Same constructor surface as :class:`~twodg_pyro.model.BNNModel`; its sample sites are
@@ -288,11 +302,32 @@ class Rank1BNNModel(nn.Module):
         return out.reshape(m, b, *out.shape[1:])
 
     # ------------------------------------------------------------------ program
+    def pyro_parameters(self):
+        """The network's point-estimated parameters (the shared weights :math:`W`, biases,
+        normalisation layers) as ``("net.<name>", parameter)``."""
+        return ((f"net.{n}", p) for n, p in self.net.named_parameters() if p.requires_grad)
+
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        factors = {
-            site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
-            for i, site in enumerate(self.sites)
-        }
+        r"""The model program: the factor sites, each counted :math:`1/M` (so that a stock
+        ELBO's KL is the per-component average :math:`\frac1M\sum_m \mathrm{KL}(q_m\|p)`,
+        as with :class:`~twodg_pyro.infer.DecomposedELBO`), the routed network, the
+        ``"logits"`` site (:data:`~twodg_pyro.model.LOGITS_SITE`) and the likelihood."""
+        local = params_are_local()
+        if not local:
+            self._param_statements()
+        with poutine.scale(scale=1.0 / self.components):
+            factors = {
+                site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
+                for i, site in enumerate(self.sites)
+            }
+        for site in self.sites:
+            if factors[site.name].dim() != len(site.shape):
+                raise ValueError(
+                    f"Rank1BNNModel got factors of shape {tuple(factors[site.name].shape)} at "
+                    f"site {site.name!r} (shape {tuple(site.shape)}): it does not run on a "
+                    "leading particle dimension; use Predictive(..., parallel=False), "
+                    "vectorize_particles=False, or twodg_pyro.predict.predict"
+                )
         if self.routing == "tile":
             m, b = self.components, x.shape[0]
             x = x.repeat(m, *([1] * (x.dim() - 1)))
@@ -301,7 +336,10 @@ class Rank1BNNModel(nn.Module):
         else:
             assignment = self.route(x.shape[0], x.device)
         output = self.routed_forward(factors, x, assignment)
-        self.likelihood(output, y)
+        if local:  # the fast path: no bookkeeping site
+            self.likelihood(output, y)
+        else:
+            self.likelihood(output, y, outputs_site=LOGITS_SITE)
         return output
 
 
@@ -325,6 +363,8 @@ class Rank1Guide(DiagonalNormalGuide):
     Raises:
         ValueError: unknown ``init_mean`` or non-positive ``init_scale``.
     """
+
+    method = "rank1"
 
     def __init__(
         self,
@@ -358,17 +398,30 @@ class Rank1Guide(DiagonalNormalGuide):
         self.locs = nn.ParameterDict(locs)
         self.rhos = nn.ParameterDict(rhos)
 
-    def site_kl(self, name: str, prior_fn, value: torch.Tensor) -> dict[str, torch.Tensor]:
-        r"""``{"kl": (1/M) sum_m KL(q_m || p)}`` for one factor site.
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        r"""The factor sites, each counted :math:`1/M` (``poutine.scale``), as in the model:
+        the per-component average of the objective."""
+        with poutine.scale(scale=1.0 / self.components):
+            return super().forward(*args, **kwargs)
+
+    def site_kl(
+        self, name: str, prior_fn, value: torch.Tensor, guide_fn=None
+    ) -> dict[str, torch.Tensor]:
+        r"""``{"kl": sum_m KL(q_m || p)}`` for one factor site; the site's scale
+        :math:`1/M` (applied by the ELBO) makes it the per-component average.
 
         Closed form when registered (Normal prior), else the one-sample Monte Carlo
-        estimate :math:`\log q_m(v_m) - \log p(v_m)` (Cauchy prior).
+        estimate :math:`\log q_m(v_m) - \log p(v_m)` (Cauchy prior).  Always of the
+        guide's own :meth:`site_distribution` (``guide_fn`` is not used).
         """
-        site = next(s for s in self.sites if s.name == name)
-        return {"kl": site_kl(self.site_distribution(site), prior_fn, value) / self.components}
+        return {"kl": kl_or_estimate(self.site_distribution(self.site(name)), prior_fn, value)}
+
+    def kl_terms(self, priors, values) -> dict[str, torch.Tensor]:
+        """The sites' KL terms, each factor site counted :math:`1/M` as in the program."""
+        return {k: v / self.components for k, v in super().kl_terms(priors, values).items()}
 
     # ------------------------------------------------------------------ BNNGuide API
-    def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
+    def draw(self, num_samples: int | None = None) -> GuideSample:
         """Factor draws: ``(M, dim)`` per site, or ``(num_samples, M, dim)``."""
         # loc + scale * eps in two roundings, not DiagonalNormalGuide's fused addcmul:
         # keeps the factor draws bit for bit what they have always been
@@ -376,4 +429,4 @@ class Rank1Guide(DiagonalNormalGuide):
         for site in self.sites:
             loc, scale = self.loc(site.name), self.scale(site.name)
             out[site.name] = loc + scale * standard_normal(loc, num_samples)
-        return out
+        return GuideSample(out)

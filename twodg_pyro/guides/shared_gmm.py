@@ -35,32 +35,46 @@ The KL terms of Eq. 10 match the tying (:meth:`SharedGMMGuide.site_kl`), with
 Closed form for a Normal prior that is the same for every weight of a site; a
 Monte Carlo estimate :math:`\log q(w) - \log p(w)` at the drawn weights otherwise.
 
-Drawing is vectorised: the guide draws the flat vector of all :math:`n_w` weights with
-gathers over index tensors built once, then hands each site its view.  Gradients
-reach the component centres, the Cholesky factors of :math:`S_k` (stochastic, tied)
-and the outlier parameters.
+Each tying is a strategy object (:mod:`~twodg_pyro.guides.tyings`: its draw, KL, site
+density, trainable count and marginal); the guide holds what they share.  Drawing is
+vectorised: the guide draws the flat vector of all :math:`n_w` weights with gathers over
+index tensors built once (:mod:`~twodg_pyro.guides.assignment`), then hands each site
+its view.  Gradients reach the component centres, the Cholesky factors of :math:`S_k`
+(stochastic, tied) and the outlier parameters.
 """
 
 from __future__ import annotations
+
+import math
 
 import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from pyro.distributions.kl import kl_divergence
 from torch import nn
 
+from ..guide import GuideSample, MarginalDensity
 from ..sharing.structure import SharingStructure
-from .base import BNNGuide
+from .assignment import SiteIndex, WeightKinds, assignment_tables
+from .base import BNNGuide, GuideDraw, particle_batch_shape
+from .marginal_density import shared_mixture_log_q
 from .mean_field import inverse_softplus
-from .stochastic_kl import expected_normal_kl
+from .shared_mixture import SharedMixture
+from .stochastic_draw import draw_stochastic_into, stochastic_coefficients
+from .tyings import (
+    TYINGS,
+    Conditional,
+    SharedDraw,
+    StochasticParts,
+    Tying,
+    TyingName,
+    normal_kl,
+    tying_named,
+)
 
-__all__ = ["SharedGMMGuide", "TYINGS"]
+__all__ = ["SharedGMMGuide", "TYINGS", "TyingName"]
 
-TYINGS = ("representative", "stochastic", "tied")
 _MIN_SIGMA = 1e-8
-#: elements (draws x weights) per block of the stochastic tying's no-gradient draw
-_DRAW_BLOCK = 1 << 15
 
 
 def scalar_prior(fn: dist.Distribution) -> dist.Distribution | None:
@@ -83,51 +97,30 @@ def scalar_prior(fn: dist.Distribution) -> dist.Distribution | None:
         return None
 
 
-def _normal_kl(loc: torch.Tensor, scale: torch.Tensor, prior: dist.Distribution) -> torch.Tensor:
-    """Elementwise KL(N(loc, scale^2) || prior), closed form if registered, else None."""
-    return kl_divergence(dist.Normal(loc, scale, validate_args=False), prior)
-
-
-def _chol_params(covs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(log diag (K, 2), off-diagonal (K,))`` of the Cholesky factors of 2x2 SPD ``covs``."""
-    a, b, d = covs[:, 0, 0], covs[:, 1, 0], covs[:, 1, 1]
-    l00 = a.clamp_min(1e-30).sqrt()
-    l10 = b / l00
-    l11 = (d - l10**2).clamp_min(1e-30).sqrt()
-    return torch.stack([l00.log(), l11.log()], 1), l10
-
-
-def _stochastic_coefficients(m0, m1, l00, l10, l11):
-    r"""``(m0, m1, sqrt(S11), b sqrt(S11), v)`` of components given their Cholesky factors:
-    :math:`S_{11} = l_{10}^2 + l_{11}^2`, :math:`b = S_{01}/S_{11} = l_{00} l_{10}/S_{11}`,
-    :math:`v = S_{00} - S_{01}^2/S_{11} = (l_{00} l_{11})^2/S_{11}`; zero for the degenerate
-    ``S = 0`` of an outlier."""
-    s11 = l10 * l10 + l11 * l11
-    pos = s11 > 0
-    inv = torch.where(pos, 1.0 / s11.clamp_min(1e-30), torch.zeros_like(s11))
-    a = s11.sqrt()
-    return m0, m1, a, l00 * l10 * inv * a, (l00 * l11).square() * inv
-
-
-class SharedGMMGuide(BNNGuide):
+class SharedGMMGuide(SharedMixture, BNNGuide):
     """Stage-3 guide: inliers drawn from the shared mixture, outliers from their own Normals.
 
     Args:
         model: the :class:`~twodg_pyro.model.BNNModel` whose sites the guide covers.
         structure: the :class:`~twodg_pyro.sharing.SharingStructure` from stages 1-2.
-        tying: ``"representative"``, ``"stochastic"`` or ``"tied"``.
+        tying: ``"representative"``, ``"stochastic"`` or ``"tied"``
+            (:mod:`~twodg_pyro.guides.tyings`).
 
     Trainable: component centres (2K) and outlier means and scales (2 per outlier);
     the Cholesky factors of the covariances (3K) only for ``stochastic``/``tied``.
+
+    Attributes:
+        tying_rule: the :class:`~twodg_pyro.guides.tyings.Tying` (``tying`` is its name).
+        kinds: the number of outliers, plain inliers and ellipse weights.
     """
+
+    method = "2dg"
 
     def __init__(self, model, structure: SharingStructure, tying: str = "representative"):
         super().__init__()
-        if tying not in TYINGS:
-            raise ValueError(f"unknown tying {tying!r}; choose one of {list(TYINGS)}")
+        self.tying_rule: Tying = tying_named(tying)
         structure.check_matches(model.site_names, [tuple(s.shape) for s in model.sites])
         self.sites = list(model.sites)
-        self.tying = tying
         self.coordinates = structure.coordinates
         self._info = dict(structure.info)
         # the guide follows the network's device and dtype, whatever the structure's
@@ -140,149 +133,21 @@ class SharedGMMGuide(BNNGuide):
         )
         self._set_components(structure.means, structure.covariances)
         self._set_assignments(structure)
-        self._cache: dict = {}
+        #: the latest differentiable draw (its program's): what site_kl and log_density use
+        self._last: SharedDraw | None = None
+
+    @property
+    def tying(self) -> str:
+        """The tying's name: ``"representative"``, ``"stochastic"`` or ``"tied"``."""
+        return self.tying_rule.name
 
     # ------------------------------------------------------------------ parameters
-    def _set_components(self, means: torch.Tensor, covs: torch.Tensor) -> None:
-        like = self.outlier_loc  # the guide's device and dtype
-        means = means.detach().to(device=like.device, dtype=like.dtype)
-        covs = covs.detach().to(device=like.device, dtype=like.dtype)
-        m1 = means[:, 1]
-        raw = inverse_softplus(m1.clamp_min(_MIN_SIGMA)) if self.coordinates == "sigma" else m1
-        self.centre_mu = nn.Parameter(means[:, 0].clone())
-        self.centre_raw = nn.Parameter(raw.clone())
-        # the centres the inlier points were last synchronised with (see current_points)
-        self.register_buffer("anchor_centres", means.clone())
-        log_diag, off = _chol_params(covs)
-        trainable = self.tying != "representative"
-        for name, value in (("chol_log_diag", log_diag), ("chol_off", off)):
-            if name in self._parameters:
-                del self._parameters[name]
-            if name in self._buffers:
-                del self._buffers[name]
-            if trainable:
-                setattr(self, name, nn.Parameter(value.clone()))
-            else:
-                self.register_buffer(name, value.clone())
-
     def _set_assignments(self, s: SharingStructure) -> None:
-        device, dtype = self.outlier_loc.device, self.outlier_loc.dtype
-        n_w = s.num_weights
-        K = s.n_gaussians
-
-        def reg(name: str, t: torch.Tensor) -> None:  # floating buffers in the guide's dtype
-            t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
-            self.register_buffer(name, t, persistent=True)
-
-        # the two weight-sized index lists in 32 bits when the network allows (half the
-        # memory; index_select takes them); the small ones stay 64-bit for index_copy
-        big = torch.int32 if n_w < 2**31 else torch.long
-        reg("outlier_index", s.outlier_index.long())
-        reg("plain_index", s.plain_index.to(big))
-        reg("plain_component", s.plain_component.to(big))
-        reg("ellipse_index", s.ellipse_index.long())
-        reg("ellipse_components", s.ellipse_components.long())
-        reg("ellipse_alphas", s.ellipse_alphas)
-        reg("inlier_points", s.inlier_points)
-        # natural-order table index: plain weight -> its component k, j-th outlier -> K + j,
-        # ellipse weight -> 0 (overwritten per draw); drawing gathers with it (index_select /
-        # gather: deterministic backward on CPU, unlike advanced indexing)
-        nat = torch.zeros(n_w, dtype=big)
-        nat[s.plain_index] = s.plain_component.to(big)
-        nat[s.outlier_index] = K + torch.arange(s.outlier_index.numel(), dtype=big)
-        self.register_buffer("nat_index", nat.to(device), persistent=False)
-        # per-site ranges of the (sorted) index lists, and N_{k,s}
-        ends = torch.tensor([lay.offset + lay.numel for lay in s.sites])
-        site_of = lambda idx: torch.searchsorted(ends, idx, right=True)  # noqa: E731
-        n_sites = len(s.sites)
-        counts = torch.zeros(n_sites, K, dtype=dtype)
-        if s.plain_index.numel():
-            counts.view(-1).index_add_(
-                0,
-                site_of(s.plain_index) * K + s.plain_component,
-                torch.ones(s.plain_index.numel(), dtype=dtype),
-            )
-        if s.ellipse_index.numel():
-            k = s.ellipse_components.shape[1]
-            rows = site_of(s.ellipse_index)[:, None].expand(-1, k)
-            counts.view(-1).index_add_(
-                0,
-                (rows * K + s.ellipse_components).reshape(-1),
-                s.ellipse_alphas.reshape(-1).to(dtype),
-            )
-        reg("site_counts", counts)
-        self._ranges = {}
-        n_out, n_plain = s.outlier_index.numel(), s.plain_index.numel()
-        for lay in s.sites:
-            lo, hi = lay.offset, lay.offset + lay.numel
-            r = []
-            for idx in (s.outlier_index, s.plain_index, s.ellipse_index):
-                r += [int(torch.searchsorted(idx, lo)), int(torch.searchsorted(idx, hi))]
-            self._ranges[lay.name] = r
-        self._n = (n_out, n_plain, s.ellipse_index.numel())
-        self._layout = {lay.name: (lay.offset, lay.numel, lay.shape) for lay in s.sites}
-        self._site_pos = {lay.name: i for i, lay in enumerate(s.sites)}
-
-    # ------------------------------------------------------------------ components
-    @property
-    def n_components(self) -> int:
-        return int(self.centre_mu.shape[0])
-
-    def centre_sigma(self) -> torch.Tensor:
-        r""":math:`\sigma` of each centre (``softplus`` or ``exp`` of its raw parameter)."""
-        if self.coordinates == "sigma":
-            return F.softplus(self.centre_raw).clamp_min(_MIN_SIGMA)
-        return self.centre_raw.exp()
-
-    def centres(self) -> torch.Tensor:
-        """Component means :math:`m_k` in the mixture's coordinates, ``(K, 2)``."""
-        m1 = F.softplus(self.centre_raw) if self.coordinates == "sigma" else self.centre_raw
-        return torch.stack([self.centre_mu, m1], 1)
-
-    def cholesky(self) -> torch.Tensor:
-        """Lower Cholesky factors :math:`L_k` of :math:`S_k`, ``(K, 2, 2)``."""
-        d = self.chol_log_diag.exp()
-        zero = torch.zeros_like(self.chol_off)
-        row0 = torch.stack([d[:, 0], zero], 1)
-        row1 = torch.stack([self.chol_off, d[:, 1]], 1)
-        return torch.stack([row0, row1], 1)
-
-    def covariances(self) -> torch.Tensor:
-        r""":math:`S_k = L_k L_k^\top`, ``(K, 2, 2)``."""
-        L = self.cholesky()
-        return L @ L.transpose(-1, -2)
-
-    def current_points(self) -> torch.Tensor:
-        r"""The inlier points :math:`x_i` moved with their components since stage 2.
-
-        During stage 3 the centres move (they are trained) while the weights' stage-1
-        points :math:`x_i` do not: compared with the moved mixture, most points would sit
-        far from their component and the Mahalanobis check would turn them into ellipse
-        weights.  A point therefore rides with its component: it keeps its offset from the
-        centre it was last assigned to,
-
-        .. math::
-            x_i \leftarrow x_i + \sum_k r_{ik}\,(m_k - m_k^{\text{anchor}}),
-
-        (:math:`r_{ik}` = 1 for a plain inlier's component, :math:`\alpha_{ik}` for an
-        ellipse weight; :math:`m^{\text{anchor}}` the centres when the points were last
-        set), so the check only reacts to changes of the mixture's shape (merges, trained
-        covariances), not to the drift of the centres.  Returned in the order of
-        :attr:`inlier_points` (plain, then ellipse weights), ``(n_inliers, 2)``.
-        """
-        with torch.no_grad():
-            delta = self.centres() - self.anchor_centres
-            shift = delta.index_select(0, self.plain_component.long())
-            if self._n[2]:
-                shift_e = (self.ellipse_alphas.unsqueeze(-1) * delta[self.ellipse_components]).sum(
-                    1
-                )
-                shift = torch.cat([shift, shift_e])
-            return self.inlier_points + shift.to(self.inlier_points.dtype)
-
-    def component_counts(self) -> torch.Tensor:
-        r""":math:`N_k` summed over sites."""
-        return self.site_counts.sum(0)
+        tables = assignment_tables(s, self.outlier_loc.device, self.outlier_loc.dtype)
+        for name, tensor, persistent in tables.buffers:
+            self.register_buffer(name, tensor, persistent=persistent)
+        self._sites: dict[str, SiteIndex] = tables.sites
+        self.kinds: WeightKinds = tables.kinds
 
     # ------------------------------------------------------------------ drawing
     def _outlier_m1(self, scale: torch.Tensor) -> torch.Tensor:
@@ -297,64 +162,30 @@ class SharedGMMGuide(BNNGuide):
 
     def _ellipse_components(self, S: int) -> torch.Tensor | None:
         """Component of each ellipse weight in each of ``S`` draws, ``(S, n_e)``."""
-        if not self._n[2]:
+        if not self.kinds.ellipses:
             return None
         pick = torch.multinomial(self.ellipse_alphas, S, replacement=True)  # (n_e, S)
         return self.ellipse_components.gather(1, pick).T
 
-    def _draw(self, S: int, fast: bool = False) -> tuple[torch.Tensor, dict]:
-        r"""Flat weights ``(S, n_w)`` in site order and what the KL needs of this draw.
+    def _draw(self, S: int, fast: bool = False) -> SharedDraw:
+        r"""``S`` draws of all weights, ``(S, n_w)`` in site order, with what the KL needs.
 
         Every weight is drawn in natural (site) order from per-weight parameters gathered
         through :attr:`nat_index` (outliers are their own degenerate "components"), so a
         draw costs about one normal per weight plus one gather; ellipse weights, whose
-        component changes per draw, are drawn apart and copied in.  ``fast=True`` (no
-        gradients needed: prediction) draws in place and caches only the weights.
+        component changes per draw, are drawn apart and copied in (the tying's
+        :meth:`~twodg_pyro.guides.tyings.Tying.draw`).  ``fast=True`` (no gradients
+        needed: prediction) draws in place and keeps only the weights.
         """
-        dev = self.centre_mu.device
-        n_w = self.nat_index.numel()
         out_scale = F.softplus(self.outlier_rho)
         chosen = self._ellipse_components(S)
-        cache: dict = {"chosen": chosen}
-        ell = None
-        if self.tying == "representative":
-            loc_tab = torch.cat([self.centre_mu, self.outlier_loc])
-            scale_tab = torch.cat([self.centre_sigma(), out_scale])
-            loc = loc_tab.index_select(0, self.nat_index)
-            scale = scale_tab.index_select(0, self.nat_index)
-            eps = torch.randn(S, n_w, device=dev, dtype=loc.dtype)
-            flat = torch.addcmul(loc, scale, eps, out=None if torch.is_grad_enabled() else eps)
-            if chosen is not None:
-                c = chosen.reshape(-1)
-                ell = torch.addcmul(
-                    self.centre_mu.index_select(0, c),
-                    self.centre_sigma().index_select(0, c),
-                    torch.randn(c.numel(), device=dev, dtype=loc.dtype),
-                ).view(chosen.shape)
-        elif self.tying == "stochastic":
-            flat, ell, extra = self._draw_stochastic(S, chosen, out_scale, fast)
-            cache.update(extra)
-        else:  # tied
-            L = self.cholesky()
-            z = self.centres() + (
-                L @ torch.randn(S, self.n_components, 2, 1, device=dev, dtype=L.dtype)
-            ).squeeze(-1)
-            z0 = z[..., 0]
-            w_out = torch.addcmul(
-                self.outlier_loc, out_scale, torch.randn(S, self._n[0], device=dev, dtype=L.dtype)
-            )
-            table = torch.cat([z0, w_out], 1)
-            flat = self._gather_rows(table)
-            if chosen is not None:
-                ell = z0.gather(1, chosen)
-            cache["z0"] = z0
+        flat, ell, values, parts = self.tying_rule.draw(self, S, chosen, out_scale, fast)
         if ell is not None:
             if torch.is_grad_enabled():
                 flat = flat.index_copy(1, self.ellipse_index, ell)
             else:
                 flat.index_copy_(1, self.ellipse_index, ell)
-        cache["flat"] = flat
-        return flat, cache
+        return SharedDraw(flat, chosen, values, parts)
 
     def _gather_rows(self, table: torch.Tensor) -> torch.Tensor:
         """``table[:, nat_index]`` for a ``(S, K + n_out)`` table, row by row: a 1-D
@@ -382,12 +213,12 @@ class SharedGMMGuide(BNNGuide):
 
         which is the same joint law of :math:`(t, w)` as drawing :math:`\tilde\mu` first.
         When a Monte Carlo KL needs :math:`\tilde\mu` (a non-Normal prior) it is drawn
-        afterwards from :math:`\tilde\mu \mid t, w` (:meth:`_stochastic_loc_scale`), so the
-        triple still has the law of the three-normal draw and stays reparameterised.
+        afterwards from :math:`\tilde\mu \mid t, w` (:class:`~twodg_pyro.guides.tyings.Stochastic`),
+        so the triple still has the law of the three-normal draw and stays reparameterised.
         """
         n_w = self.nat_index.numel()
         d = self.chol_log_diag.exp()
-        zeros = self.outlier_loc.new_zeros(self._n[0])
+        zeros = self.outlier_loc.new_zeros(self.kinds.outliers)
         m1 = self.centres()[:, 1]
         # per component (outliers: zero covariance): m0, m1, L00, L10, L11
         cols = [
@@ -397,7 +228,7 @@ class SharedGMMGuide(BNNGuide):
             torch.cat([self.chol_off, zeros]),
             torch.cat([d[:, 1], zeros]),
         ]
-        coef = _stochastic_coefficients(*cols)  # m0, m1, sqrt(S11), b sqrt(S11), v
+        coef = stochastic_coefficients(*cols)  # m0, m1, sqrt(S11), b sqrt(S11), v
         # 1-D gathers: their backward is a fast serial (deterministic) index_add
         per = [c.index_select(0, self.nat_index) for c in coef]  # 5 x (n_w,)
         e_per = None
@@ -413,7 +244,7 @@ class SharedGMMGuide(BNNGuide):
                 ell = self._draw_marginal_into(
                     torch.empty(chosen.shape, dtype=per[0].dtype, device=per[0].device), *e_per
                 )
-            return flat, ell, {}
+            return flat, ell, None
 
         def draw(p, shape):
             m0, m1_, a, ba, v = p
@@ -423,301 +254,159 @@ class SharedGMMGuide(BNNGuide):
             return torch.addcmul(cond_mean, torch.sqrt(v + sig * sig), eps), cond_mean, v, sig
 
         flat, cond_mean, v, sig = draw(per, (S, n_w))
-        ell, parts = None, {"plain": (cond_mean, v.expand(S, n_w), sig)}
+        ell, ellipse = None, None
         if chosen is not None:
             ell, cm_e, v_e, sig_e = draw(e_per, chosen.shape)
-            parts["ellipse"] = (cm_e, v_e, sig_e)
+            ellipse = Conditional(cm_e, v_e, sig_e)
         # (c, v, sigma~) per weight, assembled only if a Monte Carlo KL asks for them
-        return flat, ell, {"stochastic_parts": parts}
+        return flat, ell, StochasticParts(Conditional(cond_mean, v.expand(S, n_w), sig), ellipse)
 
     def _draw_marginal_into(self, out, m0, m1_, a, ba, v) -> torch.Tensor:
-        r"""The two-normal draw of :meth:`_draw_stochastic` into ``out`` ``(S, n)`` (no
-        gradients; the coefficients are ``(n,)`` or ``(S, n)``):
-        :math:`w = m_0 + b\sqrt{S_{11}}\,u + \sqrt{v + \tilde\sigma(t)^2}\,\varepsilon`,
-        :math:`t = m_1 + \sqrt{S_{11}}\,u`.
-
-        Block by block of columns, so that the two normals of a block (drawn in one call)
-        and the intermediate :math:`v + \tilde\sigma^2` stay in the cache in a scratch
-        buffer of :data:`_DRAW_BLOCK` elements, and ``out`` is the only weight-sized memory
-        written: the law of each weight is unchanged, which normals it takes from the
-        random stream is not (results under a fixed seed differ from earlier versions')."""
-        S, n = out.shape
-        cols = max(1, min(n, _DRAW_BLOCK // max(1, S)))
-        normals = out.new_empty(2, S, cols)  # u and eps of a block, drawn in one call
-        var_full = out.new_empty(S, cols)
-        blocks = [t.split(cols, dim=-1) for t in (m0, m1_, a, ba, v)]
-        for m0_b, m1_b, a_b, ba_b, v_b, out_b in zip(*blocks, out.split(cols, dim=-1), strict=True):
-            w = out_b.shape[-1]
-            z, var = normals, var_full
-            if w < cols:  # the last, narrower block
-                z = normals.view(-1)[: 2 * S * w].view(2, S, w)
-                var = var_full.view(-1)[: S * w].view(S, w)
-            u, eps = z.normal_().unbind(0)
-            torch.addcmul(m1_b, a_b, u, out=var)  # t, the drawn second coordinate
-            if self.coordinates == "sigma":  # sigma~^2 = t^2
-                torch.addcmul(v_b, var, var, out=var)
-            else:  # sigma~^2 = exp(2 t)
-                var.mul_(2).exp_().add_(v_b)
-            torch.addcmul(m0_b, ba_b, u, out=out_b)
-            out_b.addcmul_(var.sqrt_(), eps)
-        return out
-
-    def _stochastic_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        r"""``(c, v, sigma~)``, each ``(S, n_w)``, of the last ``stochastic`` draw: the mean
-        and variance of :math:`\tilde\mu` given :math:`t`, and :math:`\tilde\sigma`."""
-        cache = self._cache
-        if "stochastic_state" not in cache:
-            parts = cache["stochastic_parts"]
-            state = parts["plain"]
-            if "ellipse" in parts:
-                state = tuple(
-                    full.index_copy(1, self.ellipse_index, e)
-                    for full, e in zip(state, parts["ellipse"], strict=True)
-                )
-            cache["stochastic_state"] = state
-        return cache["stochastic_state"]
-
-    def _stochastic_loc_scale(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r"""``(mu~, sigma~)`` of the weights ``idx`` of the last draw, :math:`\tilde\mu`
-        drawn from :math:`\tilde\mu \mid t, w \sim \mathcal N\big(c + \frac{v}{v +
-        \tilde\sigma^2}(w - c),\ \frac{v\,\tilde\sigma^2}{v + \tilde\sigma^2}\big)`
-        (:math:`c, v`: the conditional mean and variance of :math:`\tilde\mu` given
-        :math:`t`)."""
-        c, v, sig = (t[0].index_select(0, idx) for t in self._stochastic_state())
-        s2 = sig.square()
-        w = self._cache["flat"][0].index_select(0, idx)
-        gain = v / (v + s2)
-        mu = torch.addcmul(c + gain * (w - c), torch.sqrt(gain * s2), torch.randn_like(c))
-        return mu, sig
+        """The two-normal draw of :meth:`_draw_stochastic` into ``out``, without gradients
+        (:func:`~twodg_pyro.guides.stochastic_draw.draw_stochastic_into`)."""
+        return draw_stochastic_into(out, m0, m1_, a, ba, v, self.coordinates)
 
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         lead = flat.shape[:-1]
-        items = sorted(self._layout.items(), key=lambda kv: kv[1][0])
-        offsets = [off for _, (off, _, _) in items]
-        sizes = [n for _, (_, n, _) in items]
+        layouts = sorted((s.layout for s in self._sites.values()), key=lambda lay: lay.offset)
+        offsets = [lay.offset for lay in layouts]
+        sizes = [lay.numel for lay in layouts]
         if offsets == [sum(sizes[:i]) for i in range(len(sizes))]:
             # one split: its backward is one concatenation, where per-site slices would
             # each build a zero-filled gradient of all n_w weights (n_sites x n_w work)
             parts = flat.split(sizes, dim=-1)
             return {
-                name: part.reshape(*lead, *shape)
-                for (name, (_, _, shape)), part in zip(items, parts, strict=True)
+                lay.name: part.reshape(*lead, *lay.shape)
+                for lay, part in zip(layouts, parts, strict=True)
             }
         return {
-            name: flat[..., off : off + n].reshape(*lead, *shape)
-            for name, (off, n, shape) in self._layout.items()
+            name: flat[..., s.offset : s.offset + s.layout.numel].reshape(*lead, *s.layout.shape)
+            for name, s in self._sites.items()
         }
 
+    def draw(self, num_samples: int | None = None) -> GuideSample:
+        """All weights in one draw: ``site.shape`` each, or ``(num_samples, *site.shape)``;
+        ``component_values``: the ``tied`` tying's :math:`z_{k,0}`.  With gradients on it
+        is the latest draw (:meth:`site_kl`); without, it draws in place (prediction)."""
+        S = 1 if num_samples is None else int(num_samples)
+        grad = torch.is_grad_enabled()
+        d = self._draw(S, fast=not grad)
+        if grad:
+            self._last = d
+        weights = self._split(d.flat)
+        values = d.component_values
+        if num_samples is None:
+            weights = {k: v[0] for k, v in weights.items()}
+            values = None if values is None else values[0]
+        return GuideSample(weights, values)
+
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        flat, self._cache = self._draw(1)
-        weights = self._split(flat[0])
+        r"""The guide as a Pyro program: one draw of all weights, one site per tensor.
+
+        Each site is a :class:`~twodg_pyro.guides.base.GuideDraw` whose ``log_prob`` is
+        :meth:`log_density` of the draw, so stock Pyro ELBOs estimate the same bound as
+        :class:`~twodg_pyro.infer.DecomposedELBO` (``representative``, ``stochastic``);
+        for ``tied`` it raises :class:`~twodg_pyro.guide.NoSiteDensityError`.
+        Inside vectorised plates it draws one value per plate entry."""
+        self._param_statements()
+        batch = particle_batch_shape()
+        n = math.prod(batch)
+        self._last = last = self._draw(n)
+        flat = last.flat
+        weights = self._split(flat.reshape(*batch, flat.shape[-1]) if batch else flat[0])
+        densities = {}
+
+        def site_density(name: str):
+            def density():
+                if "per_site" not in densities:
+                    log_q = self.log_density(last)  # (n, n_w)
+                    densities["per_site"] = {
+                        k: v.reshape(*batch, -1).sum(-1) for k, v in self._split(log_q).items()
+                    }
+                return densities["per_site"][name].reshape(batch)
+
+            return density
+
         return {
-            s.name: pyro.sample(s.name, dist.Delta(weights[s.name], event_dim=len(s.shape)))
+            s.name: pyro.sample(
+                s.name, GuideDraw(weights[s.name], site_density(s.name), event_dim=len(s.shape))
+            )
             for s in self.sites
         }
 
-    def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
-        S = 1 if num_samples is None else int(num_samples)
-        flat, _ = self._draw(S, fast=not torch.is_grad_enabled())
-        weights = self._split(flat)
-        return {k: v[0] for k, v in weights.items()} if num_samples is None else weights
+    def log_density(self, draw: SharedDraw | None = None) -> torch.Tensor:
+        r"""Per-weight :math:`\log q(w_i \mid \cdot)` of the latest draw (or of ``draw``),
+        ``(S, n_w)``: the guide density whose expectation minus :math:`\mathbb E \log
+        p(w)` is the Eq. 10 bound of the tying
+        (:meth:`~twodg_pyro.guides.tyings.Tying.log_density`; none for ``tied``)."""
+        return self.tying_rule.log_density(self, self._last if draw is None else draw)
 
     # ------------------------------------------------------------------ KL (Eq. 10)
-    def site_kl(self, name: str, prior_fn, value: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``{"kl_inlier": ..., "kl_outlier": ...}`` of one site for the last draw."""
-        o0, o1, p0, p1, e0, e1 = self._ranges[name]
+    def site_kl(
+        self, name: str, prior_fn, value: torch.Tensor, guide_fn=None
+    ) -> dict[str, torch.Tensor]:
+        """``{"kl_inlier": ..., "kl_outlier": ...}`` of one site for the latest draw: the
+        outliers' closed-form (or estimated) KL here, the inliers' the tying's
+        (:meth:`~twodg_pyro.guides.tyings.Tying.inlier_kl`)."""
+        site = self._sites[name]
+        draw = self._last
         prior = scalar_prior(prior_fn)
         zero = self.centre_mu.new_zeros(())
         log_p_elem = None
 
-        def elementwise_log_p(kind_range_global_idx):
+        def log_p_at(global_idx: torch.Tensor) -> torch.Tensor:
             nonlocal log_p_elem
             if log_p_elem is None:
                 base = prior_fn.base_dist if isinstance(prior_fn, dist.Independent) else prior_fn
                 log_p_elem = base.log_prob(value).reshape(-1)
-            return log_p_elem[kind_range_global_idx - self._layout[name][0]]
+            return log_p_elem[global_idx - site.offset]
 
         base = prior_fn.base_dist if isinstance(prior_fn, dist.Independent) else prior_fn
         # a Normal prior that differs between weights (e.g. PretrainedPrior): closed form,
         # weight by weight, at the prior's entries for the weights concerned
         per_weight = isinstance(base, dist.Normal) and prior is None
-        offset = self._layout[name][0]
 
         def prior_at(global_idx: torch.Tensor) -> dist.Normal:
-            local = global_idx - offset
+            local = global_idx - site.offset
             loc = base.loc.expand(base.batch_shape).reshape(-1).index_select(0, local)
             scale = base.scale.expand(base.batch_shape).reshape(-1).index_select(0, local)
             return dist.Normal(loc, scale, validate_args=False)
 
         # ---- outliers
         kl_out = zero
-        if o1 > o0:
-            idx = self.outlier_index[o0:o1]
-            loc = self.outlier_loc[o0:o1]
-            scale = F.softplus(self.outlier_rho[o0:o1])
+        if site.outliers.stop > site.outliers.start:
+            idx = self.outlier_index[site.outliers]
+            loc = self.outlier_loc[site.outliers]
+            scale = F.softplus(self.outlier_rho[site.outliers])
             kl_out = None
             if per_weight:
-                kl_out = _normal_kl(loc, scale, prior_at(idx)).sum()
+                kl_out = normal_kl(loc, scale, prior_at(idx)).sum()
             elif prior is not None:
                 try:
-                    kl_out = _normal_kl(loc, scale, prior).sum()
+                    kl_out = normal_kl(loc, scale, prior).sum()
                 except NotImplementedError:
                     pass
             if kl_out is None:  # Monte Carlo at the drawn weights
-                w = self._cache["flat"][0].index_select(0, idx)
+                w = draw.flat[0].index_select(0, idx)
                 log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
-                log_p = prior.log_prob(w) if prior is not None else elementwise_log_p(idx)
+                log_p = prior.log_prob(w) if prior is not None else log_p_at(idx)
                 kl_out = (log_q - log_p).sum()
         # ---- inliers
         kl_in = zero
-        if p1 > p0 or e1 > e0:
-            kl_in = self._inlier_kl(
-                name, prior, elementwise_log_p, prior_at if per_weight else None
+        if site.plain.stop > site.plain.start or site.ellipses.stop > site.ellipses.start:
+            kl_in = self.tying_rule.inlier_kl(
+                self, draw, site, prior, log_p_at, prior_at if per_weight else None
             )
         return {"kl_inlier": kl_in, "kl_outlier": kl_out}
 
-    def _inlier_kl(self, name, prior, elementwise_log_p, prior_at=None) -> torch.Tensor:
-        counts = self.site_counts[self._site_pos[name]]
-        is_normal = isinstance(prior, dist.Normal)
-        _, _, p0, p1, e0, e1 = self._ranges[name]
-        # the site's plain then ellipse weights, as flat indices
-        global_idx = torch.cat([self.plain_index[p0:p1], self.ellipse_index[e0:e1]])
-        if self.tying == "representative":
-            if is_normal:
-                kl_k = _normal_kl(self.centre_mu, self.centre_sigma(), prior)
-                return (counts * kl_k).sum()
-            if prior_at is not None:  # per-weight Normal prior: the same bound, weight by weight
-                return self._per_weight_representative_kl(p0, p1, e0, e1, prior_at)
-            comps = self.plain_component[p0:p1]
-            if e1 > e0:
-                comps = torch.cat([comps, self._cache["chosen"][0, e0:e1]])
-            loc = self.centre_mu.index_select(0, comps)
-            scale = self.centre_sigma().index_select(0, comps)
-        elif self.tying == "stochastic":
-            if is_normal:  # the exact expectation over (mu~, sigma~): no Monte Carlo noise
-                return (counts * self._expected_kl(prior)).sum()
-            loc, scale = self._stochastic_loc_scale(global_idx)
-        else:  # tied: one term per component, shared among the sites it spans
-            if prior is None:
-                raise ValueError(
-                    f"tied tying needs a prior that is the same for every weight of site "
-                    f"{name!r}; got a per-weight prior"
-                )
-            frac = counts / self.component_counts().clamp_min(1e-12)
-            sd = self.covariances()[:, 0, 0].clamp_min(1e-30).sqrt()
-            if is_normal:
-                return (frac * _normal_kl(self.centre_mu, sd, prior)).sum()
-            z0 = self._cache["z0"][0]
-            log_q = dist.Normal(self.centre_mu, sd, validate_args=False).log_prob(z0)
-            return (frac * (log_q - prior.log_prob(z0))).sum()
-        # Monte Carlo at the drawn weights: log q(w | drawn component) - log p(w)
-        w = self._last_weights_flat().index_select(0, global_idx)
-        log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
-        log_p = prior.log_prob(w) if prior is not None else elementwise_log_p(global_idx)
-        return (log_q - log_p).sum()
-
-    def _per_weight_representative_kl(self, p0, p1, e0, e1, prior_at) -> torch.Tensor:
-        r""":math:`\sum_i \sum_k r_{ik}\,\mathrm{KL}(\mathcal N(m_{k,0}, m_{k,1}^2) \|
-        p_i)` over a site's plain (:math:`r_{ik} = 1` for its component) and ellipse
-        (:math:`r_{ik} = \alpha_{ik}`) weights, for a Normal prior :math:`p_i` per weight."""
-        mu, sigma = self.centre_mu, self.centre_sigma()
-        total = mu.new_zeros(())
-        if p1 > p0:
-            comps = self.plain_component[p0:p1].long()
-            q = (mu.index_select(0, comps), sigma.index_select(0, comps))
-            total = total + _normal_kl(*q, prior_at(self.plain_index[p0:p1])).sum()
-        if e1 > e0:
-            comps = self.ellipse_components[e0:e1]  # (n, k)
-            p = prior_at(self.ellipse_index[e0:e1])
-            p = dist.Normal(p.loc.unsqueeze(1), p.scale.unsqueeze(1), validate_args=False)
-            kl = _normal_kl(mu[comps], sigma[comps], p)
-            total = total + (self.ellipse_alphas[e0:e1] * kl).sum()
-        return total
-
-    def _expected_kl(self, prior: dist.Normal) -> torch.Tensor:
-        """Per-component expected KL to a Normal prior, computed once per draw and prior.
-
-        Sites share the entry when their prior's parameters are the same tensors (the
-        library's priors reuse them: :meth:`~twodg_pyro.priors.Prior.constant`); the key
-        is their storage, not their values, so that no GPU value is read back per step.
-        The entry holds the tensors, so their memory cannot be reused within the draw."""
-        loc, scale = prior.loc, prior.scale
-        key = (loc.data_ptr(), scale.data_ptr(), loc.dtype, loc.device)
-        table = self._cache.setdefault("expected_kl", {})
-        if key not in table:
-            value = expected_normal_kl(
-                self.centres(), self.covariances(), loc, scale, self.coordinates
-            )
-            table[key] = (loc, scale, value)
-        return table[key][2]
-
-    def _last_weights_flat(self) -> torch.Tensor:
-        return self._cache["flat"][0]
-
-    # ------------------------------------------------------------------ refinement
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # files written before 0.1.0's memory diet carry an unused weight-sized buffer
-        state_dict.pop(prefix + "inverse_order", None)
-        # files written before the points followed their components: the points are where
-        # they were, relative to the saved centres
-        if prefix + "anchor_centres" not in state_dict and prefix + "centre_mu" in state_dict:
-            raw = state_dict[prefix + "centre_raw"]
-            m1 = F.softplus(raw) if self.coordinates == "sigma" else raw
-            state_dict[prefix + "anchor_centres"] = torch.stack(
-                [state_dict[prefix + "centre_mu"], m1], 1
-            )
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def load_structure(self, structure: SharingStructure, components: bool = True) -> None:
-        """Adopt a refined structure (after a merge or a reassignment).
-
-        With ``components=True`` the component parameters are rebuilt from the
-        structure's means and covariances (new parameter objects: rebuild the
-        optimiser); otherwise they are kept and only the assignments change.  Outlier
-        parameters are kept when the set of outliers is unchanged.
-        """
-        structure.check_matches([s.name for s in self.sites], [tuple(s.shape) for s in self.sites])
-        if structure.coordinates != self.coordinates:
-            raise ValueError(
-                f"structure coordinates {structure.coordinates!r} differ from the guide's "
-                f"{self.coordinates!r}"
-            )
-        if not torch.equal(structure.outlier_index, self.outlier_index.cpu()):
-            dev, dtype = self.outlier_loc.device, self.outlier_loc.dtype
-            self.outlier_loc = nn.Parameter(
-                structure.outlier_loc.detach().to(device=dev, dtype=dtype).clone()
-            )
-            self.outlier_rho = nn.Parameter(
-                inverse_softplus(structure.outlier_scale.detach().to(device=dev, dtype=dtype))
-            )
-        if components:
-            self._set_components(structure.means, structure.covariances)
-        elif structure.n_gaussians != self.n_components:
-            raise ValueError("components=False needs the same number of components")
-        else:  # the structure's points are current: they ride from the centres as they are
-            self.anchor_centres = self.centres().detach().clone()
-        self._set_assignments(structure)
-        self._cache = {}
-
-    def centre_gradients(self, model, batches, n_batches: int = 1, elbo=None) -> torch.Tensor:
-        r""":math:`\partial(-\mathrm{ELBO})/\partial m_k`, ``(K, 2)``, averaged over minibatches."""
-        from ..infer.elbo import DecomposedELBO
-
-        elbo = elbo or DecomposedELBO()
-        total = self.centre_mu.new_zeros(self.n_components, 2)
-        seen = 0
-        for batch in batches:
-            x, y = (t.to(self.centre_mu.device) for t in batch[:2])
-            g_mu, g_raw = torch.autograd.grad(
-                elbo.differentiable_loss(model, self, x, y), [self.centre_mu, self.centre_raw]
-            )
-            # chain rule from the raw parameter to the coordinate m_{k,1}
-            dm1 = torch.sigmoid(self.centre_raw) if self.coordinates == "sigma" else 1.0
-            total += torch.stack([g_mu, g_raw / dm1], 1).detach()
-            seen += 1
-            if seen >= n_batches:
-                break
-        return total / max(seen, 1)
+    # ------------------------------------------------------------------ densities
+    def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
+        r""":math:`\log q(w)` of joint draws: outliers' Normals, the tying's component
+        marginals for plain inliers, their alpha-mixtures for ellipse weights
+        (:mod:`~twodg_pyro.guides.marginal_density`; exact for ``representative``,
+        quadrature for ``stochastic``, a product-of-marginals surrogate for ``tied``)."""
+        marginals = self.tying_rule.component_marginals(self, int(quadrature_nodes))
+        return shared_mixture_log_q(self, marginals)
 
     # ------------------------------------------------------------------ BNNGuide API
     def param_groups(self) -> list[dict]:
@@ -725,37 +414,6 @@ class SharedGMMGuide(BNNGuide):
             {"name": "centre", "params": [self.centre_mu, self.centre_raw]},
             {"name": "outlier", "params": [self.outlier_loc, self.outlier_rho]},
         ]
-        if self.tying != "representative":
+        if self.tying_rule.trains_covariances:
             groups.append({"name": "cov", "params": [self.chol_log_diag, self.chol_off]})
         return groups
-
-    def structure(self, current_points: bool = False) -> SharingStructure:
-        """The current sharing structure (centres and covariances as trained so far).
-
-        Its ``inlier_points`` are the points as last set (stage 1's, or as of the last
-        refinement), which the guide's ``anchor_centres`` complete (files and checkpoints
-        keep both); ``current_points=True`` gives them moved with their components
-        (:meth:`current_points`), as the refinement hooks compare them with the mixture.
-        """
-        from ..sharing.structure import SiteLayout
-
-        sites = [SiteLayout(n, tuple(shape), off) for n, (off, _, shape) in self._layout.items()]
-        with torch.no_grad():
-            return SharingStructure(
-                sites=sites,
-                coordinates=self.coordinates,
-                means=self.centres().cpu(),
-                covariances=self.covariances().cpu(),
-                outlier_index=self.outlier_index.cpu(),
-                outlier_loc=self.outlier_loc.cpu(),
-                outlier_scale=F.softplus(self.outlier_rho).cpu(),
-                plain_index=self.plain_index.long().cpu(),
-                plain_component=self.plain_component.long().cpu(),
-                ellipse_index=self.ellipse_index.cpu(),
-                ellipse_components=self.ellipse_components.cpu(),
-                ellipse_alphas=self.ellipse_alphas.cpu(),
-                inlier_points=(
-                    self.current_points() if current_points else self.inlier_points
-                ).cpu(),
-                info=dict(self._info),
-            )

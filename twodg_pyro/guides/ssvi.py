@@ -22,46 +22,18 @@ so the inactive point masses cancel and
 
 in closed form for a Normal prior and by the one-sample estimate
 :math:`\log q(\theta_i) - \log p(\theta_i)` otherwise (:meth:`SSVIGuide.site_kl`, used by
-:class:`~twodg_pyro.infer.DecomposedELBO`; the guide emits a ``Delta`` at each weight
-site, so it needs that ELBO).
+:class:`~twodg_pyro.infer.DecomposedELBO`).  Stock Pyro ELBOs get the same bound: each
+weight site's ``log_prob`` is :meth:`SSVIGuide.site_log_density`, whose point masses are
+measured against the prior as above.
 
-**Subspace updates** (:class:`SubspaceUpdate`, a training-loop callback) alternate with
-the SVI steps: every ``update_every`` epochs, in each site, the ``n`` active coordinates
-with the lowest *removal score* leave :math:`\Gamma` and ``n`` inactive coordinates join
-it, chosen by the largest :math:`|\partial \mathcal L / \partial \theta_i|` at the
-posterior mean (``addition="gradient"``, the NLL gradient summed over a few minibatches)
-or uniformly at random (``addition="random"``).  Candidates for addition are the
-coordinates that were inactive before the removal, so the subspace really moves.  New
-coordinates start at :math:`\mu = 0` (the value they had) with the guide's initial
-:math:`\sigma`.  ``n = floor(zeta_t |Gamma|)`` with a cosine-decaying fraction
-:math:`\zeta_t = \zeta_0 \tfrac12 (1 + \cos(\pi t / T))` over the first
-``stop_fraction`` of training (no updates after it).  After every update exactly
-:math:`s` coordinates are active.
-
-Removal scores (:func:`removal_scores`; higher means keep), for
-:math:`\theta_i \sim \mathcal N(\mu_i, \sigma_i^2)`:
-
-* ``"mu"``: :math:`|\mu_i|`;
-* ``"snr"``: :math:`|\mu_i| / \sigma_i`;
-* ``"snr_abs_theta"``: :math:`\mathrm{SNR}(|\theta_i|) = \mathbb E|\theta_i| /
-  \sqrt{\operatorname{Var}|\theta_i|}` from the folded-normal moments
-  :math:`\mathbb E|\theta| = \sigma\sqrt{2/\pi}\, e^{-\mu^2/2\sigma^2}
-  + \mu\,(1 - 2\Phi(-\mu/\sigma))`,
-  :math:`\operatorname{Var}|\theta| = \mu^2 + \sigma^2 - (\mathbb E|\theta|)^2`
-  (the criterion the authors found best).  Note that with :math:`t = |\mu|/\sigma` it
-  equals :math:`g(t)/\sqrt{1 + t^2 - g(t)^2}`, :math:`g(t) = \sqrt{2/\pi}e^{-t^2/2} +
-  t\,\operatorname{erf}(t/\sqrt2)`, a strictly increasing function of ``snr`` (from
-  :math:`\sqrt{2/(\pi - 2)} \approx 1.3236` at :math:`t = 0` to :math:`\approx t` for
-  large :math:`t`): it ranks coordinates exactly as ``"snr"`` does.
+**Subspace updates** (:class:`~twodg_pyro.guides.ssvi_subspace.SubspaceUpdate`, a
+training-loop callback, and its removal scores) are in :mod:`twodg_pyro.guides.ssvi_subspace`.
 
 Local reparameterisation does not apply here: the sites of a ``BNNModel`` are whole
 weight tensors, sampled as such.
 """
 
 from __future__ import annotations
-
-import math
-from collections.abc import Iterable
 
 import pyro
 import pyro.distributions as dist
@@ -70,23 +42,13 @@ import torch.nn.functional as F
 from pyro.distributions.kl import kl_divergence
 from torch import nn
 
-from ..infer.callbacks import Callback
+from ..guide import GuideSample, MarginalDensity
 from ..model import BNNModel
 from ..nn.sites import BayesianSite
-from .base import BNNGuide, site_key
+from .base import BNNGuide, GuideDraw, particle_batch_shape, site_key
 from .mean_field import check_init_scale, inverse_softplus, paper_initial_scales
 
-__all__ = [
-    "SSVIGuide",
-    "SubspaceUpdate",
-    "REMOVAL_CRITERIA",
-    "ADDITION_CRITERIA",
-    "removal_scores",
-    "folded_normal_moments",
-]
-
-REMOVAL_CRITERIA = ("mu", "snr", "snr_abs_theta")
-ADDITION_CRITERIA = ("gradient", "random")
+__all__ = ["SSVIGuide"]
 
 
 def _check_density(density) -> float:
@@ -96,64 +58,6 @@ def _check_density(density) -> float:
     if not (0.0 < density <= 1.0):
         raise ValueError(f"density must be in (0, 1], got {density!r}")
     return density
-
-
-def check_removal(criterion: str) -> str:
-    """``criterion`` if it is a known removal criterion, else a clear ``ValueError``."""
-    if criterion not in REMOVAL_CRITERIA:
-        raise ValueError(
-            f"unknown removal criterion {criterion!r}; known: {list(REMOVAL_CRITERIA)}"
-        )
-    return criterion
-
-
-def check_addition(criterion: str) -> str:
-    """``criterion`` if it is a known addition criterion, else a clear ``ValueError``."""
-    if criterion not in ADDITION_CRITERIA:
-        raise ValueError(
-            f"unknown addition criterion {criterion!r}; known: {list(ADDITION_CRITERIA)}"
-        )
-    return criterion
-
-
-def folded_normal_moments(
-    loc: torch.Tensor, scale: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    r""":math:`(\mathbb E|\theta|, \operatorname{std}|\theta|)` for :math:`\theta \sim
-    \mathcal N(\text{loc}, \text{scale}^2)`, computed stably in float64.
-
-    With :math:`t = |\mu|/\sigma` and :math:`\delta = \sqrt{2/\pi} e^{-t^2/2} - t
-    \operatorname{erfc}(t/\sqrt2) \ge 0`: :math:`\mathbb E|\theta| = \sigma (t + \delta)`
-    and :math:`\operatorname{Var}|\theta| = \sigma^2 (1 - 2 t \delta - \delta^2)`, which
-    avoids the cancellation of :math:`\mu^2 + \sigma^2 - (\mathbb E|\theta|)^2`.
-    """
-    mu = loc.detach().double().abs()
-    sigma = scale.detach().double()
-    t = mu / sigma
-    delta = math.sqrt(2.0 / math.pi) * torch.exp(-0.5 * t * t) - t * torch.erfc(t / math.sqrt(2.0))
-    mean = sigma * (t + delta)
-    var_ratio = (1.0 - 2.0 * t * delta - delta * delta).clamp_min(0.0)
-    return mean.to(loc.dtype), (sigma * var_ratio.sqrt()).to(loc.dtype)
-
-
-def removal_scores(loc: torch.Tensor, scale: torch.Tensor, criterion: str) -> torch.Tensor:
-    r"""Keep-scores of coordinates with posterior :math:`\mathcal N(\mu, \sigma^2)`; the
-    lowest are removed first.
-
-    ``"mu"``: :math:`|\mu|`; ``"snr"``: :math:`|\mu|/\sigma`; ``"snr_abs_theta"``:
-    :math:`\mathbb E|\theta| / \operatorname{std}|\theta|` (folded-normal moments).
-
-    Raises:
-        ValueError: for an unknown criterion, naming it.
-    """
-    check_removal(criterion)
-    loc, scale = loc.detach(), scale.detach()
-    if criterion == "mu":
-        return loc.abs()
-    if criterion == "snr":
-        return loc.abs() / scale
-    mean, std = folded_normal_moments(loc.double(), scale.double())
-    return (mean / std).to(loc.dtype)
 
 
 def _unwrap(d: dist.Distribution) -> dist.Distribution:
@@ -179,6 +83,8 @@ class SSVIGuide(BNNGuide):
         ValueError: density outside (0, 1], or a bad ``init_scale``.
     """
 
+    method = "ssvi"
+
     def __init__(
         self,
         model: BNNModel,
@@ -192,6 +98,8 @@ class SSVIGuide(BNNGuide):
         check_init_scale(init_scale)
         self.init_scale = init_scale
         self.sites = list(model.sites)
+        # the model's prior, for the density that stock Pyro ELBOs read (site_log_density)
+        self._prior = model.prior
         self._generator = torch.Generator().manual_seed(int(seed))
         init_loc = init_loc if init_loc is not None else model.initial_values()
         locs, rhos = {}, {}
@@ -215,12 +123,6 @@ class SSVIGuide(BNNGuide):
         self.rhos = nn.ParameterDict(rhos)
 
     # ------------------------------------------------------------------ subspace
-    def _site(self, name: str) -> BayesianSite:
-        for s in self.sites:
-            if s.name == name:
-                return s
-        raise KeyError(f"no site {name!r}; sites are {[s.name for s in self.sites]}")
-
     def _initial_scales(self, site: BayesianSite, idx: torch.Tensor) -> torch.Tensor:
         if self.init_scale == "paper":
             return paper_initial_scales(site, self._generator).reshape(-1)[idx.cpu()]
@@ -241,7 +143,7 @@ class SSVIGuide(BNNGuide):
 
     def active_mask(self, name: str) -> torch.Tensor:
         """Boolean tensor of the site's shape, ``True`` on active coordinates."""
-        site = self._site(name)
+        site = self.site(name)
         idx = self.active_indices(name)
         mask = torch.zeros(site.numel, dtype=torch.bool, device=idx.device)
         mask[idx] = True
@@ -257,7 +159,7 @@ class SSVIGuide(BNNGuide):
 
     def densify(self, name: str, values: torch.Tensor) -> torch.Tensor:
         """Scatter active values ``(..., |Gamma|)`` into zeros of shape ``(..., *site.shape)``."""
-        site = self._site(name)
+        site = self.site(name)
         idx = self.active_indices(name)
         batch = values.shape[:-1]
         dense = values.new_zeros(*batch, site.numel).index_copy(-1, idx, values)
@@ -266,10 +168,6 @@ class SSVIGuide(BNNGuide):
     def mean_weights(self) -> dict[str, torch.Tensor]:
         r"""The posterior means as dense tensors (:math:`\mu` on :math:`\Gamma`, 0 elsewhere)."""
         return {s.name: self.densify(s.name, self.loc(s.name).detach()) for s in self.sites}
-
-    def removal_scores(self, name: str, criterion: str) -> torch.Tensor:
-        """Keep-scores of a site's active coordinates (see :func:`removal_scores`)."""
-        return removal_scores(self.loc(name), self.scale(name), criterion)
 
     @torch.no_grad()
     def move(self, name: str, remove: torch.Tensor, add: torch.Tensor) -> torch.Tensor:
@@ -303,7 +201,7 @@ class SSVIGuide(BNNGuide):
         keep = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
         keep[remove] = False
         kept_pos = keep.nonzero().squeeze(1)
-        site = self._site(name)
+        site = self.site(name)
         old_loc, old_rho = self.locs[key], self.rhos[key]
         new_loc = torch.cat([old_loc[kept_pos], old_loc.new_zeros(len(add))])
         new_rho = torch.cat(
@@ -319,19 +217,59 @@ class SSVIGuide(BNNGuide):
 
     # ------------------------------------------------------------------ Pyro guide
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        r"""The guide as a Pyro program: a dense draw per site, exactly zero off
+        :math:`\Gamma`, as a :class:`~twodg_pyro.guides.base.GuideDraw` whose ``log_prob``
+        is :meth:`site_log_density` (one draw per entry of enclosing vectorised plates)."""
+        self._param_statements()
+        batch = particle_batch_shape()
         out = {}
         for site in self.sites:
             loc, scale = self.loc(site.name), self.scale(site.name)
-            active = loc + scale * torch.randn_like(loc)
+            if batch:
+                noise = torch.randn(*batch, *loc.shape, device=loc.device, dtype=loc.dtype)
+            else:
+                noise = torch.randn_like(loc)
+            active = loc + scale * noise
             weight = self.densify(site.name, active)
-            out[site.name] = pyro.sample(site.name, dist.Delta(weight, event_dim=len(site.shape)))
+
+            def density(site=site, active=active):
+                return self.site_log_density(site.name, active)
+
+            out[site.name] = pyro.sample(
+                site.name, GuideDraw(weight, density, event_dim=len(site.shape))
+            )
         return out
 
-    def site_kl(self, name: str, prior_fn, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    def site_log_density(self, name: str, active: torch.Tensor) -> torch.Tensor:
+        r"""The site's guide density for stock Pyro ELBOs, at the active values ``active``
+        (``(..., |Gamma|)``):
+
+        .. math::
+            \sum_{i \in \Gamma} \log \mathcal N(\theta_i \mid \mu_i, \sigma_i^2)
+            + \sum_{i \notin \Gamma} \log p(\theta_i = 0).
+
+        The second sum is the point masses of :math:`q_\Gamma` measured against the
+        subspace-restricted prior :math:`p_\Gamma`, as in the paper: a stock ELBO
+        subtracts the model's full prior :math:`\log p(\theta)`, in which the inactive
+        coordinates (exactly 0) contribute :math:`\log p(0)`, so that
+        :math:`\log q - \log p = \sum_{i \in \Gamma} \log q(\theta_i) - \log p(\theta_i)`,
+        the integrand of :meth:`site_kl`."""
+        site = self.site(name)
+        q = dist.Normal(self.loc(name), self.scale(name), validate_args=False)
+        log_q = q.log_prob(active).sum(-1)
+        prior = _unwrap(self._prior(site, self.loc(name)))
+        zero = self.loc(name).new_zeros(site.shape)
+        log_p0 = prior.log_prob(zero).expand(site.shape).reshape(-1)
+        inactive = ~self.active_mask(name).reshape(-1)
+        return log_q + log_p0[inactive].sum()
+
+    def site_kl(
+        self, name: str, prior_fn, value: torch.Tensor, guide_fn=None
+    ) -> dict[str, torch.Tensor]:
         r"""``{"kl": sum_{i in Gamma} KL(N(mu_i, sigma_i^2) || p(theta_i))}``: the inactive
         point masses match the subspace-restricted prior and cost nothing."""
         idx = self.active_indices(name)
-        site = self._site(name)
+        site = self.site(name)
         q = dist.Normal(self.loc(name), self.scale(name), validate_args=False)
         base = _unwrap(prior_fn)
         if isinstance(base, torch.distributions.Normal):
@@ -346,7 +284,7 @@ class SSVIGuide(BNNGuide):
         return {"kl": (q.log_prob(active) - log_p).sum()}
 
     # ------------------------------------------------------------------ BNNGuide API
-    def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
+    def draw(self, num_samples: int | None = None) -> GuideSample:
         """Dense draws, exactly zero outside the subspace: ``site.shape`` or ``(S, *shape)``."""
         out = {}
         for site in self.sites:
@@ -354,159 +292,36 @@ class SSVIGuide(BNNGuide):
             shape = loc.shape if num_samples is None else (num_samples, *loc.shape)
             active = loc + scale * torch.randn(shape, device=loc.device, dtype=loc.dtype)
             out[site.name] = self.densify(site.name, active)
-        return out
+        return GuideSample(out)
+
+    def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
+        r"""The Normal log density of the *active* coordinates,
+        :math:`\sum_{i \in \Gamma} \log \mathcal N(\theta_i \mid \mu_i, \sigma_i^2)`: the
+        inactive ones are point masses at 0, whose density with respect to the counting
+        measure is 1 (the VI diagnostics pair it with the prior restricted to the same
+        subspace, as the SSVI objective does)."""
+
+        def subspace(weights, flat=None):
+            total = 0.0
+            for s in self.sites:
+                d = torch.distributions.Normal(self.loc(s.name), self.scale(s.name))
+                w = weights[s.name]
+                active = w.reshape(w.shape[0], -1)[:, self.active_indices(s.name)]
+                total = total + d.log_prob(active).sum(-1)
+            return total.detach()
+
+        return MarginalDensity(subspace, "exact")
+
+    def site_parameters(self, name: str) -> dict[str, torch.Tensor]:
+        """``loc`` and ``scale`` (0 off the subspace) and the ``active`` mask of a site."""
+        return {
+            "loc": self.densify(name, self.loc(name).detach()),
+            "scale": self.densify(name, self.scale(name).detach()),
+            "active": self.active_mask(name),
+        }
 
     def param_groups(self) -> list[dict]:
         return [
             {"name": "loc", "params": list(self.locs.values())},
             {"name": "scale", "params": list(self.rhos.values())},
         ]
-
-
-def _transplant_state(
-    optimizer: torch.optim.Optimizer,
-    old: torch.Tensor,
-    new: torch.Tensor,
-    kept_pos: torch.Tensor,
-) -> None:
-    """Give ``new`` the optimiser state of ``old``'s kept coordinates (zeros for added ones)."""
-    state = optimizer.state.get(old)
-    if not state:
-        return
-    moved = {}
-    for key, value in state.items():
-        if torch.is_tensor(value) and value.shape == old.shape:
-            fresh = torch.zeros_like(new)
-            fresh[: len(kept_pos)] = value[kept_pos]
-            moved[key] = fresh
-        else:
-            moved[key] = value.clone() if torch.is_tensor(value) else value
-    optimizer.state[new] = moved
-
-
-class SubspaceUpdate(Callback):
-    r"""The SSVI subspace schedule: remove and add coordinates every ``update_every`` epochs.
-
-    Args:
-        data: minibatches ``(x, y)`` for the gradient of ``addition="gradient"``.
-        removal: ``"mu"``, ``"snr"`` or ``"snr_abs_theta"`` (default, the paper's best).
-        addition: ``"gradient"`` (largest :math:`|\partial \text{NLL} / \partial\theta_i|` at
-            the posterior mean) or ``"random"``.
-        update_every: epochs between updates (> 0).
-        move_fraction: :math:`\zeta_0`, the fraction of each site's active coordinates
-            moved at the first update, decaying by a cosine to 0 at ``stop_fraction``.
-        stop_fraction: fraction of the training epochs after which the subspace is fixed.
-        grad_batches: minibatches summed for the addition gradient.
-        seed: seed of random additions.
-
-    ``updates`` records each update: ``epoch``, ``fraction``, ``moved``, ``active``.
-
-    Raises:
-        ValueError: unknown criteria or out-of-range settings, naming the value.
-    """
-
-    def __init__(
-        self,
-        data: Iterable,
-        removal: str = "snr_abs_theta",
-        addition: str = "gradient",
-        update_every: int = 5,
-        move_fraction: float = 0.3,
-        stop_fraction: float = 0.75,
-        grad_batches: int = 1,
-        seed: int = 0,
-    ):
-        self.removal = check_removal(removal)
-        self.addition = check_addition(addition)
-        if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
-            raise ValueError(f"update_every must be an integer >= 1, got {update_every!r}")
-        if not (0.0 <= float(move_fraction) <= 1.0):
-            raise ValueError(f"move_fraction must be in [0, 1], got {move_fraction!r}")
-        if not (0.0 <= float(stop_fraction) <= 1.0):
-            raise ValueError(f"stop_fraction must be in [0, 1], got {stop_fraction!r}")
-        if int(grad_batches) < 1:
-            raise ValueError(f"grad_batches must be at least 1, got {grad_batches!r}")
-        self.data = data
-        self.update_every = int(update_every)
-        self.move_fraction = float(move_fraction)
-        self.stop_fraction = float(stop_fraction)
-        self.grad_batches = int(grad_batches)
-        self._generator = torch.Generator().manual_seed(int(seed))
-        self.updates: list[dict] = []
-
-    def fraction(self, epoch: int, total_epochs: int) -> float:
-        r""":math:`\zeta_t = \zeta_0 \frac12 (1 + \cos(\pi t / T))`, ``T = stop_fraction *
-        total_epochs``; 0 from ``T`` on."""
-        stop = self.stop_fraction * total_epochs
-        if stop <= 0 or epoch >= stop:
-            return 0.0
-        return self.move_fraction * 0.5 * (1.0 + math.cos(math.pi * epoch / stop))
-
-    def on_epoch_end(self, state) -> None:
-        epoch = state.epoch  # epochs completed
-        if epoch % self.update_every or epoch >= state.epochs:
-            return
-        frac = self.fraction(epoch, state.epochs)
-        if frac <= 0:
-            return
-        self.update(state, frac)
-
-    def _addition_scores(self, model, guide: SSVIGuide) -> dict[str, torch.Tensor]:
-        """Dense ``|sum of dNLL/dtheta|`` at the posterior mean, per site."""
-        if self.addition == "random":
-            return {
-                s.name: torch.rand(s.numel, generator=self._generator).reshape(s.shape)
-                for s in guide.sites
-            }
-        weights = {k: v.clone().requires_grad_(True) for k, v in guide.mean_weights().items()}
-        device = next(iter(weights.values())).device
-        total = {k: torch.zeros_like(v) for k, v in weights.items()}
-        with torch.enable_grad():
-            for i, batch in enumerate(self.data):
-                if i >= self.grad_batches:
-                    break
-                x, y = batch[0].to(device), batch[1].to(device)
-                out = model.network_forward(weights, x)
-                nll = -model.likelihood.distribution(out).log_prob(y).sum()
-                grads = torch.autograd.grad(nll, list(weights.values()), allow_unused=True)
-                for (k, _), g in zip(weights.items(), grads, strict=True):
-                    if g is not None:
-                        total[k] += g
-        return {k: v.abs().cpu() for k, v in total.items()}
-
-    @torch.no_grad()
-    def update(self, state, fraction: float) -> int:
-        """One removal-and-addition step on every site; returns the coordinates moved."""
-        guide: SSVIGuide = state.guide
-        if not isinstance(guide, SSVIGuide):
-            raise TypeError(f"SubspaceUpdate needs an SSVIGuide, got {type(guide).__name__}")
-        add_scores = self._addition_scores(state.model, guide)
-        moved = 0
-        for site in guide.sites:
-            idx = guide.active_indices(site.name)
-            n_move = min(int(math.floor(fraction * len(idx))), site.numel - len(idx))
-            if n_move <= 0:
-                continue
-            keep_scores = guide.removal_scores(site.name, self.removal)
-            remove = torch.topk(keep_scores, n_move, largest=False).indices
-            candidates = add_scores[site.name].reshape(-1).clone().to(torch.float64)
-            candidates[idx.cpu()] = -math.inf  # inactive before the removal only
-            add = torch.topk(candidates, n_move).indices.to(idx.device)
-            key = site_key(site.name)
-            old_loc, old_rho = guide.locs[key], guide.rhos[key]
-            kept_pos = guide.move(site.name, remove, add)
-            _transplant_state(state.optimizer, old_loc, guide.locs[key], kept_pos)
-            _transplant_state(state.optimizer, old_rho, guide.rhos[key], kept_pos)
-            moved += n_move
-        if moved:
-            state.rebuild_optimizer()
-        self.updates.append(
-            {"epoch": state.epoch, "fraction": fraction, "moved": moved, "active": guide.num_active}
-        )
-        return moved
-
-    def state_dict(self) -> dict:
-        return {"updates": list(self.updates)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.updates = list(state.get("updates", []))

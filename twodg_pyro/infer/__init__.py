@@ -1,8 +1,11 @@
-"""Inference: the decomposed ELBO, the SVI training loop and its callbacks."""
+"""Inference: the decomposed ELBO, the SVI training loop, its state, optimiser, callbacks
+and checkpoints."""
 
 from .callbacks import Callback, EarlyStopping, History, KLAnnealing
 from .elbo import DecomposedELBO, site_kl
-from .trainer import TrainState, fit
+from .optim import build_optimizer, guide_param_groups, remap_optimizer_rows
+from .state import TrainState
+from .trainer import TrainingStep, fit
 
 __all__ = [
     "Callback",
@@ -11,6 +14,10 @@ __all__ = [
     "History",
     "KLAnnealing",
     "TrainState",
+    "TrainingStep",
+    "build_optimizer",
     "fit",
+    "guide_param_groups",
+    "remap_optimizer_rows",
     "site_kl",
 ]

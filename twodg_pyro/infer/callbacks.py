@@ -1,18 +1,17 @@
 """The training loop's callback protocol and a few general callbacks.
 
-A callback sees the whole :class:`~twodg_pyro.infer.trainer.TrainState` at four
+A callback sees the whole :class:`~twodg_pyro.infer.state.TrainState` at four
 moments; :meth:`Callback.on_epoch_end` may stop training by returning ``True`` (or
 setting ``state.stop``).  The guide-refinement hooks of stage 3 (merging,
-Mahalanobis reassignment) are callbacks too.
+Mahalanobis reassignment: :mod:`twodg_pyro.sharing.hooks`), SSVI's subspace updates and
+the checkpoint writer (:mod:`twodg_pyro.infer.checkpoint`) are callbacks too.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .trainer import TrainState
+from .state import TrainState
 
 __all__ = ["Callback", "KLAnnealing", "EarlyStopping", "History"]
 
@@ -38,6 +37,11 @@ class Callback:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore from :meth:`state_dict`."""
+
+    def last_checkpoint(self) -> str | None:
+        """Where the last checkpoint this callback wrote is (for error messages), or
+        ``None`` for a callback that writes none."""
+        return None
 
 
 class KLAnnealing(Callback):

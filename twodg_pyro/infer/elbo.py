@@ -8,12 +8,25 @@ The expected log-likelihood is a Monte Carlo estimate whose minibatch terms are
 scaled by ``N / B`` through the model's subsampled data plate.  The KL part is
 collected site by site:
 
-* a guide that defines ``site_kl(name, prior, value) -> {term: tensor}`` (the
-  shared-GMM guide) supplies its own terms (``kl_inlier``, ``kl_outlier``);
-* otherwise the closed form :math:`\mathrm{KL}(q_s \| p_s)` is used when one is
-  registered (Normal guide vs Normal prior), and a one-sample Monte Carlo estimate
-  :math:`\log q_s(w_s) - \log p_s(w_s)` when it is not (e.g. a Laplace prior); both
-  under the name ``kl``.
+* the library's guides (:class:`~twodg_pyro.guide.BNNGuide`) supply their own terms
+  through :meth:`~twodg_pyro.guide.BNNGuide.site_kl` (``kl``; the shared-GMM guide's
+  ``kl_inlier`` and ``kl_outlier``);
+* for any other guide (Pyro's autoguides) the closed form
+  :math:`\mathrm{KL}(q_s \| p_s)` is used when one is registered, and a one-sample Monte
+  Carlo estimate :math:`\log q_s(w_s) - \log p_s(w_s)` when it is not, or when the
+  guide's site is a point mass carrying a density (a ``Delta``, as Pyro's autoguides
+  emit: their auxiliary sites' :math:`\log q` is added); all under the name ``kl``.
+
+Every term is scaled and masked like its site (``poutine.scale``), e.g. the rank-1
+factor sites count :math:`1/M`.  Deterministic sites (``pyro.deterministic``) are skipped.
+
+**Speed.**  :meth:`DecomposedELBO.loss_terms` -- what :func:`~twodg_pyro.infer.fit` and
+the distributed loop call -- runs the library's models and guides without their
+``pyro.param`` statements and bookkeeping sites
+(:func:`~twodg_pyro.pyro_params.local_params`); so does :meth:`~DecomposedELBO.
+differentiable_loss` when no Pyro handler is active.  Under ``pyro.infer.SVI`` (whose
+parameter capture is a handler) the statements are emitted, so ``SVI`` trains the
+parameters.
 
 ``beta`` weights the KL terms (KL annealing); ``beta = 1`` is the true bound.
 """
@@ -24,22 +37,19 @@ from collections import defaultdict
 
 import pyro.poutine as poutine
 import torch
-from pyro.distributions.kl import kl_divergence
 from pyro.infer.elbo import ELBO
 from pyro.infer.util import torch_item
 from pyro.poutine.util import site_is_subsample
 
+from ..guide import BNNGuide, kl_or_estimate
+from ..pyro_params import handlers_active, local_params, params_are_local
+
 __all__ = ["DecomposedELBO", "site_kl"]
 
 
-def site_kl(guide_fn, prior_fn, value: torch.Tensor) -> torch.Tensor:
-    r""":math:`\mathrm{KL}(q \| p)` in closed form if registered, else the one-sample
-    Monte Carlo estimate :math:`\log q(v) - \log p(v)`."""
-    try:
-        kl = kl_divergence(guide_fn, prior_fn)
-    except NotImplementedError:
-        kl = guide_fn.log_prob(value) - prior_fn.log_prob(value)
-    return kl.sum()
+#: :math:`\mathrm{KL}(q \| p)` of a site, closed form if registered, else the one-draw
+#: estimate (:func:`twodg_pyro.guide.kl_or_estimate`)
+site_kl = kl_or_estimate
 
 
 def _scale_mask(value: torch.Tensor, site: dict) -> torch.Tensor:
@@ -80,10 +90,12 @@ class DecomposedELBO(ELBO):
 
     def _particle_terms(self, model, guide, args, kwargs) -> dict[str, torch.Tensor]:
         model_trace, guide_trace = self._get_trace(model, guide, args, kwargs)
-        own_kl = getattr(guide, "site_kl", None)
+        ours = isinstance(guide, BNNGuide)
         terms: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros(()))
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample" or site_is_subsample(site):
+                continue
+            if site["infer"].get("_deterministic"):
                 continue
             if site["is_observed"]:
                 log_p = site["fn"].log_prob(site["value"])
@@ -92,16 +104,31 @@ class DecomposedELBO(ELBO):
             guide_site = guide_trace.nodes.get(name)
             if guide_site is None:
                 raise ValueError(f"model site {name!r} has no matching site in the guide")
-            if own_kl is not None:
-                parts = own_kl(name, site["fn"], guide_site["value"])
+            if ours:
+                parts = guide.site_kl(name, site["fn"], guide_site["value"], guide_site["fn"])
             else:
-                parts = {"kl": site_kl(guide_site["fn"], site["fn"], guide_site["value"])}
+                parts = {"kl": kl_or_estimate(guide_site["fn"], site["fn"], guide_site["value"])}
             for key, value in parts.items():
                 terms[key] = terms[key] + _scale_mask(value, guide_site)
+        if not ours:  # auxiliary guide sites (autoguides): their log q joins the KL
+            for name, site in guide_trace.nodes.items():
+                if site["type"] == "sample" and name not in model_trace.nodes:
+                    if site_is_subsample(site) or site["is_observed"]:
+                        continue
+                    log_q = site["fn"].log_prob(site["value"])
+                    terms["kl"] = terms["kl"] + _scale_mask(log_q, site).sum()
         return dict(terms)
 
     def loss_terms(self, model, guide, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Differentiable terms averaged over particles: ``nll`` and the KL terms."""
+        """Differentiable terms averaged over particles: ``nll`` and the KL terms.
+
+        The fast path: the library's programs run without their ``pyro.param``
+        statements and bookkeeping sites (:func:`~twodg_pyro.pyro_params.local_params`),
+        so the parameters are trained by whatever optimiser holds them (``fit``'s)."""
+        with local_params():
+            return self._terms(model, guide, args, kwargs)
+
+    def _terms(self, model, guide, args, kwargs) -> dict[str, torch.Tensor]:
         total: dict[str, torch.Tensor] = {}
         for _ in range(self.num_particles):
             for key, value in self._particle_terms(model, guide, args, kwargs).items():
@@ -114,7 +141,11 @@ class DecomposedELBO(ELBO):
         return terms.get("nll", 0.0) + self.beta * kl
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
-        terms = self.loss_terms(model, guide, *args, **kwargs)
+        """The negative ELBO (Pyro's ``ELBO`` interface, used by ``SVI``).  The programs'
+        ``pyro.param`` statements are emitted when a Pyro handler is active (``SVI``'s
+        parameter capture), skipped otherwise (a module loss with a torch optimiser)."""
+        with local_params(params_are_local() or not handlers_active()):
+            terms = self._terms(model, guide, args, kwargs)
         self.last_terms = {k: torch_item(v) for k, v in terms.items()}
         return self.combine(terms)
 

@@ -5,16 +5,25 @@ reparameterised sample, and takes an optimiser step on
 
 .. math:: \text{loss} = \text{nll}\cdot\tfrac{N}{B}\text{-scaled} + \beta \sum \mathrm{KL}.
 
-Guides expose named parameter groups (``loc``, ``scale``, ...) so that means and
-scales get their own learning rates; parameters of the model that are not Bayesian
-(e.g. BatchNorm affine) form the group ``deterministic``.
+:func:`fit` is the one epoch loop of the library.  What differs between training in this
+process and training on every rank of a process group is a *step strategy*
+(:class:`TrainingStep`): how a minibatch's loss is evaluated, how the epoch's means are
+reduced and checked, and what happens around the callbacks.  :class:`TrainingStep`
+itself is the single-process step;
+:class:`~twodg_pyro.distributed.train.DataParallelStep` the DDP one (reduce the terms
+over the ranks, check that the ranks agree, wrap the module anew after a merge).
+
+Parameter groups, learning rates and the optimiser are in :mod:`.optim`, the state the
+loop and its callbacks share in :mod:`.state`, checkpoints and resuming in
+:mod:`.checkpoint`.  The loop calls :meth:`~twodg_pyro.infer.DecomposedELBO.loss_terms`,
+which runs the library's programs without ``pyro.param`` statements: it neither reads
+nor writes Pyro's param store (see :mod:`twodg_pyro.pyro_params` for mixing ``fit`` with
+``pyro.infer.SVI``).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -22,124 +31,90 @@ from tqdm.auto import tqdm
 
 from .callbacks import Callback
 from .elbo import DecomposedELBO
+from .optim import clip_gradients, prepare_guide, to_device
+from .state import TrainState, start_state
 
-__all__ = ["TrainState", "fit", "build_optimizer"]
-
-
-def _check_lr(name: str, lr: float) -> float:
-    lr = float(lr)
-    if not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"learning rate for group {name!r} must be positive, got {lr!r}")
-    return lr
+__all__ = ["TrainingStep", "fit"]
 
 
-def _group_lrs(lr: float | Mapping[str, float], names: Iterable[str]) -> dict[str, float]:
-    if isinstance(lr, Mapping):
-        unknown = set(lr) - set(names) - {"default"}
-        if unknown:
-            raise ValueError(
-                f"learning rate given for unknown parameter group(s) {sorted(unknown)}; "
-                f"groups are {sorted(names)} (or 'default')"
+class TrainingStep:
+    """How :func:`fit` runs in one process (subclassed for a process group).
+
+    The loop calls, in this order: :meth:`start` once (before the callbacks'
+    ``on_train_begin``); per epoch :meth:`before_epoch` (before ``on_epoch_begin``),
+    :meth:`batches`, per minibatch :meth:`loss_terms` and :meth:`add` (which checks the
+    loss before the backward pass), then :meth:`epoch_means`, :meth:`end_epoch` (before
+    ``on_epoch_end``) and :meth:`after_callbacks`; at the end :meth:`before_train_end`
+    (before ``on_train_end``) and :meth:`finish`.
+    """
+
+    #: whether this process shows progress (rank 0 of a group)
+    is_main: bool = True
+
+    def __init__(self):
+        self._sums: dict[str, float] = {}
+        self._n = 0
+
+    def start(self, state: TrainState) -> None:
+        """Before the callbacks' ``on_train_begin``: nothing here."""
+
+    def before_epoch(self, state: TrainState) -> None:
+        """Before the callbacks' ``on_epoch_begin``: nothing here."""
+
+    def batches(self, data: Iterable, state: TrainState, device) -> Iterator[tuple]:
+        """The epoch's ``(x, y)`` minibatches of ``data``, on ``device``; resets the
+        epoch's running means."""
+        self._sums, self._n = {}, 0
+        for batch in data:
+            yield tuple(to_device(batch, device)[:2])
+
+    def loss_terms(self, state: TrainState, x, y) -> tuple[torch.Tensor, dict]:
+        """``(loss, terms)`` of one minibatch: the ELBO's terms
+        (:meth:`~twodg_pyro.infer.DecomposedELBO.loss_terms`) and their combination."""
+        terms = state.elbo.loss_terms(state.model, state.guide, x, y)
+        return state.elbo.combine(terms), terms
+
+    def add(self, state: TrainState, loss, terms: Mapping, callbacks: Sequence) -> None:
+        """Check one minibatch's loss (before its backward pass) and add it and its terms
+        to the epoch's running sums.
+
+        Raises:
+            FloatingPointError: the loss is NaN or infinite; the message names the epoch,
+                step, the terms that went bad and the last checkpoint written.
+        """
+        if not torch.isfinite(loss):
+            bad = {k: float(v.detach()) for k, v in terms.items() if not torch.isfinite(v).all()}
+            ckpt = [c for c in (cb.last_checkpoint() for cb in callbacks) if c is not None]
+            value = float(loss.detach())
+            raise FloatingPointError(
+                f"loss is {value} at epoch {state.epoch}, step {state.step}; "
+                f"non-finite ELBO terms: {bad or 'none (overflow in the sum)'}; "
+                f"last good epoch: {state.epoch - 1}"
+                + (f"; last good checkpoint: {ckpt[0]}" if ckpt else "")
             )
-        default = lr.get("default", 1e-3)
-        return {n: _check_lr(n, lr.get(n, default)) for n in names}
-    return {n: _check_lr(n, lr) for n in names}
+        sums = self._sums
+        sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+        for k, v in terms.items():
+            sums[k] = sums.get(k, 0.0) + float(v.detach())
+        self._n += 1
 
+    def epoch_means(self) -> dict[str, float] | None:
+        """The epoch's mean loss and terms, ``None`` when it had no minibatches."""
+        if self._n == 0:
+            return None
+        return {k: v / self._n for k, v in self._sums.items()}
 
-def build_optimizer(
-    model: nn.Module,
-    guide: nn.Module,
-    lr: float | Mapping[str, float],
-    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
-    old: torch.optim.Optimizer | None = None,
-    **optim_kwargs,
-) -> torch.optim.Optimizer:
-    """An optimiser over the guide's named groups and the model's deterministic parameters.
+    def end_epoch(self, state: TrainState) -> None:
+        """After the epoch's record, before the callbacks' ``on_epoch_end``: nothing here."""
 
-    When ``old`` is given (e.g. after a merge changed the guide's parameters), the
-    per-parameter state of every parameter object that still exists is carried over;
-    new parameters start fresh (or with state set by the guide before the call).
-    """
-    groups = [dict(g) for g in guide.param_groups()]
-    det = [p for p in getattr(model, "deterministic_parameters", lambda: [])()]
-    if det:
-        groups.append({"name": "deterministic", "params": det})
-    lrs = _group_lrs(lr, [g["name"] for g in groups])
-    for g in groups:
-        g["lr"] = lrs[g["name"]]
-        g["params"] = [p for p in g["params"] if p.requires_grad]
-    groups = [g for g in groups if g["params"]]
-    opt = optimizer(groups, **optim_kwargs)
-    if old is not None:
-        for p in (p for g in opt.param_groups for p in g["params"]):
-            if p in old.state:
-                opt.state[p] = old.state[p]
-    return opt
+    def after_callbacks(self, state: TrainState, callbacks: Sequence[Callback]) -> None:
+        """After the callbacks' ``on_epoch_end``: nothing here."""
 
+    def before_train_end(self, state: TrainState) -> None:
+        """Before the callbacks' ``on_train_end``: nothing here."""
 
-@dataclass
-class TrainState:
-    """Everything the loop and its callbacks share.
-
-    ``history`` holds one record per epoch: the mean of each ELBO term, ``loss``,
-    ``beta`` and ``epoch``.
-    """
-
-    model: nn.Module
-    guide: nn.Module
-    elbo: DecomposedELBO
-    optimizer: torch.optim.Optimizer
-    lr: float | Mapping[str, float]
-    epochs: int
-    epoch: int = 0
-    step: int = 0
-    history: list[dict] = field(default_factory=list)
-    stop: bool = False
-    extras: dict = field(default_factory=dict)
-
-    def rebuild_optimizer(self) -> None:
-        """Rebuild the optimiser after the guide's parameters changed, keeping the state
-        of every surviving parameter."""
-        self.optimizer = build_optimizer(
-            self.model, self.guide, self.lr, type(self.optimizer), old=self.optimizer
-        )
-
-
-def start_state(
-    model: nn.Module,
-    guide: nn.Module,
-    epochs: int,
-    lr: float | Mapping[str, float],
-    elbo: DecomposedELBO | None,
-    optimizer: type[torch.optim.Optimizer],
-    clip_norm: float | None,
-    state: TrainState | None,
-) -> TrainState:
-    """Check a training loop's settings and return the state it trains: ``state``
-    continued up to ``epochs`` (its ELBO and optimiser kept), or a new one."""
-    if int(epochs) < 0:
-        raise ValueError(f"epochs must be >= 0, got {epochs!r}")
-    if clip_norm is not None and not (clip_norm > 0):
-        raise ValueError(f"clip_norm must be positive, got {clip_norm!r}")
-    elbo = elbo if elbo is not None else (state.elbo if state else DecomposedELBO())
-    if state is None:
-        opt = build_optimizer(model, guide, lr, optimizer)
-        state = TrainState(model, guide, elbo, opt, lr, int(epochs))
-    state.epochs = int(epochs)
-    return state
-
-
-def clip_gradients(optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
-    """Clip the gradient norm of all of ``optimizer``'s parameters (``None``: nothing)."""
-    if clip_norm is not None:
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        torch.nn.utils.clip_grad_norm_(params, clip_norm)
-
-
-def _to_device(batch, device):
-    if device is None:
-        return batch
-    return [b.to(device, non_blocking=True) if torch.is_tensor(b) else b for b in batch]
+    def finish(self, state: TrainState) -> None:
+        """After the loop (the model is in eval mode): nothing here."""
 
 
 def fit(
@@ -155,12 +130,15 @@ def fit(
     clip_norm: float | None = None,
     progress: bool = True,
     state: TrainState | None = None,
+    step: TrainingStep | None = None,
 ) -> TrainState:
     """Train ``guide`` (and the model's deterministic parameters) by SVI.
 
     Args:
         model: a :class:`~twodg_pyro.model.BNNModel` (``model(x, y)``).
-        guide: a guide with ``param_groups()`` (mean-field, shared-GMM, ...).
+        guide: one of the library's guides (a :class:`~twodg_pyro.guides.BNNGuide`:
+            mean-field, shared-GMM, ...), or another Pyro guide module such as
+            ``AutoNormal`` (see :func:`~twodg_pyro.infer.optim.guide_param_groups`).
         data: an iterable of ``(x, y)`` minibatches, e.g. a ``DataLoader``.
         epochs: total number of epochs (a resumed state continues up to it).
         lr: one learning rate, or ``{"loc": ..., "scale": ..., "default": ...}`` per group.
@@ -171,69 +149,64 @@ def fit(
         clip_norm: optional gradient-norm clipping.
         progress: show a tqdm bar with the ELBO terms.
         state: a state to continue from (resume); its optimiser is reused.
+        step: the step strategy (default: this process, :class:`TrainingStep`; under
+            ``torch.distributed``: :func:`~twodg_pyro.distributed.fit_distributed`).
 
     Returns:
-        The final :class:`TrainState`.
+        The final :class:`~twodg_pyro.infer.TrainState`.
 
     Raises:
+        ValueError: bad settings, or an epoch without minibatches (empty data).
         FloatingPointError: the loss became NaN or infinite; the message names the
             epoch, step and the terms that went bad.
     """
+    step = TrainingStep() if step is None else step
+    if state is None:
+        prepare_guide(model, guide, data, device)
     state = start_state(model, guide, epochs, lr, elbo, optimizer, clip_norm, state)
     callbacks = list(callbacks)
+    step.start(state)
     for cb in callbacks:
         cb.on_train_begin(state)
     model.train()
     bar = tqdm(
-        total=state.epochs, initial=state.epoch, desc="SVI", disable=not progress, leave=False
+        total=state.epochs,
+        initial=state.epoch,
+        desc="SVI",
+        disable=not (progress and step.is_main),
+        leave=False,
     )
     try:
         while state.epoch < state.epochs and not state.stop:
+            step.before_epoch(state)
             for cb in callbacks:
                 cb.on_epoch_begin(state)
-            sums: dict[str, float] = {}
-            n_batches = 0
-            for batch in data:
-                x, y = _to_device(batch, device)[:2]
+            for x, y in step.batches(data, state, device):
                 state.optimizer.zero_grad(set_to_none=True)
-                terms = state.elbo.loss_terms(state.model, state.guide, x, y)
-                loss = state.elbo.combine(terms)
-                if not torch.isfinite(loss):
-                    bad = {
-                        k: float(v.detach())
-                        for k, v in terms.items()
-                        if not torch.isfinite(v).all()
-                    }
-                    ckpt = [c.last_checkpoint() for c in callbacks if hasattr(c, "last_checkpoint")]
-                    value = float(loss.detach())
-                    raise FloatingPointError(
-                        f"loss is {value} at epoch {state.epoch}, step {state.step}; "
-                        f"non-finite ELBO terms: {bad or 'none (overflow in the sum)'}; "
-                        f"last good epoch: {state.epoch - 1}"
-                        + (f"; last good checkpoint: {ckpt[0]}" if ckpt else "")
-                    )
+                loss, terms = step.loss_terms(state, x, y)
+                step.add(state, loss, terms, callbacks)
                 loss.backward()
                 clip_gradients(state.optimizer, clip_norm)
                 state.optimizer.step()
                 state.step += 1
-                n_batches += 1
-                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-                for k, v in terms.items():
-                    sums[k] = sums.get(k, 0.0) + float(v.detach())
-            if n_batches == 0:
+            record = step.epoch_means()
+            if record is None:
                 raise ValueError(f"no minibatches in epoch {state.epoch}: the data set is empty")
-            record = {k: v / max(n_batches, 1) for k, v in sums.items()}
             record.update(epoch=state.epoch, beta=state.elbo.beta)
             state.history.append(record)
             state.epoch += 1
-            bar.update(1)
-            bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k not in ("epoch",)})
+            step.end_epoch(state)
             for cb in callbacks:
                 if cb.on_epoch_end(state):
                     state.stop = True
+            step.after_callbacks(state, callbacks)
+            bar.update(1)
+            bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k != "epoch"})
+        step.before_train_end(state)
         for cb in callbacks:
             cb.on_train_end(state)
     finally:
         bar.close()
     model.eval()
+    step.finish(state)
     return state

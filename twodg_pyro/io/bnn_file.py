@@ -4,12 +4,18 @@ One file holds plain tensors and a JSON header (no pickled objects), readable wi
 ``torch.load(path, weights_only=True)``:
 
 * ``header``: kind, ``format_version``, tying, coordinates, the likelihood, the prior
-  (when it is one of the library's), the network's ``dtype`` (``"float32"``,
-  ``"float64"``), and optionally how to rebuild the network
-  (``{"name": ..., "kwargs": {...}}`` for :func:`twodg_pyro.models.build_network`);
+  (:mod:`twodg_pyro.io.specs`: the library's priors and scalar ``pyro.distributions``
+  are stored; any other prior is recorded by its ``repr`` with a warning, and loads as
+  an :class:`~twodg_pyro.io.specs.UnavailablePrior`, never as a silent N(0, 1)), the
+  network's ``dtype`` (``"float32"``, ``"float64"``), optionally how to rebuild the
+  network (``{"name": ..., "kwargs": {...}}`` for :func:`twodg_pyro.models.build_network`)
+  and how the model was evaluated (``evaluation``, written by the pipeline);
 * ``structure/<name>``: the :class:`~twodg_pyro.sharing.SharingStructure` tensors;
 * ``guide/<name>``: the guide's parameters and buffers;
-* ``net/<name>``: the network's state (deterministic parts such as BatchNorm);
+* ``net/<name>``: the network's state (deterministic parts such as BatchNorm, and the
+  frozen initial values of the Bayesian tensors, which a ``PretrainedPrior`` is centred
+  at);
+* ``prior/<site>``: the centres of a ``PretrainedPrior`` that are not the network's;
 * ``checksum``: ``"sha256:..."``, the content digest of everything above
   (:mod:`twodg_pyro.io.integrity`), verified on load.
 
@@ -28,12 +34,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from .payload import PayloadFormat, payload_section, read_payload, write_payload
+from .specs import (
+    likelihood_spec,
+    prior_spec,
+    rebuild_bnn_model,
+    rebuild_parts,
+)
 
-__all__ = ["save_2dg", "load_2dg", "FILE_FORMAT_VERSION"]
+__all__ = ["save_2dg", "load_2dg", "load_2dg_payload", "FILE_FORMAT_VERSION"]
 
 #: 2: with a content checksum; 1 (no checksum) is still read, unverified.
 FILE_FORMAT_VERSION = 2
@@ -45,46 +56,52 @@ _FORMAT = PayloadFormat(
     header_noun="the model file's header",
     kind_noun="a 2DG BNN file",
     legacy_versions=(1,),
-    finite_prefixes=("guide/", "net/", "structure/"),
+    finite_prefixes=("guide/", "net/", "structure/", "prior/"),
 )
 
 
-def _likelihood_spec(lik) -> dict:
-    from ..likelihoods import Gaussian
+def save_2dg(
+    path: str | Path, model, guide, network: dict | None = None, evaluation: dict | None = None
+) -> None:
+    """Write ``model`` + shared-GMM ``guide`` atomically to ``path``.
 
-    spec = {"kind": type(lik).__name__, "dataset_size": lik.dataset_size}
-    if isinstance(lik, Gaussian):
-        spec["scale"] = lik.scale
-    return spec
+    Args:
+        network: how to rebuild the network (``{"name", "kwargs"}`` for
+            :func:`twodg_pyro.models.build_network`), so that :func:`load_2dg` needs no
+            ``net``.
+        evaluation: optional record of how the model was evaluated (the pipeline stores
+            its seed, number of draws, data settings and metrics; ``twodg-pyro evaluate``
+            takes its defaults from it).
 
+    A prior that cannot be stored warns (:class:`~twodg_pyro.io.specs.PriorNotStoredWarning`,
+    see :mod:`twodg_pyro.io.specs`).
 
-def _prior_spec(prior) -> dict:
-    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior
+    Raises:
+        TypeError: ``guide`` is not a :class:`~twodg_pyro.guides.SharedGMMGuide` (use
+            :func:`~twodg_pyro.io.save_model`, which stores every method).
+    """
+    from ..guides.shared_gmm import SharedGMMGuide
 
-    if isinstance(prior, PretrainedPrior):
-        # its centres are the network's own initial values, which the file keeps under net/
-        return {"kind": "PretrainedPrior", "scale": prior.scale, "delta": prior.delta}
-    if isinstance(prior, (NormalPrior, LaplacePrior)):
-        return {"kind": type(prior).__name__, "loc": prior.loc, "scale": prior.scale}
-    if isinstance(prior, LayerwiseNormalPrior):
-        return {"kind": "LayerwiseNormalPrior", "gain": prior.gain, "bias_scale": prior.bias_scale}
-    return {"kind": "custom", "repr": repr(prior)}
-
-
-def save_2dg(path: str | Path, model, guide, network: dict | None = None) -> None:
-    """Write ``model`` + shared-GMM ``guide`` atomically to ``path``."""
+    if not isinstance(guide, SharedGMMGuide):
+        raise TypeError(
+            f"save_2dg stores a SharedGMMGuide, got {type(guide).__name__}: use "
+            "twodg_pyro.io.save_model(path, model, guide), which stores every method"
+        )
     structure = guide.structure()
+    prior, prior_tensors = prior_spec(model.prior, model)
     header = {
         "kind": _KIND,
         "format_version": FILE_FORMAT_VERSION,
         "tying": guide.tying,
         "coordinates": guide.coordinates,
-        "likelihood": _likelihood_spec(model.likelihood),
-        "prior": _prior_spec(model.prior),
+        "likelihood": likelihood_spec(model.likelihood),
+        "prior": prior,
         "network": network,
         "site_names": model.site_names,
         "dtype": str(model.dtype).removeprefix("torch."),
     }
+    if evaluation is not None:
+        header["evaluation"] = evaluation
     payload: dict = {"header": json.dumps(header)}
     for k, v in structure.to_payload().items():
         payload[f"structure/{k}"] = v
@@ -92,34 +109,35 @@ def save_2dg(path: str | Path, model, guide, network: dict | None = None) -> Non
         payload[f"guide/{k}"] = v.detach().cpu().clone()
     for k, v in model.net.state_dict().items():
         payload[f"net/{k}"] = v.detach().cpu().clone()
+    for k, v in prior_tensors.items():
+        payload[f"prior/{k}"] = v
     write_payload(payload, path)
 
 
-def _rebuild_prior(spec: dict, net: nn.Module):
-    from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior
-
-    kind = spec.get("kind")
-    if kind == "PretrainedPrior":
-        return PretrainedPrior.from_network(net, spec["scale"], spec["delta"])
-    if kind == "NormalPrior":
-        return NormalPrior(spec["scale"], spec["loc"])
-    if kind == "LaplacePrior":
-        return LaplacePrior(spec["scale"], spec["loc"])
-    if kind == "LayerwiseNormalPrior":
-        return LayerwiseNormalPrior(spec["gain"], spec["bias_scale"])
-    return None
+def _bad(header: dict, where: str, field: str, what: str) -> ValueError:
+    return ValueError(f"{where!r}: the header's {field} = {header.get(field)!r:.80} {what}")
 
 
 def _check_header(header: dict, where: str) -> None:
     """Every field :func:`load_2dg` reads, of the right kind (a hand-edited header)."""
-
-    def bad(field: str, what: str) -> ValueError:
-        return ValueError(f"{where!r}: the header's {field} = {header.get(field)!r:.80} {what}")
-
-    from ..guides.shared_gmm import TYINGS
+    from ..guides.tyings import TYINGS
 
     if header.get("tying") not in TYINGS:
-        raise bad("tying", f"is not one of {list(TYINGS)}")
+        raise _bad(header, where, "tying", f"is not one of {list(TYINGS)}")
+    check_common_header(header, where)
+
+
+def check_common_header(header: dict, where: str) -> None:
+    """The fields every full model file has (likelihood, prior, network, site names, an
+    optional evaluation record), of the right kind.
+
+    Raises:
+        ValueError: naming the file and the field.
+    """
+
+    def bad(field: str, what: str) -> ValueError:
+        return _bad(header, where, field, what)
+
     lik = header.get("likelihood")
     if not isinstance(lik, dict) or lik.get("kind") not in ("Categorical", "Gaussian"):
         raise bad("likelihood", "is not a Categorical or Gaussian likelihood")
@@ -144,20 +162,9 @@ def _check_header(header: dict, where: str) -> None:
     names = header.get("site_names")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise bad("site_names", "is not a list of site names")
-
-
-def _saved_dtype(header: dict, net_state: dict, where: str) -> torch.dtype:
-    """The network dtype of a model file: its header's ``dtype``, else (files written before
-    it was recorded) that of its floating network tensors, else float32."""
-    name = header.get("dtype")
-    if name is not None:
-        if name not in ("float32", "float64", "float16", "bfloat16"):
-            raise ValueError(f"{where!r}: unknown network dtype {name!r} in the header")
-        return getattr(torch, name)
-    for t in net_state.values():
-        if torch.is_tensor(t) and t.is_floating_point():
-            return t.dtype
-    return torch.float32
+    evaluation = header.get("evaluation")
+    if evaluation is not None and not isinstance(evaluation, dict):
+        raise bad("evaluation", "is not a table")
 
 
 def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device="cpu"):
@@ -177,49 +184,18 @@ def load_2dg(path: str | Path, net: nn.Module | None = None, prior=None, device=
             missing a field, or a network that does not match the saved sharing
             structure; the message names the file.
     """
+    payload, header = read_payload(path, _FORMAT)
+    return load_2dg_payload(payload, header, str(path), net=net, prior=prior, device=device)
+
+
+def load_2dg_payload(payload: dict, header: dict, where: str, net=None, prior=None, device="cpu"):
+    """:func:`load_2dg` on a payload already read and verified (:func:`read_payload`)."""
     from ..guides.shared_gmm import SharedGMMGuide
-    from ..likelihoods import Categorical, Gaussian
-    from ..model import BNNModel
     from ..sharing.structure import SharingStructure
 
-    payload, header = read_payload(path, _FORMAT)
-    where = str(path)
     _check_header(header, where)
-    if net is None:
-        spec = header.get("network")
-        if not spec:
-            raise ValueError(f"{where!r} does not say how to build its network: pass net=")
-        from ..models import build_network
-
-        try:
-            net = build_network(spec["name"], **spec.get("kwargs", {}))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{where!r}: cannot build its network {spec!r:.120}: {e}") from e
-    net_state = payload_section(payload, "net/")
-    net = net.to(_saved_dtype(header, net_state, where))  # before load_state_dict casts
-    try:
-        net.load_state_dict(net_state)
-    except RuntimeError as e:
-        raise ValueError(f"the network does not match the one saved in {where!r}: {e}") from e
-    lik_spec = header["likelihood"]
-    if lik_spec["kind"] == "Gaussian":
-        lik = Gaussian(lik_spec["dataset_size"], lik_spec["scale"])
-    else:
-        lik = Categorical(lik_spec["dataset_size"])
-    if prior is None:
-        try:
-            prior = _rebuild_prior(header.get("prior") or {}, net)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(
-                f"{where!r}: the header's prior {header.get('prior')!r:.80} "
-                f"cannot be rebuilt: {type(e).__name__}: {e}"
-            ) from e
-    model = BNNModel(net, prior=prior, likelihood=lik)
-    if model.site_names != header["site_names"]:
-        raise ValueError(
-            f"the network does not match the one saved in {where!r}: its Bayesian sites are "
-            f"{model.site_names[:4]}..., the file's {header['site_names'][:4]}..."
-        )
+    net, lik, prior = rebuild_parts(payload, header, where, net, prior)
+    model = rebuild_bnn_model(net, prior, lik, header["site_names"], where)
     try:
         structure = SharingStructure.from_payload(payload_section(payload, "structure/"))
         guide = SharedGMMGuide(model, structure, tying=header["tying"])

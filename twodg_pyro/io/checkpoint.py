@@ -1,8 +1,9 @@
-r"""Training checkpoints that survive a kill, and resuming from them.
+r"""The checkpoint file: what it holds, writing it and reading it back.
 
-A :class:`Checkpoint` callback writes, every ``every`` epochs and after the last one,
-one file holding everything :func:`~twodg_pyro.infer.fit` needs to continue exactly
-where it was:
+The :class:`~twodg_pyro.infer.checkpoint.Checkpoint` callback writes, every ``every``
+epochs and after the last one, one file holding everything
+:func:`~twodg_pyro.infer.fit` needs to continue exactly where it was
+(:func:`~twodg_pyro.infer.checkpoint.restore_state` rebuilds the training state from it):
 
 * ``header`` (JSON): kind, ``format_version``, stage name, epoch, step, epochs, the
   KL weight ``beta``, the learning rates, the guide and optimiser classes, the
@@ -18,7 +19,7 @@ where it was:
   optimiser's groups; the header names each index, checked on restore);
 * ``callbacks``: each callback's ``state_dict()`` (merge/reassignment hooks, ...);
 * ``rng/...``: the torch (and CUDA) RNG, NumPy's and Python's ``random`` states, and
-  the states of the data loaders' generators (shuffling order);
+  the states of the data loaders' generators (shuffling order; :mod:`twodg_pyro.rng`);
 * ``checksum``: ``"sha256:..."``, the content digest of everything above
   (:mod:`twodg_pyro.io.integrity`): a checkpoint whose content changed after it was
   written (one flipped byte) is refused on load, as is one with NaN/inf parameters or
@@ -29,17 +30,13 @@ Files are written with :func:`~twodg_pyro.io.files.atomic_torch_save` (temporary
 the same folder, ``fsync``, rename), so a run killed at any moment leaves either the
 previous complete checkpoint or the new one, never half a file; they load with
 ``torch.load(weights_only=True)`` (:func:`load_checkpoint`), so no code runs on loading.
-
-Put the :class:`Checkpoint` *last* in the callback list so that it sees the epoch after
-every other callback (refinement hooks, annealing) has run.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,19 +44,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..infer.callbacks import Callback
+from ..guide import BNNGuide
+from ..rng import capture_rng
 from .payload import PayloadFormat, payload_section, read_payload, write_payload
 
 __all__ = [
     "CHECKPOINT_FORMAT_VERSION",
-    "Checkpoint",
     "CheckpointData",
-    "capture_rng",
+    "callback_keys",
     "checkpoint_payload",
     "load_checkpoint",
-    "restore_rng",
-    "restore_state",
-    "resume_fit",
+    "optimizer_layout",
+    "site_list",
+    "write_checkpoint",
 ]
 
 #: 2: with a content checksum; 1 (no checksum) is still read, unverified.
@@ -77,61 +74,6 @@ _FORMAT = PayloadFormat(
 )
 
 
-# ---------------------------------------------------------------------- RNG states
-def _generators(sources: Iterable) -> list[torch.Generator]:
-    """Generators of data loaders (``loader.generator``) or generators given directly."""
-    out = []
-    for s in sources:
-        g = s if isinstance(s, torch.Generator) else getattr(s, "generator", None)
-        if g is None:
-            raise ValueError(
-                f"{type(s).__name__} has no seeded generator to checkpoint; build data loaders "
-                "with twodg_pyro.data.make_loader (a seeded torch.Generator)"
-            )
-        out.append(g)
-    return out
-
-
-def capture_rng(generators: Sequence = ()) -> dict:
-    """All random states: torch (CPU and CUDA), NumPy, Python ``random`` and ``generators``
-    (data loaders or ``torch.Generator`` objects), as plain tensors and numbers."""
-    np_state = np.random.get_state()
-    py_version, py_state, py_gauss = random.getstate()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
-        "numpy_meta": [str(np_state[0]), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        "python": torch.tensor(py_state, dtype=torch.int64),
-        "python_meta": [int(py_version), py_gauss],
-        "generators": [g.get_state() for g in _generators(generators)],
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: Mapping, generators: Sequence = ()) -> None:
-    """Inverse of :func:`capture_rng` (``generators`` in the same order)."""
-    torch.set_rng_state(state["torch"])
-    name, pos, has_gauss, cached = state["numpy_meta"]
-    np.random.set_state((name, state["numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
-    version, gauss = state["python_meta"]
-    random.setstate((version, tuple(int(v) for v in state["python"].tolist()), gauss))
-    gens = _generators(generators)
-    saved = state.get("generators", [])
-    if len(saved) != len(gens):
-        raise ValueError(
-            f"the checkpoint holds {len(saved)} data-loader generator state(s), "
-            f"{len(gens)} generator(s) were given to restore"
-        )
-    for g, s in zip(gens, saved, strict=True):
-        g.set_state(s)
-    if "cuda" in state and torch.cuda.is_available():
-        # saved on a machine with more (or fewer) GPUs: restore those present on both
-        for i, s in enumerate(list(state["cuda"])[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(s, i)
-
-
 # ---------------------------------------------------------------------- payload
 def _param_names(model: nn.Module, guide: nn.Module) -> dict[int, str]:
     names = {id(p): f"guide.{n}" for n, p in guide.named_parameters()}
@@ -139,7 +81,7 @@ def _param_names(model: nn.Module, guide: nn.Module) -> dict[int, str]:
     return names
 
 
-def _optimizer_layout(optimizer: torch.optim.Optimizer, model, guide) -> list[list]:
+def optimizer_layout(optimizer: torch.optim.Optimizer, model, guide) -> list[list]:
     """``[[group name, [[param name, shape], ...]], ...]`` in optimiser order."""
     names = _param_names(model, guide)
     return [
@@ -151,8 +93,8 @@ def _optimizer_layout(optimizer: torch.optim.Optimizer, model, guide) -> list[li
     ]
 
 
-def _sites(model) -> list[list]:
-    return [[s.name, list(s.shape)] for s in getattr(model, "sites", [])]
+def site_list(model) -> list[list]:
+    return [[s.name, list(s.shape)] for s in model.sites]
 
 
 def _jsonable(obj):
@@ -170,12 +112,15 @@ def _jsonable(obj):
 def checkpoint_payload(
     state,
     stage: str,
-    callbacks: Mapping[str, Callback] | Sequence[Callback] = (),
+    callbacks: Mapping | Sequence = (),
     generators: Sequence = (),
     config: dict | None = None,
     extra: dict | None = None,
 ) -> dict:
-    """The dictionary a :class:`Checkpoint` writes for ``state`` (a ``TrainState``)."""
+    """The dictionary a checkpoint holds for ``state`` (a
+    :class:`~twodg_pyro.infer.TrainState`): ``callbacks`` (objects with ``state_dict()``,
+    keyed by :func:`callback_keys` or given as a mapping) and the random states, the data
+    loaders' ``generators`` included (:func:`~twodg_pyro.rng.capture_rng`)."""
     model, guide = state.model, state.guide
     header = {
         "kind": _KIND,
@@ -189,10 +134,10 @@ def checkpoint_payload(
         "stop": bool(state.stop),
         "complete": bool(state.epoch >= state.epochs or state.stop),
         "guide_class": type(guide).__name__,
-        "tying": getattr(guide, "tying", None),
+        "tying": guide.tying if isinstance(guide, BNNGuide) else None,
         "optimizer_class": type(state.optimizer).__name__,
-        "optimizer_layout": _optimizer_layout(state.optimizer, model, guide),
-        "sites": _sites(model),
+        "optimizer_layout": optimizer_layout(state.optimizer, model, guide),
+        "sites": site_list(model),
         "history": _jsonable(state.history),
         "config": _jsonable(config) if config is not None else None,
         "extra": _jsonable(extra) if extra is not None else {},
@@ -203,11 +148,12 @@ def checkpoint_payload(
         payload[f"model/{k}"] = v.detach().cpu().clone()
     for k, v in guide.state_dict().items():
         payload[f"guide/{k}"] = v.detach().cpu().clone()
-    if hasattr(guide, "structure") and hasattr(guide, "load_structure"):
-        for k, v in guide.structure().to_payload().items():
+    structure = guide.structure() if isinstance(guide, BNNGuide) else None
+    if structure is not None:
+        for k, v in structure.to_payload().items():
             payload[f"structure/{k}"] = v
     payload["optimizer"] = _cpu(state.optimizer.state_dict())
-    cbs = callbacks.items() if isinstance(callbacks, Mapping) else _keyed(callbacks)
+    cbs = callbacks.items() if isinstance(callbacks, Mapping) else callback_keys(callbacks)
     payload["callbacks"] = {k: cb.state_dict() for k, cb in cbs}
     payload["rng"] = capture_rng(generators)
     return payload
@@ -225,81 +171,14 @@ def _cpu(obj):
     return obj
 
 
-def _keyed(callbacks: Sequence[Callback]) -> list[tuple[str, Callback]]:
-    """Stable keys for a callback list: ``<index>:<class name>``."""
+def callback_keys(callbacks: Sequence) -> list[tuple]:
+    """Stable keys for a callback list: ``[("<index>:<class name>", callback), ...]``."""
     return [(f"{i}:{type(cb).__name__}", cb) for i, cb in enumerate(callbacks)]
 
 
-# ---------------------------------------------------------------------- callback
-class Checkpoint(Callback):
-    """Write a resumable checkpoint every ``every`` epochs and after the last epoch.
-
-    Args:
-        path: the checkpoint file (replaced atomically each time).
-        every: interval in epochs (>= 1).
-        stage: a name stored in the file (``"stage1"``, ``"stage3"``, ...).
-        callbacks: the *other* callbacks of the same ``fit`` whose state must be saved
-            (a list, keyed by position and class, or a ``{key: callback}`` mapping).
-        generators: data loaders (or ``torch.Generator`` objects) whose random state
-            drives the batch order; restored on resume.
-        config: the run's settings (a JSON-serialisable dict), stored for ``--resume``.
-        extra: a dict, or a function returning one, stored with each checkpoint (e.g.
-            the records of methods already finished).
-
-    Attributes:
-        last_saved: ``(path, epoch)`` of the last checkpoint written, or ``None``;
-            :func:`~twodg_pyro.infer.fit` names it when the loss becomes NaN.
-    """
-
-    def __init__(
-        self,
-        path: str | Path,
-        every: int = 1,
-        stage: str = "train",
-        callbacks: Mapping[str, Callback] | Sequence[Callback] = (),
-        generators: Sequence = (),
-        config: dict | None = None,
-        extra: dict | Callable[[], dict] | None = None,
-    ):
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"checkpoint interval 'every' must be an integer >= 1, got {every!r}")
-        self.path = Path(path)
-        self.every = every
-        self.stage = str(stage)
-        self.callbacks = callbacks
-        self.generators = list(generators)
-        _generators(self.generators)  # fail early on an unseeded loader
-        self.config = config
-        self.extra = extra
-        self.last_saved: tuple[str, int] | None = None
-        if self.path.is_file():
-            self.last_saved = (str(self.path), -1)
-
-    def save(self, state) -> Path:
-        """Write the checkpoint of ``state`` now."""
-        extra = self.extra() if callable(self.extra) else self.extra
-        payload = checkpoint_payload(
-            state, self.stage, self.callbacks, self.generators, self.config, extra
-        )
-        write_payload(payload, self.path)
-        self.last_saved = (str(self.path), int(state.epoch))
-        return self.path
-
-    def on_epoch_end(self, state) -> None:
-        if state.epoch % self.every == 0 or state.epoch >= state.epochs:
-            self.save(state)
-
-    def on_train_end(self, state) -> None:
-        # stopped early (EarlyStopping, ...) between two scheduled checkpoints
-        if self.last_saved is None or self.last_saved[1] != state.epoch:
-            self.save(state)
-
-    def last_checkpoint(self) -> str:
-        """``"<path> (epoch e)"`` of the last checkpoint written, for error messages."""
-        if self.last_saved is None:
-            return "none written yet"
-        path, epoch = self.last_saved
-        return f"{path} (epoch {epoch})" if epoch >= 0 else f"{path} (from an earlier run)"
+def write_checkpoint(payload: dict, path: str | Path) -> None:
+    """Seal ``payload`` with its checksum and write it atomically to ``path``."""
+    write_payload(payload, path)
 
 
 # ---------------------------------------------------------------------- loading
@@ -365,173 +244,3 @@ def load_checkpoint(path: str | Path, stage: str | None = None) -> CheckpointDat
             f"{where!r} is a checkpoint of stage {header.get('stage')!r}, expected {stage!r}"
         )
     return CheckpointData(where, header, payload)
-
-
-# ---------------------------------------------------------------------- restoring
-def _load_module(module: nn.Module, state: dict, what: str, where: str) -> None:
-    mine = module.state_dict()
-    missing = sorted(set(mine) - set(state))
-    unexpected = sorted(set(state) - set(mine))
-    wrong = sorted(
-        f"{k}: checkpoint {tuple(state[k].shape)}, here {tuple(mine[k].shape)}"
-        for k in set(mine) & set(state)
-        if tuple(state[k].shape) != tuple(mine[k].shape)
-    )
-    if missing or unexpected or wrong:
-        parts = []
-        if missing:
-            parts.append(f"missing {missing[:5]}")
-        if unexpected:
-            parts.append(f"unexpected {unexpected[:5]}")
-        if wrong:
-            parts.append(f"shape mismatch {wrong[:5]}")
-        raise ValueError(
-            f"checkpoint {where!r} was written for another {what}: " + "; ".join(parts)
-        )
-    module.load_state_dict(state)
-
-
-def restore_state(
-    ckpt: CheckpointData | str | Path,
-    model: nn.Module,
-    guide: nn.Module,
-    lr,
-    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
-    elbo=None,
-    callbacks: Mapping[str, Callback] | Sequence[Callback] = (),
-    generators: Sequence = (),
-    epochs: int | None = None,
-    rng: bool = True,
-    **optim_kwargs,
-):
-    """A :class:`~twodg_pyro.infer.TrainState` rebuilt from a checkpoint, ready for
-    ``fit(..., state=state)``.
-
-    ``model`` and ``guide`` must be built the same way as when the checkpoint was
-    written (same network and, for a shared-GMM guide, any structure: the saved one is
-    adopted first).  Restores the model and guide state, the optimiser state (checked
-    parameter by parameter), ``callbacks`` (same keys as when saved), the ELBO's
-    ``beta``, the history, and, with ``rng=True``, every random state including the
-    data loaders' ``generators``.
-
-    Raises:
-        ValueError: the checkpoint belongs to another network, guide or optimiser, naming
-            what differs.
-    """
-    from ..infer.elbo import DecomposedELBO
-    from ..infer.trainer import TrainState, build_optimizer
-
-    if not isinstance(ckpt, CheckpointData):
-        ckpt = load_checkpoint(ckpt)
-    h, where = ckpt.header, ckpt.path
-    sites = _sites(model)
-    if h.get("sites") != sites:
-        saved = h.get("sites") or []
-        n_saved = sum(int(np.prod(s)) for _, s in saved)
-        n_here = sum(int(np.prod(s)) for _, s in sites)
-        raise ValueError(
-            f"checkpoint {where!r} was written for another network: {len(saved)} Bayesian "
-            f"sites with {n_saved} weights (first {saved[:1]}), this network has {len(sites)} "
-            f"sites with {n_here} weights (first {sites[:1]})"
-        )
-    if h.get("guide_class") != type(guide).__name__:
-        raise ValueError(
-            f"checkpoint {where!r} holds a {h.get('guide_class')} guide, got a "
-            f"{type(guide).__name__}"
-        )
-    if h.get("tying") != getattr(guide, "tying", None):
-        raise ValueError(
-            f"checkpoint {where!r} was written with tying {h.get('tying')!r}, the guide has "
-            f"tying {getattr(guide, 'tying', None)!r}"
-        )
-    _load_module(model, ckpt.section("model/"), "network", where)
-    structure = ckpt.structure()
-    if structure is not None:
-        guide.load_structure(structure)
-    _load_module(guide, ckpt.section("guide/"), "guide", where)
-
-    opt = build_optimizer(model, guide, lr, optimizer, **optim_kwargs)
-    layout = _optimizer_layout(opt, model, guide)
-    if layout != h.get("optimizer_layout"):
-        raise ValueError(
-            f"checkpoint {where!r}: the optimiser's parameters differ from the saved ones "
-            f"(saved {_short(h.get('optimizer_layout'))}, here {_short(layout)})"
-        )
-    if h.get("optimizer_class") != type(opt).__name__:
-        raise ValueError(
-            f"checkpoint {where!r} holds {h.get('optimizer_class')} state, the optimiser is "
-            f"{type(opt).__name__}"
-        )
-    opt.load_state_dict(ckpt.payload["optimizer"])
-
-    elbo = elbo if elbo is not None else DecomposedELBO()
-    elbo.beta = float(h.get("beta", elbo.beta))
-    total = int(h["epochs"]) if epochs is None else int(epochs)
-    state = TrainState(model, guide, elbo, opt, lr, total)
-    state.epoch, state.step = int(h["epoch"]), int(h["step"])
-    state.stop = bool(h.get("stop", False))  # e.g. early stopping had fired
-    state.history = [dict(r) for r in h.get("history", [])]
-    saved_cbs = ckpt.payload["callbacks"]
-    cbs = callbacks.items() if isinstance(callbacks, Mapping) else _keyed(callbacks)
-    cbs = list(cbs)
-    given = {k for k, _ in cbs}
-    # a stateless callback (empty state_dict) need not have been saved
-    unmatched = sorted(set(saved_cbs) - given) + sorted(
-        k for k, cb in cbs if k not in saved_cbs and cb.state_dict()
-    )
-    if unmatched:
-        raise ValueError(
-            f"checkpoint {where!r} holds callback states {sorted(saved_cbs)}, the callbacks "
-            f"given are {sorted(given)}: {unmatched} do not match"
-        )
-    for k, cb in cbs:
-        if k in saved_cbs:
-            cb.load_state_dict(saved_cbs[k])
-    if rng:
-        restore_rng(ckpt.payload["rng"], generators)
-    return state
-
-
-def _short(layout) -> str:
-    if not layout:
-        return "nothing"
-    return ", ".join(f"{g}: {len(ps)} tensors" for g, ps in layout)
-
-
-def resume_fit(
-    ckpt: CheckpointData | str | Path,
-    model: nn.Module,
-    guide: nn.Module,
-    data,
-    epochs: int | None = None,
-    lr=1e-3,
-    callbacks: Sequence[Callback] = (),
-    checkpoint: Checkpoint | None = None,
-    generators: Sequence | None = None,
-    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
-    **fit_kwargs,
-):
-    """Restore the state saved in ``ckpt`` and continue :func:`~twodg_pyro.infer.fit`.
-
-    ``callbacks`` are the same callbacks as in the interrupted run (their state is
-    restored from the checkpoint); ``checkpoint``, when given, keeps writing checkpoints
-    and is appended last.  ``generators`` default to ``[data]`` when ``data`` has a
-    seeded generator (a :func:`~twodg_pyro.data.make_loader` loader).
-    """
-    from ..infer.trainer import fit
-
-    if generators is None:
-        generators = [data] if getattr(data, "generator", None) is not None else []
-    state = restore_state(
-        ckpt,
-        model,
-        guide,
-        lr,
-        optimizer=optimizer,
-        elbo=fit_kwargs.pop("elbo", None),
-        callbacks=callbacks,
-        generators=generators,
-        epochs=epochs,
-    )
-    cbs = list(callbacks) + ([checkpoint] if checkpoint is not None else [])
-    return fit(model, guide, data, state.epochs, lr=lr, callbacks=cbs, state=state, **fit_kwargs)

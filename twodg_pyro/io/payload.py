@@ -68,8 +68,11 @@ class PayloadFormat:
     finite_prefixes: tuple[str, ...] = ()
 
 
-def read_payload(path: str | Path, fmt: PayloadFormat) -> tuple[dict, dict]:
+def read_payload(path: str | Path, fmt: PayloadFormat, loaded=None) -> tuple[dict, dict]:
     """Load ``path`` (:func:`~twodg_pyro.io.files.safe_torch_load`) and check its header.
+
+    ``loaded``: the file's content when the caller has loaded it already (to tell
+    formats apart), so that it is not read twice.
 
     Returns:
         ``(payload, header)``: the whole dictionary and its decoded JSON header.
@@ -82,7 +85,7 @@ def read_payload(path: str | Path, fmt: PayloadFormat) -> tuple[dict, dict]:
             ``fmt.version`` (or one of ``fmt.legacy_versions``), or NaN/inf in the
             sections ``fmt.finite_prefixes``.
     """
-    payload = safe_torch_load(path)
+    payload = safe_torch_load(path) if loaded is None else loaded
     where = str(path)
     checked = False
     if isinstance(payload, dict) and CHECKSUM_KEY in payload:

@@ -12,6 +12,7 @@ from .config import (
     config_from_dict,
     load_config,
 )
+from .data_parallel import run_distributed
 from .results import format_table, read_results, write_results
 from .run_folder import RunFolder, RunFolderError, RunFolderLocked
 from .runner import run
@@ -33,5 +34,6 @@ __all__ = [
     "load_config",
     "read_results",
     "run",
+    "run_distributed",
     "write_results",
 ]

@@ -1,30 +1,119 @@
-"""Algorithm 1 end to end: stage 1 (mean-field) -> outliers -> GMM -> size reduction ->
-stage 2 (merging, ellipses) -> stage 3 (SVI on the shared-GMM guide, with hooks) ->
-evaluation and compression accounting.
+"""Algorithm 1, top-down: three stages, then the 2DG BNN's row of the results table.
 
-Every stage runs through an :class:`~twodg_pyro.pipeline.execution.Execution`: in one
-process (the default), or on every rank of a process group with the same result on each
-(:class:`~twodg_pyro.distributed.runner.DataParallel`)."""
+1. :func:`stage1_mean_field` -- a mean-field BNN over the (optionally pretrained)
+   network, trained by SVI on the (annealed) ELBO;
+2. :func:`stage2_sharing` -- from its :math:`(\\mu, \\sigma)` points: outliers, the 2-D
+   mixture, cluster-size reduction, W2 merging and the Mahalanobis check
+   (:func:`~twodg_pyro.sharing.build_sharing`), giving the
+   :class:`~twodg_pyro.sharing.SharingStructure`;
+3. :func:`stage3_shared_gmm` -- the shared-GMM guide over that structure, trained by
+   SVI on Eq. 10 with the merge and Mahalanobis hooks (:func:`stage3_hooks`) between
+   epochs.
+
+:func:`run_2dg` runs stages 2-3 on a trained stage 1 and evaluates the result; the
+main job (:func:`~twodg_pyro.pipeline.run`) calls it as the ``2dg`` method, the
+experiments' variants (:func:`~twodg_pyro.pipeline.variants.run_variants`) once per
+variant.  Every stage runs through an
+:class:`~twodg_pyro.pipeline.execution.Execution`: in one process (the default), or on
+every rank of a process group with the same result on each
+(:class:`~twodg_pyro.pipeline.data_parallel.DataParallel`).
+"""
 
 from __future__ import annotations
 
+import copy
 import time
 
 from ..accounting import compression_report
 from ..distributed import env
-from ..guides import SharedGMMGuide
-from ..infer.hooks import MahalanobisHook, MergeHook
+from ..evaluation import seeded_predict
+from ..guides import MeanFieldGuide, SharedGMMGuide
+from ..infer import DecomposedELBO, KLAnnealing
+from ..infer.checkpoint import restore_state
 from ..metrics import classification_metrics
-from ..predict import predict
-from ..sharing import build_sharing
-from .builders import train_loader
+from ..sharing import MahalanobisHook, MergeHook, SharingStructure, build_sharing
+from .builders import build_model, train_loader
 from .config import RunConfig
-from .execution import LOCAL, Execution
-from .runner import kl_weight_field, train_svi
+from .execution import LOCAL, Execution, main_only
+from .results import kl_weight_field
+from .trained import RunArtifacts, Trained
 
-__all__ = ["run_2dg", "stage3", "stage3_hooks"]
+__all__ = [
+    "run_2dg",
+    "stage1_mean_field",
+    "stage2_sharing",
+    "stage3_hooks",
+    "stage3_shared_gmm",
+    "train_svi",
+]
 
 
+# ---------------------------------------------------------------------------- stage 1
+def stage1_mean_field(
+    cfg: RunConfig,
+    split,
+    net,
+    progress: bool,
+    checkpoints=None,
+    extra=None,
+    execution: Execution = LOCAL,
+) -> Trained:
+    """Stage 1: a mean-field BNN over ``net`` trained by SVI on the (annealed) ELBO.
+
+    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) it writes
+    ``stage1.pt`` checkpoints (holding ``extra``, on rank 0) and continues from one when
+    resuming.  ``execution`` runs the SVI loop (one process, or every rank).
+    """
+    n_train = len(split.train)
+    model = build_model(net, cfg.prior, n_train).to(cfg.device)
+    guide = MeanFieldGuide(model, init_scale=cfg.stage1.init_scale, seed=cfg.seed).to(cfg.device)
+    callbacks = []
+    if cfg.stage1.kl_warmup_epochs:
+        callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs, end=cfg.stage1.kl_weight))
+    loader = train_loader(split, cfg.data, cfg.seed)
+    lr = {"loc": cfg.stage1.lr_loc, "scale": cfg.stage1.lr_scale, "default": cfg.stage1.lr_loc}
+    state = train_svi(
+        cfg,
+        "stage1",
+        model,
+        guide,
+        loader,
+        cfg.stage1.epochs,
+        lr,
+        callbacks,
+        progress,
+        checkpoints,
+        extra,
+        execution,
+        kl_weight=cfg.stage1.kl_weight,
+    )
+    return Trained(model, guide, state)
+
+
+# ---------------------------------------------------------------------------- stage 2
+def stage2_sharing(
+    cfg: RunConfig, model, guide, loader, progress: bool, execution: Execution = LOCAL
+) -> tuple[SharingStructure, dict]:
+    """Stage 2: the sharing structure of the trained mean-field ``guide`` and its report.
+
+    Every rank builds it from the same, unsharded minibatches of ``loader`` under a common
+    seed, its mixture fitted by ``execution.mixture``, and the ranks agree on it.
+    """
+    execution.seed_common(cfg.seed)
+    structure, report = build_sharing(
+        model,
+        guide,
+        loader,
+        cfg.sharing,
+        seed=cfg.seed,
+        device=cfg.device,
+        progress=progress,
+        mixture=execution.mixture,
+    )
+    return execution.agree(structure), report
+
+
+# ---------------------------------------------------------------------------- stage 3
 def stage3_hooks(cfg: RunConfig, loader) -> list:
     """The stage-3 refinement hooks that ``cfg`` asks for (merging, Mahalanobis
     reassignment), each on its own schedule; ``loader`` feeds the merge's gradient test."""
@@ -54,17 +143,18 @@ def stage3_hooks(cfg: RunConfig, loader) -> list:
     return hooks
 
 
-def stage3(
+def stage3_shared_gmm(
     cfg: RunConfig,
     model,
-    structure,
+    structure: SharingStructure,
     loader,
     progress: bool = True,
     checkpoints=None,
     extra=None,
     execution: Execution = LOCAL,
-):
-    """Train the shared-GMM guide over ``structure``; returns ``(guide, state, hooks)``.
+) -> tuple[Trained, list]:
+    """Stage 3: the shared-GMM guide over ``structure`` trained with the refinement hooks;
+    returns ``(Trained(model, guide, state, structure), hooks)``.
 
     ``loader`` is the seeded training loader: the merge hook's gradients use it as it is
     (the same minibatches on every rank), the SVI loop ``execution.shard(loader)``.
@@ -76,7 +166,7 @@ def stage3(
     hooks = stage3_hooks(cfg, loader)
     s3 = cfg.stage3
     lr = {"centre": s3.lr_centre, "outlier": s3.lr_outlier, "default": s3.lr_centre}
-    if s3.tying != "representative":
+    if guide.tying_rule.trains_covariances:
         lr["cov"] = s3.lr_cov
     state = train_svi(
         cfg,
@@ -93,50 +183,96 @@ def stage3(
         execution,
         kl_weight=s3.kl_weight,
     )
-    return guide, state, hooks
+    return Trained(model, guide, state, structure), hooks
 
 
+# ---------------------------------------------------------------------------- SVI of a stage
+def train_svi(
+    cfg: RunConfig,
+    stage: str,
+    model,
+    guide,
+    loader,
+    epochs: int,
+    lr,
+    callbacks: list,
+    progress: bool,
+    checkpoints=None,
+    extra=None,
+    execution: Execution = LOCAL,
+    kl_weight: float = 1.0,
+):
+    r"""SVI of ``guide`` for ``stage`` (``"stage1"``, ``"stage3"``) on the seeded ``loader``
+    (``execution`` shards it) on :math:`\text{nll} + \beta\,\mathrm{KL}` with
+    :math:`\beta` = ``kl_weight``; returns the final ``TrainState``.
+
+    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) rank 0
+    writes the stage's checkpoints (holding ``callbacks``' states, ``loader``'s generator
+    and ``extra``), and a resumed run continues from the stage's checkpoint.
+    """
+    state, ckpt = None, None
+    if checkpoints is not None:
+        resumed = checkpoints.load(stage)
+        if resumed is not None:
+            state = restore_state(
+                resumed, model, guide, lr, callbacks=callbacks, generators=[loader]
+            )
+        ckpt = checkpoints.callback(stage, callbacks, [loader], extra)
+    return execution.fit(
+        model,
+        guide,
+        execution.shard(loader, cfg.seed),
+        epochs,
+        seed=cfg.seed,
+        lr=lr,
+        elbo=DecomposedELBO(beta=kl_weight),
+        callbacks=list(callbacks) + main_only(ckpt),
+        device=cfg.device,
+        progress=progress,
+        state=state,
+    )
+
+
+# ---------------------------------------------------------------------------- the 2DG row
 def run_2dg(
-    cfg: RunConfig, split, art, eval_data, checkpoints=None, execution: Execution = LOCAL
+    cfg: RunConfig,
+    split,
+    art: RunArtifacts,
+    eval_data,
+    checkpoints=None,
+    execution: Execution = LOCAL,
 ) -> dict:
-    """Stages 1-3 on top of the trained mean-field BNN in ``art``; returns the 2DG record.
+    """Stages 2-3 on top of the trained mean-field BNN in ``art``; returns the 2DG record
+    and keeps the trained 2DG BNN in ``art.trained["2dg"]``, its prediction in
+    ``art.predictions["2dg"]``.
 
     When resuming from a stage-3 checkpoint (``checkpoints``), stage 2 is not rerun: its
-    structure and report come from the checkpoint.  Under a process group (``execution``)
-    every rank builds the structure from the same, unsharded minibatches under a common
-    seed, its mixture fitted by ``execution.mixture``, and the ranks agree on it before
-    stage 3.
+    structure and report come from the checkpoint.
     """
-    model, mf_guide, _ = art.mean_field
+    model, mf_guide = art.mean_field.model, art.mean_field.guide
     progress = cfg.progress and env.is_main()
     loader = train_loader(split, cfg.data, cfg.seed)
     t0 = time.perf_counter()
     resumed = checkpoints.load("stage3") if checkpoints is not None else None
     if resumed is None:
-        execution.seed_common(cfg.seed)
-        structure, report = build_sharing(
-            model,
-            mf_guide,
-            loader,
-            cfg.sharing,
-            seed=cfg.seed,
-            device=cfg.device,
-            progress=progress,
-            mixture=execution.mixture,
-        )
-        structure = execution.agree(structure)
+        structure, report = stage2_sharing(cfg, model, mf_guide, loader, progress, execution)
     else:
         structure, report = resumed.structure(), resumed.extra["report"]
     extra = {"records": list(art.records), "report": report}
-    guide, state, hooks = stage3(
+    # stage 3 trains the network's deterministic parameters (BatchNorm) too: on a copy,
+    # so that the mean-field model in ``art`` keeps predicting as it was evaluated
+    model = copy.deepcopy(model)
+    trained, hooks = stage3_shared_gmm(
         cfg, model, structure, loader, progress, checkpoints, extra, execution
     )
     seconds = time.perf_counter() - t0
-    pred = execution.predict(
-        lambda d: predict(model, guide, d, cfg.num_samples, progress=progress),
+    guide, state = trained.guide, trained.state
+    pred = execution.predict(  # the run's seeded draws (twodg_pyro.evaluation)
+        lambda d: seeded_predict(model, guide, d, cfg.num_samples, cfg.seed, progress=progress),
         eval_data,
         cfg.device,
     )
+    art.predictions["2dg"] = pred
     record = {
         "method": "2dg",
         **classification_metrics(pred.mean, pred.targets),
@@ -152,5 +288,5 @@ def run_2dg(
         "final_elbo_terms": state.history[-1] if state.history else {},
         **execution.record_fields(),
     }
-    art.extras["2dg"] = {"model": model, "guide": guide, "state": state, "structure": structure}
+    art.trained["2dg"] = trained
     return record

@@ -13,14 +13,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ..evaluation import seeded_predict
 from ..guides.rank1 import Rank1BNNModel, Rank1Guide, rank1_kl_annealing, rank1_prior
-from ..guides.ssvi import SSVIGuide, SubspaceUpdate
+from ..guides.ssvi import SSVIGuide
+from ..guides.ssvi_subspace import SubspaceUpdate
 from ..infer import DecomposedELBO, KLAnnealing, fit
 from ..likelihoods import Categorical
 from ..metrics import classification_metrics
-from ..predict import predict
 from .builders import build_model, build_net, seed_everything, train_loader
 from .config import RunConfig
+from .trained import Trained
 
 __all__ = ["run_rank1", "run_ssvi", "size_mb"]
 
@@ -42,8 +44,12 @@ def _train_and_evaluate(
     lr: float,
     callbacks: list,
     extra: Callable[[int, int], dict],
+    art=None,
 ) -> dict:
-    """Fit ``guide`` (timed), predict ``eval_data`` and return the method's record.
+    """Fit ``guide`` (timed), predict ``eval_data`` (the run's seeded draws) and return
+    the method's record; with ``art`` (the run's
+    :class:`~twodg_pyro.pipeline.trained.RunArtifacts`) keep the trained model, guide and
+    state in ``art.trained[method]`` and the prediction in ``art.predictions[method]``.
 
     ``extra(n_guide, n_det)`` gives the method-specific fields, placed after ``size_mb``
     (``n_guide`` counts the guide's trainable parameters, ``n_det`` the network's
@@ -62,7 +68,10 @@ def _train_and_evaluate(
         progress=cfg.progress,
     )
     seconds = time.perf_counter() - t0
-    pred = predict(model, guide, eval_data, cfg.num_samples, progress=cfg.progress)
+    pred = seeded_predict(model, guide, eval_data, cfg.num_samples, cfg.seed, progress=cfg.progress)
+    if art is not None:
+        art.trained[method] = Trained(model, guide, state)
+        art.predictions[method] = pred
     n_guide = guide.num_trainable()
     n_det = sum(p.numel() for p in model.deterministic_parameters())
     return {
@@ -77,7 +86,7 @@ def _train_and_evaluate(
     }
 
 
-def run_rank1(cfg: RunConfig, split, eval_data) -> dict:
+def run_rank1(cfg: RunConfig, split, eval_data, art=None) -> dict:
     """Train and evaluate a rank-1 BNN with ``cfg.rank1`` settings; returns its record.
 
     The shared weights start from the same seeded network as the other methods; the KL
@@ -106,10 +115,11 @@ def run_rank1(cfg: RunConfig, split, eval_data) -> dict:
         lr=rc.lr,
         callbacks=[rank1_kl_annealing(rc.epochs)],
         extra=lambda n_guide, n_det: {"components": rc.components, "prior": rc.prior},
+        art=art,
     )
 
 
-def run_ssvi(cfg: RunConfig, split, eval_data) -> dict:
+def run_ssvi(cfg: RunConfig, split, eval_data, art=None) -> dict:
     """Train and evaluate an SSVI BNN with ``cfg.ssvi`` settings; returns its record.
 
     Prior, network and initial scales are those of the mean-field row (``cfg.prior``,
@@ -159,4 +169,5 @@ def run_ssvi(cfg: RunConfig, split, eval_data) -> dict:
         lr=sc.lr,
         callbacks=callbacks,
         extra=extra,
+        art=art,
     )

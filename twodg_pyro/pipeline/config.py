@@ -19,9 +19,20 @@ import json
 import math
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin, get_type_hints
+
+from ..baselines.deterministic import Optimizer
+from ..data import available_datasets
+from ..gmm.merging import MergeRule, MergeTest
+from ..guides.rank1 import InitMean, Rank1PriorKind, Routing
+from ..guides.ssvi_subspace import AdditionCriterion, RemovalCriterion
+from ..guides.tyings import TyingName
+from ..priors import PriorKind
+from ..sharing.outliers import OutlierRule
+from ..sharing.structure import Coordinates
 
 __all__ = [
     "ConfigError",
@@ -36,6 +47,8 @@ __all__ = [
     "DiagnosticsConfig",
     "RunConfig",
     "DTYPES",
+    "METHODS",
+    "Rule",
     "torch_dtype",
     "load_config",
     "config_from_dict",
@@ -48,22 +61,25 @@ class ConfigError(ValueError):
 
 #: ``network.dtype`` values: the floating type of the network's parameters, and so of the
 #: priors, guides, draws, stage 2's mixture and the predictions.
-DTYPES = ("float32", "float64")
+DType = Literal["float32", "float64"]
+DTYPES: tuple[str, ...] = get_args(DType)
+#: the methods a run trains and evaluates
+Method = Literal["deterministic", "mean_field", "2dg", "rank1", "ssvi"]
+METHODS: tuple[str, ...] = get_args(Method)
+#: ``cpu``, ``cuda`` or ``cuda:<index>``.
+DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
 
 
 def torch_dtype(name: str):
     """The ``torch.dtype`` of a ``network.dtype`` setting (``"float32"``, ``"float64"``)."""
     import torch
 
-    _choice("network.dtype", name, DTYPES)
+    if name not in DTYPES:
+        raise ConfigError(f"network.dtype = {name!r}: must be one of {list(DTYPES)}")
     return getattr(torch, name)
 
 
-def _require(cond: bool, name: str, value: Any, what: str) -> None:
-    if not cond:
-        raise ConfigError(f"{name} = {value!r}: {what}")
-
-
+# ---------------------------------------------------------------------------- constraints
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -72,72 +88,137 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _pos(name: str, value: float) -> None:
-    _require(
-        _is_number(value) and math.isfinite(value) and value > 0,
-        name,
-        value,
-        "must be a positive number",
-    )
+@dataclass(frozen=True)
+class Rule:
+    """A constraint on one setting: ``test(value)`` must hold, else ``"<name> = <value>:
+    <what>"`` is the error.  Fields carry their rules as ``Annotated[type, rule, ...]``;
+    a ``Literal[...]`` type is the rule "one of its values"."""
+
+    test: Callable[[Any], bool]
+    what: str
+
+    def check(self, name: str, value: Any) -> None:
+        if not self.test(value):
+            raise ConfigError(f"{name} = {value!r}: {self.what}")
 
 
-def _nonneg_int(name: str, value: int) -> None:
-    _int_at_least(name, value, 0)
+def positive(what: str = "must be a positive number") -> Rule:
+    """A finite number > 0."""
+    return Rule(lambda v: _is_number(v) and math.isfinite(v) and v > 0, what)
 
 
-def _int_at_least(name: str, value: int, low: int) -> None:
-    _require(_is_int(value) and value >= low, name, value, f"must be an integer >= {low}")
+def at_least(low: int, what: str | None = None) -> Rule:
+    """An integer >= ``low``."""
+    return Rule(lambda v: _is_int(v) and v >= low, what or f"must be an integer >= {low}")
 
 
-def _in_range(name: str, value: float, low: float, high: float, closed: tuple[bool, bool]) -> None:
-    """``low <(=) value <(=) high`` for a real number ``value``."""
-    lo_ok = _is_number(value) and (value >= low if closed[0] else value > low)
-    hi_ok = _is_number(value) and (value <= high if closed[1] else value < high)
+def finite_at_least_zero(what: str = "must be a finite number >= 0") -> Rule:
+    """A finite number >= 0."""
+    return Rule(lambda v: _is_number(v) and math.isfinite(v) and v >= 0, what)
+
+
+def in_range(low: float, high: float, closed: tuple[bool, bool]) -> Rule:
+    """A number in the interval from ``low`` to ``high`` (``closed`` at either end)."""
+
+    def test(v) -> bool:
+        if not _is_number(v):
+            return False
+        return (v >= low if closed[0] else v > low) and (v <= high if closed[1] else v < high)
+
     brackets = ("[" if closed[0] else "(") + f"{low}, {high}" + ("]" if closed[1] else ")")
-    _require(lo_ok and hi_ok, name, value, f"must be in {brackets}")
+    return Rule(test, f"must be in {brackets}")
 
 
-def _bool(name: str, value: bool) -> None:
-    _require(isinstance(value, bool), name, value, "must be true or false")
+def optional(rule: Rule, what: str) -> Rule:
+    """``None`` (absent) or what ``rule`` admits."""
+    return Rule(lambda v: v is None or rule.test(v), what)
 
 
-def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
-    _require(
-        isinstance(value, str) and value in options, name, value, f"must be one of {list(options)}"
-    )
+BOOLEAN = Rule(lambda v: isinstance(v, bool), "must be true or false")
+INTEGER = Rule(_is_int, "must be an integer")
+FRACTION = in_range(0, 1, (True, False))  # [0, 1)
+UNIT = in_range(0, 1, (True, True))  # [0, 1]
 
 
-#: ``cpu``, ``cuda`` or ``cuda:<index>``.
-DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
+def _one_of(options: tuple) -> Rule:
+    return Rule(lambda v: isinstance(v, str) and v in options, f"must be one of {list(options)}")
 
 
+def _is_list_of(kind: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, (list, tuple)) and all(kind(x) for x in v)
+
+
+def _is_device(v) -> bool:
+    return isinstance(v, str) and DEVICE_PATTERN.fullmatch(v) is not None
+
+
+# named rules of single settings (annotations refer to them by name)
+FOLDER = Rule(lambda v: v is None or (isinstance(v, str) and v != ""), "must be a folder name")
+HIDDEN_UNITS = Rule(
+    _is_list_of(lambda h: _is_int(h) and h > 0),
+    "must be a list of positive integers (units per hidden layer)",
+)
+EPOCH_LIST = Rule(_is_list_of(lambda m: _is_int(m) and m >= 0), "must be epochs (integers >= 0)")
+INIT_SCALE = Rule(
+    lambda v: v == "paper" or (_is_number(v) and math.isfinite(v) and v > 0),
+    "must be 'paper' or a positive number",
+)
+POSITIVE_OR_INF = Rule(lambda v: _is_number(v) and v > 0, "must be a number > 0 (or inf)")
+METHOD_LIST = Rule(lambda v: isinstance(v, (list, tuple)), "must be a list of method names")
+DEVICE = Rule(_is_device, "must be 'cpu', 'cuda' or 'cuda:<index>'")
+
+
+def _rules(hint) -> list[Rule]:
+    """The rules of a field's type: its ``Annotated`` rules, or "one of" a ``Literal``."""
+    rules: list[Rule] = []
+    if get_origin(hint) is Annotated:
+        hint, *extra = get_args(hint)
+        rules += [r for r in extra if isinstance(r, Rule)]
+    if get_origin(hint) is Literal:
+        rules.insert(0, _one_of(get_args(hint)))
+    return rules
+
+
+class _Section:
+    """A section of settings: on construction every field is checked against the rules
+    of its type (``Annotated`` / ``Literal``), then :meth:`_check` runs the checks that
+    involve several fields.  ``section`` prefixes the names in errors."""
+
+    section: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        hints = get_type_hints(type(self), include_extras=True)
+        prefix = f"{self.section}." if self.section else ""
+        for f in dataclasses.fields(self):
+            for rule in _rules(hints[f.name]):
+                rule.check(prefix + f.name, getattr(self, f.name))
+        self._check()
+
+    def _check(self) -> None:
+        """Constraints between fields (none by default)."""
+
+
+def _require(cond: bool, name: str, value: Any, what: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name} = {value!r}: {what}")
+
+
+# ---------------------------------------------------------------------------- sections
 @dataclass
-class DataConfig:
+class DataConfig(_Section):
     """Which data set and how it is batched."""
 
-    name: str = "digits"
-    root: str | None = None
-    batch_size: int = 128
-    val_fraction: float = 0.1
-    test_fraction: float = 0.2
-    split_seed: int = 0
-    augment: bool = True  # CIFAR training augmentation (paper App. I.2); ImageNet always
+    section: ClassVar[str] = "data"
+    name: Annotated[str, _one_of(tuple(available_datasets()))] = "digits"
+    root: Annotated[str | None, FOLDER] = None
+    batch_size: Annotated[int, at_least(1)] = 128
+    val_fraction: Annotated[float, FRACTION] = 0.1
+    test_fraction: Annotated[float, FRACTION] = 0.2
+    split_seed: Annotated[int, INTEGER] = 0
+    #: CIFAR training augmentation (paper App. I.2); ImageNet's is always on
+    augment: Annotated[bool, BOOLEAN] = True
 
-    def __post_init__(self):
-        _choice(
-            "data.name",
-            self.name,
-            ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "imagenet"),
-        )
-        _require(
-            self.root is None or (isinstance(self.root, str) and self.root != ""),
-            "data.root",
-            self.root,
-            "must be a folder name",
-        )
-        _int_at_least("data.batch_size", self.batch_size, 1)
-        for n in ("val_fraction", "test_fraction"):
-            _in_range(f"data.{n}", getattr(self, n), 0, 1, (True, False))
+    def _check(self) -> None:
         if self.name == "digits":  # digits carves both from one set; the others have a test set
             _require(
                 self.val_fraction + self.test_fraction < 1,
@@ -145,64 +226,52 @@ class DataConfig:
                 self.val_fraction + self.test_fraction,
                 "must be < 1 (nothing would be left to train on)",
             )
-        _require(_is_int(self.split_seed), "data.split_seed", self.split_seed, "must be an integer")
-        _bool("data.augment", self.augment)
+
+
+def _known_arch(value) -> bool:
+    from ..models import available_networks
+
+    return (
+        isinstance(value, str) and value.strip().lower().replace("-", "_") in available_networks()
+    )
+
+
+def _arch_rule() -> Rule:
+    from ..models import available_networks
+
+    return Rule(_known_arch, f"must be one of {available_networks()}")
 
 
 @dataclass
-class NetworkConfig:
+class NetworkConfig(_Section):
     """The deterministic architecture (see ``twodg_pyro.models.build_network``)."""
 
+    section: ClassVar[str] = "network"
     arch: str = "mlp"
-    hidden: list[int] = field(default_factory=lambda: [128])
-    pretrain_epochs: int = 0
-    dtype: str = "float32"  # or "float64": everything downstream follows the network
+    hidden: Annotated[list[int], HIDDEN_UNITS] = field(default_factory=lambda: [128])
+    pretrain_epochs: Annotated[int, at_least(0)] = 0
+    #: everything downstream (priors, guides, mixture, predictions) follows the network
+    dtype: DType = "float32"
 
-    def __post_init__(self):
-        from ..models import available_networks
-
-        known = available_networks()
-        _require(
-            isinstance(self.arch, str) and self.arch.strip().lower().replace("-", "_") in known,
-            "network.arch",
-            self.arch,
-            f"must be one of {known}",
-        )
-        _require(
-            isinstance(self.hidden, (list, tuple))
-            and all(_is_int(h) and h > 0 for h in self.hidden),
-            "network.hidden",
-            self.hidden,
-            "must be a list of positive integers (units per hidden layer)",
-        )
-        _nonneg_int("network.pretrain_epochs", self.pretrain_epochs)
-        _choice("network.dtype", self.dtype, DTYPES)
+    def _check(self) -> None:
+        _arch_rule().check("network.arch", self.arch)
 
 
 @dataclass
-class PriorConfig:
+class PriorConfig(_Section):
     """The prior over Bayesian weights: ``normal``, ``laplace``, ``layerwise`` or
     ``pretrained`` (empirical Bayes: centred at the network's initial, e.g. pretrained,
     weights with standard deviation ``scale + delta |w|``, see
     :class:`~twodg_pyro.priors.PretrainedPrior`)."""
 
-    kind: str = "normal"
-    scale: float = 1.0
-    delta: float = 0.0
-
-    def __post_init__(self):
-        _choice("prior.kind", self.kind, ("normal", "laplace", "layerwise", "pretrained"))
-        _pos("prior.scale", self.scale)
-        _require(
-            _is_number(self.delta) and math.isfinite(self.delta) and self.delta >= 0,
-            "prior.delta",
-            self.delta,
-            "must be a finite number >= 0",
-        )
+    section: ClassVar[str] = "prior"
+    kind: PriorKind = "normal"
+    scale: Annotated[float, positive()] = 1.0
+    delta: Annotated[float, finite_at_least_zero()] = 0.0
 
 
 @dataclass
-class Stage1Config:
+class Stage1Config(_Section):
     r"""Mean-field pretraining (Algorithm 1, stage 1) and the deterministic network's
     training recipe (the baseline, and the pretraining of ``network.pretrain_epochs``).
 
@@ -213,149 +282,102 @@ class Stage1Config:
     decay, linear warm-up, learning-rate steps by ``deterministic_gamma`` at
     ``deterministic_milestones``)."""
 
-    epochs: int = 300
-    lr_loc: float = 1e-2
-    lr_scale: float = 1e-2
-    kl_warmup_epochs: int = 0
-    kl_weight: float = 1.0
-    init_scale: str | float = "paper"
-    deterministic_epochs: int = 300
-    deterministic_lr: float = 1e-2
-    deterministic_optimizer: str = "adam"
-    deterministic_momentum: float = 0.9
-    deterministic_weight_decay: float = 0.0
-    deterministic_milestones: list[int] = field(default_factory=list)
-    deterministic_gamma: float = 0.1
-    deterministic_warmup_epochs: int = 0
-
-    def __post_init__(self):
-        _nonneg_int("stage1.epochs", self.epochs)
-        _nonneg_int("stage1.kl_warmup_epochs", self.kl_warmup_epochs)
-        _nonneg_int("stage1.deterministic_epochs", self.deterministic_epochs)
-        _nonneg_int("stage1.deterministic_warmup_epochs", self.deterministic_warmup_epochs)
-        for n in ("lr_loc", "lr_scale", "deterministic_lr", "kl_weight", "deterministic_gamma"):
-            _pos(f"stage1.{n}", getattr(self, n))
-        _choice("stage1.deterministic_optimizer", self.deterministic_optimizer, ("adam", "sgd"))
-        for n in ("deterministic_momentum", "deterministic_weight_decay"):
-            v = getattr(self, n)
-            _require(
-                isinstance(v, (int, float))
-                and not isinstance(v, bool)
-                and math.isfinite(v)
-                and v >= 0,
-                f"stage1.{n}",
-                v,
-                "must be a finite number >= 0",
-            )
-        _require(
-            isinstance(self.deterministic_milestones, (list, tuple))
-            and all(_is_int(m) and m >= 0 for m in self.deterministic_milestones),
-            "stage1.deterministic_milestones",
-            self.deterministic_milestones,
-            "must be epochs (integers >= 0)",
-        )
-        if isinstance(self.init_scale, str):
-            _choice("stage1.init_scale", self.init_scale, ("paper",))
-        else:
-            _pos("stage1.init_scale", self.init_scale)
+    section: ClassVar[str] = "stage1"
+    epochs: Annotated[int, at_least(0)] = 300
+    lr_loc: Annotated[float, positive()] = 1e-2
+    lr_scale: Annotated[float, positive()] = 1e-2
+    kl_warmup_epochs: Annotated[int, at_least(0)] = 0
+    kl_weight: Annotated[float, positive()] = 1.0
+    #: ``"paper"`` (App. I.4) or a positive constant
+    init_scale: Annotated[str | float, INIT_SCALE] = "paper"
+    deterministic_epochs: Annotated[int, at_least(0)] = 300
+    deterministic_lr: Annotated[float, positive()] = 1e-2
+    deterministic_optimizer: Optimizer = "adam"
+    deterministic_momentum: Annotated[float, finite_at_least_zero()] = 0.9
+    deterministic_weight_decay: Annotated[float, finite_at_least_zero()] = 0.0
+    deterministic_milestones: Annotated[list[int], EPOCH_LIST] = field(default_factory=list)
+    deterministic_gamma: Annotated[float, positive()] = 0.1
+    deterministic_warmup_epochs: Annotated[int, at_least(0)] = 0
 
 
 @dataclass
-class SharingConfig:
-    """Outliers, the 2-D mixture and its refinement (stage 1 steps 3-5, stage 2)."""
+class SharingConfig(_Section):
+    """Outliers, the 2-D mixture and its refinement (stage 1 steps 3-5, stage 2).
 
-    coordinates: str = "sigma"  # (mu, sigma) as in the paper, or "log_sigma"
-    outlier_rule: str = "absolute"  # |mu| > tau_w; or "quantile" / "layer_std"
-    tau_w: float = 0.2
-    mu_quantile: float = 0.99
-    layer_std_multiple: float = 3.0
-    grad_percentile: float = 0.01  # P_g: top fraction of |dL/dmu|
-    grad_batches: int = 4
-    n_components: int = 2000
-    gmm_batch_size: int | None = None
-    gmm_max_iter: int = 100
-    # fit the mixture to a seeded random subsample of at most this many inlier points
-    # (every inlier is still assigned by the fitted mixture); absent: all of them
-    gmm_max_points: int | None = None
-    n_min: int = 20
-    mahalanobis_threshold: float = 5.991
-    k_nearest: int = 5
-    merge_rule: str = "paper"  # or "moment"
-    merge_test: str = "both"  # or "difference"
-    tau_d: float = 1e-2  # W2 merge threshold T_W
-    tau_g: float = math.inf
-    tau_v: float = math.inf
-    use_outliers: bool = True
-    use_ellipses: bool = True
-    use_merging: bool = True
+    Thresholds, each with one name (spec section 4): ``tau_w`` (the absolute mean rule),
+    ``grad_percentile`` (:math:`P_g`), ``n_min`` (:math:`N_\\min`), ``mahalanobis_threshold``
+    (:math:`T_M`), ``tau_d`` (:math:`T_W`, on :math:`W_2`), ``tau_g`` and ``tau_v`` (the
+    merge's gradient and variance tests; ``inf`` skips them)."""
 
-    def __post_init__(self):
-        _choice("sharing.coordinates", self.coordinates, ("sigma", "log_sigma"))
-        _choice("sharing.outlier_rule", self.outlier_rule, ("absolute", "quantile", "layer_std"))
-        _choice("sharing.merge_rule", self.merge_rule, ("paper", "moment"))
-        _choice("sharing.merge_test", self.merge_test, ("both", "difference"))
-        _pos("sharing.tau_w", self.tau_w)
-        _in_range("sharing.mu_quantile", self.mu_quantile, 0, 1, (False, False))
-        _pos("sharing.layer_std_multiple", self.layer_std_multiple)
-        _in_range("sharing.grad_percentile", self.grad_percentile, 0, 1, (True, False))
-        _int_at_least("sharing.grad_batches", self.grad_batches, 1)
-        _int_at_least("sharing.n_components", self.n_components, 1)
-        if self.gmm_batch_size is not None:
-            _require(
-                _is_int(self.gmm_batch_size) and self.gmm_batch_size >= 1,
-                "sharing.gmm_batch_size",
-                self.gmm_batch_size,
-                "must be an integer >= 1 (points per EM mini-batch), or absent for full batches",
-            )
-        _int_at_least("sharing.gmm_max_iter", self.gmm_max_iter, 1)
+    section: ClassVar[str] = "sharing"
+    coordinates: Coordinates = "sigma"
+    outlier_rule: OutlierRule = "absolute"
+    tau_w: Annotated[float, positive()] = 0.2
+    mu_quantile: Annotated[float, in_range(0, 1, (False, False))] = 0.99
+    layer_std_multiple: Annotated[float, positive()] = 3.0
+    grad_percentile: Annotated[float, FRACTION] = 0.01
+    grad_batches: Annotated[int, at_least(1)] = 4
+    n_components: Annotated[int, at_least(1)] = 2000
+    gmm_batch_size: Annotated[
+        int | None,
+        optional(
+            at_least(1),
+            "must be an integer >= 1 (points per EM mini-batch), or absent for full batches",
+        ),
+    ] = None
+    gmm_max_iter: Annotated[int, at_least(1)] = 100
+    #: fit the mixture to a seeded random subsample of at most this many inlier points
+    #: (every inlier is still assigned by the fitted mixture); absent: all of them
+    gmm_max_points: Annotated[
+        int | None,
+        optional(
+            at_least(1),
+            "must be an integer >= n_components, or absent to fit the mixture to all inlier points",
+        ),
+    ] = None
+    n_min: Annotated[int, at_least(0)] = 20
+    mahalanobis_threshold: Annotated[float, positive()] = 5.991
+    k_nearest: Annotated[int, at_least(1)] = 5
+    merge_rule: MergeRule = "paper"
+    merge_test: MergeTest = "both"
+    tau_d: Annotated[float, finite_at_least_zero("must be a number >= 0")] = 1e-2
+    tau_g: Annotated[float, POSITIVE_OR_INF] = math.inf
+    tau_v: Annotated[float, POSITIVE_OR_INF] = math.inf
+    use_outliers: Annotated[bool, BOOLEAN] = True
+    use_ellipses: Annotated[bool, BOOLEAN] = True
+    use_merging: Annotated[bool, BOOLEAN] = True
+
+    def _check(self) -> None:
         if self.gmm_max_points is not None:
             _require(
-                _is_int(self.gmm_max_points) and self.gmm_max_points >= self.n_components,
+                self.gmm_max_points >= self.n_components,
                 "sharing.gmm_max_points",
                 self.gmm_max_points,
                 f"must be an integer >= n_components ({self.n_components}), or absent to fit "
                 "the mixture to all inlier points",
             )
-        _nonneg_int("sharing.n_min", self.n_min)
-        _pos("sharing.mahalanobis_threshold", self.mahalanobis_threshold)
-        _int_at_least("sharing.k_nearest", self.k_nearest, 1)
-        _require(
-            _is_number(self.tau_d) and math.isfinite(self.tau_d) and self.tau_d >= 0,
-            "sharing.tau_d",
-            self.tau_d,
-            "must be a number >= 0",
-        )
-        for n in ("tau_g", "tau_v"):
-            v = getattr(self, n)
-            _require(_is_number(v) and v > 0, f"sharing.{n}", v, "must be a number > 0 (or inf)")
-        for n in ("use_outliers", "use_ellipses", "use_merging"):
-            _bool(f"sharing.{n}", getattr(self, n))
 
 
 @dataclass
-class Stage3Config:
+class Stage3Config(_Section):
     """Training the shared-weight BNN (stage 3) and its refinement hooks."""
 
-    epochs: int = 100
-    lr_centre: float = 1e-3
-    lr_outlier: float = 1e-3
-    lr_cov: float = 1e-3
-    tying: str = "representative"  # or "stochastic", "tied"
-    merge_every: int = 0  # epochs between merge hooks (0: never during stage 3)
-    reassign_every: int = 0  # epochs between Mahalanobis reassignment hooks
-    kl_weight: float = 1.0  # KL temperature beta of stage 3 (1: the true bound, Eq. 10)
-
-    def __post_init__(self):
-        _nonneg_int("stage3.epochs", self.epochs)
-        for n in ("lr_centre", "lr_outlier", "lr_cov", "kl_weight"):
-            _pos(f"stage3.{n}", getattr(self, n))
-        _choice("stage3.tying", self.tying, ("representative", "stochastic", "tied"))
-        _nonneg_int("stage3.merge_every", self.merge_every)
-        _nonneg_int("stage3.reassign_every", self.reassign_every)
+    section: ClassVar[str] = "stage3"
+    epochs: Annotated[int, at_least(0)] = 100
+    lr_centre: Annotated[float, positive()] = 1e-3
+    lr_outlier: Annotated[float, positive()] = 1e-3
+    lr_cov: Annotated[float, positive()] = 1e-3
+    tying: TyingName = "representative"
+    #: epochs between merge hooks (0: never during stage 3)
+    merge_every: Annotated[int, at_least(0)] = 0
+    #: epochs between Mahalanobis reassignment hooks (0: never)
+    reassign_every: Annotated[int, at_least(0)] = 0
+    #: KL temperature beta of stage 3 (1: the true bound, Eq. 10)
+    kl_weight: Annotated[float, positive()] = 1.0
 
 
 @dataclass
-class Rank1Config:
+class Rank1Config(_Section):
     """Rank-1 BNN (Dusenberry et al. 2020): ``M`` mixture components over rank-1 factors.
 
     ``prior`` is ``normal`` or ``cauchy``, centred at 1 with scale ``prior_scale``; factor
@@ -365,63 +387,38 @@ class Rank1Config:
     (``"tile"``).  The KL is annealed linearly over the first two thirds of ``epochs``.
     """
 
-    components: int = 4
-    epochs: int = 300
-    lr: float = 1e-2
-    prior: str = "normal"
-    prior_scale: float = 1.0
-    init_scale: float = 1e-3
-    init_mean: str = "random_sign"
-    routing: str = "modulo"
-
-    def __post_init__(self):
-        _require(
-            isinstance(self.components, int)
-            and not isinstance(self.components, bool)
-            and self.components >= 1,
-            "rank1.components",
-            self.components,
-            "M (mixture components) must be an integer >= 1",
-        )
-        _nonneg_int("rank1.epochs", self.epochs)
-        _pos("rank1.lr", self.lr)
-        _choice("rank1.prior", self.prior, ("normal", "cauchy"))
-        _pos("rank1.prior_scale", self.prior_scale)
-        _pos("rank1.init_scale", self.init_scale)
-        _choice("rank1.init_mean", self.init_mean, ("random_sign", "ones"))
-        _choice("rank1.routing", self.routing, ("modulo", "tile"))
+    section: ClassVar[str] = "rank1"
+    components: Annotated[int, at_least(1, "M (mixture components) must be an integer >= 1")] = 4
+    epochs: Annotated[int, at_least(0)] = 300
+    lr: Annotated[float, positive()] = 1e-2
+    prior: Rank1PriorKind = "normal"
+    prior_scale: Annotated[float, positive()] = 1.0
+    init_scale: Annotated[float, positive()] = 1e-3
+    init_mean: InitMean = "random_sign"
+    routing: Routing = "modulo"
 
 
 @dataclass
-class SSVIConfig:
+class SSVIConfig(_Section):
     """Sparse Subspace VI (Li et al. 2024): a mean-field posterior on ``density`` of the
     coordinates of each Bayesian tensor, the subspace updated every ``update_every``
     epochs by ``removal`` (``mu``, ``snr``, ``snr_abs_theta``) and ``addition``
     (``gradient``, ``random``), moving ``move_fraction`` of the active coordinates at
     first, decaying by a cosine to 0 at ``stop_fraction`` of training."""
 
-    density: float = 0.1
-    removal: str = "snr_abs_theta"
-    addition: str = "gradient"
-    update_every: int = 5
-    move_fraction: float = 0.3
-    stop_fraction: float = 0.75
-    epochs: int = 300
-    lr: float = 1e-2
-
-    def __post_init__(self):
-        _in_range("ssvi.density", self.density, 0, 1, (False, True))
-        _choice("ssvi.removal", self.removal, ("mu", "snr", "snr_abs_theta"))
-        _choice("ssvi.addition", self.addition, ("gradient", "random"))
-        _int_at_least("ssvi.update_every", self.update_every, 1)
-        for n in ("move_fraction", "stop_fraction"):
-            _in_range(f"ssvi.{n}", getattr(self, n), 0, 1, (True, True))
-        _nonneg_int("ssvi.epochs", self.epochs)
-        _pos("ssvi.lr", self.lr)
+    section: ClassVar[str] = "ssvi"
+    density: Annotated[float, in_range(0, 1, (False, True))] = 0.1
+    removal: RemovalCriterion = "snr_abs_theta"
+    addition: AdditionCriterion = "gradient"
+    update_every: Annotated[int, at_least(1)] = 5
+    move_fraction: Annotated[float, UNIT] = 0.3
+    stop_fraction: Annotated[float, UNIT] = 0.75
+    epochs: Annotated[int, at_least(0)] = 300
+    lr: Annotated[float, positive()] = 1e-2
 
 
 @dataclass
-class DiagnosticsConfig:
+class DiagnosticsConfig(_Section):
     """What a run computes after its results are written, and how much of it.
 
     ``enabled = false`` (``--no-diagnostics``) writes the results and the model file only:
@@ -436,51 +433,46 @@ class DiagnosticsConfig:
     (epochs times training examples, over its SVI stages; a training pass also runs the
     backward, so ``budget = 1`` keeps the diagnostics to about a third of the training
     time): both subsets shrink in proportion, to no fewer than ``min_examples`` each.
+
+    ``max_site_values``: the InferenceData holds at most this many values of each Pyro
+    site per draw (a seeded sub-grid of a larger site; ``null``/``None``: every value;
+    see :mod:`twodg_pyro.diagnostics.arviz_export`).
     """
 
-    enabled: bool = True
-    khat_samples: int = 100
-    max_examples: int = 2000
-    budget: float = 1.0
-    min_examples: int = 100
+    section: ClassVar[str] = "diagnostics"
+    enabled: Annotated[bool, BOOLEAN] = True
+    khat_samples: Annotated[
+        int, at_least(25, "must be an integer >= 25 (the Pareto fit of the k-hat needs them)")
+    ] = 100
+    max_examples: Annotated[int, at_least(1)] = 2000
+    budget: Annotated[float, positive()] = 1.0
+    min_examples: Annotated[int, at_least(1)] = 100
+    max_site_values: Annotated[
+        int | None, optional(at_least(1), "must be an integer >= 1, or null for every value")
+    ] = 10_000
 
-    def __post_init__(self):
-        _require(
-            isinstance(self.khat_samples, int)
-            and not isinstance(self.khat_samples, bool)
-            and self.khat_samples >= 25,
-            "diagnostics.khat_samples",
-            self.khat_samples,
-            "must be an integer >= 25 (the Pareto fit of the k-hat needs them)",
-        )
-        for n in ("max_examples", "min_examples"):
-            v = getattr(self, n)
-            _require(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                f"diagnostics.{n}",
-                v,
-                "must be an integer >= 1",
-            )
+    def _check(self) -> None:
         _require(
             self.min_examples <= self.max_examples,
             "diagnostics.min_examples",
             self.min_examples,
             f"must not exceed diagnostics.max_examples = {self.max_examples}",
         )
-        _pos("diagnostics.budget", self.budget)
-        _bool("diagnostics.enabled", self.enabled)
 
 
 @dataclass
-class RunConfig:
+class RunConfig(_Section):
     """A whole run: which methods, data, network, prior and the stages' settings."""
 
-    methods: list[str] = field(default_factory=lambda: ["deterministic", "mean_field", "2dg"])
-    seed: int = 0
-    device: str = "cpu"
-    num_samples: int = 30
-    progress: bool = True
-    checkpoint_every: int = 0  # epochs between checkpoints of stages 1 and 3 (0: none)
+    methods: Annotated[list[str], METHOD_LIST] = field(
+        default_factory=lambda: ["deterministic", "mean_field", "2dg"]
+    )
+    seed: Annotated[int, INTEGER] = 0
+    device: Annotated[str, DEVICE] = "cpu"
+    num_samples: Annotated[int, at_least(1, "N_s must be an integer >= 1")] = 30
+    progress: Annotated[bool, BOOLEAN] = True
+    #: epochs between checkpoints of stages 1 and 3 (0: none)
+    checkpoint_every: Annotated[int, at_least(0)] = 0
     data: DataConfig = field(default_factory=DataConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)
@@ -491,16 +483,9 @@ class RunConfig:
     ssvi: SSVIConfig = field(default_factory=SSVIConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
-    def __post_init__(self):
-        known = ("deterministic", "mean_field", "2dg", "rank1", "ssvi")
-        _require(
-            isinstance(self.methods, (list, tuple)),
-            "methods",
-            self.methods,
-            "must be a list of method names",
-        )
+    def _check(self) -> None:
         for m in self.methods:
-            _choice("methods[]", m, known)
+            _one_of(METHODS).check("methods[]", m)
         _require(len(self.methods) > 0, "methods", self.methods, "must name at least one method")
         _require(
             len(set(self.methods)) == len(self.methods),
@@ -508,39 +493,16 @@ class RunConfig:
             self.methods,
             "names a method twice",
         )
-        _require(_is_int(self.seed), "seed", self.seed, "must be an integer")
-        _require(
-            _is_int(self.num_samples) and self.num_samples >= 1,
-            "num_samples",
-            self.num_samples,
-            "N_s must be an integer >= 1",
-        )
-        _bool("progress", self.progress)
-        _nonneg_int("checkpoint_every", self.checkpoint_every)
-        _require(
-            isinstance(self.device, str) and DEVICE_PATTERN.fullmatch(self.device) is not None,
-            "device",
-            self.device,
-            "must be 'cpu', 'cuda' or 'cuda:<index>'",
-        )
-        sections = (
-            ("data", DataConfig),
-            ("network", NetworkConfig),
-            ("prior", PriorConfig),
-            ("stage1", Stage1Config),
-            ("sharing", SharingConfig),
-            ("stage3", Stage3Config),
-            ("rank1", Rank1Config),
-            ("ssvi", SSVIConfig),
-            ("diagnostics", DiagnosticsConfig),
-        )
-        for name, cls in sections:
-            _require(
-                isinstance(getattr(self, name), cls),
-                name,
-                getattr(self, name),
-                f"must be a {cls.__name__}",
-            )
+        hints = get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            cls = hints[f.name]
+            if dataclasses.is_dataclass(cls):
+                _require(
+                    isinstance(getattr(self, f.name), cls),
+                    f.name,
+                    getattr(self, f.name),
+                    f"must be a {cls.__name__}",
+                )
 
     def to_dict(self) -> dict:
         """Plain, JSON-serialisable dictionary of every setting."""

@@ -15,7 +15,7 @@ plain run and a data-parallel one under ``torchrun`` is injected as an
 * fields added to every record (``world_size``).
 
 This module holds the single-process :class:`Execution` (the default);
-:class:`~twodg_pyro.distributed.runner.DataParallel` is the multi-process one.
+:class:`~twodg_pyro.pipeline.data_parallel.DataParallel` is the multi-process one.
 Files are written the same way by both: through
 :func:`~twodg_pyro.distributed.env.on_main` and
 :class:`~twodg_pyro.distributed.MainOnly`, which run on rank 0 only and are plain calls
@@ -39,7 +39,7 @@ def main_only(callback) -> list:
 class Execution:
     """One process: the plain training loop on the seeded loader (the default).
 
-    Subclasses (:class:`~twodg_pyro.distributed.runner.DataParallel`) override the
+    Subclasses (:class:`~twodg_pyro.pipeline.data_parallel.DataParallel`) override the
     pieces that run differently on several processes.
     """
 

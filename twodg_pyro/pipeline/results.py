@@ -3,11 +3,18 @@
 ``results.json`` schema::
 
     {"schema": 1, "config": {...all settings...},
+     "evaluation": {"num_samples": int, "seed": int, "sample_chunk": int,
+                    "n_examples": int, "split": "test"},
      "records": [{"method": str, "accuracy": float, "nll": float, "ece": float,
                   "brier": float, "trainable_params": int, ...}, ...]}
 
 Records of weight-sharing methods add ``n_outliers``, ``n_ellipses``,
 ``n_gaussians``, ``compression_ratio``, ``size_mb`` and ``size_mb_with_index``.
+
+``evaluation`` says which draws and examples the Bayesian rows' metrics used
+(:mod:`twodg_pyro.evaluation`: ``num_samples`` posterior draws seeded with the run's
+seed, on the test split); ``results.md`` states it under the table.  Files of runs
+written before it was recorded have no ``evaluation`` (and no such line).
 """
 
 from __future__ import annotations
@@ -16,9 +23,19 @@ import json
 import math
 from pathlib import Path
 
+from ..evaluation import draws_record
 from ..io.files import atomic_write_text
 
-__all__ = ["write_results", "read_results", "format_table", "atomic_write_text"]
+__all__ = [
+    "atomic_write_text",
+    "evaluation_note",
+    "evaluation_of",
+    "kl_weight_field",
+    "format_results",
+    "format_table",
+    "read_results",
+    "write_results",
+]
 
 SCHEMA_VERSION = 1
 
@@ -59,12 +76,44 @@ def format_table(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(out_dir: str | Path, records: list[dict], config: dict | None = None) -> Path:
-    """Write ``results.json`` and ``results.md`` atomically; returns the JSON path."""
+def evaluation_note(evaluation: dict | None) -> str:
+    """The line under the table saying which draws and examples its metrics used
+    (``""`` without an evaluation record)."""
+    if not isinstance(evaluation, dict):
+        return ""
+    try:
+        return (
+            f"\nMetrics of the Bayesian rows: N_s = {int(evaluation['num_samples'])} posterior "
+            f"draws seeded with {int(evaluation['seed'])} on the {int(evaluation['n_examples']):,} "
+            f"{evaluation.get('split', 'test')} examples (the same draws as diagnostics.json, "
+            "reliability.png and `twodg-pyro evaluate model_<method>.pt`); deterministic: "
+            "one forward pass.\n"
+        )
+    except (KeyError, TypeError, ValueError):
+        return ""
+
+
+def format_results(payload: dict) -> str:
+    """``results.md``: the table of ``payload["records"]`` and the evaluation line."""
+    return format_table(payload["records"]) + evaluation_note(payload.get("evaluation"))
+
+
+def write_results(
+    out_dir: str | Path,
+    records: list[dict],
+    config: dict | None = None,
+    evaluation: dict | None = None,
+) -> Path:
+    """Write ``results.json`` and ``results.md`` atomically; returns the JSON path.
+
+    ``evaluation``: which draws and examples the metrics used
+    (:func:`~twodg_pyro.evaluation.draws_record`)."""
     out_dir = Path(out_dir)
     payload = {"schema": SCHEMA_VERSION, "config": config or {}, "records": records}
+    if evaluation is not None:
+        payload["evaluation"] = evaluation
     atomic_write_text(out_dir / "results.json", json.dumps(payload, indent=2, sort_keys=True))
-    atomic_write_text(out_dir / "results.md", format_table(records))
+    atomic_write_text(out_dir / "results.md", format_results(payload))
     return out_dir / "results.json"
 
 
@@ -108,3 +157,19 @@ def read_results(run_dir: str | Path) -> dict:
     if not isinstance(payload.get("config", {}), dict):
         raise ValueError(f"{where!r}: 'config' must be a table of settings")
     return payload
+
+
+def evaluation_of(cfg, eval_data) -> dict:
+    """How the Bayesian rows of the results table were evaluated (``results.json``'s
+    ``evaluation``): ``cfg.num_samples`` draws seeded with the run's seed on the test split
+    (:mod:`twodg_pyro.evaluation`)."""
+    if isinstance(eval_data, tuple):
+        n = int(eval_data[0].shape[0])
+    else:
+        n = len(eval_data.dataset)
+    return draws_record(cfg.num_samples, cfg.seed, n, "test")
+
+
+def kl_weight_field(kl_weight: float) -> dict:
+    """``{"kl_weight": beta}`` for a record trained on a tempered ELBO, ``{}`` at 1."""
+    return {} if kl_weight == 1.0 else {"kl_weight": kl_weight}

@@ -31,7 +31,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..io.checkpoint import Checkpoint, CheckpointData, load_checkpoint
+from ..infer.checkpoint import Checkpoint
+from ..io.checkpoint import CheckpointData, load_checkpoint
 from .config import ConfigError, RunConfig, config_from_dict
 from .results import atomic_write_text
 
@@ -173,7 +174,7 @@ class RunCheckpoints:
         return None
 
     def callback(self, stage: str, callbacks=(), generators=(), extra=None) -> Checkpoint | None:
-        """A :class:`~twodg_pyro.io.checkpoint.Checkpoint` for ``stage``, or ``None`` when
+        """A :class:`~twodg_pyro.infer.checkpoint.Checkpoint` for ``stage``, or ``None`` when
         checkpoints are off."""
         if not self.enabled:
             return None

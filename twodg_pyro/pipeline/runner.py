@@ -1,5 +1,12 @@
 """The main job: train and evaluate the configured methods, write the results table.
 
+:func:`run` reads top-down: check the device and the output folder, load and check the
+data, then run every method of the registry :data:`METHOD_REGISTRY` that the settings ask for,
+in the registry's order (each returns its row of the table), then print the table and
+write the results, model files and diagnostics.  What the methods share (the data, the
+seeded initial network, stage 1, checkpoints) is a :class:`RunContext`; the 2DG BNN's
+stages are :mod:`twodg_pyro.pipeline.algorithm1`'s.
+
 One orchestration for a plain run and a data-parallel one under ``torchrun``: the
 pieces that differ come in as an :class:`~twodg_pyro.pipeline.execution.Execution`
 (:data:`~twodg_pyro.pipeline.execution.LOCAL` by default), and every file is written
@@ -11,139 +18,34 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+from torch import nn
 
 from ..distributed import env
-from ..guides import MeanFieldGuide
-from ..infer import DecomposedELBO, KLAnnealing
-from ..io.checkpoint import restore_state
+from ..evaluation import seeded_predict
 from ..metrics import classification_metrics
-from ..predict import deterministic_predict, predict
-from .builders import (
-    build_model,
-    build_net,
-    check_device,
-    load_data,
-    seed_everything,
-    train_loader,
-)
+from ..predict import deterministic_predict
+from . import artifacts
+from .algorithm1 import run_2dg, stage1_mean_field
+from .alternatives import run_rank1, run_ssvi
+from .builders import build_net, check_device, load_data, seed_everything, train_loader
 from .checks import check_split
 from .config import RunConfig
-from .execution import LOCAL, Execution, main_only
-from .results import format_table, write_results
+from .execution import LOCAL, Execution
+from .results import evaluation_of, format_table, kl_weight_field, write_results
 from .resume import RunCheckpoints
 from .run_folder import RunFolder
+from .trained import RunArtifacts, Trained
 
-__all__ = ["run", "RunArtifacts", "train_mean_field", "train_svi"]
-
-
-class RunArtifacts:
-    """What a run produced, for callers that want more than the table."""
-
-    def __init__(self):
-        self.records: list[dict] = []
-        self.split = None
-        self.net = None
-        self.mean_field = None  # (model, guide, state)
-        self.extras: dict = {}
+__all__ = ["METHOD_REGISTRY", "Method", "RunArtifacts", "RunContext", "Trained", "run"]
 
 
-def _eval_split(split):
-    tensors = split.test.tensors if hasattr(split.test, "tensors") else None
-    if tensors is not None:
-        return tensors[0], tensors[1]
-    return torch.utils.data.DataLoader(split.test, batch_size=512)
-
-
-def train_mean_field(
-    cfg: RunConfig,
-    split,
-    net,
-    progress: bool,
-    checkpoints=None,
-    extra=None,
-    execution: Execution = LOCAL,
-):
-    """Stage 1: a mean-field BNN over ``net`` trained by SVI on the (annealed) ELBO.
-
-    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) it writes
-    ``stage1.pt`` checkpoints (holding ``extra``, on rank 0) and continues from one when
-    resuming.  ``execution`` runs the SVI loop (one process, or every rank).
-    """
-    n_train = len(split.train)
-    model = build_model(net, cfg.prior, n_train).to(cfg.device)
-    guide = MeanFieldGuide(model, init_scale=cfg.stage1.init_scale, seed=cfg.seed).to(cfg.device)
-    callbacks = []
-    if cfg.stage1.kl_warmup_epochs:
-        callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs, end=cfg.stage1.kl_weight))
-    loader = train_loader(split, cfg.data, cfg.seed)
-    lr = {"loc": cfg.stage1.lr_loc, "scale": cfg.stage1.lr_scale, "default": cfg.stage1.lr_loc}
-    state = train_svi(
-        cfg,
-        "stage1",
-        model,
-        guide,
-        loader,
-        cfg.stage1.epochs,
-        lr,
-        callbacks,
-        progress,
-        checkpoints,
-        extra,
-        execution,
-        kl_weight=cfg.stage1.kl_weight,
-    )
-    return model, guide, state
-
-
-def train_svi(
-    cfg: RunConfig,
-    stage: str,
-    model,
-    guide,
-    loader,
-    epochs: int,
-    lr,
-    callbacks: list,
-    progress: bool,
-    checkpoints=None,
-    extra=None,
-    execution: Execution = LOCAL,
-    kl_weight: float = 1.0,
-):
-    r"""SVI of ``guide`` for ``stage`` (``"stage1"``, ``"stage3"``) on the seeded ``loader``
-    (``execution`` shards it) on :math:`\text{nll} + \beta\,\mathrm{KL}` with
-    :math:`\beta` = ``kl_weight``; returns the final ``TrainState``.
-
-    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) rank 0
-    writes the stage's checkpoints (holding ``callbacks``' states, ``loader``'s generator
-    and ``extra``), and a resumed run continues from the stage's checkpoint.
-    """
-    state, ckpt = None, None
-    if checkpoints is not None:
-        resumed = checkpoints.load(stage)
-        if resumed is not None:
-            state = restore_state(
-                resumed, model, guide, lr, callbacks=callbacks, generators=[loader]
-            )
-        ckpt = checkpoints.callback(stage, callbacks, [loader], extra)
-    return execution.fit(
-        model,
-        guide,
-        execution.shard(loader, cfg.seed),
-        epochs,
-        seed=cfg.seed,
-        lr=lr,
-        elbo=DecomposedELBO(beta=kl_weight),
-        callbacks=list(callbacks) + main_only(ckpt),
-        device=cfg.device,
-        progress=progress,
-        state=state,
-    )
-
-
+# ---------------------------------------------------------------------------- run
 def run(
     cfg: RunConfig,
     out_dir: str | Path | None = None,
@@ -171,9 +73,10 @@ def run(
     ``enabled = false`` for none).
 
     ``execution`` says where the stages run: in this process (the default), or on every
-    rank of a process group (:func:`~twodg_pyro.distributed.run_distributed` passes a
-    :class:`~twodg_pyro.distributed.runner.DataParallel`; every rank then calls this with
-    the same settings, and rank 0 alone prints, writes files and holds the folder's lock).
+    rank of a process group (:func:`~twodg_pyro.pipeline.run_distributed` passes a
+    :class:`~twodg_pyro.pipeline.data_parallel.DataParallel`; every rank then calls this
+    with the same settings, and rank 0 alone prints, writes files and holds the folder's
+    lock).
 
     Raises:
         ConfigError: a device this machine lacks.
@@ -201,7 +104,27 @@ def _run(
     folder: RunFolder | None,
 ) -> RunArtifacts:
     """:func:`run` once the device and the output folder are checked."""
-    progress = cfg.progress and env.is_main()
+    ctx = _context(cfg, out_dir, resume, execution, folder)
+    art = ctx.art
+    for name, method in METHOD_REGISTRY.items():
+        if name in cfg.methods:
+            record = method.run(ctx)
+            if record is not None:
+                art.records.append(record)
+    if env.is_main():
+        print(format_table(art.records))
+    if out_dir is not None:
+
+        def write():
+            write_results(out_dir, art.records, cfg.to_dict(), evaluation_of(cfg, art.eval_data))
+            artifacts.write_artifacts(art, cfg, out_dir)  # model files, diagnostics, ...
+
+        env.on_main(write, f"write the results to {out_dir}")
+    return art
+
+
+def _context(cfg, out_dir, resume, execution, folder) -> RunContext:
+    """Load and check the data, prepare the checkpoints, build the seeded network."""
     art = RunArtifacts()
     seed_everything(cfg.seed)
     split = load_data(cfg.data, image=cfg.network.arch != "mlp")
@@ -211,117 +134,192 @@ def _run(
     checkpoints = RunCheckpoints(out_dir, cfg, resume)
     env.on_main(checkpoints.start, f"prepare the checkpoint folder of {out_dir}")
     resume_from = checkpoints.latest()
+    if resume_from is not None:  # records of the methods finished before the checkpoint
+        art.records = [dict(r) for r in checkpoints.load(resume_from).extra["records"]]
     art.split = split
-    eval_data = _to(_eval_split(split), cfg.device)
-    art.extras["eval_data"] = eval_data
+    art.eval_data = _to(_eval_split(split), cfg.device)
     seed_everything(cfg.seed)
     net = build_net(cfg.network, split).to(cfg.device)
-    loader = train_loader(split, cfg.data, cfg.seed)
-    n_det = sum(p.numel() for p in net.parameters())
-    pretrained = None
+    return RunContext(
+        cfg=cfg,
+        art=art,
+        execution=execution,
+        checkpoints=checkpoints,
+        resume_from=resume_from,
+        net=net,
+        loader=train_loader(split, cfg.data, cfg.seed),
+    )
 
-    def train_det(epochs: int):
-        det = copy.deepcopy(net)
+
+# ---------------------------------------------------------------------------- context
+@dataclass
+class RunContext:
+    """What the methods of one run share.
+
+    Attributes:
+        cfg: the settings; ``art``: what the run produced so far.
+        execution: where the stages run; ``checkpoints``: the run's checkpoint folder,
+            ``resume_from``: the stage it resumes from (``None``: a fresh run).
+        net: the seeded initial network (every method copies it).
+        loader: the seeded training loader of the deterministic network and its
+            pretraining (they continue one shuffling stream).
+        deterministic: the deterministic baseline once trained, with its epochs.
+    """
+
+    cfg: RunConfig
+    art: RunArtifacts
+    execution: Execution
+    checkpoints: RunCheckpoints
+    resume_from: str | None
+    net: nn.Module
+    loader: object
+    deterministic: tuple[nn.Module, int] | None = None
+    _stage1: tuple[Trained, float] | None = None
+
+    @property
+    def progress(self) -> bool:
+        return self.cfg.progress and env.is_main()
+
+    def train_deterministic(self, epochs: int) -> tuple[nn.Module, float]:
+        """A copy of :attr:`net` trained deterministically for ``epochs``; and seconds."""
+        cfg = self.cfg
+        det = copy.deepcopy(self.net)
         t0 = time.perf_counter()
-        execution.train_deterministic(
+        self.execution.train_deterministic(
             det,
-            execution.shard(loader, cfg.seed),
+            self.execution.shard(self.loader, cfg.seed),
             epochs,
             cfg.stage1.deterministic_lr,
             device=cfg.device,
-            progress=progress,
+            progress=self.progress,
             **deterministic_recipe(cfg),
         )
         return det, time.perf_counter() - t0
 
-    if resume_from is not None:  # records of the methods finished before the checkpoint
-        art.records = [dict(r) for r in checkpoints.load(resume_from).extra["records"]]
-    if "deterministic" in cfg.methods and resume_from is None:
-        det, seconds = train_det(cfg.stage1.deterministic_epochs)
-        pred = execution.predict(lambda d: deterministic_predict(det, d), eval_data, cfg.device)
-        art.records.append(
-            {
-                "method": "deterministic",
-                **classification_metrics(pred.mean, pred.targets),
-                "trainable_params": n_det,
-                "size_mb": 4 * n_det / 1e6,
-                "train_seconds": seconds,
-                **execution.record_fields(),
-            }
+    def initial_network(self) -> nn.Module:
+        """The network stage 1 starts from: pretrained for ``network.pretrain_epochs``
+        (the deterministic baseline when it trained as long), else :attr:`net`.  A resumed
+        run does not pretrain (its checkpoint holds the trained guide)."""
+        epochs = self.cfg.network.pretrain_epochs
+        if not epochs or self.resume_from is not None:
+            return self.net
+        if self.deterministic is not None and self.deterministic[1] == epochs:
+            return self.deterministic[0]
+        return self.train_deterministic(epochs)[0]
+
+    def stage1(self) -> tuple[Trained, float]:
+        """Stage 1 (:func:`~twodg_pyro.pipeline.algorithm1.stage1_mean_field`), trained
+        once for the methods that need it, and its seconds."""
+        if self._stage1 is None:
+            net = self.initial_network()
+            seed_everything(self.cfg.seed)
+            t0 = time.perf_counter()
+            trained = stage1_mean_field(
+                self.cfg,
+                self.art.split,
+                copy.deepcopy(net),
+                self.progress,
+                self.checkpoints,
+                {"records": self.art.records},  # the live list: checkpoints see new rows
+                self.execution,
+            )
+            self._stage1 = (trained, time.perf_counter() - t0)
+            self.art.mean_field = trained
+        return self._stage1
+
+    def predict(self, model, guide):
+        """The run's seeded prediction of the evaluation data (:mod:`twodg_pyro.evaluation`)."""
+        cfg = self.cfg
+        return self.execution.predict(
+            lambda d: seeded_predict(
+                model, guide, d, cfg.num_samples, cfg.seed, progress=self.progress
+            ),
+            self.art.eval_data,
+            cfg.device,
         )
-        if cfg.network.pretrain_epochs == cfg.stage1.deterministic_epochs:
-            pretrained = det
-    if cfg.network.pretrain_epochs and resume_from is None:
-        # stage-1 means start from a pretrained deterministic network
-        if pretrained is None:
-            pretrained, _ = train_det(cfg.network.pretrain_epochs)
-        net = pretrained
-
-    if {"mean_field", "2dg"} & set(cfg.methods):
-        seed_everything(cfg.seed)
-        t0 = time.perf_counter()
-        model, guide, state = train_mean_field(
-            cfg,
-            split,
-            copy.deepcopy(net),
-            progress,
-            checkpoints,
-            {"records": art.records},
-            execution,
-        )
-        seconds = time.perf_counter() - t0
-        art.mean_field = (model, guide, state)
-        if "mean_field" in cfg.methods and resume_from != "stage3":
-            pred = execution.predict(
-                lambda d: predict(model, guide, d, cfg.num_samples, progress=progress),
-                eval_data,
-                cfg.device,
-            )
-            n_train = guide.num_trainable() + sum(
-                p.numel() for p in model.deterministic_parameters()
-            )
-            art.records.append(
-                {
-                    "method": "mean_field",
-                    **classification_metrics(pred.mean, pred.targets),
-                    "trainable_params": n_train,
-                    "size_mb": 4 * n_train / 1e6,
-                    "train_seconds": seconds,
-                    "final_elbo_terms": state.history[-1] if state.history else {},
-                    **kl_weight_field(cfg.stage1.kl_weight),
-                    **execution.record_fields(),
-                }
-            )
-
-    if "2dg" in cfg.methods:
-        from .algorithm1 import run_2dg
-
-        art.records.append(run_2dg(cfg, split, art, eval_data, checkpoints, execution))
-
-    if "rank1" in cfg.methods:
-        from .alternatives import run_rank1
-
-        art.records.append(run_rank1(cfg, split, eval_data))
-
-    if "ssvi" in cfg.methods:
-        from .alternatives import run_ssvi
-
-        art.records.append(run_ssvi(cfg, split, eval_data))
-
-    if env.is_main():
-        print(format_table(art.records))
-    if out_dir is not None:
-
-        def write():
-            write_results(out_dir, art.records, cfg.to_dict())
-            from .artifacts import write_artifacts  # model file, InferenceData, diagnostics, ...
-
-            write_artifacts(art, cfg, out_dir)
-
-        env.on_main(write, f"write the results to {out_dir}")
-    return art
 
 
+# ---------------------------------------------------------------------------- methods
+class Method(NamedTuple):
+    """A row of the results table: ``run(ctx)`` returns the method's record (``None``:
+    none, e.g. restored from a checkpoint); ``distributed``: it runs under
+    ``torchrun`` (:func:`~twodg_pyro.pipeline.run_distributed`)."""
+
+    run: Callable[[RunContext], dict | None]
+    distributed: bool
+
+
+def deterministic(ctx: RunContext) -> dict | None:
+    """The deterministic network trained on the data (its record was restored when
+    resuming)."""
+    if ctx.resume_from is not None:
+        return None
+    cfg = ctx.cfg
+    det, seconds = ctx.train_deterministic(cfg.stage1.deterministic_epochs)
+    ctx.deterministic = (det, cfg.stage1.deterministic_epochs)
+    pred = ctx.execution.predict(
+        lambda d: deterministic_predict(det, d), ctx.art.eval_data, cfg.device
+    )
+    n_det = sum(p.numel() for p in ctx.net.parameters())
+    return {
+        "method": "deterministic",
+        **classification_metrics(pred.mean, pred.targets),
+        "trainable_params": n_det,
+        "size_mb": 4 * n_det / 1e6,
+        "train_seconds": seconds,
+        **ctx.execution.record_fields(),
+    }
+
+
+def mean_field(ctx: RunContext) -> dict | None:
+    """Stage 1's mean-field BNN (its record was restored when resuming from stage 3)."""
+    (model, guide, state, _), seconds = ctx.stage1()
+    if ctx.resume_from == "stage3":
+        return None
+    pred = ctx.predict(model, guide)
+    ctx.art.predictions["mean_field"] = pred
+    n_train = guide.num_trainable() + sum(p.numel() for p in model.deterministic_parameters())
+    return {
+        "method": "mean_field",
+        **classification_metrics(pred.mean, pred.targets),
+        "trainable_params": n_train,
+        "size_mb": 4 * n_train / 1e6,
+        "train_seconds": seconds,
+        "final_elbo_terms": state.history[-1] if state.history else {},
+        **kl_weight_field(ctx.cfg.stage1.kl_weight),
+        **ctx.execution.record_fields(),
+    }
+
+
+def two_dg(ctx: RunContext) -> dict:
+    """The 2DG BNN: stages 2-3 on stage 1 (:func:`~twodg_pyro.pipeline.algorithm1.run_2dg`)."""
+    ctx.stage1()
+    art = ctx.art
+    return run_2dg(ctx.cfg, art.split, art, art.eval_data, ctx.checkpoints, ctx.execution)
+
+
+def rank1(ctx: RunContext) -> dict:
+    """A rank-1 BNN (:func:`~twodg_pyro.pipeline.alternatives.run_rank1`)."""
+    return run_rank1(ctx.cfg, ctx.art.split, ctx.art.eval_data, ctx.art)
+
+
+def ssvi(ctx: RunContext) -> dict:
+    """An SSVI BNN (:func:`~twodg_pyro.pipeline.alternatives.run_ssvi`)."""
+    return run_ssvi(ctx.cfg, ctx.art.split, ctx.art.eval_data, ctx.art)
+
+
+#: The methods a run can train, in the order they run: the choices of ``methods`` in the
+#: settings (:data:`~twodg_pyro.pipeline.config.METHODS`).
+METHOD_REGISTRY: dict[str, Method] = {
+    "deterministic": Method(deterministic, distributed=True),
+    "mean_field": Method(mean_field, distributed=True),
+    "2dg": Method(two_dg, distributed=True),
+    "rank1": Method(rank1, distributed=False),
+    "ssvi": Method(ssvi, distributed=False),
+}
+
+
+# ---------------------------------------------------------------------------- helpers
 def deterministic_recipe(cfg: RunConfig) -> dict:
     """The keyword arguments of :func:`~twodg_pyro.baselines.train_deterministic` beyond
     the learning rate: the optimiser and, for SGD, its schedule (``stage1.deterministic_*``)."""
@@ -336,9 +334,11 @@ def deterministic_recipe(cfg: RunConfig) -> dict:
     }
 
 
-def kl_weight_field(kl_weight: float) -> dict:
-    """``{"kl_weight": beta}`` for a record trained on a tempered ELBO, ``{}`` at 1."""
-    return {} if kl_weight == 1.0 else {"kl_weight": kl_weight}
+def _eval_split(split):
+    tensors = split.test.tensors if hasattr(split.test, "tensors") else None
+    if tensors is not None:
+        return tensors[0], tensors[1]
+    return torch.utils.data.DataLoader(split.test, batch_size=512)
 
 
 def _to(data, device):

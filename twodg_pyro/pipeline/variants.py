@@ -10,8 +10,10 @@ from __future__ import annotations
 import copy
 
 from .algorithm1 import run_2dg
+from .builders import seed_everything
 from .config import RunConfig, config_from_dict, merge_settings
-from .runner import RunArtifacts, run
+from .runner import run
+from .trained import RunArtifacts
 
 __all__ = ["run_variants"]
 
@@ -28,8 +30,8 @@ def run_variants(base: RunConfig, variants: dict[str, dict]) -> tuple[list[dict]
 
     Returns:
         ``(records, artifacts)``: the baseline records then one 2DG record per variant
-        (with a ``variant`` key); ``artifacts.extras["variants"][name]`` holds each
-        variant's trained 2DG model, guide, training state and structure.
+        (with a ``variant`` key); ``artifacts.variants[name]`` holds each variant's
+        trained 2DG BNN (:class:`~twodg_pyro.pipeline.trained.Trained`).
     """
     for name, over in variants.items():
         bad = [k for k in over if k in _STAGE1_KEYS]
@@ -41,16 +43,13 @@ def run_variants(base: RunConfig, variants: dict[str, dict]) -> tuple[list[dict]
     shared = config_from_dict(merge_settings(base.to_dict(), {"methods": methods}))
     art = run(shared)
     records = [dict(r, variant="-") for r in art.records if r["method"] in base.methods]
-    eval_data = art.extras["eval_data"]
+    eval_data = art.eval_data
     for name, over in variants.items():
         cfg = config_from_dict(merge_settings(base.to_dict(), over))
-        v_art = RunArtifacts()
-        v_art.mean_field = copy.deepcopy(art.mean_field)
-        from .builders import seed_everything
-
+        v_art = RunArtifacts(mean_field=copy.deepcopy(art.mean_field))
         seed_everything(cfg.seed)
         rec = run_2dg(cfg, art.split, v_art, eval_data)
         rec["variant"] = name
         records.append(rec)
-        art.extras.setdefault("variants", {})[name] = v_art.extras.get("2dg")
+        art.variants[name] = v_art.trained["2dg"]
     return records, art

@@ -1,4 +1,5 @@
-"""Weight sharing: outliers, the sharing structure, its construction and refinement."""
+"""Weight sharing: outliers, the sharing structure, its construction and refinement, and
+the stage-3 refinement hooks that apply it to a trained guide."""
 
 from .build import (
     Inliers,
@@ -18,6 +19,7 @@ from .build import (
     reduce_cluster_sizes,
     weight_points,
 )
+from .hooks import MahalanobisHook, MergeHook
 from .outliers import OutlierReport, mean_gradients, select_outliers
 from .refine import apply_mapping, drop_small_components, hard_assign, reassign
 from .structure import FORMAT_VERSION, SharingStructure, SiteLayout
@@ -25,6 +27,8 @@ from .structure import FORMAT_VERSION, SharingStructure, SiteLayout
 __all__ = [
     "FORMAT_VERSION",
     "Inliers",
+    "MahalanobisHook",
+    "MergeHook",
     "OutlierReport",
     "SharingStructure",
     "SiteLayout",

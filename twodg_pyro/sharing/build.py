@@ -35,7 +35,7 @@ from torch import Tensor
 
 from .outliers import mean_gradients, select_outliers
 from .refine import drop_small_components, hard_assign
-from .structure import SharingStructure, SiteLayout
+from .structure import COORDINATES, SharingStructure, SiteLayout
 
 __all__ = [
     "WeightPoints",
@@ -70,7 +70,7 @@ def weight_points(mus: torch.Tensor, sigmas: torch.Tensor, coordinates: str) -> 
         return torch.stack([mus, sigmas], 1)
     if coordinates == "log_sigma":
         return torch.stack([mus, sigmas.clamp_min(1e-30).log()], 1)
-    raise ValueError(f"coordinates must be 'sigma' or 'log_sigma', got {coordinates!r}")
+    raise ValueError(f"coordinates must be one of {list(COORDINATES)}, got {coordinates!r}")
 
 
 @dataclass

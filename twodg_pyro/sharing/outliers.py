@@ -19,10 +19,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
-__all__ = ["OutlierReport", "select_outliers", "mean_gradients"]
+__all__ = ["OutlierReport", "select_outliers", "mean_gradients", "OUTLIER_RULES", "OutlierRule"]
+
+#: the mean rules: ``|mu| > tau_w`` (the paper's), a quantile of ``|mu|``, or a multiple of
+#: each layer's standard deviation of ``mu``
+OutlierRule = Literal["absolute", "quantile", "layer_std"]
+OUTLIER_RULES: tuple[str, ...] = get_args(OutlierRule)
 
 
 @dataclass

@@ -20,7 +20,13 @@ import torch
 
 from .structure import SharingStructure
 
-__all__ = ["hard_assign", "reassign", "apply_mapping", "drop_small_components"]
+__all__ = [
+    "hard_assign",
+    "reassign",
+    "apply_mapping",
+    "drop_small_components",
+    "merge_point_covariances",
+]
 
 
 def hard_assign(
@@ -138,6 +144,33 @@ def apply_mapping(
         inlier_points=s.inlier_points,
         info=dict(s.info),
     )
+
+
+def merge_point_covariances(
+    covs: torch.Tensor,
+    means: torch.Tensor,
+    counts: torch.Tensor,
+    mapping: torch.Tensor,
+    new_means: torch.Tensor,
+) -> torch.Tensor:
+    r"""The spread of merged point clouds about their new centres.
+
+    Component :math:`a` (``N_a`` points spread as :math:`\Sigma_a` about :math:`m_a`)
+    becomes component ``mapping[a]`` with centre :math:`m'`; the merged cloud's second
+    moment about :math:`m'` is exactly
+
+    .. math:: \Sigma' = \frac{1}{\sum_a N_a} \sum_a N_a
+        \big(\Sigma_a + (m_a - m')(m_a - m')^\top\big).
+
+    Returns ``(K', 2, 2)`` for ``K' = new_means.shape[0]``.
+    """
+    mapping = mapping.long().to(covs.device)
+    n = counts.to(covs.dtype).clamp_min(1e-12)
+    d = means - new_means[mapping]
+    moment = n[:, None, None] * (covs + d[:, :, None] * d[:, None, :])
+    K = new_means.shape[0]
+    total = covs.new_zeros(K, 2, 2).index_add(0, mapping, moment)
+    return total / covs.new_zeros(K).index_add(0, mapping, n)[:, None, None]
 
 
 def drop_small_components(

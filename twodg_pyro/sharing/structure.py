@@ -24,12 +24,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 
-__all__ = ["SharingStructure", "SiteLayout", "FORMAT_VERSION"]
+__all__ = ["SharingStructure", "SiteLayout", "FORMAT_VERSION", "COORDINATES", "Coordinates"]
 
 FORMAT_VERSION = 1
+
+#: the plane the mixture lives in: :math:`(\mu, \sigma)` as the paper, or :math:`(\mu, \log\sigma)`
+Coordinates = Literal["sigma", "log_sigma"]
+COORDINATES: tuple[str, ...] = get_args(Coordinates)
 _KIND = "twodg_pyro.SharingStructure"
 
 
@@ -130,9 +135,9 @@ class SharingStructure:
             raise ValueError(
                 f"covariances must be ({K}, 2, 2), got {tuple(self.covariances.shape)}"
             )
-        if self.coordinates not in ("sigma", "log_sigma"):
+        if self.coordinates not in COORDINATES:
             raise ValueError(
-                f"coordinates must be 'sigma' or 'log_sigma', got {self.coordinates!r}"
+                f"coordinates must be one of {list(COORDINATES)}, got {self.coordinates!r}"
             )
         all_idx = torch.cat([self.outlier_index, self.plain_index, self.ellipse_index])
         if all_idx.numel() != n_w or (

@@ -1,5 +1,5 @@
 """The main job under ``torchrun``: :func:`~twodg_pyro.pipeline.run` with every stage on
-all processes.
+all processes (the pieces from :mod:`twodg_pyro.distributed`).
 
 ``torchrun --nproc_per_node=N twodg-pyro train --config FILE`` lands here (the CLI sees
 ``WORLD_SIZE > 1``).  :func:`run_distributed` joins the process group and runs the one
@@ -25,7 +25,8 @@ Only rank 0 prints the table and writes files (the pipeline does so through
 ``checkpoint_every > 0`` the stage checkpoints under ``checkpoints/`` (the pipeline's
 format; resuming them is single-process only for now).
 
-Environment: ``TWODG_DIST_BACKEND`` (default :func:`default_backend`: ``nccl`` when the
+Environment: ``TWODG_DIST_BACKEND`` (default
+:func:`~twodg_pyro.distributed.parallel.default_backend`: ``nccl`` when the
 run's ``device`` is CUDA and CUDA is available, else ``gloo``) and
 ``TWODG_DIST_TIMEOUT_S`` (default 1800 s, the longest any rank waits for the others).
 """
@@ -34,36 +35,31 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from pathlib import Path
 
 import pyro
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Subset
 
 from ..baselines import train_deterministic
-from ..pipeline.config import RunConfig
-from ..pipeline.execution import Execution
-from ..pipeline.runner import RunArtifacts, _to, run
-from ..predict import Prediction
-from . import env
-from .gmm import DistributedGaussianMixture2D
-from .train import ShardedLoader, _average_buffers, fit_distributed, local_batch_size
+from ..distributed import env
+from ..distributed.data import ShardedLoader, local_batch_size
+from ..distributed.gmm import DistributedGaussianMixture2D
+from ..distributed.parallel import (
+    agree_on_structure,
+    ddp_network,
+    default_backend,
+    sharded_predict,
+)
+from ..distributed.train import average_buffers, fit_distributed
+from .config import RunConfig
+from .execution import Execution
+from .runner import METHOD_REGISTRY, run
+from .trained import RunArtifacts
 
-__all__ = [
-    "DataParallel",
-    "SUPPORTED_METHODS",
-    "agree_on_structure",
-    "check_supported",
-    "default_backend",
-    "run_distributed",
-    "sharded_predict",
-    "structure_checksum",
-]
+__all__ = ["DataParallel", "SUPPORTED_METHODS", "check_supported", "run_distributed"]
 
 #: Methods that run under torch.distributed.
-SUPPORTED_METHODS = ("deterministic", "mean_field", "2dg")
+SUPPORTED_METHODS = tuple(name for name, method in METHOD_REGISTRY.items() if method.distributed)
 
 
 def run_distributed(
@@ -98,15 +94,6 @@ def run_distributed(
     finally:
         if joined_here:
             env.cleanup()
-
-
-def default_backend(device: str) -> str:
-    """The process-group backend for a run on ``device``: ``"nccl"`` when it is a CUDA
-    device and CUDA (with NCCL) is available, else ``"gloo"`` (a CPU run on a GPU machine
-    uses gloo: NCCL moves only CUDA tensors)."""
-    cuda = str(device).startswith("cuda") and torch.cuda.is_available()
-    nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
-    return "nccl" if cuda and nccl else "gloo"
 
 
 def check_supported(cfg: RunConfig, world_size: int) -> None:
@@ -161,9 +148,9 @@ class DataParallel(Execution):
     def train_deterministic(
         self, net, data, epochs: int, lr: float, *, device, progress: bool, **recipe
     ):
-        wrapped = _ddp(net, torch.device(device))
+        wrapped = ddp_network(net, torch.device(device))
         train_deterministic(wrapped, data, epochs, lr, device=device, progress=progress, **recipe)
-        _average_buffers(net)
+        average_buffers(net)
         return net
 
     def predict(self, fn, eval_data, device):
@@ -178,64 +165,3 @@ class DataParallel(Execution):
 
     def record_fields(self) -> dict:
         return {"world_size": self.info.world_size}
-
-
-def _ddp(net: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    if not env.is_distributed():
-        return net
-    if device.type != "cuda":
-        return DDP(net)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return DDP(net, device_ids=[index])
-
-
-def structure_checksum(s) -> torch.Tensor:
-    """Counts and sums of a :class:`~twodg_pyro.sharing.SharingStructure` (float64)."""
-    parts = [
-        s.means,
-        s.covariances,
-        s.outlier_index,
-        s.outlier_loc,
-        s.outlier_scale,
-        s.plain_index,
-        s.plain_component,
-        s.ellipse_index,
-        s.ellipse_components,
-        s.ellipse_alphas,
-    ]
-    sums = [float(t.to(torch.float64).sum()) if t.numel() else 0.0 for t in parts]
-    return torch.tensor([s.n_gaussians, s.n_outliers, s.n_ellipses, *sums], dtype=torch.float64)
-
-
-def agree_on_structure(structure):
-    """Every rank's structure when all are equal; otherwise rank 0's, broadcast (with a
-    warning: stage 2 was not deterministic across ranks)."""
-    if env.same_across_ranks(structure_checksum(structure)):
-        return structure
-    if env.is_main():
-        warnings.warn(
-            "the sharing structures built on the ranks differ; using rank 0's on every rank",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    return env.broadcast_object(structure)
-
-
-def sharded_predict(fn, eval_data, device: torch.device) -> Prediction:
-    """``fn(data)`` on this rank's contiguous share of the evaluation data, gathered: the
-    predictions of the whole set, in order, on every rank."""
-    world, rank = env.get_world_size(), env.get_rank()
-    if isinstance(eval_data, tuple):
-        n = int(eval_data[0].shape[0])
-    else:
-        n = len(eval_data.dataset)
-    if world == 1 or n < world:
-        return fn(_to(eval_data, device))
-    lo, hi = rank * n // world, (rank + 1) * n // world
-    if isinstance(eval_data, tuple):
-        part = tuple(t[lo:hi].to(device) for t in eval_data)
-    else:
-        part = DataLoader(Subset(eval_data.dataset, range(lo, hi)), batch_size=eval_data.batch_size)
-    pred = fn(part)
-    targets = None if pred.targets is None else env.all_gather_rows(pred.targets)
-    return Prediction(mean=env.all_gather_rows(pred.mean), targets=targets)

@@ -4,9 +4,13 @@ Both are :class:`~twodg_pyro.infer.callbacks.Callback` objects for
 :func:`~twodg_pyro.infer.fit`, each with its own schedule: run every ``every``
 epochs, and (``until_fixed_point=True``) stop running once a run changes nothing.
 
-After a merge the number of components changes: the guide rebuilds its component
-parameters and the optimiser is rebuilt; the Adam moments of a merged component are
-the mean of its parents' moments, every other parameter keeps its state.
+Both work on the guide through its protocol (:class:`~twodg_pyro.guide.BNNGuide`: the
+mixture, its :meth:`~twodg_pyro.guides.SharedGMMGuide.structure`, ``merge`` and
+``load_structure``) and apply the structure-level refinements of :mod:`.refine`.  After
+a merge the number of components changes: the guide rebuilds its component parameters
+and the optimiser is rebuilt; the Adam moments of a merged component are the mean of its
+parents' moments (:func:`~twodg_pyro.infer.remap_optimizer_rows`), every other parameter
+keeps its state.
 """
 
 from __future__ import annotations
@@ -15,36 +19,10 @@ import math
 
 import torch
 
-from .callbacks import Callback
+from ..infer.callbacks import Callback
+from ..infer.optim import remap_optimizer_rows
 
-__all__ = ["MergeHook", "MahalanobisHook", "remap_optimizer_rows"]
-
-
-def remap_optimizer_rows(
-    optimizer: torch.optim.Optimizer,
-    pairs: list[tuple[torch.Tensor, torch.Tensor]],
-    mapping: torch.Tensor,
-    n_new: int,
-) -> None:
-    """Move per-parameter optimiser state from old to new component parameters.
-
-    Row ``j`` of an old state tensor contributes to row ``mapping[j]`` of the new one
-    (rows that merge are averaged).  Scalars such as Adam's ``step`` are kept.
-    """
-    mapping = mapping.to(pairs[0][0].device) if pairs else mapping
-    for old, new in pairs:
-        st = optimizer.state.pop(old, None)
-        if not st:
-            continue
-        moved = {}
-        for key, value in st.items():
-            if torch.is_tensor(value) and value.shape == old.shape and value.dim() >= 1:
-                acc = value.new_zeros((n_new, *value.shape[1:])).index_add(0, mapping, value)
-                cnt = torch.bincount(mapping, minlength=n_new).clamp_min(1).to(value.dtype)
-                moved[key] = acc / cnt.view(-1, *([1] * (value.dim() - 1)))
-            else:
-                moved[key] = value
-        optimizer.state[new] = moved
+__all__ = ["MergeHook", "MahalanobisHook"]
 
 
 class _Scheduled(Callback):
@@ -96,10 +74,12 @@ class MergeHook(_Scheduled):
         super().__init__(every, until_fixed_point)
         if not (tau_d >= 0):
             raise ValueError(f"tau_d must be >= 0, got {tau_d!r}")
-        if rule not in ("paper", "moment"):
-            raise ValueError(f"merge rule must be 'paper' or 'moment', got {rule!r}")
-        if test not in ("both", "difference"):
-            raise ValueError(f"merge test must be 'both' or 'difference', got {test!r}")
+        from ..gmm.merging import MERGE_RULES, MERGE_TESTS
+
+        if rule not in MERGE_RULES:
+            raise ValueError(f"merge rule must be one of {list(MERGE_RULES)}, got {rule!r}")
+        if test not in MERGE_TESTS:
+            raise ValueError(f"merge test must be one of {list(MERGE_TESTS)}, got {test!r}")
         if math.isfinite(tau_g) and data is None:
             raise ValueError("a finite tau_g needs data to compute centre gradients")
         self.tau_d, self.rule, self.test = float(tau_d), rule, test
@@ -116,7 +96,6 @@ class MergeHook(_Scheduled):
     def apply(self, state) -> int:
         """Run the merge on ``state.guide`` now; returns the number of merges."""
         from ..gmm import merge_components
-        from ..sharing.refine import apply_mapping
 
         guide = state.guide
         grads = None
@@ -139,20 +118,10 @@ class MergeHook(_Scheduled):
         self.log.append({"epoch": state.epoch, "before": k_before, "after": k_before - n_merged})
         if n_merged == 0:
             return 0
-        old = [guide.centre_mu, guide.centre_raw]
-        if guide.tying != "representative":
-            old += [guide.chol_log_diag, guide.chol_off]
-        guide.load_structure(
-            apply_mapping(
-                guide.structure(current_points=True), result.mapping, result.means, result.covs
-            )
-        )
-        new = [guide.centre_mu, guide.centre_raw]
-        if guide.tying != "representative":
-            new += [guide.chol_log_diag, guide.chol_off]
-        remap_optimizer_rows(
-            state.optimizer, list(zip(old, new, strict=True)), result.mapping, guide.n_components
-        )
+        old = guide.component_parameters()
+        guide.merge(result.mapping, result.means, result.covs)
+        pairs = zip(old, guide.component_parameters(), strict=True)
+        remap_optimizer_rows(state.optimizer, pairs, result.mapping, guide.n_components)
         state.rebuild_optimizer()
         return n_merged
 
@@ -163,7 +132,11 @@ class MahalanobisHook(_Scheduled):
 
     The inlier points are the guide's :meth:`~twodg_pyro.guides.SharedGMMGuide.current_points`:
     they move with their components during stage 3, so the check reacts to changes of the
-    mixture's shape (a merge, trained covariances), not to the centres' drift.  By default
+    mixture (a merge), not to the centres' drift; it measures them against the spread of
+    their components' points (:meth:`~twodg_pyro.guides.SharedGMMGuide.point_covariances`),
+    not against the covariances that the ``stochastic`` and ``tied`` tyings train as
+    variational parameters (against those, half of the inliers became ellipse weights on
+    digits).  By default
     every weight keeps the component it is tied to (``reassign=False``): a weight that now
     lies beyond :math:`T_M` of it becomes an ellipse weight over its ``k`` nearest
     components, an ellipse weight back within :math:`T_M` of its nearest component becomes
@@ -196,14 +169,14 @@ class MahalanobisHook(_Scheduled):
 
     def apply(self, state) -> int:
         """Reassign now; returns how many weights changed component or kind."""
-        from ..sharing.refine import reassign
+        from .refine import reassign
 
         guide = state.guide
         before = guide.structure(current_points=True)
         after = reassign(
             before,
             before.means,
-            before.covariances,
+            guide.point_covariances(),
             threshold=self.threshold,
             k=self.k,
             keep_components=not self.reassign,

@@ -1,0 +1,192 @@
+"""The argument parser of the command-line interface (:mod:`twodg_pyro.cli`): its
+subcommands ``run``, ``train``, ``evaluate``, ``diagnose``, ``export`` and ``report``
+and their options."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "build_parser"]
+
+#: Exit code of a user error (also argparse's).
+EXIT_USER_ERROR = 2
+#: Exit code of an unexpected failure.
+EXIT_FAILURE = 1
+#: Exit code after Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (with where to find the usage)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _debug(p: argparse.ArgumentParser, top: bool = False) -> None:
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="show the full traceback of an error",
+    )
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default=None, help="output folder (default: runs/<command>)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the whole pipeline")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:<index>")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results and checkpoints of an earlier run in --out (refused without it)",
+    )
+    p.add_argument(
+        "--no-diagnostics",
+        action="store_true",
+        help="write the results and the model file only: no InferenceData, k-hat, "
+        "PSIS-LOO or figures (the setting diagnostics.enabled = false)",
+    )
+    _debug(p)
+
+
+_RESUME_HELP = (
+    "continue a killed run from the checkpoints in RUN_DIR (written with checkpoint_every > 0); "
+    "its stored settings are used"
+)
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data",
+        default=None,
+        help="evaluation data set (default: the run's, from the model file; else digits)",
+    )
+    p.add_argument("--root", default=None, help="folder of a file-based data set")
+    p.add_argument(
+        "--num-samples",
+        type=int,
+        default=None,
+        help="posterior draws N_s (default: the run's, from the model file; else 30)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``twodg-pyro``."""
+    parser = _Parser(
+        prog="twodg-pyro", description="Stochastic weight-sharing BNNs (2DGBNN) in Pyro."
+    )
+    _debug(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="the main job: every method on the bundled digits")
+    p.add_argument("--config", default=None, help="optional config file (TOML/JSON/YAML)")
+    p.add_argument("--methods", nargs="+", default=None, help="subset of methods to run")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
+    _common(p)
+    p = sub.add_parser("train", help="run a preset and/or the configuration in a config file")
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="named settings (digits, mnist-lenet5, mnist-resnet20, cifar10-resnet20, "
+        "cifar10-resnet18); a --config file given too overrides them",
+    )
+    p.add_argument("--root", default=None, help="data folder (sets data.root)")
+    p.add_argument("--config", default=None, help="config file (TOML, JSON or YAML)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
+    _common(p)
+    p = sub.add_parser("evaluate", help="metrics of a saved model file (any method)")
+    p.add_argument(
+        "model_file",
+        help="a model file written by run/train (model_<method>.pt) or export (.2dgz)",
+    )
+    _data_args(p)
+    p.add_argument("--split", choices=["test", "val"], default="test", help="default: test")
+    p.add_argument("--out", default=None, help="also write the metrics as JSON to this file")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the posterior draws (default: the run's, from the model file; else 0)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
+    _debug(p)
+    p = sub.add_parser(
+        "diagnose", help="ArviZ diagnostics and figures of a saved model file (any method)"
+    )
+    p.add_argument(
+        "model_file",
+        help="a model file written by run/train (model_<method>.pt) or export (.2dgz)",
+    )
+    _data_args(p)
+    p.add_argument("--out", default=None, help="output folder (default: runs/diagnose)")
+    p.add_argument("--khat-samples", type=int, default=100, help="draws for k-hat (100)")
+    p.add_argument(
+        "--max-examples",
+        type=int,
+        default=2000,
+        help="seeded subset of at most this many training examples (k-hat) and test "
+        "examples (InferenceData, PSIS-LOO) (2000)",
+    )
+    p.add_argument(
+        "--max-site-values",
+        type=int,
+        default=10_000,
+        help="values of each Pyro site exported per draw; a larger site is exported on a "
+        "seeded sub-grid (10000)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the draws and subsets (default: the run's, from the model file; else 0)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _debug(p)
+    p = sub.add_parser("export", help="write the compact model file (.2dgz) of a 2DG BNN")
+    p.add_argument("source", metavar="RUN_OR_MODEL_FILE", help="a run folder or its model_2dg.pt")
+    p.add_argument(
+        "--out", default=None, help="the compact file (default: model_2dg.2dgz beside the source)"
+    )
+    p.add_argument(
+        "--precision",
+        choices=["float16", "float32"],
+        default="float16",
+        help="centres and covariances (default float16)",
+    )
+    p.add_argument(
+        "--outlier-sigma-bits", type=int, default=16, help="bits per outlier sigma (1-16; 16)"
+    )
+    p.add_argument(
+        "--outlier-mu-bits",
+        type=int,
+        default=16,
+        help="bits per outlier mean (16, or 8: INT8 as the quantised baseline; 16)",
+    )
+    p.add_argument(
+        "--alpha-bits", type=int, default=8, help="bits per ellipse blending weight (2-16; 8)"
+    )
+    p.add_argument(
+        "--index-coding",
+        choices=["auto", "global", "per_site"],
+        default="auto",
+        help="one rANS table, one per layer, or the smaller (default auto)",
+    )
+    p.add_argument(
+        "--covariances",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="store the covariances (auto: when the tying draws with them)",
+    )
+    p.add_argument(
+        "--faithful",
+        action="store_true",
+        help="predict as the full file does: float32 centres, 16-bit outliers and alphas "
+        "(overrides --precision and the bit widths)",
+    )
+    _debug(p)
+    p = sub.add_parser("report", help="rebuild the results table of a run folder")
+    p.add_argument("run_dir")
+    _debug(p)
+    return parser

@@ -1,0 +1,310 @@
+"""Readers of the image data sets' files, checked here rather than by torchvision: MNIST's
+idx files and CIFAR's pickled batches (read without executing code), and the dataset
+classes that use them."""
+
+from __future__ import annotations
+
+import codecs
+import math
+import os
+import pickle
+import struct
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torchvision import datasets
+from torchvision.datasets.utils import check_integrity
+from torchvision.datasets.vision import VisionDataset
+
+from .errors import DatasetFormatError
+
+__all__ = ["CIFAR10_CLASSES", "read_cifar_batch", "read_idx", "read_idx_pair"]
+
+PathLike = str | os.PathLike[str]
+
+CIFAR10_CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+
+# --------------------------------------------------------------------------- idx files
+#: idx type code of unsigned bytes (the only one MNIST-family files use).
+_IDX_UBYTE = 0x08
+
+
+def read_idx(path: PathLike, ndim: int) -> np.ndarray:
+    """Read an idx file of unsigned bytes with ``ndim`` dimensions, checking it.
+
+    The format (LeCun's MNIST page): a 4-byte magic number ``0x00 0x00 0x08 ndim``,
+    ``ndim`` big-endian 32-bit sizes, then the bytes in C order.
+
+    Raises:
+        DatasetFormatError: empty, too short, a wrong magic number (e.g. a file still
+            gzip-compressed), or a size other than the header announces.
+    """
+    path = Path(path)
+    try:
+        raw = bytearray(path.read_bytes())
+    except OSError as e:
+        raise DatasetFormatError(path, f"cannot be read: {e.strerror or e}") from e
+    head = 4 + 4 * ndim
+    if not raw:
+        raise DatasetFormatError(path, "is empty (0 bytes); expected an idx file")
+    if raw[:2] == b"\x1f\x8b":
+        raise DatasetFormatError(path, "is gzip-compressed: decompress it (gunzip) first")
+    if len(raw) < head:
+        raise DatasetFormatError(
+            path, f"is too short for an idx file ({len(raw)} bytes; its header alone is {head})"
+        )
+    magic = struct.unpack(">I", bytes(raw[:4]))[0]
+    expected = (_IDX_UBYTE << 8) | ndim
+    if magic != expected:
+        raise DatasetFormatError(
+            path,
+            f"has magic number {magic:#010x}, expected {expected:#010x} (an idx file of "
+            f"unsigned bytes with {ndim} dimension(s)): not the right file, or damaged",
+        )
+    dims = struct.unpack(f">{ndim}I", bytes(raw[4:head]))
+    size = head + math.prod(dims)
+    if len(raw) != size:
+        what = "truncated" if len(raw) < size else f"{len(raw) - size} byte(s) too long"
+        raise DatasetFormatError(
+            path,
+            f"has {len(raw)} bytes, its header announces {' x '.join(map(str, dims))} values "
+            f"({size} bytes with the header): {what}",
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=head).reshape(dims)
+
+
+def read_idx_pair(
+    folder: PathLike, prefix: str, num_classes: int = 10, image_size: tuple[int, int] = (28, 28)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The images (``uint8``, ``N x H x W``) and labels (``int64``, ``N``) of the idx
+    files ``<prefix>-images-idx3-ubyte`` and ``<prefix>-labels-idx1-ubyte``, checked
+    (:func:`read_idx`; image size, equal counts, labels in ``[0, num_classes)``).
+
+    Raises:
+        DatasetFormatError: naming the file and the problem.
+    """
+    folder = Path(folder)
+    image_path = folder / f"{prefix}-images-idx3-ubyte"
+    label_path = folder / f"{prefix}-labels-idx1-ubyte"
+    images = read_idx(image_path, 3)
+    labels = read_idx(label_path, 1)
+    if tuple(images.shape[1:]) != tuple(image_size):
+        raise DatasetFormatError(
+            image_path,
+            f"holds images of {images.shape[1]}x{images.shape[2]} pixels, expected "
+            f"{image_size[0]}x{image_size[1]}",
+        )
+    if images.shape[0] != labels.shape[0]:
+        raise DatasetFormatError(
+            label_path,
+            f"holds {labels.shape[0]} labels, but '{image_path}' holds {images.shape[0]} images",
+        )
+    if labels.size and int(labels.max()) >= num_classes:
+        i = int(np.argmax(labels >= num_classes))
+        raise DatasetFormatError(
+            label_path,
+            f"holds label {int(labels[i])} at index {i} "
+            f"({int((labels >= num_classes).sum())} bad label(s)); labels must be in "
+            f"[0, {num_classes})",
+        )
+    return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
+
+
+class _CheckedIdxMixin:
+    """Reads a torchvision MNIST-family data set with :func:`read_idx_pair` (checked) and
+    keeps torchvision's folder layout (``ROOT/<torchvision class name>/raw``)."""
+
+    _folder: str = "MNIST"
+
+    @property
+    def raw_folder(self) -> str:
+        return os.path.join(self.root, self._folder, "raw")
+
+    @property
+    def processed_folder(self) -> str:
+        return os.path.join(self.root, self._folder, "processed")
+
+    def _load_data(self):
+        return read_idx_pair(self.raw_folder, "train" if self.train else "t10k")
+
+    def _load_legacy_data(self):
+        path = os.path.join(
+            self.processed_folder, self.training_file if self.train else self.test_file
+        )
+        try:
+            data = torch.load(path, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any failure on foreign bytes
+            raise DatasetFormatError(path, f"cannot be read: {type(e).__name__}: {e}") from e
+        ok = (
+            isinstance(data, (tuple, list))
+            and len(data) == 2
+            and all(torch.is_tensor(t) for t in data)
+            and data[0].dim() == 3
+            and data[1].dim() == 1
+            and data[0].shape[0] == data[1].shape[0]
+        )
+        if not ok:
+            raise DatasetFormatError(path, "is not an (images N x H x W, labels N) pair")
+        return data[0], data[1].long()
+
+
+def _checked_mnist_class(cls: type[datasets.MNIST]) -> type[datasets.MNIST]:
+    return type(f"Checked{cls.__name__}", (_CheckedIdxMixin, cls), {"_folder": cls.__name__})
+
+
+# --------------------------------------------------------------------------- CIFAR
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles NumPy arrays and plain data only: any other class is refused, so a
+    crafted file cannot run code."""
+
+    _ALLOWED = {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} (not plain data)")
+        if module == "_codecs":
+            return codecs.encode
+        if module == "numpy":
+            return getattr(np, name)
+        from numpy._core import multiarray
+
+        return getattr(multiarray, name)
+
+
+def _plain_pickle(path: Path) -> Any:
+    """Unpickle ``path`` (Python 2 strings as latin-1, as torchvision does) with
+    :class:`_PlainUnpickler`."""
+    try:
+        with open(path, "rb") as f:
+            return _PlainUnpickler(f, encoding="latin1").load()
+    except OSError as e:
+        raise DatasetFormatError(path, f"cannot be read: {e.strerror or e}") from e
+    except Exception as e:  # noqa: BLE001 - truncated, foreign or crafted bytes
+        raise DatasetFormatError(
+            path,
+            f"is not a CIFAR python batch file (truncated or damaged?): {type(e).__name__}: {e}",
+        ) from e
+
+
+def read_cifar_batch(path: PathLike, num_classes: int) -> tuple[np.ndarray, list[int]]:
+    """The images (``uint8``, ``N x 3072``, R, G, B planes) and labels of one CIFAR
+    python batch file, checked: a table with ``data`` and ``labels`` (CIFAR-10) or
+    ``fine_labels`` (CIFAR-100), as many labels as images, all in ``[0, num_classes)``.
+
+    Raises:
+        DatasetFormatError: naming the file and the problem.
+    """
+    path = Path(path)
+    if path.stat().st_size == 0:
+        raise DatasetFormatError(path, "is empty (0 bytes); expected a CIFAR python batch file")
+    entry = _plain_pickle(path)
+    if not isinstance(entry, dict):
+        raise DatasetFormatError(path, f"holds a {type(entry).__name__}, not a CIFAR batch table")
+    entry = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
+    data = entry.get("data")
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2:
+        raise DatasetFormatError(path, "has no 'data' array of bytes (N x 3072)")
+    if data.shape[1] != 3 * 32 * 32:
+        raise DatasetFormatError(
+            path, f"holds images of {data.shape[1]} bytes, expected 3072 (3 x 32 x 32)"
+        )
+    key = "labels" if "labels" in entry else "fine_labels"
+    labels = entry.get(key)
+    if not isinstance(labels, (list, tuple, np.ndarray)):
+        raise DatasetFormatError(path, "has no 'labels' (CIFAR-10) or 'fine_labels' (CIFAR-100)")
+    try:
+        labels = [int(v) for v in labels]
+    except (TypeError, ValueError) as e:
+        raise DatasetFormatError(path, f"holds a label that is not an integer: {e}") from e
+    if len(labels) != data.shape[0]:
+        raise DatasetFormatError(
+            path, f"holds {data.shape[0]} images but {len(labels)} labels ('{key}')"
+        )
+    bad = [i for i, v in enumerate(labels) if not 0 <= v < num_classes]
+    if bad:
+        raise DatasetFormatError(
+            path,
+            f"holds label {labels[bad[0]]} at index {bad[0]} ({len(bad)} bad label(s)); "
+            f"labels must be in [0, {num_classes})",
+        )
+    return data, labels
+
+
+class _LocalCIFAR10(datasets.CIFAR10):
+    """CIFAR-10 reader that checks file presence (MD5 only on request) and reads every
+    batch file with :func:`read_cifar_batch` (checked, no code runs).
+
+    torchvision checks the MD5 sums of every batch file; that is optional here
+    (``verify_checksums``) so that subsets or re-pickled copies in the same
+    format can be read.  A missing or unverified ``batches.meta`` falls back
+    to the standard class names.
+    """
+
+    default_classes: Sequence[str] = CIFAR10_CLASSES
+    num_classes: int = 10
+
+    def __init__(self, root: str, train: bool, transform: Callable | None, verify: bool) -> None:
+        self._verify = verify
+        VisionDataset.__init__(self, root, transform=transform, target_transform=None)
+        self.train = train
+        if not self._check_integrity():
+            raise RuntimeError("Dataset not found or corrupted (MD5 check failed)")
+        data, targets = [], []
+        for name, _ in self.train_list if train else self.test_list:
+            x, y = read_cifar_batch(
+                os.path.join(self.root, self.base_folder, name), self.num_classes
+            )
+            data.append(x)
+            targets.extend(y)
+        self.data = np.vstack(data).reshape(-1, 3, 32, 32).transpose((0, 2, 3, 1))
+        self.targets = targets
+        self._load_meta()
+
+    def _check_integrity(self) -> bool:
+        if self._verify:
+            return super()._check_integrity()
+        return all(
+            os.path.isfile(os.path.join(self.root, self.base_folder, f))
+            for f, _ in self.train_list + self.test_list
+        )
+
+    def _load_meta(self) -> None:
+        path = os.path.join(self.root, self.base_folder, self.meta["filename"])
+        self.classes = list(self.default_classes)
+        if os.path.isfile(path) and (not self._verify or check_integrity(path, self.meta["md5"])):
+            meta = _plain_pickle(Path(path))
+            names = meta.get(self.meta["key"]) if isinstance(meta, dict) else None
+            if isinstance(names, (list, tuple)) and len(names) == self.num_classes:
+                self.classes = [str(n) for n in names]
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+
+class _LocalCIFAR100(_LocalCIFAR10):
+    base_folder = datasets.CIFAR100.base_folder
+    train_list = datasets.CIFAR100.train_list
+    test_list = datasets.CIFAR100.test_list
+    meta = datasets.CIFAR100.meta
+    default_classes = tuple(str(i) for i in range(100))
+    num_classes = 100

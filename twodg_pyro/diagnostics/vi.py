@@ -1,0 +1,175 @@
+r"""VI diagnostics of a trained BNN guide (Yao et al. 2018, "Yes, but did it work?").
+
+:func:`vi_diagnostics` computes the importance ratios
+:math:`\log r_s = \log p(w^{(s)}, \mathcal D) - \log q(w^{(s)})` of ``S`` draws of the
+guide and their Pareto :math:`\hat k` (PSIS, ``az.psislw`` through
+:func:`~twodg_pyro.diagnostics.arviz_stats.psislw`).
+
+* :math:`\log p(w, \mathcal D) = \log p(w) + \log p(\mathcal D \mid w)`, the
+  log-likelihood summed over the training data given (by default all of it); on a
+  subset of ``n`` examples it is scaled by ``N / n`` with ``N`` the model's data-set
+  size (an unbiased but noisier estimate, which inflates :math:`\hat k`).  The
+  log-likelihood is computed in float64 (:mod:`twodg_pyro.diagnostics._draws`).
+* :math:`\log q(w)`: :func:`twodg_pyro.guides.marginal_density.guide_log_q` (exact for
+  mean-field, rank-1, SSVI and the ``representative`` tying, Gauss-Hermite quadrature
+  for ``stochastic``, a product-of-marginals surrogate for ``tied``, which has no joint
+  density: its :math:`\hat k` compares the posterior with that surrogate and is reported
+  for completeness only, ``exact = False``).
+* Rank-1 BNN: a draw is all ``M`` rows of every factor site (the model's sample
+  sites); :math:`p(y \mid x, w)` is the equal-weight mixture of the ``M`` components,
+  the predictive that :func:`~twodg_pyro.predict.predict` averages (training routes each
+  example to one component instead, so this target is the ensemble's model, not the
+  training objective's).
+* SSVI: :math:`q` is a point mass at 0 outside its active subspace :math:`\Gamma`, so the
+  ratio uses the prior restricted to :math:`\Gamma`,
+  :math:`p_\Gamma(w) = \prod_{i \in \Gamma} p(w_i)`, as the SSVI objective's KL does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..guides.marginal_density import LOG_Q_METHODS, log_q_fn
+from ._draws import (
+    SAMPLE_CHUNK,
+    batches,
+    check_guide,
+    chunks,
+    device_of,
+    forward,
+    n_examples,
+    seeded,
+)
+from .arviz_stats import psislw
+
+__all__ = ["vi_diagnostics", "log_prior", "KHAT_GOOD", "KHAT_OK", "MIN_KHAT_SAMPLES"]
+
+#: Yao et al.'s thresholds: below 0.5 good, below 0.7 ok, else unreliable.
+KHAT_GOOD, KHAT_OK = 0.5, 0.7
+#: PSIS fits the largest ceil(min(S / 5, 3 sqrt(S))) ratios; ArviZ needs more than 4.
+MIN_KHAT_SAMPLES = 25
+
+
+def log_prior(model, guide, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    r""":math:`\log p(w)` per draw ``(S,)`` for draws ``{site: (S, *shape)}``; for an
+    :class:`~twodg_pyro.guides.SSVIGuide` the prior restricted to its active subspace."""
+    from ..guides.ssvi import SSVIGuide
+
+    total = 0.0
+    for site in model.sites:
+        d = model.prior_distribution(site)
+        w = weights[site.name]
+        if isinstance(guide, SSVIGuide):
+            base = d
+            while isinstance(base, torch.distributions.Independent):
+                base = base.base_dist
+            elementwise = base.log_prob(w).expand(w.shape).reshape(w.shape[0], -1)
+            total = total + elementwise[:, guide.active_indices(site.name)].sum(-1)
+        else:
+            total = total + d.log_prob(w)
+    return total
+
+
+def _target(model, guide) -> str:
+    from ..guides.ssvi import SSVIGuide
+
+    if int(model.output_components) > 1:
+        return "p(w) prod_n (1/M) sum_m p(y_n | x_n, w_m): the M-component ensemble"
+    if isinstance(guide, SSVIGuide):
+        return "p_Gamma(w) prod_n p(y_n | x_n, w): the prior restricted to the active subspace"
+    return "p(w) prod_n p(y_n | x_n, w)"
+
+
+@torch.no_grad()
+def vi_diagnostics(
+    model,
+    guide,
+    train_data,
+    num_samples: int = 100,
+    seed: int = 0,
+    max_examples: int | None = None,
+    batch_size: int = 512,
+    quadrature_nodes: int = 64,
+    progress: bool = False,
+) -> dict:
+    r"""Pareto :math:`\hat k` of the importance ratios :math:`p(w, \mathcal D) / q(w)`.
+
+    Args:
+        model, guide: the trained BNN (any of the library's guides; a Pyro autoguide is
+            refused with a ``TypeError`` naming what to use).
+        train_data: the training data (``(X, y)``, a ``Dataset`` or batches).
+        num_samples: draws from :math:`q`, at least 25 (Yao et al. use about 100 or more;
+            with fewer the tail fit is unreliable).
+        seed: seeds the draws and an example subset (the caller's random state is
+            restored).
+        max_examples: use a seeded random subset of this many training examples and scale
+            its log-likelihood by ``N / n`` (``N`` = the model's data-set size).
+        progress: a tqdm bar (``"k-hat"``) over the draws.
+
+    Returns:
+        ``khat``; ``khat_assessment`` (``"good"`` below 0.5, ``"ok"`` below 0.7,
+        ``"unreliable"`` otherwise, Yao et al.); ``log_q_method`` and ``exact`` (see the
+        module docstring); ``target`` (the joint density of the ratio's numerator);
+        ``elbo`` (mean log ratio: an estimate of the full-data ELBO, when ``exact``);
+        ``log_evidence_is`` (importance-sampling estimate of :math:`\log p(\mathcal D)`);
+        ``ess`` (effective sample size of the smoothed normalised weights);
+        ``log_ratio_sd``; ``num_samples``, ``n_examples``, ``loglik_scale``.
+
+    Raises:
+        FloatingPointError: a log ratio that is not finite (named count).
+    """
+    check_guide(guide, "vi_diagnostics")
+    S = int(num_samples)
+    if S < MIN_KHAT_SAMPLES:
+        raise ValueError(
+            f"num_samples must be at least {MIN_KHAT_SAMPLES} for the Pareto fit (its tail "
+            f"needs more than 4 draws), got {num_samples!r}"
+        )
+    model.eval()
+    device = device_of(guide)
+    data = batches(train_data, int(batch_size), max_examples, seed)
+    if not data:
+        raise ValueError("no training data (empty data set)")
+    n = n_examples(data)
+    scale = model.likelihood.dataset_size / n
+    log_q, method = log_q_fn(guide, quadrature_nodes)
+    ratios = []
+    bar = tqdm(total=S, desc="k-hat", unit="draw", disable=not progress, leave=False)
+    with bar, seeded(seed, device):
+        for s in chunks(S, SAMPLE_CHUNK):
+            weights = guide.draw(s).weights
+            ll, _ = forward(model, weights, data, device, outputs=False)
+            log_p = log_prior(model, guide, weights).to(torch.float64) + scale * ll.sum(1)
+            ratios.append((log_p - log_q(weights).to(torch.float64)).cpu())
+            bar.update(s)
+    log_r = torch.cat(ratios).numpy()
+    if not np.all(np.isfinite(log_r)):
+        raise FloatingPointError(
+            f"{int((~np.isfinite(log_r)).sum())} of {S} log importance ratios are not finite"
+        )
+    lw, khat = psislw(log_r, reff=1.0)
+    if khat < KHAT_GOOD:
+        assessment = "good"
+    elif khat < KHAT_OK:
+        assessment = "ok"
+    else:
+        assessment = "unreliable"
+    lse = float(np.logaddexp.reduce(log_r))
+    return {
+        "khat": khat,
+        "khat_assessment": assessment,
+        "log_q_method": method,
+        "exact": LOG_Q_METHODS.get(method, False),
+        "target": _target(model, guide),
+        "elbo": float(log_r.mean()),
+        "log_evidence_is": lse - math.log(S),
+        "ess": float(1.0 / np.exp(np.logaddexp.reduce(2 * lw))),
+        "log_ratio_sd": float(log_r.std()),
+        "num_samples": S,
+        "n_examples": n,
+        "loglik_scale": float(scale),
+    }

@@ -1,0 +1,158 @@
+r"""One trained model, one set of numbers: the seeded posterior draws every evaluation uses.
+
+The predictive metrics of a BNN are Monte Carlo estimates over :math:`S` draws
+:math:`w^{(s)} \sim q(w)`: two evaluations of the same model with different draws give
+different numbers (on the 359 digits test images the NLL moves by a standard deviation
+of about 0.04 between 30-draw evaluations).  So that the numbers of one model agree
+wherever they are printed, every evaluation of the library draws its weights the same
+way:
+
+* torch's random state is set to ``seed`` for the evaluation only (:func:`seeded`; the
+  caller's state is restored afterwards, so an evaluation never shifts the draws of
+  what comes next);
+* the guide draws ``sample_chunk`` (10) samples at a time with ``sample_weights``, each
+  chunk evaluated on every data batch before the next is drawn
+  (:func:`~twodg_pyro.predict.predict`): the draws do not depend on the data, their
+  order or their batching.
+
+:func:`seeded_predict` is :func:`~twodg_pyro.predict.predict` under :func:`seeded`;
+:func:`evaluate` adds the metrics and a record of the draws.  The results table of a
+run (``results.json``/``results.md``), its ``diagnostics.json``, its reliability figure,
+the ArviZ export (:func:`~twodg_pyro.diagnostics.to_inference_data`, whose draws are
+these same draws) and ``twodg-pyro evaluate`` on the run's model file all use ``seed`` =
+the run's seed and ``num_samples`` = its ``num_samples``: for the same model, device and
+evaluation examples they print the same numbers.  (A compact ``.2dgz`` file holds a
+rounded model: its numbers are close, not equal; ``benchmarks/bench_compact_export.py``
+measures how close.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+__all__ = [
+    "SAMPLE_CHUNK",
+    "draws_record",
+    "draws_sentence",
+    "evaluate",
+    "seeded",
+    "seeded_predict",
+]
+
+#: Draws taken from the guide at once; part of what fixes the draws of a seed.
+SAMPLE_CHUNK = 10
+
+
+def _device_of(module) -> torch.device:
+    for tensors in (getattr(module, "parameters", None), getattr(module, "buffers", None)):
+        for t in tensors() if tensors is not None else ():
+            return t.device
+    return torch.device("cpu")
+
+
+@contextmanager
+def seeded(seed: int, device: torch.device | str | None = None) -> Iterator[None]:
+    """Run the block with torch's random state (CPU, and ``device``'s GPU) set to
+    ``seed``; the caller's state is restored on exit."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    devices = []
+    if device.type == "cuda" and torch.cuda.is_available():
+        devices = [device.index if device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(seed))
+        yield
+
+
+def seeded_predict(
+    model,
+    guide,
+    data,
+    num_samples: int = 30,
+    seed: int = 0,
+    *,
+    batch_size: int = 512,
+    device=None,
+    keep_samples: bool = False,
+    progress: bool = False,
+):
+    """:func:`~twodg_pyro.predict.predict` with ``num_samples`` draws seeded by ``seed``
+    (:func:`seeded`; ``sample_chunk`` = :data:`SAMPLE_CHUNK`): the draws every evaluation
+    of the library uses.  Returns the :class:`~twodg_pyro.predict.Prediction`."""
+    from .predict import predict
+
+    where = device if device is not None else _device_of(guide)
+    with seeded(seed, where):
+        return predict(
+            model,
+            guide,
+            data,
+            num_samples,
+            batch_size=batch_size,
+            sample_chunk=SAMPLE_CHUNK,
+            keep_samples=keep_samples,
+            device=device,
+            progress=progress,
+        )
+
+
+def draws_record(num_samples: int, seed: int, n_examples: int, split: str = "test") -> dict:
+    """How a set of metrics was computed: ``{"num_samples", "seed", "sample_chunk",
+    "n_examples", "split"}`` (what results.json, diagnostics.json and ``evaluate`` state)."""
+    return {
+        "num_samples": int(num_samples),
+        "seed": int(seed),
+        "sample_chunk": SAMPLE_CHUNK,
+        "n_examples": int(n_examples),
+        "split": split,
+    }
+
+
+def draws_sentence(draws: dict) -> str:
+    """One line saying which draws and examples a set of metrics used."""
+    return (
+        f"N_s = {draws['num_samples']} posterior draws seeded with {draws['seed']} on the "
+        f"{draws['n_examples']:,} {draws.get('split', 'test')} examples"
+    )
+
+
+def evaluate(
+    model,
+    guide,
+    data,
+    num_samples: int = 30,
+    seed: int = 0,
+    *,
+    batch_size: int = 512,
+    device=None,
+    progress: bool = False,
+) -> dict:
+    """Accuracy, NLL, ECE and Brier of the Bayesian model average over the seeded draws
+    (:func:`seeded_predict`) on labelled ``data``, plus ``num_samples``, ``seed`` and
+    ``n_examples``.
+
+    Raises:
+        ValueError: ``data`` without labels.
+    """
+    from .metrics import classification_metrics
+
+    pred = seeded_predict(
+        model,
+        guide,
+        data,
+        num_samples,
+        seed,
+        batch_size=batch_size,
+        device=device,
+        progress=progress,
+    )
+    if pred.targets is None:
+        raise ValueError("evaluate needs labelled data: pass (X, y) or batches of (x, y)")
+    return {
+        **classification_metrics(pred.mean, pred.targets),
+        "num_samples": int(num_samples),
+        "seed": int(seed),
+        "n_examples": int(pred.mean.shape[0]),
+    }

@@ -1,0 +1,66 @@
+"""What the training loop and its callbacks share: :class:`TrainState`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .elbo import DecomposedELBO
+from .optim import build_optimizer
+
+__all__ = ["TrainState", "start_state"]
+
+
+@dataclass
+class TrainState:
+    """Everything the loop and its callbacks share.
+
+    ``history`` holds one record per epoch: the mean of each ELBO term, ``loss``,
+    ``beta`` and ``epoch``.
+    """
+
+    model: nn.Module
+    guide: nn.Module
+    elbo: DecomposedELBO
+    optimizer: torch.optim.Optimizer
+    lr: float | Mapping[str, float]
+    epochs: int
+    epoch: int = 0
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+    stop: bool = False
+    extras: dict = field(default_factory=dict)
+
+    def rebuild_optimizer(self) -> None:
+        """Rebuild the optimiser after the guide's parameters changed, keeping the state
+        of every surviving parameter."""
+        self.optimizer = build_optimizer(
+            self.model, self.guide, self.lr, type(self.optimizer), old=self.optimizer
+        )
+
+
+def start_state(
+    model: nn.Module,
+    guide: nn.Module,
+    epochs: int,
+    lr: float | Mapping[str, float],
+    elbo: DecomposedELBO | None,
+    optimizer: type[torch.optim.Optimizer],
+    clip_norm: float | None,
+    state: TrainState | None,
+) -> TrainState:
+    """Check a training loop's settings and return the state it trains: ``state``
+    continued up to ``epochs`` (its ELBO and optimiser kept), or a new one."""
+    if int(epochs) < 0:
+        raise ValueError(f"epochs must be >= 0, got {epochs!r}")
+    if clip_norm is not None and not (clip_norm > 0):
+        raise ValueError(f"clip_norm must be positive, got {clip_norm!r}")
+    elbo = elbo if elbo is not None else (state.elbo if state else DecomposedELBO())
+    if state is None:
+        opt = build_optimizer(model, guide, lr, optimizer)
+        state = TrainState(model, guide, elbo, opt, lr, int(epochs))
+    state.epochs = int(epochs)
+    return state

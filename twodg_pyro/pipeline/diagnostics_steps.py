@@ -1,0 +1,276 @@
+"""The diagnostics steps of a run folder and of ``diagnose``: each one run, timed on a
+progress bar and reported on its own (:class:`StepWriter`), and the budget that bounds
+them (:func:`diagnostics_budget`).  Used by :mod:`.artifacts` (a finished run) and
+:mod:`.saved_models` (a saved model file)."""
+
+from __future__ import annotations
+
+import json
+import math
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .results import atomic_write_text
+
+__all__ = [
+    "KHAT_MAX_EXAMPLES",
+    "KHAT_SAMPLES",
+    "StepWriter",
+    "compare_step",
+    "diagnostics_budget",
+    "export_step",
+    "jsonable",
+    "khat_step",
+    "n_examples",
+    "summary_and_reliability",
+    "to_device",
+    "write_report",
+    "xy",
+]
+
+#: Draws from q for the Pareto k-hat (Yao et al. recommend at least about 100).
+KHAT_SAMPLES = 100
+#: Examples used by the diagnostics: for log p(D | w) in the k-hat, all training examples
+#: up to this many, else a seeded subset scaled by N / n (noisier; see ``vi_diagnostics``);
+#: for the InferenceData and PSIS-LOO, a seeded subset of the evaluation examples.
+KHAT_MAX_EXAMPLES = 2000
+
+
+def xy(dataset):
+    """``(X, y)`` tensors of a ``TensorDataset``, else the dataset itself."""
+    tensors = getattr(dataset, "tensors", None)
+    return (tensors[0], tensors[1]) if tensors is not None else dataset
+
+
+def jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if hasattr(obj, "item") and getattr(obj, "ndim", 1) == 0:
+        return jsonable(obj.item())
+    return obj
+
+
+class StepWriter:
+    """Runs each artifact step, recording files and errors, with a progress bar (one
+    update per step, the step's name beside it)."""
+
+    def __init__(self, out_dir: Path, steps: int = 0, progress: bool = False):
+        self.out = out_dir
+        self.files: dict[str, str] = {}
+        self.errors: dict[str, str] = {}
+        self.progress = bool(progress)
+        self.bar = tqdm(
+            total=steps or None, desc="diagnostics", unit="step", disable=not progress, leave=False
+        )
+
+    def step(self, name: str, fn):
+        self.bar.set_postfix_str(name, refresh=True)
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - reported, the other artifacts still run
+            self.errors[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+            warnings.warn(
+                f"could not write {name}: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2
+            )
+            return None
+        finally:
+            self.bar.update(1)
+        if isinstance(result, Path):
+            self.files[name] = str(result)
+        return result
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def n_examples(data) -> int:
+    """Examples in ``(X, y)`` tensors, a ``Dataset`` or a ``DataLoader``."""
+    if isinstance(data, tuple):
+        return int(data[0].shape[0])
+    dataset = getattr(data, "dataset", data)
+    return len(dataset)
+
+
+def diagnostics_budget(
+    dcfg,
+    num_samples: int,
+    n_train: int,
+    n_eval: int,
+    train_passes: int | None,
+    n_exports: int = 1,
+) -> dict:
+    """How many draws and examples the diagnostics of a run use.
+
+    With :math:`S_k` = ``dcfg.khat_samples`` draws for the k-hat, :math:`S_e` =
+    ``num_samples`` draws exported for each of the :math:`E` = ``n_exports`` methods,
+    and :math:`n_k = \\min(N_\\text{train}, m)`, :math:`n_e = \\min(N_\\text{eval}, m)`
+    examples (:math:`m` = ``dcfg.max_examples``), the diagnostics cost
+    :math:`S_k n_k + E S_e n_e` forward passes of one example.  When that exceeds
+    ``dcfg.budget`` times ``train_passes`` (epochs times training examples over the
+    exported models' SVI stages; ``None``: no training to compare with), both :math:`n`
+    shrink by the same factor, to no fewer than ``dcfg.min_examples`` (or the whole set,
+    if smaller).
+
+    Returns the numbers used (``khat_samples``, ``num_samples``, ``n_train_examples``,
+    ``n_eval_examples``) and the accounting (``n_exports``, ``diagnostics_passes``,
+    ``train_passes``, ``budget``, ``reduced``).
+    """
+    s_k, s_e, e = int(dcfg.khat_samples), int(num_samples), max(1, int(n_exports))
+    n_k, n_e = min(n_train, dcfg.max_examples), min(n_eval, dcfg.max_examples)
+    work = s_k * n_k + e * s_e * n_e
+    reduced = False
+    if train_passes is not None and work > dcfg.budget * train_passes:
+        f = dcfg.budget * train_passes / work
+        n_k = max(min(n_train, dcfg.min_examples), int(n_k * f))
+        n_e = max(min(n_eval, dcfg.min_examples), int(n_e * f))
+        reduced = True
+    return {
+        "khat_samples": s_k,
+        "num_samples": s_e,
+        "n_exports": e,
+        "n_train_examples": n_k,
+        "n_eval_examples": n_e,
+        "train_examples_total": int(n_train),
+        "eval_examples_total": int(n_eval),
+        "diagnostics_passes": s_k * n_k + e * s_e * n_e,
+        "train_passes": train_passes,
+        "budget": float(dcfg.budget),
+        "reduced": reduced,
+    }
+
+
+def export_step(
+    writer: StepWriter,
+    method: str,
+    model,
+    guide,
+    eval_data,
+    num_samples: int,
+    seed: int,
+    max_eval_examples: int | None,
+    max_site_values: int | None,
+    metrics: dict | None,
+):
+    """InferenceData of one method (file ``inference_data_<method>.nc``) and its
+    PSIS-LOO; returns ``(idata or None, report section)`` (2 steps of ``writer``)."""
+    from .. import diagnostics as D
+    from ..metrics import classification_metrics
+
+    section: dict = {}
+    idata = writer.step(
+        f"inference_data_{method}",
+        lambda: D.to_inference_data(
+            model,
+            guide,
+            eval_data,
+            num_samples,
+            seed,
+            max_site_values=max_site_values,
+            max_examples=max_eval_examples,
+            method=method,
+            progress=writer.progress,
+        ),
+    )
+    if idata is None:
+        writer.bar.update(2)  # the steps below need it
+        return None, section
+    name = f"inference_data_{method}.nc"
+    writer.step(f"inference_data_{method}", lambda: D.save_inference_data(idata, writer.out / name))
+    section["loo"] = writer.step(f"loo_{method}", lambda: D.loo(idata))
+    n_exported = int(idata.observed_data["y"].shape[0])
+    info = {
+        "file": name,
+        "n_examples": n_exported,
+        "n_examples_total": int(idata.posterior.attrs.get("n_examples_total", n_exported)),
+        "num_draws": int(idata.posterior.sizes["draw"]),
+        "seed": int(seed),
+    }
+    if "class_probs" in idata.posterior_predictive and (
+        metrics is None or n_exported < info["n_examples_total"]
+    ):  # a subset (or no results-table metrics): the metrics of the exported examples
+        probs, labels = D.class_probabilities(idata)
+        info["metrics_on_exported_examples"] = classification_metrics(
+            torch.as_tensor(probs), torch.as_tensor(labels)
+        )
+    section["inference_data"] = info
+    return idata, section
+
+
+def khat_step(writer: StepWriter, model, guide, train_data, khat_samples, seed, max_train_examples):
+    from .. import diagnostics as D
+
+    return writer.step(
+        "khat",
+        lambda: D.vi_diagnostics(
+            model,
+            guide,
+            train_data,
+            num_samples=khat_samples,
+            seed=seed,
+            max_examples=max_train_examples,
+            progress=writer.progress,
+        ),
+    )
+
+
+def summary_and_reliability(writer: StepWriter, idata, pred, method: str, draws: dict) -> None:
+    """``posterior_summary.csv`` and ``reliability.png`` of the primary method (2 steps)."""
+    from .. import diagnostics as D
+    from ..evaluation import draws_sentence
+
+    out = writer.out
+    if idata is not None:
+
+        def write_summary():
+            path = out / "posterior_summary.csv"
+            atomic_write_text(path, D.summary(idata, kind="stats").to_csv())
+            return path
+
+        writer.step("posterior_summary", write_summary)
+    else:
+        writer.bar.update(1)
+
+    def reliability():
+        title = f"{method}: {draws_sentence(draws)}"
+        return D.plot_reliability(pred.mean, pred.targets, out / "reliability.png", title=title)
+
+    if pred is not None and pred.targets is not None:
+        writer.step("reliability", reliability)
+    else:
+        writer.bar.update(1)
+
+
+def write_report(writer: StepWriter, report: dict) -> Path:
+    report = dict(report, files=dict(writer.files), errors=dict(writer.errors))
+    path = writer.out / "diagnostics.json"
+    atomic_write_text(path, json.dumps(jsonable(report), indent=2, sort_keys=True))
+    return path
+
+
+def compare_step(writer: StepWriter, idatas: dict) -> list | None:
+    """``az.compare`` of the methods' PSIS-LOO as a list of rows, best first (1 step)."""
+    from .. import diagnostics as D
+
+    if len(idatas) < 2:
+        writer.bar.update(1)
+        return None
+
+    def rows():
+        table = D.compare(idatas)
+        return [{"method": str(name), **row} for name, row in table.to_dict("index").items()]
+
+    return writer.step("compare", rows)
+
+
+def to_device(data, device):
+    if isinstance(data, tuple):
+        return tuple(t.to(device) for t in data)
+    return data

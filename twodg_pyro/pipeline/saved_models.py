@@ -1,0 +1,271 @@
+"""The ``evaluate`` and ``diagnose`` jobs on a saved model file of any method (full or
+compact): the data and draws the run that wrote it used (its ``evaluation`` record),
+the check that the model fits the data, the metrics, and the diagnostics of
+:mod:`.artifacts` for one model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .diagnostics_steps import (
+    KHAT_MAX_EXAMPLES,
+    KHAT_SAMPLES,
+    StepWriter,
+    export_step,
+    jsonable,
+    khat_step,
+    summary_and_reliability,
+    to_device,
+    write_report,
+    xy,
+)
+
+__all__ = [
+    "check_fits",
+    "diagnose_model_file",
+    "evaluate_model_file",
+    "evaluation_defaults",
+]
+
+
+def evaluation_defaults(model_file, data=None, num_samples=None, seed=None) -> dict:
+    """The data, draws and seed to evaluate a model file with: those given, else those of
+    the run that wrote it (the file's ``evaluation`` record), else digits, 30 draws and
+    seed 0.  Returns ``{"data", "num_samples", "seed", "data_settings", "recorded"}``
+    (``data_settings``: the run's split settings when ``data`` is the run's data set;
+    ``recorded``: the file's evaluation record, ``{}`` without one)."""
+    from ..io import read_model_header
+
+    try:
+        header = read_model_header(model_file)
+    except (OSError, ValueError):
+        header = {}  # the loader names the problem
+    recorded = header.get("evaluation") if isinstance(header.get("evaluation"), dict) else {}
+    run_data = recorded.get("data") if isinstance(recorded.get("data"), dict) else {}
+    name = data if data is not None else run_data.get("name", "digits")
+    same = run_data.get("name") == name
+    return {
+        "data": name,
+        "num_samples": int(
+            num_samples if num_samples is not None else recorded.get("num_samples", 30)
+        ),
+        "seed": int(seed if seed is not None else recorded.get("seed", 0)),
+        "data_settings": {k: v for k, v in run_data.items() if k != "name"} if same else {},
+        "recorded": recorded,
+    }
+
+
+def _load(model_file, data: str, root: str | None, device: str, data_settings=None):
+    """The saved model (a full or a compact file of any method) and the data split it is
+    evaluated on (``data_settings``: the run's split settings, e.g. ``test_fraction``)."""
+    from ..io import load_model
+    from ..models import MLP
+    from .builders import check_device, load_data
+    from .config import DataConfig
+
+    check_device(device)
+    model, guide = load_model(model_file, device=device)
+    settings = {
+        k: v
+        for k, v in (data_settings or {}).items()
+        if k in ("val_fraction", "test_fraction", "split_seed")
+    }
+    if root is None:
+        root = (data_settings or {}).get("root")
+    cfg = DataConfig(name=data, root=root, **settings)
+    split = load_data(cfg, image=not isinstance(model.net, MLP))
+    check_fits(model, split, model_file, device)
+    return model, guide, split
+
+
+def check_fits(model, split, model_file, device: str = "cpu") -> None:
+    """Check that the saved ``model`` can be evaluated on ``split``: its network takes
+    the split's inputs and has one output per class, and the labels are in range.
+
+    Raises:
+        ValueError: naming the model file, the data set and what does not fit (e.g. a
+            digits model on MNIST).
+    """
+    from .checks import check_split
+
+    where, name = str(model_file), split.name
+    first = next(
+        (getattr(split, n) for n in ("test", "val", "train") if len(getattr(split, n))), None
+    )
+    if first is None:
+        raise ValueError(f"data set {name!r} is empty")
+    x0 = first[0][0]
+    x0 = torch.as_tensor(x0).unsqueeze(0).to(device)
+    if x0.is_floating_point():  # the network's dtype (a float64 model takes float64 inputs)
+        x0 = x0.to(getattr(model, "dtype", x0.dtype))
+    net = model.net
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            out = net(x0)
+    except RuntimeError as e:
+        if isinstance(e, torch.OutOfMemoryError):
+            raise
+        raise ValueError(
+            f"{where!r} does not fit data set {name!r}: its network "
+            f"({type(net).__name__}) cannot take {name}'s inputs of shape "
+            f"{tuple(split.input_shape)} (was it trained on another data set?): "
+            f"{' '.join(str(e).split())}"
+        ) from e
+    finally:
+        net.train(was_training)
+    n_out = int(out.shape[-1])
+    if n_out != int(split.num_classes):
+        raise ValueError(
+            f"{where!r} does not fit data set {name!r}: its network has {n_out} outputs, "
+            f"{name} has {split.num_classes} classes"
+        )
+    check_split(split)
+
+
+def evaluate_model_file(
+    model_file,
+    data: str | None = None,
+    root: str | None = None,
+    split_name: str = "test",
+    num_samples: int | None = None,
+    seed: int | None = None,
+    device: str = "cpu",
+) -> dict:
+    """Accuracy, NLL, ECE and Brier of a saved model of any method, over ``num_samples``
+    posterior draws seeded with ``seed`` (:func:`~twodg_pyro.evaluation.evaluate`), run on
+    ``device`` in the dtype the model was saved in.
+
+    ``data``, ``num_samples`` and ``seed`` default to those of the run that wrote the file
+    (its ``evaluation`` record; else digits, 30, 0), and the run's split settings are
+    used for its data set: on the run's device the metrics are then those of the run's
+    results table.  The output says which draws and examples it used, and gives the
+    run's recorded metrics (``recorded_metrics``) when it used the same ones.
+    """
+    from ..evaluation import SAMPLE_CHUNK, evaluate
+
+    d = evaluation_defaults(model_file, data, num_samples, seed)
+    model, guide, split = _load(model_file, d["data"], root, device, d["data_settings"])
+    dataset = getattr(split, split_name)
+    if len(dataset) == 0:
+        raise ValueError(f"the {split_name} split of {d['data']!r} is empty")
+    tensors = xy(dataset)
+    eval_data = to_device(tensors, device) if isinstance(tensors, tuple) else _loader(dataset)
+    metrics = evaluate(model, guide, eval_data, d["num_samples"], d["seed"], device=device)
+    result = {
+        "model_file": str(model_file),
+        "method": d["recorded"].get("method") or _method_of(guide),
+        "data": d["data"],
+        "split": split_name,
+        "sample_chunk": SAMPLE_CHUNK,
+        **metrics,
+    }
+    rec = d["recorded"]
+    if (
+        rec.get("metrics")
+        and rec.get("seed") == result["seed"]
+        and rec.get("num_samples") == result["num_samples"]
+        and rec.get("n_examples") == result["n_examples"]
+        and rec.get("split", "test") == split_name
+        and (rec.get("data") or {}).get("name") == d["data"]
+    ):
+        result["recorded_metrics"] = rec["metrics"]
+    return result
+
+
+def _method_of(guide) -> str:
+    from ..diagnostics import method_of
+
+    return method_of(guide)
+
+
+def _loader(dataset):
+    return torch.utils.data.DataLoader(dataset, batch_size=512)
+
+
+def diagnose_model_file(
+    model_file,
+    out_dir,
+    data: str | None = None,
+    root: str | None = None,
+    num_samples: int | None = None,
+    khat_samples: int = KHAT_SAMPLES,
+    max_train_examples: int | None = KHAT_MAX_EXAMPLES,
+    seed: int | None = None,
+    device: str = "cpu",
+    max_eval_examples: int | None = KHAT_MAX_EXAMPLES,
+    max_site_values: int | None = None,
+    progress: bool = False,
+) -> dict:
+    """InferenceData, k-hat, PSIS-LOO, ``az.summary`` and figures of a saved model of any
+    method.
+
+    Writes into ``out_dir``: ``inference_data_<method>.nc``, ``diagnostics.json``
+    (``metrics`` and ``draws``: those of :func:`evaluate_model_file` with the same
+    arguments; ``loo``; ``vi``: the k-hat; ``inference_data``; files), ``posterior_summary.csv``,
+    ``reliability.png`` and, for a 2DG BNN, ``sharing_plane.png`` (the training history is
+    not in the model file, so there are no ELBO or merge figures).  ``data``,
+    ``num_samples`` and ``seed`` default to the run's (see :func:`evaluate_model_file`).
+    The k-hat uses ``khat_samples`` draws on a seeded subset of at most
+    ``max_train_examples`` training examples, the InferenceData and PSIS-LOO
+    ``num_samples`` draws on at most ``max_eval_examples`` test examples and at most
+    ``max_site_values`` values per site (default
+    :data:`~twodg_pyro.diagnostics.DEFAULT_MAX_SITE_VALUES`).  The model runs on
+    ``device`` in the dtype it was saved in.  Returns the ``diagnostics.json`` content.
+    """
+    from ..diagnostics import DEFAULT_MAX_SITE_VALUES, method_of, plot_sharing_plane
+    from ..evaluation import draws_record, seeded_predict
+    from ..metrics import classification_metrics
+
+    d = evaluation_defaults(model_file, data, num_samples, seed)
+    model, guide, split = _load(model_file, d["data"], root, device, d["data_settings"])
+    method = method_of(guide)
+    S, seed = d["num_samples"], d["seed"]
+    out = Path(out_dir)
+    writer = StepWriter(out, 7 + (method == "2dg"), progress=progress)
+    eval_data = to_device(xy(split.test), device)
+    pred = writer.step(
+        "evaluate", lambda: seeded_predict(model, guide, eval_data, S, seed, device=device)
+    )
+    draws = draws_record(S, seed, len(split.test), "test")
+    metrics = None if pred is None else classification_metrics(pred.mean, pred.targets)
+    report: dict = {
+        "model_file": str(model_file),
+        "method": method,
+        "data": d["data"],
+        "seed": int(seed),
+        "metrics": metrics,
+        "draws": draws,
+    }
+    idata, section = export_step(
+        writer,
+        method,
+        model,
+        guide,
+        eval_data,
+        S,
+        seed,
+        max_eval_examples,
+        DEFAULT_MAX_SITE_VALUES if max_site_values is None else max_site_values,
+        metrics,
+    )
+    report.update(section)
+    summary_and_reliability(writer, idata, pred, method, draws)
+    report["vi"] = khat_step(
+        writer,
+        model,
+        guide,
+        to_device(xy(split.train), device),
+        khat_samples,
+        seed,
+        max_train_examples,
+    )
+    if method == "2dg":
+        writer.step("sharing_plane", lambda: plot_sharing_plane(guide, out / "sharing_plane.png"))
+    writer.close()
+    writer.files["diagnostics"] = str(out / "diagnostics.json")
+    write_report(writer, report)
+    return jsonable(dict(report, files=dict(writer.files), errors=dict(writer.errors)))
