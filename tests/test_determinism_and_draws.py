@@ -73,6 +73,32 @@ def test_fast_stochastic_draw_has_the_guide_distribution(
     torch.testing.assert_close(fast[:, out].mean(0), s.outlier_loc, atol=0.02, rtol=0)
 
 
+@pytest.mark.parametrize("coordinates", ["sigma", "log_sigma"])
+@pytest.mark.parametrize("block", [None, 7 * 4])
+def test_stochastic_draw_gathers_per_block_as_the_per_weight_coefficients(
+    coordinates, block, monkeypatch
+):
+    """A ``(5, K')`` table with an index gives, under one seed, the very draws of the five
+    per-weight coefficient vectors it gathers to (blocks of 7 weights: a remainder too)."""
+    if block:
+        monkeypatch.setattr(stochastic_draw, "DRAW_BLOCK", block)
+    g = torch.Generator().manual_seed(0)
+    K, n, S = 6, 45, 4
+    m0, m1 = torch.randn(K, generator=g), torch.rand(K, generator=g) + 0.1
+    l00, l11 = torch.rand(K, generator=g) + 0.1, torch.rand(K, generator=g) + 0.1
+    l10 = torch.randn(K, generator=g) * 0.1
+    l00[-1] = l10[-1] = l11[-1] = 0.0  # an outlier: degenerate S = 0
+    table = torch.stack(stochastic_draw.stochastic_coefficients(m0, m1, l00, l10, l11))
+    index = torch.randint(K, (n,), generator=g, dtype=torch.int32)
+    per_weight = tuple(row.index_select(0, index) for row in table)
+    torch.manual_seed(5)
+    a = stochastic_draw.draw_stochastic_into(torch.empty(S, n), table, index, coordinates)
+    torch.manual_seed(5)
+    b = stochastic_draw.draw_stochastic_into(torch.empty(S, n), per_weight, None, coordinates)
+    assert torch.equal(a, b)
+    assert torch.isfinite(a).all() and a.std() > 0
+
+
 def test_mean_field_prediction_draws_match_training_draws():
     torch.manual_seed(0)
     model = BNNModel(MLP(8, (5,), 3), likelihood=Categorical(10))

@@ -229,22 +229,28 @@ class SharedGMMGuide(SharedMixture, BNNGuide):
             torch.cat([d[:, 1], zeros]),
         ]
         coef = stochastic_coefficients(*cols)  # m0, m1, sqrt(S11), b sqrt(S11), v
-        # 1-D gathers: their backward is a fast serial (deterministic) index_add
-        per = [c.index_select(0, self.nat_index) for c in coef]  # 5 x (n_w,)
         e_per = None
         if chosen is not None:
             c = chosen.reshape(-1)
             e_per = [col.index_select(0, c).view(chosen.shape) for col in coef]
-        if fast:
-            flat = self._draw_marginal_into(
-                torch.empty(S, n_w, dtype=per[0].dtype, device=per[0].device), *per
+        if fast:  # gathered per block inside the draw: no weight-sized coefficient vectors
+            flat = draw_stochastic_into(
+                torch.empty(S, n_w, dtype=coef[0].dtype, device=coef[0].device),
+                torch.stack(coef),
+                self.nat_index,
+                self.coordinates,
             )
             ell = None
             if chosen is not None:
-                ell = self._draw_marginal_into(
-                    torch.empty(chosen.shape, dtype=per[0].dtype, device=per[0].device), *e_per
+                ell = draw_stochastic_into(
+                    torch.empty(chosen.shape, dtype=coef[0].dtype, device=coef[0].device),
+                    e_per,
+                    None,
+                    self.coordinates,
                 )
             return flat, ell, None
+        # 1-D gathers: their backward is a fast serial (deterministic) index_add
+        per = [c.index_select(0, self.nat_index) for c in coef]  # 5 x (n_w,)
 
         def draw(p, shape):
             m0, m1_, a, ba, v = p
@@ -260,11 +266,6 @@ class SharedGMMGuide(SharedMixture, BNNGuide):
             ellipse = Conditional(cm_e, v_e, sig_e)
         # (c, v, sigma~) per weight, assembled only if a Monte Carlo KL asks for them
         return flat, ell, StochasticParts(Conditional(cond_mean, v.expand(S, n_w), sig), ellipse)
-
-    def _draw_marginal_into(self, out, m0, m1_, a, ba, v) -> torch.Tensor:
-        """The two-normal draw of :meth:`_draw_stochastic` into ``out``, without gradients
-        (:func:`~twodg_pyro.guides.stochastic_draw.draw_stochastic_into`)."""
-        return draw_stochastic_into(out, m0, m1_, a, ba, v, self.coordinates)
 
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         lead = flat.shape[:-1]

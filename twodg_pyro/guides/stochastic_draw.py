@@ -37,28 +37,44 @@ def stochastic_coefficients(m0, m1, l00, l10, l11):
 
 def draw_stochastic_into(
     out: torch.Tensor,
-    m0: torch.Tensor,
-    m1: torch.Tensor,
-    a: torch.Tensor,
-    ba: torch.Tensor,
-    v: torch.Tensor,
+    coefficients: torch.Tensor | tuple[torch.Tensor, ...],
+    index: torch.Tensor | None = None,
     coordinates: str = "sigma",
 ) -> torch.Tensor:
-    r"""The two-normal draw (module docstring) into ``out`` ``(S, n)``, without gradients;
-    the coefficients (:func:`stochastic_coefficients`, gathered per weight) are ``(n,)`` or
-    ``(S, n)``.
+    r"""The two-normal draw (module docstring) into ``out`` ``(S, n)``, without gradients.
 
-    Block by block of columns, so that the two normals of a block (drawn in one call) and
-    the intermediate :math:`v + \tilde\sigma^2` stay in the cache in a scratch buffer of
-    :data:`DRAW_BLOCK` elements, and ``out`` is the only weight-sized memory written.  The
-    law of each weight does not depend on the blocks; which normals of the random stream a
-    weight takes does."""
+    Args:
+        out: the draws, ``(S, n)``.
+        coefficients: :func:`stochastic_coefficients`' five ``(m0, m1, sqrt(S11),
+            b sqrt(S11), v)``: per component, a ``(5, K')`` table whose columns ``index``
+            picks for each weight; or, with ``index=None``, per weight, each ``(n,)`` or
+            ``(S, n)``.
+        index: ``(n,)`` column of the table for each weight (``None``: per-weight
+            coefficients).
+        coordinates: ``"sigma"`` or ``"log_sigma"`` (how :math:`\tilde\sigma` follows from
+            :math:`t`).
+
+    Block by block of columns, so that the block's coefficients (gathered from the table
+    per block, not into five weight-sized vectors), its two normals (drawn in one call)
+    and the intermediate :math:`v + \tilde\sigma^2` stay in the cache in scratch buffers
+    of about :data:`DRAW_BLOCK` elements, and ``out`` is the only weight-sized memory
+    written.  The law of each weight does not depend on the blocks; which normals of the
+    random stream a weight takes does (not whether its coefficients come gathered)."""
     S, n = out.shape
     cols = max(1, min(n, DRAW_BLOCK // max(1, S)))
     normals = out.new_empty(2, S, cols)  # u and eps of a block, drawn in one call
     var_full = out.new_empty(S, cols)
-    blocks = [t.split(cols, dim=-1) for t in (m0, m1, a, ba, v)]
-    for m0_b, m1_b, a_b, ba_b, v_b, out_b in zip(*blocks, out.split(cols, dim=-1), strict=True):
+    if index is None:
+        blocks = zip(*[t.split(cols, dim=-1) for t in coefficients], strict=True)
+    else:
+        gathered = out.new_empty(5, cols)
+        blocks = (
+            torch.index_select(
+                coefficients, 1, i, out=gathered.view(-1)[: 5 * i.numel()].view(5, -1)
+            ).unbind(0)
+            for i in index.split(cols)
+        )
+    for (m0_b, m1_b, a_b, ba_b, v_b), out_b in zip(blocks, out.split(cols, dim=-1), strict=True):
         w = out_b.shape[-1]
         z, var = normals, var_full
         if w < cols:  # the last, narrower block
