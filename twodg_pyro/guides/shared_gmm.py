@@ -352,6 +352,15 @@ class SharedGMMGuide(SharedMixture, BNNGuide):
             for s in self.sites
         }
 
+    def fast_draw(self, priors) -> dict[str, torch.Tensor] | None:
+        """The program's draw without the program (the fast training step): one draw of
+        all weights, kept for :meth:`site_kl`, split into the sites.  ``None`` for a
+        subclass with another program."""
+        if type(self).forward is not SharedGMMGuide.forward:
+            return None
+        self._last = last = self._draw(1)
+        return self._split(last.flat[0])
+
     def log_density(self, draw: SharedDraw | None = None) -> torch.Tensor:
         r"""Per-weight :math:`\log q(w_i \mid \cdot)` of the latest draw (or of ``draw``),
         ``(S, n_w)``: the guide density whose expectation minus :math:`\mathbb E \log

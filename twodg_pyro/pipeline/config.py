@@ -454,6 +454,10 @@ class RunConfig(_Section):
     progress: Annotated[bool, BOOLEAN] = True
     #: epochs between checkpoints of stages 1 and 3 (0: none)
     checkpoint_every: Annotated[int, at_least(0)] = 0
+    #: train the SVI stages with the fast step where it applies (the same loss and
+    #: gradients as tracing the Pyro programs, without the tracing:
+    #: :mod:`twodg_pyro.infer.fast_step`); false: always trace
+    fast_step: Annotated[bool, BOOLEAN] = True
     data: DataConfig = field(default_factory=DataConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)
