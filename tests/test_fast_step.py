@@ -2,6 +2,11 @@
 gradients without tracing, for the mean-field guide and every shared-GMM tying, in
 float32 and float64; the automatic fallback to tracing; the setting that turns it off."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pyro
 import pyro.poutine as poutine
 import pytest
@@ -20,6 +25,7 @@ from twodg_pyro.priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, P
 from twodg_pyro.sharing import SharingStructure, SiteLayout
 
 TYINGS = ["representative", "stochastic", "tied"]
+STAGE3 = [f"stage3_{t}" for t in TYINGS]
 PRIORS = {
     "normal": lambda net: NormalPrior(0.5),
     "layerwise": lambda net: LayerwiseNormalPrior(),
@@ -219,3 +225,26 @@ def test_the_setting_turns_the_fast_step_off_and_the_run_is_the_same(tmp_path):
         assert {k: a[k] for k in ("accuracy", "nll", "ece")} == {
             k: b[k] for k in ("accuracy", "nll", "ece")
         }
+
+
+@pytest.mark.slow
+def test_gpu_check_step_section_runs_its_imagenet_configurations_on_the_cpu(tmp_path):
+    """``gpu_check.py --sections steps --smoke``: ResNet-18 and ResNet-50 (the GPU
+    configurations' networks at a tiny size), every contender, its path and its ratios."""
+    script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"
+    cmd = [sys.executable, str(script), "--device", "cpu", "--sections", "steps", "--smoke"]
+    subprocess.run([*cmd, "--out", str(tmp_path)], check=True, capture_output=True, timeout=900)
+    payload = json.loads((tmp_path / "gpu_check_cpu.json").read_text())
+    steps = payload["sections"]["steps"]
+    assert payload["sections"]["steps"]["status"] == "ok"
+    for config in ("resnet18_224_b128_smoke", "resnet50_224_b64_smoke"):
+        results = steps[config]
+        for name in ("deterministic", "mean_field", "mean_field_traced", *STAGE3):
+            assert results[name]["step_ms_median"] > 0, (config, name, results[name])
+        assert results["mean_field"]["step_path"] == "fast"
+        assert results["mean_field_traced"]["step_path"] == "traced"
+        assert all(results[n]["step_path"] == "fast" for n in STAGE3)
+        ratios = results["ratios"]
+        assert set(ratios["to_mean_field"]) == set(STAGE3)
+        assert "mean_field_to_deterministic" in ratios["targets_met"]
+    assert "x mean-field" in (tmp_path / "gpu_check_cpu.md").read_text()
