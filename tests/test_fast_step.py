@@ -70,14 +70,14 @@ def _guide(kind, model):
     )
 
 
-def _step(kind, prior, dtype, fast, particles=1):
+def _step(kind, prior, dtype, fast, particles=1, fused=False):
     """Terms and guide gradients of one step on LeNet-5 (8x8 digits-sized inputs)."""
     torch.manual_seed(0)
     net = LeNet5(10, 1, 8).to(dtype)
     model = BNNModel(net, prior=PRIORS[prior](net), likelihood=Categorical(500))
     guide = _guide(kind, model)
     x, y = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
-    elbo = DecomposedELBO(num_particles=particles, beta=0.7, fast_step=fast)
+    elbo = DecomposedELBO(num_particles=particles, beta=0.7, fast_step=fast, fused_kl=fused)
     torch.manual_seed(1)
     terms = elbo.loss_terms(model, guide, x, y)
     elbo.combine(terms).backward()
@@ -111,6 +111,27 @@ def test_fast_step_is_the_traced_step_bit_for_bit_on_the_cpu(kind):
     _, t_traced, g_traced = _step(kind, "layerwise", torch.float32, fast=False)
     assert all(torch.equal(t_fast[k], t_traced[k]) for k in t_traced)
     assert all(torch.equal(g_fast[n], g_traced[n]) for n in g_traced)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", TYINGS)
+def test_fused_kl_is_the_traced_bound_to_float_rounding(kind, dtype):
+    """All sites' KL at once (one Normal prior per site): the same terms and gradients up
+    to rounding; a per-weight or non-Normal prior takes the site-by-site terms."""
+    tol = {"rtol": 2e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    for prior in ("normal", "layerwise", "pretrained", "laplace"):
+        if kind == "tied" and prior == "pretrained":
+            continue
+        _, t_fused, g_fused = _step(kind, prior, dtype, fast=True, fused=True)
+        _, t_traced, g_traced = _step(kind, prior, dtype, fast=False)
+        assert list(t_fused) == list(t_traced)
+        site_by_site = prior in ("pretrained", "laplace")
+        for k in t_traced:
+            if site_by_site:
+                assert torch.equal(t_fused[k], t_traced[k]), (prior, k)
+            torch.testing.assert_close(t_fused[k], t_traced[k], **tol)
+        for n in g_traced:
+            torch.testing.assert_close(g_fused[n], g_traced[n], **tol)
 
 
 @pytest.mark.parametrize("kind", ["mean_field", "stochastic"])

@@ -222,11 +222,16 @@ class BNNGuide(PyroParamsMixin, nn.Module):
         return None
 
     def fast_kl(
-        self, priors: Mapping[str, dist.Distribution], values: Mapping[str, torch.Tensor]
+        self,
+        priors: Mapping[str, dist.Distribution],
+        values: Mapping[str, torch.Tensor],
+        fused: bool = False,
     ) -> dict[str, torch.Tensor]:
         """The KL terms of the latest :meth:`fast_draw` (``values``), summed over the
-        sites in site order as :class:`~twodg_pyro.infer.DecomposedELBO` sums them:
-        :meth:`kl_terms` here."""
+        sites in site order as :class:`~twodg_pyro.infer.DecomposedELBO` sums them
+        (:meth:`kl_terms` here).  ``fused``: a guide may instead sum them over all sites
+        at once, the same terms up to float rounding (the shared-GMM guide,
+        :mod:`~twodg_pyro.guides.fast_shared`); ignored here."""
         return self.kl_terms(priors, values)
 
     # ------------------------------------------------------------------ densities

@@ -57,6 +57,7 @@ from ..guide import GuideSample, MarginalDensity
 from ..sharing.structure import SharingStructure
 from .assignment import SiteIndex, WeightKinds, assignment_tables
 from .base import BNNGuide, GuideDraw, particle_batch_shape
+from .fast_shared import SharedGMMFastStep
 from .marginal_density import shared_mixture_log_q
 from .mean_field import inverse_softplus
 from .shared_mixture import SharedMixture
@@ -108,7 +109,7 @@ def _stochastic_coefficients(m0, m1, l00, l10, l11):
     return m0, m1, a, l00 * l10 * inv * a, (l00 * l11).square() * inv
 
 
-class SharedGMMGuide(SharedMixture, BNNGuide):
+class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
     """Stage-3 guide: inliers drawn from the shared mixture, outliers from their own Normals.
 
     Args:
@@ -351,15 +352,6 @@ class SharedGMMGuide(SharedMixture, BNNGuide):
             )
             for s in self.sites
         }
-
-    def fast_draw(self, priors) -> dict[str, torch.Tensor] | None:
-        """The program's draw without the program (the fast training step): one draw of
-        all weights, kept for :meth:`site_kl`, split into the sites.  ``None`` for a
-        subclass with another program."""
-        if type(self).forward is not SharedGMMGuide.forward:
-            return None
-        self._last = last = self._draw(1)
-        return self._split(last.flat[0])
 
     def log_density(self, draw: SharedDraw | None = None) -> torch.Tensor:
         r"""Per-weight :math:`\log q(w_i \mid \cdot)` of the latest draw (or of ``draw``),

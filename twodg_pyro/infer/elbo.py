@@ -81,18 +81,29 @@ class DecomposedELBO(ELBO):
         fast_step: let :meth:`loss_terms` compute the terms without tracing the
             programs where it can (:mod:`~twodg_pyro.infer.fast_step`); ``False``:
             always trace.
+        fused_kl: in the fast step, let the guide sum its KL terms over all sites at
+            once (the shared-GMM guide with one Normal prior per site): the same terms
+            up to float rounding, not bit for bit; ``False`` (default): summed site by
+            site as the traced step sums them.
 
     Attributes:
         step_path: how the latest :meth:`loss_terms` ran: ``"fast"`` or ``"traced"``.
         fallback_reason: why it was traced (``None`` when fast, or ``fast_step=False``).
     """
 
-    def __init__(self, num_particles: int = 1, beta: float = 1.0, fast_step: bool = True):
+    def __init__(
+        self,
+        num_particles: int = 1,
+        beta: float = 1.0,
+        fast_step: bool = True,
+        fused_kl: bool = False,
+    ):
         if int(num_particles) < 1:
             raise ValueError(f"num_particles must be at least 1, got {num_particles!r}")
         super().__init__(num_particles=int(num_particles))
         self.beta = float(beta)
         self.fast_step = bool(fast_step)
+        self.fused_kl = bool(fused_kl)
         self.last_terms: dict[str, float] = {}
         self.step_path: str | None = None
         self.fallback_reason: str | None = None
@@ -166,7 +177,7 @@ class DecomposedELBO(ELBO):
         priors = site_priors(model)
         total: dict[str, torch.Tensor] = {}
         for _ in range(self.num_particles):
-            terms = fast_particle_terms(model, guide, *args, priors)
+            terms = fast_particle_terms(model, guide, *args, priors, self.fused_kl)
             if terms is None:
                 self.fallback_reason = (
                     f"{type(guide).__name__} has no fast draw for these priors "

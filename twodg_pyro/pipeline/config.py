@@ -458,6 +458,11 @@ class RunConfig(_Section):
     #: gradients as tracing the Pyro programs, without the tracing:
     #: :mod:`twodg_pyro.infer.fast_step`); false: always trace
     fast_step: Annotated[bool, BOOLEAN] = True
+    #: in the fast step, sum the shared-GMM guide's KL over all sites at once where each
+    #: site's prior is one Normal (:mod:`twodg_pyro.guides.fast_shared`): the same bound
+    #: up to float rounding, less work per step; false: site by site, bit for bit the
+    #: traced step
+    fused_kl: Annotated[bool, BOOLEAN] = False
     data: DataConfig = field(default_factory=DataConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)
