@@ -135,6 +135,8 @@ def main() -> None:
         "the traced step).",
         "`_traced`: `DecomposedELBO(fast_step=False)`, Pyro tracing and replaying both",
         "programs at every step; the fast step computes the same loss and gradients.",
+        "Times from one process on a 2-core machine shared with other jobs: read the ratios,",
+        "which move by about 0.1 between runs.",
         "Command: `python benchmarks/bench_step_overhead.py`",
     ]
     record("bench_step_overhead", payload, "\n".join(lines) + "\n")
