@@ -154,7 +154,7 @@ def build_sharing(
             means,
             covs,
             counts,
-            tau_w=cfg.tau_d,
+            tau_d=cfg.tau_d,
             rule=cfg.merge_rule,
             grads=grads_k,
             tau_g=cfg.tau_g,
