@@ -154,19 +154,19 @@ def part_c() -> dict:
     out["k_before"] = int(means.shape[0])
     w2_nn = []
     runs = []
-    for tau_w, tau_v, label in (
+    for tau_d, tau_v, label in (
         (math.sqrt(1.5e-7), 1e-3, "public-code threshold: W2^2 < 1.5e-7, tr S < 1e-3"),
         (1e-3, math.inf, "W2 < 1e-3"),
         (1e-2, math.inf, "paper Table 14: W2 < 1e-2"),
     ):
         for rule in ("paper", "moment"):
             t0 = time.perf_counter()
-            r = merge_components(means, covs, counts, tau_w=tau_w, tau_v=tau_v, rule=rule)
+            r = merge_components(means, covs, counts, tau_d=tau_d, tau_v=tau_v, rule=rule)
             sec = time.perf_counter() - t0
-            again = merge_components(r.means, r.covs, r.counts, tau_w=tau_w, tau_v=tau_v, rule=rule)
+            again = merge_components(r.means, r.covs, r.counts, tau_d=tau_d, tau_v=tau_v, rule=rule)
             runs.append(
                 {
-                    "tau_w": tau_w,
+                    "tau_d": tau_d,
                     "tau_v": tau_v,
                     "label": label,
                     "rule": rule,

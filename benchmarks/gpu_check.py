@@ -28,12 +28,19 @@ and reported as ``ok`` or with its error (a failing section does not stop the ot
 ``steps``
     median step time and peak memory of one training step: the deterministic network
     (cross-entropy, Adam) beside the mean-field SVI step and the stage-3 step in each
-    tying (synthetic sharing structure: K = 64, 1% outliers, 0.5% ellipse weights), for
+    tying (``fit``'s step, with the fast step of :mod:`twodg_pyro.infer.fast_step`;
+    synthetic sharing structure: K = 64, 1% outliers, 0.5% ellipse weights), and the
+    mean-field step traced by Pyro (``mean_field_traced``, ``fast_step=False``), for
     ResNet-18 on 3x32x32 at batch 32 (10 classes), and on CUDA ResNet-18 at batch 128
-    and ResNet-50 at batch 64 on 3x224x224 (1000 classes).  Memory: CUDA
-    ``max_memory_allocated`` above what was held before the step; on the CPU the peak
-    resident set size (``VmHWM``) above the RSS before the step, one process per
-    contender.
+    and ResNet-50 at batch 64 on 3x224x224 (1000 classes), with each step's ratio to
+    the deterministic and to the mean-field step and the targets of issue 16 (mean-field
+    <= 2x deterministic, each stage-3 tying <= 1.1x mean-field in time, and at most the
+    mean-field step's peak memory).  Memory: CUDA ``max_memory_allocated`` above what was
+    held before the step; on the CPU the peak resident set size (``VmHWM``) above the RSS
+    before the step, one process per contender.  ``--smoke`` runs the two ImageNet-size
+    configurations with the same networks and contenders at a tiny size (3x32x32, batch
+    2, 10 classes, one timed step, one process per configuration): the section's code on
+    the CPU in about a minute, not a measurement.
 
 Run on a GPU machine (see ``../shared/device/``: ``prepare.sh`` here, then on the
 machine ``bash .whl/on-device.sh python3 benchmarks/gpu_check.py --device cuda --out
@@ -69,13 +76,19 @@ CONTENDERS = (
     "stage3_representative",
     "stage3_stochastic",
     "stage3_tied",
+    "mean_field_traced",
 )
+#: issue 16's targets for the ImageNet-size steps on a GPU
+STEP_TARGETS = {"mean_field_to_deterministic": 2.0, "stage3_to_mean_field": 1.1}
 #: step configurations: network, classes, input side, batch
 STEP_CONFIGS = {
     "resnet18_32_b32": ("resnet18", 10, 32, 32),
     "resnet18_224_b128": ("resnet18", 1000, 224, 128),
     "resnet50_224_b64": ("resnet50", 1000, 224, 64),
     "mlp_b32": ("mlp", 10, 28, 32),  # --quick: MLP 784-400-400-10
+    # --smoke: the ImageNet-size configurations' networks at a tiny size
+    "resnet18_224_b128_smoke": ("resnet18", 10, 32, 2),
+    "resnet50_224_b64_smoke": ("resnet50", 10, 32, 2),
 }
 N_DATA = 50000
 METHODS = ["deterministic", "mean_field", "2dg", "rank1", "ssvi"]
@@ -163,12 +176,14 @@ def build_step(config: str, name: str, device: str):
 
         return step, {"trainable": sum(p.numel() for p in net.parameters())}
     model = BNNModel(net, likelihood=Categorical(N_DATA))
+    traced = name.endswith("_traced")
+    name = name.removesuffix("_traced")
     if name == "mean_field":
         guide = MeanFieldGuide(model)
     else:
         guide = SharedGMMGuide(model, make_structure(model), name.split("_", 1)[1])
     opt = build_optimizer(model, guide, 1e-3)
-    elbo = DecomposedELBO()
+    elbo = DecomposedELBO(fast_step=not traced)
     model.train()
 
     def step():
@@ -177,7 +192,12 @@ def build_step(config: str, name: str, device: str):
         opt.step()
 
     info = {"n_weights": model.num_weights, "trainable": guide.num_trainable()}
-    return step, info
+
+    def first_step():  # records which path the step took
+        step()
+        info["step_path"] = elbo.step_path
+
+    return first_step, info
 
 
 def measure_one(config: str, name: str, device: str, steps: int) -> dict:
@@ -229,6 +249,7 @@ def measure_one(config: str, name: str, device: str, steps: int) -> dict:
     times.sort()
     out["step_ms_median"] = times[len(times) // 2] * 1e3
     out["steps_timed"] = steps
+    out.update(info)  # with the path the step took (fast or traced)
     return out
 
 
@@ -247,10 +268,13 @@ def _one_process(config: str, names: list[str], device: str, steps: int) -> dict
     return results
 
 
-def measure_config(config: str, device: str, steps: int, timeout_s: float) -> dict:
-    """Every contender of ``config``: in one fresh process on CUDA, one process each on
-    the CPU (a fresh resident set per contender)."""
-    groups = [list(CONTENDERS)] if device.startswith("cuda") else [[n] for n in CONTENDERS]
+def measure_config(
+    config: str, device: str, steps: int, timeout_s: float, one_process: bool = False
+) -> dict:
+    """Every contender of ``config``: in one fresh process on CUDA (or ``one_process``),
+    one process each on the CPU (a fresh resident set per contender)."""
+    together = one_process or device.startswith("cuda")
+    groups = [list(CONTENDERS)] if together else [[n] for n in CONTENDERS]
     results: dict = {}
     for names in groups:
         cmd = [sys.executable, __file__, "--one", f"{config}:{','.join(names)}"]
@@ -269,6 +293,40 @@ def measure_config(config: str, device: str, steps: int, timeout_s: float) -> di
     for name, r in results.items():
         print(config, name, r, flush=True)
     return results
+
+
+def step_ratios(results: dict) -> dict:
+    """Each contender's step time over the deterministic and the mean-field step's, its
+    peak memory over the mean-field step's, and issue 16's targets (:data:`STEP_TARGETS`)
+    met or not (``None`` where a time is missing)."""
+
+    def get(name, key):
+        r = results.get(name) or {}
+        return r.get(key) if "error" not in r else None
+
+    det, mf = get("deterministic", "step_ms_median"), get("mean_field", "step_ms_median")
+    mf_peak = get("mean_field", "later_step_peak_mb")
+    out: dict = {"to_deterministic": {}, "to_mean_field": {}, "peak_to_mean_field": {}}
+    for name in results:
+        ms, peak = get(name, "step_ms_median"), get(name, "later_step_peak_mb")
+        if ms is not None and det:
+            out["to_deterministic"][name] = ms / det
+        if ms is not None and mf and name.startswith("stage3"):
+            out["to_mean_field"][name] = ms / mf
+        if peak is not None and mf_peak and name.startswith("stage3"):
+            out["peak_to_mean_field"][name] = peak / mf_peak
+    mf_ratio = out["to_deterministic"].get("mean_field")
+    out["targets_met"] = {
+        "mean_field_to_deterministic": None
+        if mf_ratio is None
+        else mf_ratio <= STEP_TARGETS["mean_field_to_deterministic"],
+        **{
+            f"{k}_time": v <= STEP_TARGETS["stage3_to_mean_field"]
+            for k, v in out["to_mean_field"].items()
+        },
+        **{f"{k}_memory": v <= 1.0 for k, v in out["peak_to_mean_field"].items()},
+    }
+    return out
 
 
 # ---------------------------------------------------------------------- sections
@@ -503,22 +561,25 @@ def section_recipe(device: str, work: Path, mnist_root: str) -> dict:
     return {"table": (work / "recipe" / "mnist_subset_resnet20_full.md").read_text(), **payload}
 
 
-def section_steps(device: str, quick: bool, deadline: float) -> dict:
+def section_steps(device: str, quick: bool, deadline: float, smoke: bool = False) -> dict:
     cuda = device.startswith("cuda")
-    if quick:
+    if smoke:
+        configs = ["resnet18_224_b128_smoke", "resnet50_224_b64_smoke"]
+    elif quick:
         configs = ["mlp_b32"]
     elif cuda:
         configs = ["resnet18_32_b32", "resnet18_224_b128", "resnet50_224_b64"]
     else:
         configs = ["resnet18_32_b32"]
-    steps = 10 if cuda else (2 if quick else 3)
+    steps = 1 if smoke else (10 if cuda else (2 if quick else 3))
     out: dict = {}
     for config in configs:
         left = deadline - time.perf_counter()
         if left < 30:
             out[config] = {"skipped": "time budget spent"}
             continue
-        out[config] = measure_config(config, device, steps, timeout_s=max(left, 30))
+        results = measure_config(config, device, steps, max(left, 30), one_process=smoke)
+        out[config] = {**results, "ratios": step_ratios(results)}
     return out
 
 
@@ -542,25 +603,34 @@ def _markdown(payload: dict) -> str:
             lines.append(f"skipped: {results['skipped']}")
             continue
         lines += [
-            "| contender | step ms (median) | x deterministic | first-step peak MB |"
+            "| contender | step ms (median) | x deterministic | x mean-field | first-step peak MB |"
             " later-step peak MB | held before the steps MB | trainable |",
-            "|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|",
         ]
-        det = (results.get("deterministic") or {}).get("step_ms_median")
+        ratios = results.get("ratios") or step_ratios(results)
         for name, r in results.items():
+            if name == "ratios":
+                continue
             if "error" in r:
-                lines.append(f"| {name} | error: {r['error'][-120:]!r} | - | - | - | - | - |")
+                lines.append(f"| {name} | error: {r['error'][-120:]!r} | - | - | - | - | - | - |")
                 continue
 
             def mb(v):
                 return "-" if v is None else f"{v:.0f}"
 
-            ratio = f"{r['step_ms_median'] / det:.2f}" if det else "-"
+            def x(v):
+                return "-" if v is None else f"{v:.2f}"
+
             lines.append(
-                f"| {name} | {r['step_ms_median']:.1f} | {ratio} | {mb(r['first_step_peak_mb'])}"
+                f"| {name} | {r['step_ms_median']:.1f} | "
+                f"{x(ratios['to_deterministic'].get(name))} | "
+                f"{x(ratios['to_mean_field'].get(name))} | {mb(r['first_step_peak_mb'])}"
                 f" | {mb(r['later_step_peak_mb'])} | {mb(r['held_before_steps_mb'])} |"
                 f" {r['trainable']:,} |"
             )
+        met = ratios.get("targets_met") or {}
+        if met:
+            lines += ["", "targets met: " + ", ".join(f"{k} {v}" for k, v in met.items())]
     recipe = payload["sections"].get("recipe", {})
     if "table" in recipe:  # issue 13's full-recipe table, as mnist_subset.py writes it
         lines += ["", recipe["table"].strip()]
@@ -587,6 +657,11 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="folder for gpu_check_<device>.{json,md}")
     ap.add_argument("--quick", action="store_true", help="small sizes (an MLP for the steps)")
     ap.add_argument("--record", action="store_true", help="also write benchmarks/results/")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="steps: the ImageNet-size configurations at a tiny size (the code, not a timing)",
+    )
     ap.add_argument("--budget-s", type=float, default=400.0, help="skip sections after this")
     ap.add_argument(
         "--sections",
@@ -616,6 +691,7 @@ def main() -> None:
     payload: dict = {
         "device": args.device,
         "quick": args.quick,
+        "smoke": args.smoke,
         "command": "python benchmarks/gpu_check.py " + " ".join(sys.argv[1:]),
         "sections": {},
     }
@@ -633,7 +709,7 @@ def main() -> None:
             "resume": lambda: section_resume(args.device, work),
             "evaluate": lambda: section_evaluate(args.device, work),
             "ddp": lambda: section_ddp(args.device, work),
-            "steps": lambda: section_steps(args.device, args.quick, deadline),
+            "steps": lambda: section_steps(args.device, args.quick, deadline, args.smoke),
             "recipe": lambda: section_recipe(args.device, work, args.mnist_root),
         }
         for name in args.sections:
@@ -646,7 +722,7 @@ def main() -> None:
         full = {"machine": machine(), **payload}
         (out / f"gpu_check_{tag}.json").write_text(json.dumps(full, indent=2, default=str))
         (out / f"gpu_check_{tag}.md").write_text(markdown)
-    if cuda or args.record:
+    if (cuda and not args.smoke) or args.record:
         record(f"gpu_check_{tag}", payload, markdown)
     else:
         print(markdown)

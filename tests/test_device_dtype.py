@@ -374,4 +374,6 @@ def test_gpu_check_script_runs_on_the_cpu_device(tmp_path):
         "stage3_representative",
         "stage3_stochastic",
         "stage3_tied",
+        "mean_field_traced",
+        "ratios",
     }

@@ -40,6 +40,11 @@ files and diagnostics call -- without probing the guide for what it has.
   :meth:`num_trainable`, :meth:`component_parameters` (the tensors with one row per
   mixture component, whose optimiser state a merge remaps), :meth:`site_parameters`
   (the variational parameters at a site's shape, for export).
+* **Fast step** (:meth:`fast_draw`, :meth:`fast_kl`; optional): the training step of
+  :class:`~twodg_pyro.infer.DecomposedELBO` without tracing the program
+  (:mod:`twodg_pyro.infer.fast_step`): one draw of every site with the program's random
+  numbers and arithmetic, and the KL terms as the traced ELBO sums them.  A guide
+  without it (``fast_draw`` returns ``None``) is traced.
 * **Sharing structure**, where it applies (:meth:`structure`, :meth:`load_structure`,
   :attr:`tying`): the 2DG guide's :class:`~twodg_pyro.sharing.SharingStructure`;
   ``None`` for the others.
@@ -203,6 +208,31 @@ class BNNGuide(PyroParamsMixin, nn.Module):
             for key, v in self.site_kl(site.name, priors[site.name], values[site.name]).items():
                 total[key] = total[key] + v if key in total else v
         return total
+
+    # ------------------------------------------------------------------ fast step
+    def fast_draw(self, priors: Mapping[str, dist.Distribution]) -> dict[str, torch.Tensor] | None:
+        """One differentiable draw of every site for the fast training step
+        (:mod:`twodg_pyro.infer.fast_step`): the values the guide's program would sample,
+        from the same random numbers by the same arithmetic, so that the step computes
+        the traced ELBO's loss and gradients.  ``priors``: each site's prior (one event).
+
+        Returns ``None`` (here) when the guide has no such draw, or none for these
+        priors; the step then traces the program.  It must return ``None`` before
+        drawing anything."""
+        return None
+
+    def fast_kl(
+        self,
+        priors: Mapping[str, dist.Distribution],
+        values: Mapping[str, torch.Tensor],
+        fused: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """The KL terms of the latest :meth:`fast_draw` (``values``), summed over the
+        sites in site order as :class:`~twodg_pyro.infer.DecomposedELBO` sums them
+        (:meth:`kl_terms` here).  ``fused``: a guide may instead sum them over all sites
+        at once, the same terms up to float rounding (the shared-GMM guide,
+        :mod:`~twodg_pyro.guides.fast_shared`); ignored here."""
+        return self.kl_terms(priors, values)
 
     # ------------------------------------------------------------------ densities
     @abstractmethod

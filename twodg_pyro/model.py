@@ -151,6 +151,23 @@ class BNNModel(PyroParamsMixin, nn.Module):
         x = match_input(x, self.site_parameter(0))
         return functional_call(self.net, dict(weights), (x,), strict=False)
 
+    def run_network(self, weights: Mapping[str, torch.Tensor], x: torch.Tensor):
+        """:meth:`network_forward` of one draw (site-shaped ``weights``), as the program
+        runs it.
+
+        Raises:
+            ValueError: ``x`` does not fit the network (its shape and the torch error).
+        """
+        try:
+            return self.network_forward(weights, x)
+        except RuntimeError as e:
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
+            raise ValueError(
+                f"input of shape {tuple(x.shape)} does not fit the network "
+                f"{type(self.net).__name__}: {e}"
+            ) from e
+
     def pyro_parameters(self):
         """The network's point-estimated parameters as ``("net.<name>", parameter)``: what
         the program declares to Pyro (e.g. BatchNorm's affine parameters)."""
@@ -236,15 +253,7 @@ class BNNModel(PyroParamsMixin, nn.Module):
             n_lead = len(lead)
         else:
             n_lead = 0
-            try:
-                output = self.network_forward(weights, x)
-            except RuntimeError as e:
-                if isinstance(e, torch.OutOfMemoryError):
-                    raise
-                raise ValueError(
-                    f"input of shape {tuple(x.shape)} does not fit the network "
-                    f"{type(self.net).__name__}: {e}"
-                ) from e
+            output = self.run_network(weights, x)
         if local:  # the fast path: no bookkeeping site
             self.likelihood(output, y)
         else:

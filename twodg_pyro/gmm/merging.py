@@ -2,7 +2,7 @@
 
 Two components ``a`` and ``b`` *qualify* for merging when
 
-* ``W2(a, b) < tau_w`` (the 2-Wasserstein distance, not its square; see
+* ``W2(a, b) < tau_d`` (the 2-Wasserstein distance, not its square; see
   :mod:`.wasserstein`), **and**
 * the gradient test passes (skipped when ``grads`` is None): with ``test="both"``
   (default) ``|g_a| < tau_g`` and ``|g_b| < tau_g``; with ``test="difference"``
@@ -149,7 +149,7 @@ def _check_vector(name: str, t: Tensor, shape: tuple[int, ...]) -> None:
 class _State:
     """Mutable merge state in float64 over the original ``K0`` slots."""
 
-    def __init__(self, means, covs, counts, grads, variances, tau_w, tau_g, tau_v, test, rule):
+    def __init__(self, means, covs, counts, grads, variances, tau_d, tau_g, tau_v, test, rule):
         f64 = torch.float64
         self.means = means.to(f64).clone()
         self.covs = covs.to(f64).clone()
@@ -157,7 +157,7 @@ class _State:
         self.grads = None if grads is None else grads.to(f64).clone()
         self.var = trace2x2(self.covs) if variances is None else variances.to(f64).clone()
         self.active = torch.ones(means.shape[0], dtype=torch.bool, device=means.device)
-        self.tau_w2 = tau_w * tau_w
+        self.tau_d2 = tau_d * tau_d
         self.tau_g, self.tau_v, self.test, self.rule = tau_g, tau_v, test, rule
 
     def eligible(self) -> Tensor:
@@ -173,7 +173,7 @@ class _State:
         """Qualifying edges from ``rows`` to all slots: ``(row_slot, col_slot, W2^2)``.
 
         Since ``W2^2 >= (x_a - x_b)^2`` for the first mean coordinate, only columns
-        within ``tau_w`` of a row in that coordinate can qualify: rows are processed in
+        within ``tau_d`` of a row in that coordinate can qualify: rows are processed in
         order of ``x`` and each chunk is compared with the contiguous window of slots
         (sorted by ``x``) that its rows can reach. The result is exact.
         """
@@ -187,7 +187,7 @@ class _State:
         corder = torch.argsort(cx)
         cols, cx = cols[corder], cx[corder]
         rows = rows[torch.argsort(self.means[rows, 0])]
-        tau = math.sqrt(self.tau_w2)
+        tau = math.sqrt(self.tau_d2)
         srcs, dsts, ds = [], [], []
         for s in range(0, int(rows.shape[0]), chunk_size):
             r = rows[s : s + chunk_size]
@@ -203,7 +203,7 @@ class _State:
             d2 = pairwise_w2_squared(
                 self.means[r], self.covs[r], self.means[c], self.covs[c], validate=False
             )
-            ok = (d2 < self.tau_w2) & (r[:, None] != c[None, :])
+            ok = (d2 < self.tau_d2) & (r[:, None] != c[None, :])
             if self.test == "difference":
                 if self.grads is not None:
                     gd = (self.grads[r][:, None, :] - self.grads[c][None, :, :]).norm(dim=-1)
@@ -239,7 +239,7 @@ def merge_components(
     covs: Tensor,
     counts: Tensor,
     *,
-    tau_w: float,
+    tau_d: float,
     rule: str = "paper",
     grads: Tensor | None = None,
     tau_g: float = math.inf,
@@ -255,7 +255,7 @@ def merge_components(
     Args:
         means: ``(K, 2)`` component means; covs: ``(K, 2, 2)`` SPD covariances;
             counts: ``(K,)`` non-negative sizes (weights for ``rule="moment"``).
-        tau_w: threshold on the 2-Wasserstein distance ``W2`` (``>= 0``; ``inf`` disables).
+        tau_d: threshold on the 2-Wasserstein distance ``W2`` (``>= 0``; ``inf`` disables).
         rule: ``"paper"`` (:func:`merge_paper`) or ``"moment"`` (:func:`merge_moment`).
         grads: ``(K, 2)`` centre-gradient vectors, or None to skip the gradient test.
             A merged component's gradient is ``g_a + g_b``.
@@ -287,7 +287,7 @@ def merge_components(
     if bool((counts < 0).any()):
         i = int(torch.nonzero(counts < 0)[0, 0])
         raise ValueError(f"counts[{i}] is negative: {float(counts[i])}")
-    tau_w = _check_threshold("tau_w", tau_w)
+    tau_d = _check_threshold("tau_d", tau_d)
     tau_g = _check_threshold("tau_g", tau_g)
     tau_v = _check_threshold("tau_v", tau_v)
     if rule not in MERGE_RULES:
@@ -307,7 +307,7 @@ def merge_components(
         raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
 
     dev = means.device
-    st = _State(means, covs, counts, grads, variances, tau_w, tau_g, tau_v, test, rule)
+    st = _State(means, covs, counts, grads, variances, tau_d, tau_g, tau_v, test, rule)
     slot_of = torch.arange(k0, device=dev)
     src, dst, d2 = st.qualify(torch.arange(k0, device=dev), chunk_size)
     keep = src < dst

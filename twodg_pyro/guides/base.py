@@ -92,6 +92,18 @@ def _kl_guide_draw(p, q):
     raise NotImplementedError
 
 
+def _normal_base(prior, event_dim: int):
+    """``(loc, scale)`` of a prior that is a Normal over the site's ``event_dim`` rightmost
+    dimensions (``Normal(...).to_event(event_dim)``), else ``None``."""
+    if event_dim:
+        if type(prior) is not dist.Independent or prior.reinterpreted_batch_ndims != event_dim:
+            return None
+        prior = prior.base_dist
+    if type(prior) is not dist.Normal:
+        return None
+    return prior.loc, prior.scale
+
+
 def particle_batch_shape() -> tuple[int, ...]:
     """The batch shape of a guide's draw: that of the enclosing vectorised plates
     (:func:`~twodg_pyro.pyro_params.plate_batch_shape`), ``()`` on the library's fast path."""
@@ -145,6 +157,45 @@ class DiagonalNormalGuide(BNNGuide):
         return {
             site.name: pyro.sample(site.name, self.site_distribution(site)) for site in self.sites
         }
+
+    # ------------------------------------------------------------------ fast step
+    def fast_draw(self, priors) -> dict[str, torch.Tensor] | None:
+        r""":math:`w_s = \mu_s + \epsilon_s \sigma_s` per site, as the program's
+        ``Normal.rsample`` draws it (same noise, same two roundings); ``None`` for a
+        subclass with another program or a prior whose base is not a Normal (its KL is
+        then no closed form here).  Keeps :math:`(\mu_s, \sigma_s)` for :meth:`fast_kl`."""
+        if type(self).forward is not DiagonalNormalGuide.forward:
+            return None
+        normals = [_normal_base(priors[s.name], len(s.shape)) for s in self.sites]
+        if any(n is None for n in normals):
+            return None
+        out, kept = {}, []
+        for site, prior in zip(self.sites, normals, strict=True):
+            loc, scale = self.loc(site.name), self.scale(site.name)
+            eps = torch.empty(loc.shape, dtype=loc.dtype, device=loc.device).normal_()
+            out[site.name] = loc + eps * scale
+            kept.append((loc, scale, prior))
+        self._fast = kept
+        return out
+
+    def fast_kl(self, priors, values, fused: bool = False) -> dict[str, torch.Tensor]:
+        r""":math:`\sum_s \sum_i \mathrm{KL}(\mathcal N(\mu_{s,i}, \sigma_{s,i}^2) \|
+        \mathcal N(m_{s,i}, s_{s,i}^2))` in closed form, with the arithmetic of
+        ``torch.distributions``' Normal-Normal KL and the sums of the traced ELBO:
+
+        .. math::
+            \tfrac12\big(r + (\mu - m)^2/s^2 - 1 - \log r\big), \qquad
+            r = (\sigma / s)^2.
+
+        (``fused`` changes nothing here: the terms are elementwise already.)"""
+        total = None
+        for loc, scale, (p_loc, p_scale) in self._fast:
+            var_ratio = (scale / p_scale).pow(2)
+            t1 = ((loc - p_loc) / p_scale).pow(2)
+            kl = (0.5 * (var_ratio + t1 - 1 - var_ratio.log())).sum()
+            total = kl if total is None else total + kl
+        self._fast = None
+        return {"kl": total}
 
     def draw(self, num_samples: int | None = None) -> GuideSample:
         r""":math:`\mu + \sigma \epsilon` per site: shape ``site.shape`` or

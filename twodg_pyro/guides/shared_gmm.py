@@ -57,6 +57,7 @@ from ..guide import GuideSample, MarginalDensity
 from ..sharing.structure import SharingStructure
 from .assignment import SiteIndex, WeightKinds, assignment_tables
 from .base import BNNGuide, GuideDraw, particle_batch_shape
+from .fast_shared import SharedGMMFastStep
 from .marginal_density import shared_mixture_log_q
 from .mean_field import inverse_softplus
 from .shared_mixture import SharedMixture
@@ -97,7 +98,7 @@ def scalar_prior(fn: dist.Distribution) -> dist.Distribution | None:
         return None
 
 
-class SharedGMMGuide(SharedMixture, BNNGuide):
+class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
     """Stage-3 guide: inliers drawn from the shared mixture, outliers from their own Normals.
 
     Args:

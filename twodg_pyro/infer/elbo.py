@@ -28,6 +28,12 @@ differentiable_loss` when no Pyro handler is active.  Under ``pyro.infer.SVI`` (
 parameter capture is a handler) the statements are emitted, so ``SVI`` trains the
 parameters.
 
+The library's model with the library's guides goes further: :meth:`DecomposedELBO.
+loss_terms` computes the same terms without tracing the programs at all (the fast step,
+:mod:`~twodg_pyro.infer.fast_step`: same random numbers, same arithmetic, same loss and
+gradients), and traces them for anything the fast step does not cover
+(:attr:`DecomposedELBO.fallback_reason`); ``fast_step=False`` always traces.
+
 ``beta`` weights the KL terms (KL annealing); ``beta = 1`` is the true bound.
 """
 
@@ -43,6 +49,7 @@ from pyro.poutine.util import site_is_subsample
 
 from ..guide import BNNGuide, kl_or_estimate
 from ..pyro_params import handlers_active, local_params, params_are_local
+from .fast_step import fast_particle_terms, site_priors, unsupported
 
 __all__ = ["DecomposedELBO", "site_kl"]
 
@@ -71,14 +78,35 @@ class DecomposedELBO(ELBO):
     Args:
         num_particles: Monte Carlo particles per step (averaged).
         beta: weight of the KL terms; 1 gives the true ELBO.
+        fast_step: let :meth:`loss_terms` compute the terms without tracing the
+            programs where it can (:mod:`~twodg_pyro.infer.fast_step`); ``False``:
+            always trace.
+        fused_kl: in the fast step, let the guide sum its KL terms over all sites at
+            once (the shared-GMM guide with one Normal prior per site): the same terms
+            up to float rounding, not bit for bit; ``False`` (default): summed site by
+            site as the traced step sums them.
+
+    Attributes:
+        step_path: how the latest :meth:`loss_terms` ran: ``"fast"`` or ``"traced"``.
+        fallback_reason: why it was traced (``None`` when fast, or ``fast_step=False``).
     """
 
-    def __init__(self, num_particles: int = 1, beta: float = 1.0):
+    def __init__(
+        self,
+        num_particles: int = 1,
+        beta: float = 1.0,
+        fast_step: bool = True,
+        fused_kl: bool = False,
+    ):
         if int(num_particles) < 1:
             raise ValueError(f"num_particles must be at least 1, got {num_particles!r}")
         super().__init__(num_particles=int(num_particles))
         self.beta = float(beta)
+        self.fast_step = bool(fast_step)
+        self.fused_kl = bool(fused_kl)
         self.last_terms: dict[str, float] = {}
+        self.step_path: str | None = None
+        self.fallback_reason: str | None = None
 
     def _get_trace(self, model, guide, args, kwargs):
         """One ``(model_trace, guide_trace)`` pair, the model replayed on the guide's draw."""
@@ -126,7 +154,39 @@ class DecomposedELBO(ELBO):
         statements and bookkeeping sites (:func:`~twodg_pyro.pyro_params.local_params`),
         so the parameters are trained by whatever optimiser holds them (``fit``'s)."""
         with local_params():
+            if self.fast_step:
+                terms = self._fast_terms(model, guide, args, kwargs)
+                if terms is not None:
+                    self.step_path, self.fallback_reason = "fast", None
+                    return terms
+            self.step_path = "traced"
             return self._terms(model, guide, args, kwargs)
+
+    def _fast_terms(self, model, guide, args, kwargs) -> dict[str, torch.Tensor] | None:
+        """:meth:`_terms` by the fast step, or ``None`` (with :attr:`fallback_reason`)."""
+        cls = type(self)
+        if cls._particle_terms is not DecomposedELBO._particle_terms or (
+            cls._get_trace is not DecomposedELBO._get_trace
+        ):
+            self.fallback_reason = f"{cls.__name__} computes its own particle terms"
+            return None
+        reason = unsupported(model, guide, args, kwargs)
+        if reason is not None:
+            self.fallback_reason = reason
+            return None
+        priors = site_priors(model)
+        total: dict[str, torch.Tensor] = {}
+        for _ in range(self.num_particles):
+            terms = fast_particle_terms(model, guide, *args, priors, self.fused_kl)
+            if terms is None:
+                self.fallback_reason = (
+                    f"{type(guide).__name__} has no fast draw for these priors "
+                    f"({type(model.prior).__name__})"
+                )
+                return None
+            for key, value in terms.items():
+                total[key] = total.get(key, 0.0) + value / self.num_particles
+        return total
 
     def _terms(self, model, guide, args, kwargs) -> dict[str, torch.Tensor]:
         total: dict[str, torch.Tensor] = {}

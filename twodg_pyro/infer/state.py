@@ -53,11 +53,14 @@ def start_state(
     state: TrainState | None,
 ) -> TrainState:
     """Check a training loop's settings and return the state it trains: ``state``
-    continued up to ``epochs`` (its ELBO and optimiser kept), or a new one."""
+    continued up to ``epochs`` (its ELBO and optimiser kept; the fast-step settings of
+    ``elbo``, when given), or a new one."""
     if int(epochs) < 0:
         raise ValueError(f"epochs must be >= 0, got {epochs!r}")
     if clip_norm is not None and not (clip_norm > 0):
         raise ValueError(f"clip_norm must be positive, got {clip_norm!r}")
+    if state is not None and elbo is not None:
+        state.elbo.fast_step, state.elbo.fused_kl = elbo.fast_step, elbo.fused_kl
     elbo = elbo if elbo is not None else (state.elbo if state else DecomposedELBO())
     if state is None:
         opt = build_optimizer(model, guide, lr, optimizer)

@@ -225,7 +225,7 @@ def train_svi(
         epochs,
         seed=cfg.seed,
         lr=lr,
-        elbo=DecomposedELBO(beta=kl_weight),
+        elbo=DecomposedELBO(beta=kl_weight, fast_step=cfg.fast_step, fused_kl=cfg.fused_kl),
         callbacks=list(callbacks) + main_only(ckpt),
         device=cfg.device,
         progress=progress,

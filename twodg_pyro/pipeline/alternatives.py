@@ -62,7 +62,7 @@ def _train_and_evaluate(
         loader,
         epochs=epochs,
         lr=lr,
-        elbo=DecomposedELBO(),
+        elbo=DecomposedELBO(fast_step=cfg.fast_step),
         callbacks=callbacks,
         device=cfg.device,
         progress=cfg.progress,

@@ -473,6 +473,15 @@ class RunConfig(_Section):
     progress: Annotated[bool, BOOLEAN] = True
     #: epochs between checkpoints of stages 1 and 3 (0: none)
     checkpoint_every: Annotated[int, at_least(0)] = 0
+    #: train the SVI stages with the fast step where it applies (the same loss and
+    #: gradients as tracing the Pyro programs, without the tracing:
+    #: :mod:`twodg_pyro.infer.fast_step`); false: always trace
+    fast_step: Annotated[bool, BOOLEAN] = True
+    #: in the fast step, sum the shared-GMM guide's KL over all sites at once where each
+    #: site's prior is one Normal (:mod:`twodg_pyro.guides.fast_shared`): the same bound
+    #: up to float rounding, less work per step; false: site by site, bit for bit the
+    #: traced step
+    fused_kl: Annotated[bool, BOOLEAN] = False
     data: DataConfig = field(default_factory=DataConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)

@@ -41,8 +41,9 @@ __all__ = ["RunCheckpoints", "load_run_config", "STAGES"]
 #: Stages with checkpoints, latest first.
 STAGES = ("stage3", "stage1")
 #: Settings a resumed run may change: where and how visibly it runs, and what it computes
-#: after its results (a run saved on a GPU resumes on the CPU and back).
-_IGNORED = ("progress", "device", "checkpoint_every", "diagnostics")
+#: after its results (a run saved on a GPU resumes on the CPU and back); the fast step
+#: computes the traced step's loss and gradients.
+_IGNORED = ("progress", "device", "checkpoint_every", "diagnostics", "fast_step")
 
 
 def _config_dir(run_dir: str | Path) -> Path:

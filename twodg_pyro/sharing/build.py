@@ -284,7 +284,7 @@ def merge_to_fixed_point(inl: Inliers, cfg, progress: bool = False) -> dict:
         inl.means,
         inl.covs,
         counts,
-        tau_w=cfg.tau_d,
+        tau_d=cfg.tau_d,
         rule=cfg.merge_rule,
         grads=None,
         tau_g=cfg.tau_g,

@@ -106,7 +106,7 @@ class MergeHook(_Scheduled):
                 guide.centres().detach().cpu(),
                 guide.covariances().detach().cpu(),
                 guide.component_counts().detach().cpu(),
-                tau_w=self.tau_d,
+                tau_d=self.tau_d,
                 rule=self.rule,
                 grads=None if grads is None else grads.cpu(),
                 tau_g=self.tau_g,

@@ -1,0 +1,271 @@
+"""The fast training step (``twodg_pyro.infer.fast_step``): the traced ELBO's loss and
+gradients without tracing, for the mean-field guide and every shared-GMM tying, in
+float32 and float64; the automatic fallback to tracing; the setting that turns it off."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyro
+import pyro.poutine as poutine
+import pytest
+import torch
+from pyro.infer.autoguide import AutoNormal
+from torch.utils.data import DataLoader, TensorDataset
+
+from twodg_pyro.data import load_digits_split
+from twodg_pyro.guides import MeanFieldGuide, Rank1BNNModel, Rank1Guide, SharedGMMGuide
+from twodg_pyro.infer import DecomposedELBO, fit
+from twodg_pyro.likelihoods import Categorical, Gaussian
+from twodg_pyro.model import BNNModel
+from twodg_pyro.models import MLP, LeNet5
+from twodg_pyro.pipeline import config_from_dict, run
+from twodg_pyro.priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior
+from twodg_pyro.sharing import SharingStructure, SiteLayout
+
+TYINGS = ["representative", "stochastic", "tied"]
+STAGE3 = [f"stage3_{t}" for t in TYINGS]
+PRIORS = {
+    "normal": lambda net: NormalPrior(0.5),
+    "layerwise": lambda net: LayerwiseNormalPrior(),
+    "pretrained": lambda net: PretrainedPrior.from_network(net, 0.1, 0.5),
+    "laplace": lambda net: LaplacePrior(0.3),
+}
+
+
+def _structure(model, K=6, seed=0):
+    """1% outliers, 3% ellipse weights over 3 components each, the rest plain inliers."""
+    g = torch.Generator().manual_seed(seed)
+    sites, off = [], 0
+    for s in model.sites:
+        sites.append(SiteLayout(s.name, tuple(s.shape), off))
+        off += s.numel
+    perm = torch.randperm(off, generator=g)
+    n_out, n_ell = max(1, off // 100), max(1, 3 * off // 100)
+    out, ell, plain = perm[:n_out], perm[n_out : n_out + n_ell], perm[n_out + n_ell :]
+    alphas = torch.rand(n_ell, 3, generator=g)
+    return SharingStructure(
+        sites=sites,
+        coordinates="sigma",
+        means=torch.stack([torch.linspace(-0.2, 0.2, K), torch.full((K,), 0.02)], 1),
+        covariances=torch.tensor([[1e-4, 2e-5], [2e-5, 1e-4]]).expand(K, 2, 2),
+        outlier_index=out.sort().values,
+        outlier_loc=torch.randn(n_out, generator=g) * 0.3,
+        outlier_scale=torch.full((n_out,), 0.01),
+        plain_index=plain.sort().values,
+        plain_component=torch.randint(0, K, (plain.numel(),), generator=g),
+        ellipse_index=ell.sort().values,
+        ellipse_components=torch.randint(0, K, (n_ell, 3), generator=g),
+        ellipse_alphas=alphas / alphas.sum(1, keepdim=True),
+        inlier_points=torch.randn(off - n_out, 2, generator=g),
+    )
+
+
+def _guide(kind, model):
+    return (
+        MeanFieldGuide(model)
+        if kind == "mean_field"
+        else SharedGMMGuide(model, _structure(model), kind)
+    )
+
+
+def _step(kind, prior, dtype, fast, particles=1, fused=False):
+    """Terms and guide gradients of one step on LeNet-5 (8x8 digits-sized inputs)."""
+    torch.manual_seed(0)
+    net = LeNet5(10, 1, 8).to(dtype)
+    model = BNNModel(net, prior=PRIORS[prior](net), likelihood=Categorical(500))
+    guide = _guide(kind, model)
+    x, y = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    elbo = DecomposedELBO(num_particles=particles, beta=0.7, fast_step=fast, fused_kl=fused)
+    torch.manual_seed(1)
+    terms = elbo.loss_terms(model, guide, x, y)
+    elbo.combine(terms).backward()
+    grads = {n: p.grad.clone() for n, p in guide.named_parameters() if p.grad is not None}
+    return elbo, {k: v.detach() for k, v in terms.items()}, grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["mean_field", *TYINGS])
+def test_fast_step_has_the_traced_loss_and_gradients(kind, dtype):
+    priors = ["normal", "pretrained"] + ([] if kind == "mean_field" else ["laplace"])
+    for prior in priors:
+        if kind == "tied" and prior == "pretrained":
+            continue  # tied refuses a per-weight prior
+        fast, t_fast, g_fast = _step(kind, prior, dtype, fast=True, particles=2)
+        traced, t_traced, g_traced = _step(kind, prior, dtype, fast=False, particles=2)
+        assert fast.step_path == "fast" and traced.step_path == "traced", prior
+        assert list(t_fast) == list(t_traced)  # the same terms, in the same order
+        tol = {"rtol": 1e-6, "atol": 0.0} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 0}
+        for k in t_traced:
+            torch.testing.assert_close(t_fast[k], t_traced[k], **tol)
+        assert g_fast.keys() == g_traced.keys() and g_traced
+        for n in g_traced:
+            torch.testing.assert_close(g_fast[n], g_traced[n], **tol)
+
+
+@pytest.mark.parametrize("kind", ["mean_field", *TYINGS])
+def test_fast_step_is_the_traced_step_bit_for_bit_on_the_cpu(kind):
+    """Same random numbers, same operations: what keeps committed results reproducible."""
+    _, t_fast, g_fast = _step(kind, "layerwise", torch.float32, fast=True)
+    _, t_traced, g_traced = _step(kind, "layerwise", torch.float32, fast=False)
+    assert all(torch.equal(t_fast[k], t_traced[k]) for k in t_traced)
+    assert all(torch.equal(g_fast[n], g_traced[n]) for n in g_traced)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", TYINGS)
+def test_fused_kl_is_the_traced_bound_to_float_rounding(kind, dtype):
+    """All sites' KL at once (one Normal prior per site): the same terms and gradients up
+    to rounding; a per-weight or non-Normal prior takes the site-by-site terms."""
+    tol = {"rtol": 2e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    for prior in ("normal", "layerwise", "pretrained", "laplace"):
+        if kind == "tied" and prior == "pretrained":
+            continue
+        _, t_fused, g_fused = _step(kind, prior, dtype, fast=True, fused=True)
+        _, t_traced, g_traced = _step(kind, prior, dtype, fast=False)
+        assert list(t_fused) == list(t_traced)
+        site_by_site = prior in ("pretrained", "laplace")
+        for k in t_traced:
+            if site_by_site:
+                assert torch.equal(t_fused[k], t_traced[k]), (prior, k)
+            torch.testing.assert_close(t_fused[k], t_traced[k], **tol)
+        for n in g_traced:
+            torch.testing.assert_close(g_fused[n], g_traced[n], **tol)
+
+
+@pytest.mark.parametrize("kind", ["mean_field", "stochastic"])
+def test_fit_on_digits_trains_the_same_guide_fast_or_traced(kind):
+    split = load_digits_split(seed=0)
+    x, y = split.train.tensors
+    data = TensorDataset(x[:256], y[:256])
+    states = []
+    for fast in (True, False):
+        torch.manual_seed(0)
+        model = BNNModel(MLP(64, (16,), 10), likelihood=Categorical(256))
+        guide = _guide(kind, model)
+        gen = torch.Generator().manual_seed(0)
+        loader = DataLoader(data, batch_size=64, shuffle=True, generator=gen)
+        elbo = DecomposedELBO(fast_step=fast)
+        state = fit(model, guide, loader, epochs=3, lr=1e-2, elbo=elbo, progress=False)
+        assert elbo.step_path == ("fast" if fast else "traced")
+        states.append((state, guide))
+    (s1, g1), (s2, g2) = states
+    assert s1.history == s2.history
+    assert s1.history[-1]["loss"] < s1.history[0]["loss"]  # it trained
+    for (n, p), (_, q) in zip(g1.named_parameters(), g2.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+
+
+def _fallback(model, guide, x, y):
+    elbo = DecomposedELBO()
+    terms = elbo.loss_terms(model, guide, x, y)
+    assert torch.isfinite(elbo.combine(terms))
+    return elbo
+
+
+def test_unsupported_guides_priors_likelihoods_fall_back_to_tracing():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    model = BNNModel(MLP(6, (5,), 3), prior=LaplacePrior(0.3), likelihood=Categorical(50))
+    elbo = _fallback(model, MeanFieldGuide(model), x, y)  # Laplace: no closed-form KL here
+    assert elbo.step_path == "traced" and "LaplacePrior" in elbo.fallback_reason
+    shared = SharedGMMGuide(model, _structure(model), "representative")
+    assert _fallback(model, shared, x, y).step_path == "fast"  # it takes any prior
+
+    model = BNNModel(MLP(6, (5,), 3), prior=1.0, likelihood=Categorical(50))
+    pyro.clear_param_store()
+    auto = AutoNormal(model)
+    with poutine.block():
+        auto(x, y)
+    elbo = _fallback(model, auto, x, y)
+    assert elbo.step_path == "traced" and "AutoNormal" in elbo.fallback_reason
+
+    rank1 = Rank1BNNModel(MLP(6, (5,), 3), components=2, likelihood=Categorical(50))
+    elbo = _fallback(rank1, Rank1Guide(rank1), x, y)
+    assert elbo.step_path == "traced" and "Rank1BNNModel" in elbo.fallback_reason
+
+    class MyLikelihood(Categorical):
+        pass
+
+    mine = BNNModel(MLP(6, (5,), 3), prior=1.0, likelihood=MyLikelihood(50))
+    elbo = _fallback(mine, MeanFieldGuide(mine), x, y)
+    assert elbo.step_path == "traced" and "MyLikelihood" in elbo.fallback_reason
+
+    guide = MeanFieldGuide(model)
+    with poutine.scale(scale=1.0):  # a handler must see the sites: traced
+        elbo = _fallback(model, guide, x, y)
+    assert elbo.step_path == "traced" and "handler" in elbo.fallback_reason
+
+    elbo = DecomposedELBO(fast_step=False)
+    elbo.loss_terms(model, guide, x, y)
+    assert elbo.step_path == "traced" and elbo.fallback_reason is None
+
+
+def test_regression_and_a_changed_prior_take_the_fast_step():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 6), torch.randn(8)
+    model = BNNModel(MLP(6, (5,), 1), prior=NormalPrior(1.0), likelihood=Gaussian(50, 0.5))
+    guide = MeanFieldGuide(model)
+    results = []
+    for fast in (True, False):
+        torch.manual_seed(3)
+        elbo = DecomposedELBO(fast_step=fast)
+        results.append(elbo.loss_terms(model, guide, x, y))
+        assert elbo.step_path == ("fast" if fast else "traced")
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[1])
+    # the priors are made once per setting: a changed setting is seen at the next step
+    elbo = DecomposedELBO()
+    before = elbo.loss_terms(model, guide, x, y)["kl"]
+    model.prior.scale = 0.1
+    after = elbo.loss_terms(model, guide, x, y)["kl"]
+    torch.manual_seed(0)
+    traced = DecomposedELBO(fast_step=False).loss_terms(model, guide, x, y)["kl"]
+    assert after > before and torch.equal(after, traced)
+
+
+def test_the_setting_turns_the_fast_step_off_and_the_run_is_the_same(tmp_path):
+    tiny = {
+        "methods": ["mean_field", "2dg"],
+        "num_samples": 2,
+        "progress": False,
+        "network": {"hidden": [16]},
+        "stage1": {"epochs": 2, "deterministic_epochs": 1},
+        "sharing": {"outlier_rule": "quantile", "n_components": 4, "n_min": 5},
+        "stage3": {"epochs": 2, "tying": "stochastic"},
+        "diagnostics": {"enabled": False},
+    }
+    assert config_from_dict(tiny).fast_step is True
+    with pytest.raises(ValueError, match="fast_step"):
+        config_from_dict({**tiny, "fast_step": "sometimes"})
+    fast = run(config_from_dict(tiny), tmp_path / "fast")
+    traced = run(config_from_dict({**tiny, "fast_step": False}), tmp_path / "traced")
+    assert fast.trained["2dg"].state.elbo.step_path == "fast"
+    assert traced.trained["2dg"].state.elbo.step_path == "traced"
+    for a, b in zip(fast.records, traced.records, strict=True):
+        assert {k: a[k] for k in ("accuracy", "nll", "ece")} == {
+            k: b[k] for k in ("accuracy", "nll", "ece")
+        }
+
+
+@pytest.mark.slow
+def test_gpu_check_step_section_runs_its_imagenet_configurations_on_the_cpu(tmp_path):
+    """``gpu_check.py --sections steps --smoke``: ResNet-18 and ResNet-50 (the GPU
+    configurations' networks at a tiny size), every contender, its path and its ratios."""
+    script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"
+    cmd = [sys.executable, str(script), "--device", "cpu", "--sections", "steps", "--smoke"]
+    subprocess.run([*cmd, "--out", str(tmp_path)], check=True, capture_output=True, timeout=900)
+    payload = json.loads((tmp_path / "gpu_check_cpu.json").read_text())
+    steps = payload["sections"]["steps"]
+    assert payload["sections"]["steps"]["status"] == "ok"
+    for config in ("resnet18_224_b128_smoke", "resnet50_224_b64_smoke"):
+        results = steps[config]
+        for name in ("deterministic", "mean_field", "mean_field_traced", *STAGE3):
+            assert results[name]["step_ms_median"] > 0, (config, name, results[name])
+        assert results["mean_field"]["step_path"] == "fast"
+        assert results["mean_field_traced"]["step_path"] == "traced"
+        assert all(results[n]["step_path"] == "fast" for n in STAGE3)
+        ratios = results["ratios"]
+        assert set(ratios["to_mean_field"]) == set(STAGE3)
+        assert "mean_field_to_deterministic" in ratios["targets_met"]
+    assert "x mean-field" in (tmp_path / "gpu_check_cpu.md").read_text()
