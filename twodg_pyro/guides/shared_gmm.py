@@ -91,7 +91,7 @@ def scalar_prior(fn: dist.Distribution) -> dist.Distribution | None:
             return None
         if value.numel() > 1 and any(st != 0 for st in value.stride()):
             return None
-        params[name] = value.reshape(-1)[0]
+        params[name] = value[(0,) * value.dim()]  # an element, no copy of an expanded tensor
     try:
         return type(base)(**params, validate_args=False)
     except (TypeError, ValueError):
