@@ -355,6 +355,9 @@ def test_a_real_sigint_stops_the_run_with_the_resume_command(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a shell's background job ignores SIGINT and its children inherit that: give the
+        # run the default disposition, so Python installs its KeyboardInterrupt handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 120
     while not (out / "checkpoints" / "stage1.pt").exists() and time.time() < deadline:
