@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pyro
@@ -62,3 +63,41 @@ def stage2_structure(trained_mean_field, digits):
     )
     structure, _ = build_sharing(model, mf_guide, loader, cfg)
     return structure
+
+
+#: The whole pipeline on digits in about two seconds, with checkpoints: a 64-16-10 MLP,
+#: two epochs per stage (``tiny_run_config``, ``tiny_run``).
+_TINY_RUN = {
+    "methods": ["mean_field", "2dg"],
+    "seed": 0,
+    "num_samples": 2,
+    "progress": False,
+    "checkpoint_every": 1,
+    "network": {"hidden": [16]},
+    "stage1": {"epochs": 2, "deterministic_epochs": 1},
+    "sharing": {
+        "outlier_rule": "quantile",
+        "mu_quantile": 0.99,
+        "grad_percentile": 0.01,
+        "n_components": 4,
+        "n_min": 5,
+    },
+    "stage3": {"epochs": 2},
+}
+
+
+@pytest.fixture
+def tiny_run_config() -> dict:
+    """The settings of the tiny digits run (a fresh copy: tests may change it)."""
+    return copy.deepcopy(_TINY_RUN)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """A finished tiny digits run folder (results, model file, checkpoints), made once;
+    tests copy what they change."""
+    from twodg_pyro.pipeline import config_from_dict, run
+
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    run(config_from_dict(copy.deepcopy(_TINY_RUN)), out)
+    return out

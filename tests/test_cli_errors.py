@@ -21,40 +21,18 @@ from twodg_pyro.cli import main
 from twodg_pyro.infer import checkpoint as ckpt_mod
 from twodg_pyro.infer.elbo import DecomposedELBO
 from twodg_pyro.io.integrity import seal
-from twodg_pyro.pipeline import config_from_dict, run
-
-#: The whole pipeline on digits in about two seconds, with checkpoints.
-TINY = {
-    "methods": ["mean_field", "2dg"],
-    "seed": 0,
-    "num_samples": 2,
-    "progress": False,
-    "checkpoint_every": 1,
-    "network": {"hidden": [16]},
-    "stage1": {"epochs": 2, "deterministic_epochs": 1},
-    "sharing": {
-        "outlier_rule": "quantile",
-        "mu_quantile": 0.99,
-        "grad_percentile": 0.01,
-        "n_components": 4,
-        "n_min": 5,
-    },
-    "stage3": {"epochs": 2},
-}
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A finished run folder (results, model file, checkpoints); tests copy it to change it."""
-    out = tmp_path_factory.mktemp("cli") / "run"
-    run(config_from_dict(TINY), out)
-    return out
 
 
 @pytest.fixture
-def config(tmp_path) -> Path:
+def finished(tiny_run) -> Path:
+    """A finished run folder (results, model file, checkpoints); tests copy it to change it."""
+    return tiny_run
+
+
+@pytest.fixture
+def config(tmp_path, tiny_run_config) -> Path:
     path = tmp_path / "tiny.json"
-    path.write_text(json.dumps(TINY))
+    path.write_text(json.dumps(tiny_run_config))
     return path
 
 
@@ -296,7 +274,9 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
     assert (out / "results.json").exists()
 
 
-def test_ctrl_c_without_checkpoints_says_the_run_cannot_be_resumed(tmp_path, capsys, monkeypatch):
+def test_ctrl_c_without_checkpoints_says_the_run_cannot_be_resumed(
+    tmp_path, capsys, monkeypatch, tiny_run_config
+):
     from twodg_pyro.pipeline import runner as runner_mod
 
     def interrupt(*a, **k):
@@ -304,7 +284,7 @@ def test_ctrl_c_without_checkpoints_says_the_run_cannot_be_resumed(tmp_path, cap
 
     monkeypatch.setattr(runner_mod, "stage1_mean_field", interrupt)
     cfg = tmp_path / "c.json"
-    cfg.write_text(json.dumps({**TINY, "checkpoint_every": 0}))
+    cfg.write_text(json.dumps({**tiny_run_config, "checkpoint_every": 0}))
     one_line(
         capsys,
         130,
@@ -346,9 +326,10 @@ def test_debug_shows_the_traceback_and_unexpected_failures_are_one_line(
 
 # ---------------------------------------------------------------------- a real Ctrl-C
 @pytest.mark.slow
-def test_a_real_sigint_stops_the_run_with_the_resume_command(tmp_path):
+def test_a_real_sigint_stops_the_run_with_the_resume_command(tmp_path, tiny_run_config):
     cfg = tmp_path / "long.json"
-    cfg.write_text(json.dumps({**TINY, "stage1": {"epochs": 400, "deterministic_epochs": 1}}))
+    long_stage1 = {"epochs": 400, "deterministic_epochs": 1}
+    cfg.write_text(json.dumps({**tiny_run_config, "stage1": long_stage1}))
     out = tmp_path / "o"
     p = subprocess.Popen(
         [sys.executable, "-m", "twodg_pyro.cli", "train", "--config", str(cfg), "--out", str(out)],

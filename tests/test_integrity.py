@@ -24,34 +24,12 @@ from twodg_pyro.io.integrity import (
     verify_checksum,
 )
 from twodg_pyro.io.payload import UnverifiedFileWarning
-from twodg_pyro.pipeline import config_from_dict, run
 from twodg_pyro.predict import predict
 
-#: A whole digits run in about two seconds: a 64-16-10 MLP, two epochs per stage.
-TINY = {
-    "methods": ["mean_field", "2dg"],
-    "seed": 0,
-    "num_samples": 2,
-    "progress": False,
-    "checkpoint_every": 1,
-    "network": {"hidden": [16]},
-    "stage1": {"epochs": 2, "deterministic_epochs": 1},
-    "sharing": {
-        "outlier_rule": "quantile",
-        "mu_quantile": 0.99,
-        "grad_percentile": 0.01,
-        "n_components": 4,
-        "n_min": 5,
-    },
-    "stage3": {"epochs": 2},
-}
 
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("integrity") / "run"
-    run(config_from_dict(TINY), out)
-    return out
+@pytest.fixture
+def run_dir(tiny_run) -> Path:
+    return tiny_run
 
 
 def _raw(path: Path) -> dict:
