@@ -34,7 +34,7 @@ from .nn.sites import DEFAULT_LAYER_TYPES, BayesianSite, find_sites
 from .priors import Prior, as_prior
 from .pyro_params import PyroParamsMixin, params_are_local
 
-__all__ = ["BNNModel", "LOGITS_SITE", "match_input"]
+__all__ = ["BNNModel", "LOGITS_SITE", "SiteTensors", "match_input"]
 
 #: Name of the model's deterministic site holding the network's outputs.
 LOGITS_SITE = "logits"
@@ -50,7 +50,28 @@ def match_input(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return x if x.device == like.device else x.to(like.device)
 
 
-class BNNModel(PyroParamsMixin, nn.Module):
+class SiteTensors:
+    """What a model whose sites stand on network parameters derives from them: its
+    ``dtype``, ``device`` and the prior of each site.  The model provides ``sites``,
+    ``prior`` and ``site_parameter(i)`` (the network tensor behind the ``i``-th site)."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the network's Bayesian parameters (``float32`` unless cast)."""
+        return self.site_parameter(0).dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the network's Bayesian parameters."""
+        return self.site_parameter(0).device
+
+    def prior_distribution(self, site: BayesianSite):
+        """The prior of one site as the model program samples it (``event_shape`` the
+        site's), on the network's device and in its dtype."""
+        return self.prior(site, self.site_parameter(self.sites.index(site)))
+
+
+class BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
     """Pyro model ``p(w) p(y | f_w(x))`` around any torch network.
 
     Args:
@@ -119,16 +140,6 @@ class BNNModel(PyroParamsMixin, nn.Module):
         module, name = self._site_slots[i]
         return module._parameters[name]
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of the network's Bayesian parameters (``float32`` unless cast)."""
-        return self.site_parameter(0).dtype
-
-    @property
-    def device(self) -> torch.device:
-        """The device of the network's Bayesian parameters."""
-        return self.site_parameter(0).device
-
     def initial_values(self) -> dict[str, torch.Tensor]:
         """The network's current values of the Bayesian tensors (detached copies)."""
         params = dict(self.net.named_parameters())
@@ -137,11 +148,6 @@ class BNNModel(PyroParamsMixin, nn.Module):
     def deterministic_parameters(self) -> list[nn.Parameter]:
         """Point-estimated parameters of the network (e.g. BatchNorm affine)."""
         return [p for p in self.net.parameters() if p.requires_grad]
-
-    def prior_distribution(self, site: BayesianSite):
-        """The prior of one site as used by the model program (``event_shape = shape``),
-        on the network's device and in its dtype."""
-        return self.prior(site, self.site_parameter(self.sites.index(site)))
 
     def network_forward(self, weights: Mapping[str, torch.Tensor], x: torch.Tensor):
         """Run the network with the given Bayesian tensors: :math:`f_w(x)`.

@@ -65,7 +65,7 @@ from torch import nn
 from ..guide import GuideSample, kl_or_estimate
 from ..infer.callbacks import KLAnnealing
 from ..likelihoods import Categorical, Likelihood
-from ..model import LOGITS_SITE, match_input
+from ..model import LOGITS_SITE, SiteTensors, match_input
 from ..nn.rank1 import RANK1_LAYER_TYPES, Rank1Layer, find_rank1_layers, rank1_factors
 from ..nn.sites import BayesianSite
 from ..priors import NormalPrior, Prior, _positive, as_prior
@@ -146,7 +146,7 @@ def _check_components(components) -> int:
     return components
 
 
-class Rank1BNNModel(PyroParamsMixin, nn.Module):
+class Rank1BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
     r"""Pyro model of a rank-1 BNN with ``M`` batch-ensemble components.
 
     Same constructor surface as :class:`~twodg_pyro.model.BNNModel`; its sample sites are
@@ -248,21 +248,6 @@ class Rank1BNNModel(PyroParamsMixin, nn.Module):
         """The shared weight :math:`W` of the layer of the ``i``-th factor site: its device
         and dtype are those of the site's prior and of the guide."""
         return self._site_weights[i]._parameters["weight"]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of the network's weights."""
-        return self.site_parameter(0).dtype
-
-    @property
-    def device(self) -> torch.device:
-        """The device of the network's weights."""
-        return self.site_parameter(0).device
-
-    def prior_distribution(self, site: BayesianSite):
-        """The prior of one factor site (``event_shape = (M, dim)``), on the network's
-        device and in its dtype."""
-        return self.prior(site, self.site_parameter(self.sites.index(site)))
 
     def route(self, batch_size: int, device=None) -> torch.Tensor:
         """Component of each example of a batch under ``"modulo"`` routing: ``i mod M``."""
