@@ -46,13 +46,6 @@ __all__ = [
 SAMPLE_CHUNK = 10
 
 
-def _device_of(module) -> torch.device:
-    for tensors in (getattr(module, "parameters", None), getattr(module, "buffers", None)):
-        for t in tensors() if tensors is not None else ():
-            return t.device
-    return torch.device("cpu")
-
-
 @contextmanager
 def seeded(seed: int, device: torch.device | str | None = None) -> Iterator[None]:
     """Run the block with torch's random state (CPU, and ``device``'s GPU) set to
@@ -81,9 +74,9 @@ def seeded_predict(
     """:func:`~twodg_pyro.predict.predict` with ``num_samples`` draws seeded by ``seed``
     (:func:`seeded`; ``sample_chunk`` = :data:`SAMPLE_CHUNK`): the draws every evaluation
     of the library uses.  Returns the :class:`~twodg_pyro.predict.Prediction`."""
-    from .predict import predict
+    from .predict import _device_of, predict
 
-    where = device if device is not None else _device_of(guide)
+    where = device if device is not None else _device_of(guide)  # None: the CPU
     with seeded(seed, where):
         return predict(
             model,

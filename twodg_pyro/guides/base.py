@@ -32,6 +32,17 @@ __all__ = [
 ]
 
 
+def normal_normal_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:
+    r"""Elementwise :math:`\mathrm{KL}(\mathcal N(\text{loc}, \text{scale}^2) \|
+    \mathcal N(p_\text{loc}, p_\text{scale}^2))` with the arithmetic of
+    ``torch.distributions``' Normal-Normal KL (so sums of it match the traced ELBO's bit for
+    bit): :math:`\tfrac12(r + ((\text{loc} - p_\text{loc}) / p_\text{scale})^2 - 1 - \log r)`,
+    :math:`r = (\text{scale} / p_\text{scale})^2`."""
+    var_ratio = (scale / p_scale).pow(2)
+    t1 = ((loc - p_loc) / p_scale).pow(2)
+    return 0.5 * (var_ratio + t1 - 1 - var_ratio.log())
+
+
 class GuideDraw(dist.Delta):
     r"""A guide's draw at a site, :math:`\delta_v`, carrying the guide's log-density
     :math:`\log q(v)` (computed on demand).
@@ -190,9 +201,7 @@ class DiagonalNormalGuide(BNNGuide):
         (``fused`` changes nothing here: the terms are elementwise already.)"""
         total = None
         for loc, scale, (p_loc, p_scale) in self._fast:
-            var_ratio = (scale / p_scale).pow(2)
-            t1 = ((loc - p_loc) / p_scale).pow(2)
-            kl = (0.5 * (var_ratio + t1 - 1 - var_ratio.log())).sum()
+            kl = normal_normal_kl(loc, scale, p_loc, p_scale).sum()
             total = kl if total is None else total + kl
         self._fast = None
         return {"kl": total}

@@ -27,16 +27,10 @@ import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 
+from .base import normal_normal_kl
 from .stochastic_kl import expected_normal_kl
 
 __all__ = ["SharedGMMFastStep", "fused_kl"]
-
-
-def _normal_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:
-    """Elementwise KL(N(loc, scale^2) || N(p_loc, p_scale^2)), torch's formula."""
-    var_ratio = (scale / p_scale).pow(2)
-    t1 = ((loc - p_loc) / p_scale).pow(2)
-    return 0.5 * (var_ratio + t1 - 1 - var_ratio.log())
 
 
 def _scalar(t: torch.Tensor) -> torch.Tensor | None:
@@ -85,11 +79,11 @@ def fused_kl(guide, priors) -> dict[str, torch.Tensor] | None:
     kl_out = guide.centre_mu.new_zeros(())
     if guide.kinds.outliers:
         scale = F.softplus(guide.outlier_rho)
-        kl_out = _normal_kl(guide.outlier_loc, scale, o_loc, o_scale).sum()
+        kl_out = normal_normal_kl(guide.outlier_loc, scale, o_loc, o_scale).sum()
     counts = guide.site_counts
     tying = guide.tying
     if tying == "representative":
-        kl_k = _normal_kl(guide.centre_mu, guide.centre_sigma(), p_loc, p_scale)
+        kl_k = normal_normal_kl(guide.centre_mu, guide.centre_sigma(), p_loc, p_scale)
     elif tying == "stochastic":
         kl_k = expected_normal_kl(
             guide.centres(), guide.covariances(), p_loc, p_scale, guide.coordinates
@@ -97,7 +91,7 @@ def fused_kl(guide, priors) -> dict[str, torch.Tensor] | None:
     elif tying == "tied":
         counts = counts / guide.component_counts().clamp_min(1e-12)
         sd = guide.covariances()[:, 0, 0].clamp_min(1e-30).sqrt()
-        kl_k = _normal_kl(guide.centre_mu, sd, p_loc, p_scale)
+        kl_k = normal_normal_kl(guide.centre_mu, sd, p_loc, p_scale)
     else:
         return None
     return {"kl_inlier": (counts * kl_k).sum(), "kl_outlier": kl_out}

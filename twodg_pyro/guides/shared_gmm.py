@@ -60,7 +60,7 @@ from .base import BNNGuide, GuideDraw, particle_batch_shape
 from .fast_shared import SharedGMMFastStep
 from .marginal_density import shared_mixture_log_q
 from .mean_field import inverse_softplus
-from .shared_mixture import SharedMixture
+from .shared_mixture import _MIN_SIGMA, SharedMixture
 from .stochastic_draw import draw_stochastic_into, stochastic_coefficients
 from .tyings import (
     TYINGS,
@@ -74,8 +74,6 @@ from .tyings import (
 )
 
 __all__ = ["SharedGMMGuide", "TYINGS", "TyingName"]
-
-_MIN_SIGMA = 1e-8
 
 
 def scalar_prior(fn: dist.Distribution) -> dist.Distribution | None:
@@ -389,10 +387,7 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
                 except NotImplementedError:
                     pass
             if kl_out is None:  # Monte Carlo at the drawn weights
-                w = draw.flat[0].index_select(0, idx)
-                log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
-                log_p = prior.log_prob(w) if prior is not None else log_p_at(idx)
-                kl_out = (log_q - log_p).sum()
+                kl_out = Tying._estimate(draw, idx, loc, scale, prior, log_p_at)
         # ---- inliers
         kl_in = zero
         if site.plain.stop > site.plain.start or site.ellipses.stop > site.ellipses.start:

@@ -23,6 +23,7 @@ from .mean_field import inverse_softplus
 
 __all__ = ["SharedMixture"]
 
+#: the smallest sigma a centre or a drawn weight takes (also the shared-GMM guide's)
 _MIN_SIGMA = 1e-8
 
 
