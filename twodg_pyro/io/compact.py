@@ -344,7 +344,7 @@ def export_compact_file(run_or_file: str | Path, out: str | Path, **options) -> 
     ``options`` are those of :func:`export_compact`.  Returns its report plus
     ``source``, ``source_bytes`` and ``out``.
     """
-    from .bnn_file import _FORMAT, load_2dg
+    from .bnn_file import _FORMAT, load_2dg_payload
     from .payload import read_payload
 
     src = resolve_model_file(run_or_file)
@@ -352,8 +352,8 @@ def export_compact_file(run_or_file: str | Path, out: str | Path, **options) -> 
         raise ValueError(f"{str(src)!r} is already a compact file")
     if Path(out).resolve() == src.resolve():
         raise ValueError(f"--out {str(out)!r} would overwrite the source model file")
-    _, header = read_payload(src, _FORMAT)
-    model, guide = load_2dg(src)
+    payload, header = read_payload(src, _FORMAT)  # read and verified once
+    model, guide = load_2dg_payload(payload, header, str(src))
     report = export_compact(out, model, guide, network=header.get("network"), **options)
     report.update(source=str(src), source_bytes=src.stat().st_size, out=str(out))
     return report

@@ -31,9 +31,8 @@ __all__ = ["load_compact"]
 
 
 def _rebuild_model(header: dict, net, prior, where: str, net_bytes):
-    from ..likelihoods import Categorical, Gaussian
     from ..model import BNNModel
-    from .specs import PriorNotStoredWarning, UnavailablePrior, rebuild_prior
+    from .specs import PriorNotStoredWarning, UnavailablePrior, rebuild_likelihood, rebuild_prior
 
     if net is None:
         spec = header.get("network")
@@ -46,11 +45,7 @@ def _rebuild_model(header: dict, net, prior, where: str, net_bytes):
     if dtype not in ("float32", "float64", "float16", "bfloat16"):
         raise ValueError(f"unknown network dtype {dtype!r} in the header")
     net = net.to(getattr(torch, dtype))
-    lik_spec = header["likelihood"]
-    if lik_spec["kind"] == "Gaussian":
-        lik = Gaussian(lik_spec["dataset_size"], lik_spec["scale"])
-    else:
-        lik = Categorical(lik_spec["dataset_size"])
+    lik = rebuild_likelihood(header["likelihood"])
     prior_spec = header.get("prior") or {}
     if prior is None and prior_spec.get("kind") == "PretrainedPrior":
         # its centres are the pretrained network's weights, which a compact file does not
