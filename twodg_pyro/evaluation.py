@@ -35,15 +35,33 @@ import torch
 
 __all__ = [
     "SAMPLE_CHUNK",
+    "data_to_device",
     "draws_record",
     "draws_sentence",
     "evaluate",
+    "n_examples",
     "seeded",
     "seeded_predict",
 ]
 
 #: Draws taken from the guide at once; part of what fixes the draws of a seed.
 SAMPLE_CHUNK = 10
+
+
+def n_examples(data) -> int:
+    """Examples in ``(X, y)`` tensors, a ``Dataset`` or a ``DataLoader``."""
+    if isinstance(data, tuple):
+        return int(data[0].shape[0])
+    dataset = getattr(data, "dataset", data)
+    return len(dataset)
+
+
+def data_to_device(data, device):
+    """Evaluation data on ``device``: ``(X, y)`` tensors moved there, a loader as it is
+    (its batches are moved when they are used)."""
+    if isinstance(data, tuple):
+        return tuple(t.to(device) for t in data)
+    return data
 
 
 @contextmanager

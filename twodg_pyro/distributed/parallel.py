@@ -15,6 +15,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset
 
+from ..evaluation import data_to_device, n_examples
 from ..predict import Prediction
 from . import env
 
@@ -82,12 +83,9 @@ def sharded_predict(fn, eval_data, device: torch.device) -> Prediction:
     """``fn(data)`` on this rank's contiguous share of the evaluation data, gathered: the
     predictions of the whole set, in order, on every rank."""
     world, rank = env.get_world_size(), env.get_rank()
-    if isinstance(eval_data, tuple):
-        n = int(eval_data[0].shape[0])
-    else:
-        n = len(eval_data.dataset)
+    n = n_examples(eval_data)
     if world == 1 or n < world:
-        return fn(_to(eval_data, device))
+        return fn(data_to_device(eval_data, device))
     lo, hi = rank * n // world, (rank + 1) * n // world
     if isinstance(eval_data, tuple):
         part = tuple(t[lo:hi].to(device) for t in eval_data)
@@ -96,9 +94,3 @@ def sharded_predict(fn, eval_data, device: torch.device) -> Prediction:
     pred = fn(part)
     targets = None if pred.targets is None else env.all_gather_rows(pred.targets)
     return Prediction(mean=env.all_gather_rows(pred.mean), targets=targets)
-
-
-def _to(data, device):
-    if isinstance(data, tuple):
-        return tuple(t.to(device) for t in data)
-    return data

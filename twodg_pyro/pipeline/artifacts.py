@@ -55,15 +55,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..evaluation import data_to_device, n_examples
 from .diagnostics_steps import (
     StepWriter,
     compare_step,
     diagnostics_budget,
     export_step,
     khat_step,
-    n_examples,
     summary_and_reliability,
-    to_device,
     write_report,
     xy,
 )
@@ -176,7 +175,7 @@ def write_artifacts(art, cfg, out_dir) -> dict:
     device = cfg.device
     eval_data = art.eval_data
     if eval_data is None:
-        eval_data = to_device(xy(split.test), device)
+        eval_data = data_to_device(xy(split.test), device)
     draws = evaluation_of(cfg, eval_data)
     records = {r.get("method"): r for r in art.records}
     n_train = len(split.train)
@@ -247,7 +246,7 @@ def write_artifacts(art, cfg, out_dir) -> dict:
         writer,
         model,
         guide,
-        to_device(xy(split.train), device),
+        data_to_device(xy(split.train), device),
         budget["khat_samples"],
         cfg.seed,
         budget["n_train_examples"],

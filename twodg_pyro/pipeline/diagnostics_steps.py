@@ -25,9 +25,7 @@ __all__ = [
     "export_step",
     "jsonable",
     "khat_step",
-    "n_examples",
     "summary_and_reliability",
-    "to_device",
     "write_report",
     "xy",
 ]
@@ -89,14 +87,6 @@ class StepWriter:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def n_examples(data) -> int:
-    """Examples in ``(X, y)`` tensors, a ``Dataset`` or a ``DataLoader``."""
-    if isinstance(data, tuple):
-        return int(data[0].shape[0])
-    dataset = getattr(data, "dataset", data)
-    return len(dataset)
 
 
 def diagnostics_budget(
@@ -268,9 +258,3 @@ def compare_step(writer: StepWriter, idatas: dict) -> list | None:
         return [{"method": str(name), **row} for name, row in table.to_dict("index").items()]
 
     return writer.step("compare", rows)
-
-
-def to_device(data, device):
-    if isinstance(data, tuple):
-        return tuple(t.to(device) for t in data)
-    return data

@@ -23,7 +23,7 @@ import json
 import math
 from pathlib import Path
 
-from ..evaluation import draws_record
+from ..evaluation import draws_record, n_examples
 from ..io.files import atomic_write_text
 
 __all__ = [
@@ -163,11 +163,7 @@ def evaluation_of(cfg, eval_data) -> dict:
     """How the Bayesian rows of the results table were evaluated (``results.json``'s
     ``evaluation``): ``cfg.num_samples`` draws seeded with the run's seed on the test split
     (:mod:`twodg_pyro.evaluation`)."""
-    if isinstance(eval_data, tuple):
-        n = int(eval_data[0].shape[0])
-    else:
-        n = len(eval_data.dataset)
-    return draws_record(cfg.num_samples, cfg.seed, n, "test")
+    return draws_record(cfg.num_samples, cfg.seed, n_examples(eval_data), "test")
 
 
 def kl_weight_field(kl_weight: float) -> dict:

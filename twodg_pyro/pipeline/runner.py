@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..distributed import env
-from ..evaluation import seeded_predict
+from ..evaluation import data_to_device, seeded_predict
 from ..metrics import classification_metrics
 from ..predict import deterministic_predict
 from . import artifacts
@@ -137,7 +137,7 @@ def _context(cfg, out_dir, resume, execution, folder) -> RunContext:
     if resume_from is not None:  # records of the methods finished before the checkpoint
         art.records = [dict(r) for r in checkpoints.load(resume_from).extra["records"]]
     art.split = split
-    art.eval_data = _to(_eval_split(split), cfg.device)
+    art.eval_data = data_to_device(_eval_split(split), cfg.device)
     seed_everything(cfg.seed)
     net = build_net(cfg.network, split).to(cfg.device)
     return RunContext(
@@ -339,9 +339,3 @@ def _eval_split(split):
     if tensors is not None:
         return tensors[0], tensors[1]
     return torch.utils.data.DataLoader(split.test, batch_size=512)
-
-
-def _to(data, device):
-    if isinstance(data, tuple):
-        return tuple(t.to(device) for t in data)
-    return data

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..evaluation import data_to_device
 from .diagnostics_steps import (
     KHAT_MAX_EXAMPLES,
     KHAT_SAMPLES,
@@ -17,7 +18,6 @@ from .diagnostics_steps import (
     jsonable,
     khat_step,
     summary_and_reliability,
-    to_device,
     write_report,
     xy,
 )
@@ -153,7 +153,7 @@ def evaluate_model_file(
     if len(dataset) == 0:
         raise ValueError(f"the {split_name} split of {d['data']!r} is empty")
     tensors = xy(dataset)
-    eval_data = to_device(tensors, device) if isinstance(tensors, tuple) else _loader(dataset)
+    eval_data = data_to_device(tensors, device) if isinstance(tensors, tuple) else _loader(dataset)
     metrics = evaluate(model, guide, eval_data, d["num_samples"], d["seed"], device=device)
     result = {
         "model_file": str(model_file),
@@ -226,7 +226,7 @@ def diagnose_model_file(
     S, seed = d["num_samples"], d["seed"]
     out = Path(out_dir)
     writer = StepWriter(out, 7 + (method == "2dg"), progress=progress)
-    eval_data = to_device(xy(split.test), device)
+    eval_data = data_to_device(xy(split.test), device)
     pred = writer.step(
         "evaluate", lambda: seeded_predict(model, guide, eval_data, S, seed, device=device)
     )
@@ -258,7 +258,7 @@ def diagnose_model_file(
         writer,
         model,
         guide,
-        to_device(xy(split.train), device),
+        data_to_device(xy(split.train), device),
         khat_samples,
         seed,
         max_train_examples,
