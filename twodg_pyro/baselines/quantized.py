@@ -25,9 +25,12 @@ import torch
 __all__ = ["quantize_mean_field", "quantized_size_mb", "dequantize"]
 
 
-def _quantize_mu(mu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = mu.abs().max().clamp_min(1e-12) / 127.0
-    q = torch.round(mu / scale).clamp(-127, 127).to(torch.int8)
+def _quantize_mu(mu: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric ``bits``-bit codes of ``mu`` (``int8`` at 8 bits, else ``int16``) and
+    their scale ``max|mu| / (2^(bits-1) - 1)``."""
+    top = 2 ** (bits - 1) - 1
+    scale = mu.abs().max().clamp_min(1e-12) / top
+    q = torch.round(mu / scale).clamp(-top, top).to(torch.int8 if bits == 8 else torch.int16)
     return q, scale
 
 

@@ -285,13 +285,7 @@ def _quantise_site(mu: torch.Tensor, sigma: torch.Tensor, bits: int, mu_bits: in
     ``bits``-bit codes of :math:`\log\sigma`; returns ``(q, codes, [scale, lo, step])``."""
     from ..baselines.quantized import _quantize_mu, _quantize_sigma
 
-    mu = mu.detach().float().cpu()
-    if mu_bits == 8:
-        q, scale = _quantize_mu(mu)
-    else:
-        top = 2 ** (mu_bits - 1) - 1
-        scale = mu.abs().max().clamp_min(1e-12) / top
-        q = torch.round(mu / scale).clamp(-top, top).to(torch.int16)
+    q, scale = _quantize_mu(mu.detach().float().cpu(), mu_bits)
     code, lo_step = _quantize_sigma(sigma.detach().float().cpu(), bits)
     return q, code, torch.stack([scale, lo_step[0], lo_step[1]]).float()
 
