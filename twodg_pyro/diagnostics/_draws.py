@@ -49,7 +49,6 @@ __all__ = [
     "check_guide",
     "chunks",
     "count_examples",
-    "device_of",
     "forward",
     "log_likelihood",
     "n_examples",
@@ -85,14 +84,6 @@ def check_guide(guide, what: str) -> None:
             f"Rank1Guide, SSVIGuide: a twodg_pyro.guide.BNNGuide), got "
             f"{type(guide).__name__}"
         )
-
-
-def device_of(guide) -> torch.device:
-    for t in guide.parameters():
-        return t.device
-    for t in guide.buffers():
-        return t.device
-    return torch.device("cpu")
 
 
 @contextmanager
@@ -221,8 +212,7 @@ def log_likelihood(
     if isinstance(likelihood, Categorical):
         return categorical_log_prob(outputs, y)
     f = outputs.to(torch.float64)
-    batched = getattr(likelihood, "batched_distribution", None)
-    d = batched(f, particle_dims) if batched is not None else likelihood.distribution(f)
+    d = likelihood.batched_distribution(f, particle_dims)
     return d.log_prob(y.to(torch.float64) if y.is_floating_point() else y)
 
 

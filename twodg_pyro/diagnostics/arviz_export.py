@@ -82,13 +82,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ..guide import BNNGuide
+from ..predict import _device_of
 from ._draws import (
     SAMPLE_CHUNK,
     batches,
     check_guide,
     chunks,
     count_examples,
-    device_of,
     forward,
     quiet,
     seeded,
@@ -241,7 +241,7 @@ def to_inference_data(
     if max_site_values is not None and int(max_site_values) < 1:
         raise ValueError(f"max_site_values must be at least 1 (or None), got {max_site_values!r}")
     model.eval()
-    device = device_of(guide)
+    device = _device_of(guide) or torch.device("cpu")
     data_batches, example_index = batches(
         data, int(batch_size), max_examples, seed, with_index=True
     )
@@ -290,7 +290,8 @@ def to_inference_data(
             thinned.append(site.name)
     constant = {"example_index": to_numpy(example_index)}
     dims["example_index"] = ["obs"]
-    constant.update(_guide_constants(guide, grids, dims, coords, max_site_values, seed))
+    structure = guide.structure()  # built once: its checks sort every index
+    constant.update(_guide_constants(guide, structure, grids, dims, coords, max_site_values, seed))
     if z_draws:
         posterior["component_value"] = to_numpy(torch.cat(z_draws))[None]
         dims["component_value"] = ["component"]
@@ -326,7 +327,6 @@ def to_inference_data(
         "thinned_sites": json.dumps(thinned),
         "sites": json.dumps([s.name for s in guide.sites]),
     }
-    structure = guide.structure()
     if structure is not None:
         meta.update(
             tying=guide.tying,
@@ -337,6 +337,7 @@ def to_inference_data(
     if components > 1:
         meta["output_components"] = components
     ll = _on_grid(torch.cat(ll_draws))
+    attrs = {k: _netcdf_attr(v) for k, v in meta.items()}
     with quiet():
         idata = az.from_dict(
             posterior=posterior,
@@ -346,10 +347,10 @@ def to_inference_data(
             constant_data=constant,
             coords=coords,
             dims=dims,
-            attrs={k: _netcdf_attr(v) for k, v in meta.items()},
+            attrs=attrs,
         )
     for group in idata.groups():
-        getattr(idata, group).attrs.update({k: _netcdf_attr(v) for k, v in meta.items()})
+        getattr(idata, group).attrs.update(attrs)
     return idata
 
 
@@ -388,11 +389,11 @@ def _sample_y(model, outs: torch.Tensor, is_cat: bool, components: int, gen) -> 
     return y.squeeze(-1) if y.dim() == 3 and y.shape[-1] == 1 else y
 
 
-def _guide_constants(guide, grids, dims, coords, max_site_values, seed) -> dict:
+def _guide_constants(guide, st, grids, dims, coords, max_site_values, seed) -> dict:
     """The guide's variational parameters at the exported coordinates (constant_data):
     each site's (:meth:`~twodg_pyro.guide.BNNGuide.site_parameters`), and for a guide
     with a sharing structure each weight's kind and component, the mixture and the
-    outliers."""
+    outliers (``st``: the guide's sharing structure, or ``None``)."""
     out: dict = {}
 
     def put(site, suffix: str, values: torch.Tensor) -> None:
@@ -403,7 +404,6 @@ def _guide_constants(guide, grids, dims, coords, max_site_values, seed) -> dict:
     for site in guide.sites:
         for suffix, values in guide.site_parameters(site.name).items():
             put(site, suffix, values)
-    st = guide.structure()
     if st is not None:
         n_w = st.num_weights
         kind = torch.full((n_w,), _KIND_OUTLIER, dtype=torch.int8)

@@ -34,12 +34,12 @@ import torch
 from tqdm.auto import tqdm
 
 from ..guides.marginal_density import LOG_Q_METHODS, log_q_fn
+from ..predict import _device_of
 from ._draws import (
     SAMPLE_CHUNK,
     batches,
     check_guide,
     chunks,
-    device_of,
     forward,
     n_examples,
     seeded,
@@ -57,17 +57,14 @@ MIN_KHAT_SAMPLES = 25
 def log_prior(model, guide, weights: dict[str, torch.Tensor]) -> torch.Tensor:
     r""":math:`\log p(w)` per draw ``(S,)`` for draws ``{site: (S, *shape)}``; for an
     :class:`~twodg_pyro.guides.SSVIGuide` the prior restricted to its active subspace."""
-    from ..guides.ssvi import SSVIGuide
+    from ..guides.ssvi import SSVIGuide, _unwrap
 
     total = 0.0
     for site in model.sites:
         d = model.prior_distribution(site)
         w = weights[site.name]
         if isinstance(guide, SSVIGuide):
-            base = d
-            while isinstance(base, torch.distributions.Independent):
-                base = base.base_dist
-            elementwise = base.log_prob(w).expand(w.shape).reshape(w.shape[0], -1)
+            elementwise = _unwrap(d).log_prob(w).expand(w.shape).reshape(w.shape[0], -1)
             total = total + elementwise[:, guide.active_indices(site.name)].sum(-1)
         else:
             total = total + d.log_prob(w)
@@ -130,7 +127,7 @@ def vi_diagnostics(
             f"needs more than 4 draws), got {num_samples!r}"
         )
     model.eval()
-    device = device_of(guide)
+    device = _device_of(guide) or torch.device("cpu")
     data = batches(train_data, int(batch_size), max_examples, seed)
     if not data:
         raise ValueError("no training data (empty data set)")
