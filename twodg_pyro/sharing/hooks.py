@@ -37,6 +37,18 @@ class _Scheduled(Callback):
     def due(self, state) -> bool:
         return not self.done and state.epoch % self.every == 0
 
+    def on_epoch_end(self, state) -> None:
+        """Run :meth:`apply` when due; with ``until_fixed_point``, stop once it changes
+        nothing."""
+        if not self.due(state):
+            return
+        if self.apply(state) == 0 and self.until_fixed_point:
+            self.done = True
+
+    def apply(self, state) -> int:
+        """Refine ``state.guide`` now; returns how many things changed."""
+        raise NotImplementedError
+
     def state_dict(self) -> dict:
         return {"done": self.done, "log": self.log}
 
@@ -85,13 +97,6 @@ class MergeHook(_Scheduled):
         self.tau_d, self.rule, self.test = float(tau_d), rule, test
         self.tau_g, self.tau_v = float(tau_g), float(tau_v)
         self.data, self.grad_batches = data, int(grad_batches)
-
-    def on_epoch_end(self, state) -> None:
-        if not self.due(state):
-            return
-        merged = self.apply(state)
-        if merged == 0 and self.until_fixed_point:
-            self.done = True
 
     def apply(self, state) -> int:
         """Run the merge on ``state.guide`` now; returns the number of merges."""
@@ -159,13 +164,6 @@ class MahalanobisHook(_Scheduled):
             raise ValueError(f"k (nearest components) must be at least 1, got {k!r}")
         self.threshold, self.k = float(threshold), int(k)
         self.reassign = bool(reassign)
-
-    def on_epoch_end(self, state) -> None:
-        if not self.due(state):
-            return
-        changed = self.apply(state)
-        if changed == 0 and self.until_fixed_point:
-            self.done = True
 
     def apply(self, state) -> int:
         """Reassign now; returns how many weights changed component or kind."""
