@@ -13,7 +13,9 @@ way:
 * the guide draws ``sample_chunk`` (10) samples at a time with ``sample_weights``, each
   chunk evaluated on every data batch before the next is drawn
   (:func:`~twodg_pyro.predict.predict`): the draws do not depend on the data, their
-  order or their batching.
+  order or their batching, nor on how they arrive (``(X, y)`` tensors or a
+  ``DataLoader``, whose iterator draws a base seed from the global RNG: ``predict``
+  reads the batches with the random state forked, before the first draw).
 
 :func:`seeded_predict` is :func:`~twodg_pyro.predict.predict` under :func:`seeded`;
 :func:`evaluate` adds the metrics and a record of the draws.  The results table of a

@@ -8,7 +8,10 @@ Weights are drawn by the guide in chunks of ``sample_chunk`` samples at once
 of them in one vectorised call (:func:`torch.func.vmap` over
 :func:`torch.func.functional_call`), instead of one Pyro trace-and-replay per sample.
 Each chunk is applied to every data batch before the next is drawn, so all examples
-see the same ``S`` weight samples and memory stays bounded by one chunk.
+see the same ``S`` weight samples and memory stays bounded by one chunk.  The data are
+read before the first draw with torch's random state forked (a ``DataLoader`` draws
+its base seed from the global RNG): the draws depend on the random state at the call,
+never on whether the data come as tensors or a loader, nor on their batching.
 
 A model whose ``network_forward`` returns ``K`` outputs per weight sample (shape
 ``(K, B, ...)``, e.g. the ``M`` components of a rank-1 BNN) declares
@@ -68,6 +71,27 @@ def _batches(data, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor | N
     return out
 
 
+def _read_batches(data, batch_size: int, device) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """The data's batches, read with torch's random state forked, so that reading them
+    never shifts the draws that follow.
+
+    Iterating a ``DataLoader`` without a ``generator`` draws its base seed from the global
+    RNG (and a shuffling sampler draws its seed there too); random transforms of the data
+    set draw from it as well.  Read unforked, ``(X, y)`` tensors and a loader over the same
+    examples would be predicted with different weights.
+    """
+    if isinstance(data, torch.Tensor) or (
+        isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor)
+    ):
+        return _batches(data, batch_size)  # tensors: nothing random to read
+    devices = []
+    if device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available():
+        index = torch.device(device).index
+        devices = [index if index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices):
+        return _batches(data, batch_size)
+
+
 @torch.no_grad()
 def predict(
     model,
@@ -101,11 +125,11 @@ def predict(
     if int(sample_chunk) < 1:
         raise ValueError(f"sample_chunk must be at least 1, got {sample_chunk!r}")
     model.eval()
-    batches = _batches(data, int(batch_size))
-    if not batches:
-        raise ValueError("no data to predict on (empty data set)")
     if device is None:  # where the guide lives (inputs from a CPU DataLoader are moved there)
         device = _device_of(guide) or _device_of(model)
+    batches = _read_batches(data, int(batch_size), device)
+    if not batches:
+        raise ValueError("no data to predict on (empty data set)")
     lik = model.likelihood
     components = int(model.output_components)
 
