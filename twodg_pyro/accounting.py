@@ -5,6 +5,9 @@ r"""Compression accounting of a shared-weight BNN (Tables 1-5 of the paper).
   tied tyings) plus the network's deterministic parameters (e.g. BatchNorm);
 * compression ratio against the mean-field BNN: :math:`2 n_w / \text{trainable}`
   (both sides without the deterministic parameters, which are the same);
+* stored floating-point numbers (``stored_params``): the trainable ones, nothing per
+  weight (the per-weight index is counted in bytes, below), to compare with the other
+  methods' stored numbers (mean-field: two per weight);
 * size in MB (:math:`10^6` bytes) of the trainable parameters at float32;
 * size with the per-inlier component index: as the paper counts it (uint8 when
   :math:`K \le 256`, uint16 when :math:`K \le 65536`, else int32) and bit-packed at
@@ -47,6 +50,9 @@ def compression_report(guide, model) -> dict:
         "n_ellipses": s.n_ellipses,
         "n_gaussians": s.n_gaussians,
         "trainable_params": guide_trainable + deterministic,
+        # floating-point numbers stored: the trainable ones, nothing per weight (the
+        # per-weight index is counted in bytes in size_mb_with_index)
+        "stored_params": guide_trainable + deterministic,
         "guide_trainable_params": guide_trainable,
         "mean_field_params": 2 * n_w,
         "compression_ratio": (2 * n_w) / max(guide_trainable, 1),

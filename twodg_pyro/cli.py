@@ -236,6 +236,22 @@ def _evaluate(args) -> int:
     _check_data_args(args)
     if args.out:  # before the evaluation, not after it
         check_output_file(args.out, "--out")
+    uncertainty = None
+    if args.uncertainty:
+        from .pipeline.config import UncertaintyConfig, config_from_dict
+
+        settings = {
+            "enabled": True,
+            "folder_sets": args.folder_sets,
+            "folder_root": args.folder_root,
+            "ood_size": args.ood_size,
+            "shift_size": args.shift_size,
+            "draws": args.uncertainty_draws,
+        }
+        if args.ood_sets is not None:
+            settings["ood_sets"] = args.ood_sets
+        settings = {k: v for k, v in settings.items() if v is not None}
+        uncertainty = config_from_dict(settings, UncertaintyConfig, prefix="uncertainty.")
     metrics = evaluate_model_file(
         args.model_file,
         data=args.data,
@@ -244,6 +260,7 @@ def _evaluate(args) -> int:
         num_samples=args.num_samples,
         seed=args.seed,
         device=args.device,
+        uncertainty=uncertainty,
     )
     text = json.dumps(metrics, indent=2, sort_keys=True)
     print(text)

@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed of the posterior draws (default: the run's, from the model file; else 0)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
+    _uncertainty_args(p)
     _debug(p)
     p = sub.add_parser(
         "diagnose", help="ArviZ diagnostics and figures of a saved model file (any method)"
@@ -190,3 +191,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     _debug(p)
     return parser
+
+
+def _uncertainty_args(p) -> None:
+    g = p.add_argument_group("uncertainty (OOD detection, shift, selective prediction)")
+    g.add_argument(
+        "--uncertainty",
+        action="store_true",
+        help="also report OOD detection on the built-in sets, shift and AURC",
+    )
+    g.add_argument("--ood-sets", nargs="+", default=None, help="built-in OOD sets (default: all)")
+    g.add_argument(
+        "--folder-sets",
+        nargs="+",
+        default=[],
+        help="OOD test sets read from --folder-root (fashion_mnist, kmnist, svhn, cifar100)",
+    )
+    g.add_argument("--folder-root", default=None, help="folder of the --folder-sets")
+    g.add_argument("--ood-size", type=int, default=None, help="images per OOD set (all)")
+    g.add_argument("--shift-size", type=int, default=None, help="images corrupted (all)")
+    g.add_argument("--uncertainty-draws", type=int, default=None, help="draws (the run's)")

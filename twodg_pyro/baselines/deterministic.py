@@ -17,7 +17,7 @@ It is both a baseline and the pretraining that initialises the means of stage 1
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, get_args
 
 import torch
@@ -53,6 +53,7 @@ def train_deterministic(
     milestones: Sequence[int] = (),
     gamma: float = 0.1,
     warmup_epochs: int = 0,
+    on_epoch_end: Callable[[int, nn.Module], bool | None] | None = None,
 ) -> nn.Module:
     """Train ``net`` in place on the mean cross-entropy; returns ``net``.
 
@@ -69,6 +70,9 @@ def train_deterministic(
         milestones: epochs at which the learning rate is multiplied by ``gamma``.
         gamma: the step factor.
         warmup_epochs: epochs of linear warm-up from ``lr / warmup_epochs`` to ``lr``.
+        on_epoch_end: called as ``on_epoch_end(epoch, net)`` after each (0-based) epoch;
+            a true return value stops training (early stopping).  It may evaluate
+            ``net`` (training mode is restored after it).
 
     Floating inputs are cast to the network's dtype (a float64 network on float32 data).
 
@@ -104,5 +108,10 @@ def train_deterministic(
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(net(x), y).backward()
             opt.step()
+        if on_epoch_end is not None:
+            stop = on_epoch_end(epoch, net)
+            net.train()
+            if stop:
+                break
     net.eval()
     return net

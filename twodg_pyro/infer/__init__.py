@@ -1,7 +1,7 @@
 """Inference: the decomposed ELBO, the SVI training loop, its state, optimiser, callbacks
 and checkpoints."""
 
-from .callbacks import Callback, EarlyStopping, History, KLAnnealing
+from .callbacks import Callback, EarlyStopping, History, KLAnnealing, ScaleTrajectory
 from .elbo import DecomposedELBO, site_kl
 from .optim import build_optimizer, guide_param_groups, remap_optimizer_rows
 from .state import TrainState
@@ -13,6 +13,7 @@ __all__ = [
     "EarlyStopping",
     "History",
     "KLAnnealing",
+    "ScaleTrajectory",
     "TrainState",
     "TrainingStep",
     "build_optimizer",

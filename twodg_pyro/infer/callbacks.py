@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from .state import TrainState
 
-__all__ = ["Callback", "KLAnnealing", "EarlyStopping", "History"]
+__all__ = ["Callback", "KLAnnealing", "EarlyStopping", "History", "ScaleTrajectory"]
 
 
 class Callback:
@@ -104,3 +106,68 @@ class History(Callback):
 
     def on_epoch_end(self, state: TrainState) -> None:
         self.records.append(dict(state.history[-1]))
+
+
+class ScaleTrajectory(Callback):
+    r"""Adds the posterior scales' trajectory to every epoch's record, so that a fit can
+    be judged converged by its scales as well as by its ELBO.
+
+    For a guide with ``means_and_scales()`` (the mean-field guide:
+    :math:`(\mu_i, \sigma_i)` of every weight) each epoch's record gets
+
+    * ``sigma_median``: :math:`\operatorname{median}_i \sigma_i`;
+    * ``sigma_ratio_p10``, ``sigma_ratio_median``, ``sigma_ratio_p90``: percentiles of
+      :math:`\sigma_i / \sigma_i^{(0)}` (the scale over its value before training); a
+      fit whose every ratio sits at the same value was stopped by the optimiser's step
+      size (Adam moves a log-scale by about its learning rate per step), not by the ELBO;
+    * ``sigma_over_spread``: :math:`\operatorname{median}_i \sigma_i / \operatorname{sd}(\mu)`,
+      the scales relative to the spread of the means.
+
+    A guide without ``means_and_scales`` is left alone.  The initial scales are part of
+    the callback's state, so a resumed fit reports the same ratios.
+    """
+
+    def __init__(self, guide):
+        self.guide = guide
+        self._initial: torch.Tensor | None = None
+
+    def _scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        fn = getattr(self.guide, "means_and_scales", None)
+        if fn is None:
+            return None
+        mu, sigma = fn()
+        return mu.detach().float().cpu(), sigma.detach().float().cpu()
+
+    def on_train_begin(self, state: TrainState) -> None:
+        if self._initial is None:
+            got = self._scales()
+            self._initial = None if got is None else got[1].clamp_min(1e-30)
+
+    def state_dict(self) -> dict:
+        return {} if self._initial is None else {"initial": self._initial.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "initial" in state:
+            self._initial = torch.as_tensor(state["initial"]).float()
+
+    def on_epoch_end(self, state: TrainState) -> None:
+        got = self._scales()
+        if got is None or self._initial is None:
+            return
+        mu, sigma = got
+        ratio = sigma / self._initial
+        q = torch.quantile(_subsample(ratio), torch.tensor([0.1, 0.5, 0.9]))
+        state.history[-1].update(
+            sigma_median=float(sigma.median()),
+            sigma_ratio_p10=float(q[0]),
+            sigma_ratio_median=float(q[1]),
+            sigma_ratio_p90=float(q[2]),
+            sigma_over_spread=float(sigma.median() / mu.std().clamp_min(1e-30)),
+        )
+
+
+def _subsample(x: torch.Tensor, limit: int = 1_000_000) -> torch.Tensor:
+    """At most ``limit`` evenly spaced entries of ``x`` (``torch.quantile``'s size limit)."""
+    if x.numel() <= limit:
+        return x
+    return x[:: -(-x.numel() // limit)]

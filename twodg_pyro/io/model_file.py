@@ -278,9 +278,16 @@ def load_model(path: str | Path, net: nn.Module | None = None, prior=None, devic
     if kind == MODEL_FILE_KIND:
         payload, header = read_payload(path, _FORMAT, loaded=loaded)
         return _rebuild(payload, header, str(path), net, prior, device)
+    from .baseline_file import BASELINE_FILE_KIND
     from .bnn_file import _FORMAT as FORMAT_2DG
     from .bnn_file import load_2dg_payload
 
+    if kind == BASELINE_FILE_KIND:
+        raise ValueError(
+            f"{str(path)!r} is a model file of a non-Bayesian baseline (an ensemble, a "
+            "Laplace approximation or a network), not a model and guide: read it with "
+            "twodg_pyro.io.load_baseline(path); twodg-pyro evaluate takes it as it is"
+        )
     if kind == FORMAT_2DG.kind or kind is None:  # (no kind: the 2DG reader names the problem)
         payload, header = read_payload(path, FORMAT_2DG, loaded=loaded)
         return load_2dg_payload(payload, header, str(path), net=net, prior=prior, device=device)
@@ -301,8 +308,9 @@ def _peek_kind(loaded) -> str | None:
 
 
 def read_model_header(path: str | Path) -> dict:
-    """The JSON header of a full model file, verified like :func:`load_model` does, or
-    of a compact file; ``{}`` when the file is neither (the loader then names the
+    """The JSON header of a full model file (a baseline's too,
+    :mod:`~twodg_pyro.io.baseline_file`), verified like :func:`load_model` does, or of a
+    compact file; ``{}`` when the file is none of them (the loader then names the
     problem)."""
     from .compact import is_compact_file, read_compact
     from .files import safe_torch_load
@@ -311,9 +319,11 @@ def read_model_header(path: str | Path) -> dict:
         return dict(read_compact(path)[0])
     loaded = safe_torch_load(path)
     kind = _peek_kind(loaded)
+    from .baseline_file import BASELINE_FORMAT
     from .bnn_file import _FORMAT as FORMAT_2DG
 
-    fmt = {MODEL_FILE_KIND: _FORMAT, FORMAT_2DG.kind: FORMAT_2DG}.get(kind)
+    formats = (_FORMAT, FORMAT_2DG, BASELINE_FORMAT)
+    fmt = {f.kind: f for f in formats}.get(kind)
     if fmt is None:
         return {}
     return read_payload(path, fmt, loaded=loaded)[1]

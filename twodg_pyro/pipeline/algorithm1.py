@@ -28,7 +28,7 @@ from ..accounting import compression_report
 from ..distributed import env
 from ..evaluation import seeded_predict
 from ..guides import MeanFieldGuide, SharedGMMGuide
-from ..infer import DecomposedELBO, KLAnnealing
+from ..infer import DecomposedELBO, KLAnnealing, ScaleTrajectory
 from ..infer.checkpoint import restore_state
 from ..metrics import classification_metrics
 from ..sharing import MahalanobisHook, MergeHook, SharingStructure, build_sharing
@@ -67,7 +67,7 @@ def stage1_mean_field(
     n_train = len(split.train)
     model = build_model(net, cfg.prior, n_train).to(cfg.device)
     guide = MeanFieldGuide(model, init_scale=cfg.stage1.init_scale, seed=cfg.seed).to(cfg.device)
-    callbacks = []
+    callbacks = [ScaleTrajectory(guide)]  # the scales' trajectory in every epoch's record
     if cfg.stage1.kl_warmup_epochs:
         callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs, end=cfg.stage1.kl_weight))
     loader = train_loader(split, cfg.data, cfg.seed)

@@ -4,8 +4,10 @@
 Both train on the same network, data, training loop and metrics as the mean-field and
 2DG rows and return a record of the same ``results.json`` schema: ``method``,
 ``accuracy``, ``nll``, ``ece``, ``brier``, ``trainable_params`` (guide parameters plus
-the network's deterministic ones), ``size_mb`` (those at float32, in :math:`10^6`
-bytes) and ``train_seconds``, plus a few method-specific fields.
+the network's deterministic ones), ``stored_params`` (the floating-point numbers a
+model file keeps for prediction: the same; SSVI's active positions are integers, in
+``size_mb_with_index``), ``size_mb`` (those at float32, in :math:`10^6` bytes) and
+``train_seconds``, plus a few method-specific fields.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def _train_and_evaluate(
         **classification_metrics(pred.mean, pred.targets),
         "trainable_params": n_guide + n_det,
         "guide_trainable_params": n_guide,
+        "stored_params": n_guide + n_det,
         "size_mb": size_mb(n_guide + n_det),
         **extra(n_guide, n_det),
         "train_seconds": seconds,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
 from ..baselines.deterministic import Optimizer
+from ..baselines.laplace import LaplaceHessian, LaplacePredictive, LaplaceSubset, PriorStructure
 from ..data import available_datasets
 from ..gmm.merging import MergeRule, MergeTest
 from ..guides.rank1 import InitMean, Rank1PriorKind, Routing
@@ -33,6 +34,8 @@ from ..guides.tyings import TyingName
 from ..priors import PriorKind
 from ..sharing.outliers import OutlierRule
 from ..sharing.structure import Coordinates
+from ..uncertainty import BUILTIN_OOD_SETS, CORRUPTIONS, FOLDER_OOD_SETS, SEVERITIES
+from .presets import merge_settings
 
 __all__ = [
     "ConfigError",
@@ -44,6 +47,10 @@ __all__ = [
     "Stage3Config",
     "Rank1Config",
     "SSVIConfig",
+    "MatchedDeterministicConfig",
+    "EnsembleConfig",
+    "LaplaceConfig",
+    "UncertaintyConfig",
     "DiagnosticsConfig",
     "RunConfig",
     "DTYPES",
@@ -64,7 +71,16 @@ class ConfigError(ValueError):
 DType = Literal["float32", "float64"]
 DTYPES: tuple[str, ...] = get_args(DType)
 #: the methods a run trains and evaluates
-Method = Literal["deterministic", "mean_field", "2dg", "rank1", "ssvi"]
+Method = Literal[
+    "deterministic",
+    "mean_field",
+    "2dg",
+    "rank1",
+    "ssvi",
+    "deterministic_matched",
+    "ensemble",
+    "laplace",
+]
 METHODS: tuple[str, ...] = get_args(Method)
 #: ``cpu``, ``cuda`` or ``cuda:<index>``.
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
@@ -418,6 +434,125 @@ class SSVIConfig(_Section):
 
 
 @dataclass
+class MatchedDeterministicConfig(_Section):
+    """The deterministic network trained for as many epochs as the Bayesian pipeline
+    (method ``deterministic_matched``): ``network.pretrain_epochs + stage1.epochs +
+    stage3.epochs`` unless ``epochs`` is set, with the deterministic recipe
+    (``stage1.deterministic_*``), keeping the weights of the epoch with the best
+    validation NLL (``data.val_fraction``; without a validation split, the last epoch);
+    with ``patience``, training stops after that many epochs without improvement."""
+
+    section: ClassVar[str] = "deterministic_matched"
+    epochs: Annotated[
+        int | None,
+        optional(
+            at_least(0),
+            "must be an integer >= 0, or absent for pretrain + stage-1 + stage-3 epochs",
+        ),
+    ] = None
+    patience: Annotated[
+        int | None,
+        optional(at_least(1), "must be an integer >= 1, or absent to train every epoch"),
+    ] = None
+
+
+@dataclass
+class EnsembleConfig(_Section):
+    """A deep ensemble (method ``ensemble``): ``members`` deterministic networks trained
+    with the deterministic recipe (``stage1.deterministic_*``) for ``epochs`` epochs
+    (absent: ``stage1.deterministic_epochs``), member ``m`` initialised and shuffled with
+    seed ``seed + m`` (member 0 is the deterministic row's network)."""
+
+    section: ClassVar[str] = "ensemble"
+    members: Annotated[int, at_least(1, "M (ensemble members) must be an integer >= 1")] = 5
+    epochs: Annotated[
+        int | None,
+        optional(at_least(0), "must be an integer >= 0, or absent for deterministic_epochs"),
+    ] = None
+
+
+@dataclass
+class LaplaceConfig(_Section):
+    """Post-hoc Laplace (method ``laplace``; needs ``pip install laplace-torch``) on the
+    run's deterministic network: over the ``last_layer`` or ``all`` weights with a
+    ``kron`` or ``diag`` GGN, the prior precision (``scalar`` or, with ``subset =
+    "all"``, ``layerwise``) fitted by ``marglik_steps`` steps on the marginal likelihood;
+    predicted by ``num_samples`` seeded draws of the linearised (``glm``) or the plain
+    (``nn``) network (:mod:`twodg_pyro.baselines.laplace`); the curvature is summed over
+    the training set in batches of ``batch_size``."""
+
+    section: ClassVar[str] = "laplace"
+    subset: LaplaceSubset = "last_layer"
+    hessian: LaplaceHessian = "kron"
+    pred_type: LaplacePredictive = "glm"
+    prior_structure: PriorStructure = "scalar"
+    marglik_steps: Annotated[int, at_least(0)] = 100
+    marglik_lr: Annotated[float, positive()] = 0.1
+    #: examples per batch of the curvature pass (with ``subset = "all"``, ``hessian =
+    #: "diag"`` laplace-torch forms each batch's Jacobian, batch x classes x weights)
+    batch_size: Annotated[int, at_least(1)] = 32
+
+    def _check(self) -> None:
+        _require(
+            not (self.subset == "last_layer" and self.prior_structure == "layerwise"),
+            "laplace.prior_structure",
+            self.prior_structure,
+            "laplace-torch fits a scalar prior precision for subset = 'last_layer'; use "
+            "'scalar' (or subset = 'all')",
+        )
+
+
+def _names_of(known: tuple[str, ...]) -> Rule:
+    return Rule(
+        lambda v: isinstance(v, (list, tuple)) and all(x in known for x in v),
+        f"must be a list of values from {', '.join(map(str, known))}",
+    )
+
+
+@dataclass
+class UncertaintyConfig(_Section):
+    """OOD detection, shift and selective prediction in the results of a run
+    (:mod:`twodg_pyro.pipeline.uncertainty_step`): off unless ``enabled``.  ``draws``
+    (absent: ``num_samples``) seeded draws per method; every built-in OOD set of
+    ``ood_sets`` and every folder set of ``folder_sets`` (read from ``folder_root``), at
+    most ``ood_size`` images each; every corruption family of ``corruptions`` at
+    ``severities`` on at most ``shift_size`` evaluation images."""
+
+    section: ClassVar[str] = "uncertainty"
+    enabled: Annotated[bool, BOOLEAN] = False
+    draws: Annotated[
+        int | None, optional(at_least(1), "must be an integer >= 1, or absent for num_samples")
+    ] = None
+    ood_sets: Annotated[list[str], _names_of(tuple(BUILTIN_OOD_SETS))] = field(
+        default_factory=lambda: list(BUILTIN_OOD_SETS)
+    )
+    folder_sets: Annotated[list[str], _names_of(tuple(FOLDER_OOD_SETS))] = field(
+        default_factory=list
+    )
+    folder_root: Annotated[str | None, FOLDER] = None
+    ood_size: Annotated[
+        int | None, optional(at_least(1), "must be an integer >= 1, or absent for all")
+    ] = None
+    corruptions: Annotated[list[str], _names_of(tuple(CORRUPTIONS))] = field(
+        default_factory=lambda: list(CORRUPTIONS)
+    )
+    severities: Annotated[list[int], _names_of(SEVERITIES)] = field(
+        default_factory=lambda: list(SEVERITIES)
+    )
+    shift_size: Annotated[
+        int | None, optional(at_least(1), "must be an integer >= 1, or absent for all")
+    ] = None
+
+    def _check(self) -> None:
+        _require(
+            not self.folder_sets or self.folder_root is not None,
+            "uncertainty.folder_root",
+            self.folder_root,
+            f"is needed to read the folder sets {self.folder_sets}",
+        )
+
+
+@dataclass
 class DiagnosticsConfig(_Section):
     """What a run computes after its results are written, and how much of it.
 
@@ -490,6 +625,12 @@ class RunConfig(_Section):
     stage3: Stage3Config = field(default_factory=Stage3Config)
     rank1: Rank1Config = field(default_factory=Rank1Config)
     ssvi: SSVIConfig = field(default_factory=SSVIConfig)
+    deterministic_matched: MatchedDeterministicConfig = field(
+        default_factory=MatchedDeterministicConfig
+    )
+    ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
+    laplace: LaplaceConfig = field(default_factory=LaplaceConfig)
+    uncertainty: UncertaintyConfig = field(default_factory=UncertaintyConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
     def _check(self) -> None:
@@ -502,6 +643,16 @@ class RunConfig(_Section):
             self.methods,
             "names a method twice",
         )
+        if "laplace" in self.methods:
+            import importlib.util
+
+            _require(
+                importlib.util.find_spec("laplace") is not None,
+                "methods",
+                self.methods,
+                "the method 'laplace' needs the laplace-torch package, which is not "
+                "installed: pip install laplace-torch",
+            )
         hints = get_type_hints(type(self))
         for f in dataclasses.fields(self):
             cls = hints[f.name]
@@ -670,12 +821,3 @@ def load_config(
         base = preset(name)
     values = merge_settings(merge_settings(base or {}, values), overrides or {})
     return config_from_dict(values)
-
-
-def merge_settings(base: dict, over: dict) -> dict:
-    """Recursively update nested settings ``base`` with ``over`` (a new dict)."""
-    out = dict(base)
-    for k, v in over.items():
-        nested = isinstance(v, dict) and isinstance(out.get(k), dict)
-        out[k] = merge_settings(out[k], v) if nested else v
-    return out

@@ -33,6 +33,12 @@ from ..predict import deterministic_predict
 from . import artifacts
 from .algorithm1 import run_2dg, stage1_mean_field
 from .alternatives import run_rank1, run_ssvi
+from .baseline_methods import (
+    run_deterministic_matched,
+    run_ensemble,
+    run_laplace,
+    write_baseline_files,
+)
 from .builders import build_net, check_device, load_data, seed_everything, train_loader
 from .checks import check_split
 from .config import RunConfig
@@ -41,6 +47,7 @@ from .results import evaluation_of, format_table, kl_weight_field, write_results
 from .resume import RunCheckpoints
 from .run_folder import RunFolder
 from .trained import RunArtifacts, Trained
+from .uncertainty_step import add_uncertainty
 
 __all__ = ["METHOD_REGISTRY", "Method", "RunArtifacts", "RunContext", "Trained", "run"]
 
@@ -111,12 +118,15 @@ def _run(
             record = method.run(ctx)
             if record is not None:
                 art.records.append(record)
+    if cfg.uncertainty.enabled and env.is_main():  # OOD, shift, selective prediction
+        add_uncertainty(art, cfg)
     if env.is_main():
         print(format_table(art.records))
     if out_dir is not None:
 
         def write():
             write_results(out_dir, art.records, cfg.to_dict(), evaluation_of(cfg, art.eval_data))
+            write_baseline_files(art, cfg, out_dir)  # model_<baseline>.pt
             artifacts.write_artifacts(art, cfg, out_dir)  # model files, diagnostics, ...
 
         env.on_main(write, f"write the results to {out_dir}")
@@ -257,6 +267,7 @@ def deterministic(ctx: RunContext) -> dict | None:
     cfg = ctx.cfg
     det, seconds = ctx.train_deterministic(cfg.stage1.deterministic_epochs)
     ctx.deterministic = (det, cfg.stage1.deterministic_epochs)
+    ctx.art.trained["deterministic"] = Trained(det, None, None)
     pred = ctx.execution.predict(
         lambda d: deterministic_predict(det, d), ctx.art.eval_data, cfg.device
     )
@@ -265,6 +276,7 @@ def deterministic(ctx: RunContext) -> dict | None:
         "method": "deterministic",
         **classification_metrics(pred.mean, pred.targets),
         "trainable_params": n_det,
+        "stored_params": n_det,
         "size_mb": 4 * n_det / 1e6,
         "train_seconds": seconds,
         **ctx.execution.record_fields(),
@@ -283,9 +295,11 @@ def mean_field(ctx: RunContext) -> dict | None:
         "method": "mean_field",
         **classification_metrics(pred.mean, pred.targets),
         "trainable_params": n_train,
+        "stored_params": n_train,  # 2 per Bayesian weight + the deterministic ones
         "size_mb": 4 * n_train / 1e6,
         "train_seconds": seconds,
         "final_elbo_terms": state.history[-1] if state.history else {},
+        "scale_trajectory": scale_trajectory(state.history),
         **kl_weight_field(ctx.cfg.stage1.kl_weight),
         **ctx.execution.record_fields(),
     }
@@ -308,6 +322,24 @@ def ssvi(ctx: RunContext) -> dict:
     return run_ssvi(ctx.cfg, ctx.art.split, ctx.art.eval_data, ctx.art)
 
 
+def deterministic_matched(ctx: RunContext) -> dict:
+    """The deterministic network trained for the Bayesian pipeline's epochs, early-stopped
+    on the validation NLL
+    (:func:`~twodg_pyro.pipeline.baseline_methods.run_deterministic_matched`)."""
+    return run_deterministic_matched(ctx, deterministic_recipe(ctx.cfg))
+
+
+def ensemble(ctx: RunContext) -> dict:
+    """A deep ensemble (:func:`~twodg_pyro.pipeline.baseline_methods.run_ensemble`)."""
+    return run_ensemble(ctx, deterministic_recipe(ctx.cfg))
+
+
+def laplace(ctx: RunContext) -> dict:
+    """Post-hoc Laplace on the deterministic network
+    (:func:`~twodg_pyro.pipeline.baseline_methods.run_laplace`)."""
+    return run_laplace(ctx, deterministic_recipe(ctx.cfg))
+
+
 #: The methods a run can train, in the order they run: the choices of ``methods`` in the
 #: settings (:data:`~twodg_pyro.pipeline.config.METHODS`).
 METHOD_REGISTRY: dict[str, Method] = {
@@ -316,10 +348,36 @@ METHOD_REGISTRY: dict[str, Method] = {
     "2dg": Method(two_dg, distributed=True),
     "rank1": Method(rank1, distributed=False),
     "ssvi": Method(ssvi, distributed=False),
+    "deterministic_matched": Method(deterministic_matched, distributed=False),
+    "ensemble": Method(ensemble, distributed=False),
+    "laplace": Method(laplace, distributed=False),
 }
 
 
 # ---------------------------------------------------------------------------- helpers
+_TRAJECTORY_KEYS = ("loss", "kl", "nll", "sigma_median", "sigma_ratio_median", "sigma_over_spread")
+
+
+def scale_trajectory(history: list[dict], points: int = 11) -> list[dict]:
+    """About ``points`` evenly spaced epochs of a fit's history (always the last), each
+    with its ELBO terms and the scales' summary of
+    :class:`~twodg_pyro.infer.ScaleTrajectory`: whether the fit converged, in a few
+    numbers."""
+    if not history:
+        return []
+    step = max(1, len(history) // max(1, points - 1))
+    picked = list(range(0, len(history), step))
+    if picked[-1] != len(history) - 1:
+        picked.append(len(history) - 1)
+    return [
+        {
+            "epoch": history[i].get("epoch", i),
+            **{k: history[i][k] for k in _TRAJECTORY_KEYS if k in history[i]},
+        }
+        for i in picked
+    ]
+
+
 def deterministic_recipe(cfg: RunConfig) -> dict:
     """The keyword arguments of :func:`~twodg_pyro.baselines.train_deterministic` beyond
     the learning rate: the optimiser and, for SGD, its schedule (``stage1.deterministic_*``)."""

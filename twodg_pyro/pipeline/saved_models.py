@@ -134,20 +134,31 @@ def evaluate_model_file(
     num_samples: int | None = None,
     seed: int | None = None,
     device: str = "cpu",
+    uncertainty=None,
 ) -> dict:
     """Accuracy, NLL, ECE and Brier of a saved model of any method, over ``num_samples``
     posterior draws seeded with ``seed`` (:func:`~twodg_pyro.evaluation.evaluate`), run on
-    ``device`` in the dtype the model was saved in.
+    ``device`` in the dtype the model was saved in.  A baseline's file
+    (:func:`~twodg_pyro.io.save_baseline`) is evaluated by its own draws: an ensemble's
+    members, a network's one forward pass, a Laplace approximation's ``num_samples``
+    draws seeded with ``seed`` (``num_samples`` in the output says how many).
 
     ``data``, ``num_samples`` and ``seed`` default to those of the run that wrote the file
     (its ``evaluation`` record; else digits, 30, 0), and the run's split settings are
     used for its data set: on the run's device the metrics are then those of the run's
     results table.  The output says which draws and examples it used, and gives the
     run's recorded metrics (``recorded_metrics``) when it used the same ones.
+
+    With ``uncertainty`` (an :class:`~twodg_pyro.pipeline.config.UncertaintyConfig`) the
+    output also has ``uncertainty``: OOD detection, shift and selective prediction on the
+    same draws (:mod:`twodg_pyro.pipeline.uncertainty_step`).
     """
     from ..evaluation import SAMPLE_CHUNK, evaluate
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
+    header = _baseline_header(model_file)
+    if header is not None:
+        return _evaluate_baseline(model_file, header, d, root, split_name, device, uncertainty)
     model, guide, split = _load(model_file, d["data"], root, device, d["data_settings"])
     dataset = getattr(split, split_name)
     if len(dataset) == 0:
@@ -163,17 +174,103 @@ def evaluate_model_file(
         "sample_chunk": SAMPLE_CHUNK,
         **metrics,
     }
+    if uncertainty is not None:
+        result["uncertainty"] = _uncertainty(
+            (model, guide), True, split, eval_data, uncertainty, d, device
+        )
+    return _with_recorded(result, d)
+
+
+def _uncertainty(trained, bayesian: bool, split, eval_data, settings, d: dict, device) -> dict:
+    from .uncertainty_step import UncertaintySets
+
+    sets = UncertaintySets(split, eval_data, settings, d["seed"])
+    draws = settings.draws if settings.draws is not None else d["num_samples"]
+    return sets.record(trained, bayesian, draws, device)
+
+
+def _with_recorded(result: dict, d: dict, seeded: bool = True) -> dict:
+    """``result`` with the run's ``recorded_metrics`` when it used the same draws and
+    examples (``seeded``: the seed matters)."""
     rec = d["recorded"]
     if (
         rec.get("metrics")
-        and rec.get("seed") == result["seed"]
+        and (not seeded or rec.get("seed") == result["seed"])
         and rec.get("num_samples") == result["num_samples"]
         and rec.get("n_examples") == result["n_examples"]
-        and rec.get("split", "test") == split_name
+        and rec.get("split", "test") == result["split"]
         and (rec.get("data") or {}).get("name") == d["data"]
     ):
         result["recorded_metrics"] = rec["metrics"]
     return result
+
+
+def _baseline_header(model_file) -> dict | None:
+    """The header of a baseline's model file, ``None`` for any other file."""
+    from ..io import read_model_header
+    from ..io.baseline_file import BASELINE_FILE_KIND
+
+    try:
+        header = read_model_header(model_file)
+    except (OSError, ValueError):
+        return None  # the loader names the problem
+    return header if header.get("kind") == BASELINE_FILE_KIND else None
+
+
+def _evaluate_baseline(
+    model_file, header: dict, d: dict, root, split_name: str, device: str, uncertainty=None
+) -> dict:
+    """:func:`evaluate_model_file` of a baseline's file (ensemble, Laplace, network)."""
+    from ..baselines import draw_probs
+    from ..io import load_baseline
+    from ..metrics import classification_metrics
+    from ..models import MLP
+    from .builders import check_device, load_data
+    from .config import DataConfig
+
+    check_device(device)
+    obj = load_baseline(model_file, device=device)
+    settings = {
+        k: v
+        for k, v in d["data_settings"].items()
+        if k in ("val_fraction", "test_fraction", "split_seed")
+    }
+    if root is None:
+        root = d["data_settings"].get("root")
+    net = getattr(obj, "net", obj)
+    split = load_data(
+        DataConfig(name=d["data"], root=root, **settings), image=not isinstance(net, MLP)
+    )
+    check_fits(obj if hasattr(obj, "net") else _AsModel(obj), split, model_file, device)
+    dataset = getattr(split, split_name)
+    if len(dataset) == 0:
+        raise ValueError(f"the {split_name} split of {d['data']!r} is empty")
+    tensors = xy(dataset)
+    data = data_to_device(tensors, device) if isinstance(tensors, tuple) else _loader(dataset)
+    samples = draw_probs(obj, data, d["num_samples"], d["seed"])
+    labels = tensors[1] if isinstance(tensors, tuple) else torch.cat([y for _, y in data])
+    result = {
+        "model_file": str(model_file),
+        "method": d["recorded"].get("method") or header.get("method"),
+        "data": d["data"],
+        "split": split_name,
+        **classification_metrics(samples.mean(0), labels),
+        "num_samples": int(samples.shape[0]),
+        "seed": int(d["seed"]),
+        "n_examples": int(samples.shape[1]),
+    }
+    if uncertainty is not None:
+        bayesian = hasattr(obj, "sample_probs")
+        result["uncertainty"] = _uncertainty(obj, bayesian, split, data, uncertainty, d, device)
+    return _with_recorded(result, d, seeded=hasattr(obj, "sample_params"))
+
+
+class _AsModel:
+    """A plain network seen as a model for :func:`check_fits` (``net``, ``dtype``)."""
+
+    def __init__(self, net):
+        self.net = net
+        self.dtype = next(net.parameters()).dtype
 
 
 def _method_of(guide) -> str:

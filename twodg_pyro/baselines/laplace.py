@@ -1,0 +1,367 @@
+r"""Post-hoc Laplace approximation of a trained network, fitted with laplace-torch
+(Daxberger et al. 2021; the optional dependency ``pip install laplace-torch``, imported
+only when a Laplace approximation is fitted).
+
+:func:`~twodg_pyro.baselines.laplace_fit.fit_laplace` fits
+:math:`q(\theta) = \mathcal N(\theta_\text{MAP}, P^{-1})` around a trained network: by
+default over the **last layer** with a **Kronecker-factored** generalised Gauss-Newton
+(``subset_of_weights="last_layer", hessian_structure="kron"``), or over all layers with
+a diagonal one (``subset="all", hessian="diag"``; the other two combinations work too),
+its prior precision :math:`\delta` fitted by maximising the Laplace marginal likelihood
+(``optimize_prior_precision(method="marglik")``, one scalar, or one per parameter tensor
+with ``subset="all"``). The posterior precision is, per parameter tensor,
+:math:`P = H + \delta I` with :math:`H = A \otimes G` (kron) or :math:`\mathrm{diag}(h)`.
+
+The result is a :class:`LaplacePosterior`: the network plus the fitted precision
+**factors as plain tensors** (the raw Kronecker factors or the diagonal, and the prior
+precision). It predicts without laplace-torch, so a saved one
+(:func:`~twodg_pyro.io.save_baseline`) loads with safe loading only and predicts exactly
+as before.
+
+**The predictive is Monte Carlo**, not laplace-torch's probit approximation: ``S`` joint
+draws :math:`\theta_s \sim q` from a ``torch.Generator`` seeded with ``seed`` (the same
+draws as laplace-torch's ``la.sample(S, generator)``, arithmetic for arithmetic), each
+giving per-draw class probabilities, averaged for the prediction:
+
+* ``pred_type="glm"`` (default): the linearised network of the GGN,
+  :math:`f_s(x) = f(x; \theta_\text{MAP}) + J(x)(\theta_s - \theta_\text{MAP})` (a
+  forward-mode Jacobian-vector product per draw), as laplace-torch's
+  ``pred_type="glm", link_approx="mc"``; for the last layer it is exact: the logits are
+  affine in the last layer's weights, so ``"glm"`` and ``"nn"`` coincide;
+* ``pred_type="nn"``: the network run with the drawn weights.
+
+:meth:`LaplacePosterior.sample_probs` returns the per-draw probabilities ``(S, N, C)``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Literal, get_args
+
+import torch
+from torch import nn
+from torch.func import functional_call, jvp, vmap
+
+from ..model import match_input
+from ..predict import Prediction
+from .ensemble import batches, targets_of
+
+__all__ = [
+    "HESSIANS",
+    "LaplaceHessian",
+    "LaplacePosterior",
+    "LaplacePredictive",
+    "LaplaceSubset",
+    "PREDICTIVES",
+    "PRIOR_STRUCTURES",
+    "PriorStructure",
+    "SUBSETS",
+    "check_laplace_settings",
+]
+
+#: which weights the approximation covers
+LaplaceSubset = Literal["last_layer", "all"]
+SUBSETS: tuple[str, ...] = get_args(LaplaceSubset)
+#: the structure of the Hessian (GGN) approximation
+LaplaceHessian = Literal["kron", "diag"]
+HESSIANS: tuple[str, ...] = get_args(LaplaceHessian)
+#: the Monte Carlo predictive: linearised (``glm``) or the network with drawn weights
+LaplacePredictive = Literal["glm", "nn"]
+PREDICTIVES: tuple[str, ...] = get_args(LaplacePredictive)
+#: the prior precision fitted by marginal likelihood: one number, or one per tensor
+PriorStructure = Literal["scalar", "layerwise"]
+PRIOR_STRUCTURES: tuple[str, ...] = get_args(PriorStructure)
+
+_DRAW_CHUNK = 10
+
+
+def _one_of(name: str, value, options: tuple[str, ...]) -> None:
+    if not (isinstance(value, str) and value in options):
+        raise ValueError(f"{name} = {value!r}: must be one of {list(options)}")
+
+
+def check_laplace_settings(
+    subset: str = "last_layer",
+    hessian: str = "kron",
+    pred_type: str = "glm",
+    prior_structure: str = "scalar",
+) -> None:
+    """Refuse settings :func:`~twodg_pyro.baselines.laplace_fit.fit_laplace` cannot use,
+    naming the value.
+
+    Raises:
+        ValueError: an unknown ``subset``, ``hessian``, ``pred_type`` or
+            ``prior_structure``, or a layer-wise prior for a last-layer approximation
+            (laplace-torch has only a scalar one there).
+    """
+    _one_of("subset", subset, SUBSETS)
+    _one_of("hessian", hessian, HESSIANS)
+    _one_of("pred_type", pred_type, PREDICTIVES)
+    _one_of("prior_structure", prior_structure, PRIOR_STRUCTURES)
+    if (subset, prior_structure) == ("last_layer", "layerwise"):
+        raise ValueError(
+            "prior_structure = 'layerwise' with subset = 'last_layer': laplace-torch's "
+            "last-layer approximations fit a scalar prior precision only; use 'scalar' "
+            "(or subset = 'all')"
+        )
+
+
+def _symeig(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """laplace-torch's ``symeig``: eigenvalues clamped at 0, jitter if it fails."""
+    try:
+        eigval, vec = torch.linalg.eigh(m, UPLO="U")
+    except RuntimeError:  # did not converge
+        eye = torch.eye(m.shape[0], device=m.device, dtype=m.dtype)
+        eigval, vec = torch.linalg.eigh(m + eye, UPLO="U")
+        eigval = eigval - 1.0
+    return torch.nan_to_num(eigval.clamp(min=0.0)), torch.nan_to_num(vec)
+
+
+class LaplacePosterior(nn.Module):
+    r"""A Laplace approximation :math:`\mathcal N(\theta_\text{MAP}, P^{-1})` over some of a
+    network's parameters, as plain tensors.
+
+    Args:
+        net: the trained network (its current values are :math:`\theta_\text{MAP}`).
+        subset, hessian: see the module docstring (recorded; ``param_names`` says which
+            tensors are covered, in the order of the posterior's vector).
+        param_names: the names (in ``net.named_parameters()``) of the covered tensors.
+        factors: ``hessian = "kron"``: per covered tensor a list of one or two Kronecker
+            factors (laplace-torch's ``H_facs.kfacs``); ``"diag"``: the diagonal ``(P,)``.
+        prior_precision: ``(1,)`` or one per covered tensor.
+        h_factor: the factor of the likelihood's curvature (1 / temperature).
+        pred_type: the Monte Carlo predictive (``"glm"`` or ``"nn"``).
+
+    Raises:
+        ValueError: unknown settings, names the network lacks, or factors whose sizes do
+            not fit the covered tensors.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        *,
+        subset: str,
+        hessian: str,
+        param_names: list[str],
+        factors,
+        prior_precision: torch.Tensor,
+        h_factor: float = 1.0,
+        pred_type: str = "glm",
+    ):
+        super().__init__()
+        check_laplace_settings(subset, hessian, pred_type)
+        self.net = net
+        self.subset, self.hessian, self.pred_type = subset, hessian, pred_type
+        self.param_names = list(param_names)
+        self.h_factor = float(h_factor)
+        params = dict(net.named_parameters())
+        missing = [n for n in self.param_names if n not in params]
+        if missing or not self.param_names:
+            raise ValueError(f"the network has no parameter(s) {missing or '(none given)'}")
+        shapes = [tuple(params[n].shape) for n in self.param_names]
+        self.shapes = shapes
+        self.n_params = sum(math.prod(s) for s in shapes)
+        prior = torch.as_tensor(prior_precision).detach().reshape(-1).clone()
+        if prior.numel() not in (1, len(shapes)):
+            raise ValueError(
+                f"prior_precision has {prior.numel()} values; 1 or one per covered tensor "
+                f"({len(shapes)}) expected"
+            )
+        self.register_buffer("prior_precision", prior)
+        if hessian == "diag":
+            diag = torch.as_tensor(factors).detach().reshape(-1).clone()
+            if diag.numel() != self.n_params:
+                raise ValueError(
+                    f"the diagonal has {diag.numel()} values, {self.n_params} expected"
+                )
+            self.register_buffer("diag_h", diag)
+            self.block_sizes = []
+        else:
+            if len(factors) != len(shapes):
+                raise ValueError(
+                    f"{len(factors)} Kronecker blocks for {len(shapes)} covered tensors"
+                )
+            self.block_sizes = []
+            for i, (block, shape) in enumerate(zip(factors, shapes, strict=True)):
+                sizes = [int(f.shape[0]) for f in block]
+                square = all(f.dim() == 2 and f.shape[0] == f.shape[1] for f in block)
+                if len(block) not in (1, 2) or not square or math.prod(sizes) != math.prod(shape):
+                    raise ValueError(
+                        f"Kronecker block {i} of sizes {sizes} does not fit the tensor "
+                        f"{self.param_names[i]!r} of shape {shape}"
+                    )
+                self.block_sizes.append(sizes)
+                for j, f in enumerate(block):
+                    self.register_buffer(f"kfac_{i}_{j}", f.detach().clone())
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.net.parameters()).dtype
+
+    @property
+    def factors(self):
+        """The precision factors as given to the constructor (on this module's device)."""
+        if self.hessian == "diag":
+            return self.diag_h
+        return [
+            [getattr(self, f"kfac_{i}_{j}") for j in range(len(sizes))]
+            for i, sizes in enumerate(self.block_sizes)
+        ]
+
+    def num_factor_values(self) -> int:
+        """Floating-point numbers of the posterior beyond the network: the precision
+        factors and the prior precision."""
+        extra = self.prior_precision.numel()
+        if self.hessian == "diag":
+            return extra + self.diag_h.numel()
+        return extra + sum(f.numel() for block in self.factors for f in block)
+
+    def mean(self) -> torch.Tensor:
+        r""":math:`\theta_\text{MAP}`: the covered tensors of the network, flattened."""
+        params = dict(self.net.named_parameters())
+        return torch.cat([params[n].detach().reshape(-1) for n in self.param_names])
+
+    def _delta(self, i: int) -> torch.Tensor:
+        prior = self.prior_precision
+        return prior[0] if prior.numel() == 1 else prior[i]
+
+    def posterior_precision_diag(self) -> torch.Tensor:
+        """The diagonal of the posterior precision ``(P,)``."""
+        if self.hessian == "diag":
+            prior = self.prior_precision
+            if prior.numel() == 1:
+                prior = prior * torch.ones_like(self.diag_h)
+            else:
+                sizes = [math.prod(s) for s in self.shapes]
+                prior = torch.cat(
+                    [
+                        d * torch.ones(n, dtype=prior.dtype, device=prior.device)
+                        for d, n in zip(prior, sizes, strict=True)
+                    ]
+                )
+            return self.h_factor * self.diag_h + prior
+        out = []
+        for i, block in enumerate(self.factors):
+            diag = [f.diagonal() * self.h_factor ** (1 / len(block)) for f in block]
+            d = diag[0] if len(diag) == 1 else torch.outer(diag[0], diag[1]).reshape(-1)
+            out.append(d + self._delta(i))
+        return torch.cat(out)
+
+    def covariance(self) -> torch.Tensor:
+        """The dense posterior covariance ``(P, P)`` (for checks on small layers)."""
+        if self.hessian == "diag":
+            return torch.diag(1 / self.posterior_precision_diag())
+        eye = torch.eye(self.n_params, dtype=self.dtype, device=self.prior_precision.device)
+        cols = self._scale(eye, exponent=-0.5)  # P^(-1/2) is symmetric
+        return cols @ cols.T
+
+    # ------------------------------------------------------------------ draws
+    def _scale(self, z: torch.Tensor, exponent: float = -0.5) -> torch.Tensor:
+        """``(P^exponent z^T)^T`` for ``z`` of shape ``(S, P)``, laplace-torch's
+        ``KronDecomposed.bmm`` / ``DiagLaplace.sample`` arithmetic."""
+        if self.hessian == "diag":
+            prec = self.posterior_precision_diag()
+            scale = 1 / prec.sqrt() if exponent == -0.5 else torch.pow(prec, exponent)
+            return z * scale.reshape(1, -1)
+        out, cur, n = [], 0, z.shape[0]
+        for i, block in enumerate(self.factors):
+            delta = self._delta(i)
+            eig = [_symeig(f) for f in block]
+            scale = self.h_factor ** (1 / len(block))
+            if len(block) == 1:
+                (eigval, q), p = eig[0], block[0].shape[0]
+                ldelta = torch.pow(eigval * scale + delta, exponent).reshape(-1, 1)
+                w = z[:, cur : cur + p].T
+                out.append((q @ (ldelta * (q.T @ w))).T)
+            else:
+                (l1, q1), (l2, q2) = eig
+                p_in, p_out = len(l1), len(l2)
+                p = p_in * p_out
+                ldelta = torch.pow(torch.outer(l1 * scale, l2 * scale) + delta, exponent)
+                w = z[:, cur : cur + p].reshape(n, p_in, p_out)
+                w = (q1.T @ w @ q2) * ldelta.unsqueeze(0)
+                out.append((q1 @ w @ q2.T).reshape(n, p))
+            cur += p
+        return torch.cat(out, dim=1)
+
+    def sample_params(self, num_samples: int, seed: int = 0) -> torch.Tensor:
+        r"""``(S, P)`` draws :math:`\theta_s \sim q` from a generator seeded with ``seed``
+        on the posterior's device."""
+        if int(num_samples) < 1:
+            raise ValueError(f"num_samples must be at least 1, got {num_samples!r}")
+        mean = self.mean()
+        gen = torch.Generator(device=mean.device)
+        gen.manual_seed(int(seed))
+        z = torch.randn(
+            int(num_samples), self.n_params, device=mean.device, dtype=mean.dtype, generator=gen
+        )
+        return mean.reshape(1, -1) + self._scale(z, -0.5)
+
+    def _unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        out, cur = {}, 0
+        for name, shape in zip(self.param_names, self.shapes, strict=True):
+            n = math.prod(shape)
+            out[name] = flat[..., cur : cur + n].reshape(*flat.shape[:-1], *shape)
+            cur += n
+        return out
+
+    @torch.no_grad()
+    def _logits(self, draws: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``(s, B, C)`` logits of the draws ``(s, P)`` on a batch (``pred_type``)."""
+        net = self.net
+        base = {k: v.detach() for k, v in net.named_parameters()}
+        base.update({k: v for k, v in net.named_buffers()})
+        if self.pred_type == "nn":
+
+            def one(flat):
+                return functional_call(net, {**base, **self._unflatten(flat)}, (x,))
+
+            return vmap(one, randomness="different")(draws)
+        primal = self._unflatten(self.mean())
+
+        def f(sub):
+            return functional_call(net, {**base, **sub}, (x,))
+
+        f_mu = f(primal)
+        tangents = self._unflatten(draws - self.mean().reshape(1, -1))
+        jv = vmap(lambda t: jvp(f, (primal,), (t,))[1], randomness="different")(tangents)
+        return f_mu.unsqueeze(0) + jv
+
+    @torch.no_grad()
+    def sample_probs(self, x, num_samples: int = 30, seed: int = 0, batch_size: int = 512):
+        """Per-draw class probabilities ``(S, N, C)`` on inputs ``x`` (a tensor, a pair
+        ``(X, y)`` or batches), on the CPU: ``num_samples`` draws seeded with ``seed``
+        (the same draws for every batch and batching)."""
+        return self._probs(batches(x, batch_size), num_samples, seed)
+
+    def _probs(self, parts, num_samples: int, seed: int) -> torch.Tensor:
+        self.eval()
+        draws = self.sample_params(num_samples, seed)
+        rows = []
+        with warnings.catch_warnings():  # torch's forward AD, at its first use
+            warnings.filterwarnings("ignore", ".*torch.jit.script.*", FutureWarning)
+            for xb, _ in parts:
+                xb = match_input(xb, draws)
+                chunks = [self._logits(d, xb).softmax(-1).cpu() for d in draws.split(_DRAW_CHUNK)]
+                rows.append(torch.cat(chunks, 0))
+        return torch.cat(rows, 1)
+
+    @torch.no_grad()
+    def predict(
+        self,
+        data,
+        num_samples: int = 30,
+        seed: int = 0,
+        batch_size: int = 512,
+        keep_samples: bool = False,
+    ) -> Prediction:
+        """The Monte Carlo predictive on ``data``: a :class:`~twodg_pyro.predict.Prediction`
+        whose ``mean`` averages :meth:`sample_probs` (``samples`` with ``keep_samples``)."""
+        parts = batches(data, batch_size)
+        probs = self._probs(parts, num_samples, seed)
+        return Prediction(
+            mean=probs.mean(0), targets=targets_of(parts), samples=probs if keep_samples else None
+        )

@@ -1,0 +1,154 @@
+"""Fitting a :class:`~twodg_pyro.baselines.laplace.LaplacePosterior` with laplace-torch
+(the optional dependency ``pip install laplace-torch``, imported when a fit runs): see
+:mod:`twodg_pyro.baselines.laplace` for the approximation and its predictive."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+from torch import nn
+
+from ..model import match_input
+from .laplace import LaplacePosterior, check_laplace_settings
+
+__all__ = ["INSTALL_HINT", "MissingLaplaceError", "fit_laplace", "from_laplace", "require_laplace"]
+
+INSTALL_HINT = "pip install laplace-torch (or pip install -e '.[laplace]')"
+
+
+class MissingLaplaceError(ImportError, ValueError):
+    """laplace-torch is not installed (a user error: the message says how to install it)."""
+
+
+def require_laplace():
+    """The ``laplace`` module of laplace-torch, imported now.
+
+    Raises:
+        MissingLaplaceError: it is not installed (the message names ``pip install
+            laplace-torch``).
+    """
+    try:
+        with warnings.catch_warnings():  # its dependencies' deprecation notes at import
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import laplace
+    except ImportError as e:
+        raise MissingLaplaceError(
+            f"the Laplace baseline needs the laplace-torch package, which is not installed "
+            f"({e}): {INSTALL_HINT}"
+        ) from e
+    return laplace
+
+
+class _CastLoader:
+    """A loader whose floating inputs are cast to the network's dtype (laplace-torch
+    moves them to its device only); ``dataset`` is kept (laplace-torch reads N)."""
+
+    def __init__(self, loader, like: torch.Tensor):
+        self.loader, self.like = loader, like
+        self.dataset = loader.dataset
+
+    def __iter__(self):
+        for x, y in self.loader:
+            yield match_input(x, self.like), y.to(self.like.device)
+
+    def __len__(self):
+        return len(self.loader)
+
+
+def fit_laplace(
+    net: nn.Module,
+    train_loader,
+    *,
+    subset: str = "last_layer",
+    hessian: str = "kron",
+    prior_structure: str = "scalar",
+    marglik_steps: int = 100,
+    marglik_lr: float = 0.1,
+    pred_type: str = "glm",
+    progress: bool = False,
+) -> LaplacePosterior:
+    """Fit a Laplace approximation around the trained ``net`` with laplace-torch.
+
+    Args:
+        net: the trained (MAP) network; it is not changed (laplace-torch works on a copy).
+        train_loader: the training data (a ``DataLoader``: laplace-torch reads
+            ``len(train_loader.dataset)``).  With ``subset="all", hessian="diag"``
+            laplace-torch forms each batch's Jacobian (batch x classes x weights): keep
+            its batches small (32 for LeNet-5: about 1 GB; 256 needs far more).
+        subset, hessian: ``"last_layer"``/``"all"``, ``"kron"``/``"diag"``.
+        prior_structure: ``"scalar"`` or ``"layerwise"`` prior precision, fitted by
+            ``marglik_steps`` Adam steps at ``marglik_lr`` on the log marginal likelihood.
+        pred_type: the Monte Carlo predictive of the result (``"glm"`` or ``"nn"``).
+        progress: laplace-torch's progress bars.
+
+    Raises:
+        ValueError: unknown settings (named), or an approximation laplace-torch cannot
+            fit on this network (e.g. Kronecker factors of BatchNorm layers).
+        MissingLaplaceError: laplace-torch is not installed.
+    """
+    check_laplace_settings(subset, hessian, pred_type, prior_structure)
+    if isinstance(marglik_steps, bool) or not isinstance(marglik_steps, int) or marglik_steps < 0:
+        raise ValueError(f"marglik_steps = {marglik_steps!r}: must be an integer >= 0")
+    laplace = require_laplace()
+    work = copy.deepcopy(net).eval()
+    like = next(work.parameters())
+    la = laplace.Laplace(
+        work, "classification", subset_of_weights=subset, hessian_structure=hessian
+    )
+    with warnings.catch_warnings():
+        # laplace-torch's notes that do not apply: its curvature backend's use of
+        # torch.jit.script, and "By default `link_approx` is `probit`" (we sample)
+        warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=".*link_approx.*")
+        try:
+            la.fit(_CastLoader(train_loader, like), progress_bar=progress)
+        except NotImplementedError as e:  # e.g. KFAC over a BatchNorm layer
+            raise ValueError(
+                f"laplace-torch cannot fit subset = {subset!r}, hessian = {hessian!r} on "
+                f"{type(net).__name__}: {e or type(e).__name__} (its Kronecker factors "
+                "cover Linear and Conv2d layers only: use hessian = 'diag' or subset = "
+                "'last_layer')"
+            ) from e
+        la.optimize_prior_precision(
+            method="marglik",
+            pred_type=pred_type,
+            prior_structure=prior_structure,
+            n_steps=int(marglik_steps),
+            lr=float(marglik_lr),
+            progress_bar=progress,
+        )
+    return from_laplace(la, net, subset, hessian, pred_type)
+
+
+def from_laplace(la, net: nn.Module, subset: str, hessian: str, pred_type: str = "glm"):
+    """The :class:`LaplacePosterior` of a fitted laplace-torch object over ``net``.
+
+    Raises:
+        ValueError: its mean is not ``net``'s parameters (another network).
+    """
+    if subset == "last_layer":
+        last = la.model._last_layer_name
+        names = [f"{last}.{n}" for n, _ in la.model.last_layer.named_parameters()]
+    else:
+        names = [n for n, p in la.model.named_parameters() if p.requires_grad]
+    factors = (
+        [[f.detach() for f in block] for block in la.H_facs.kfacs]
+        if hessian == "kron"
+        else la.H.detach()
+    )
+    post = LaplacePosterior(
+        net,
+        subset=subset,
+        hessian=hessian,
+        param_names=names,
+        factors=factors,
+        prior_precision=la.prior_precision.detach(),
+        h_factor=float(la._H_factor),
+        pred_type=pred_type,
+    )
+    if not torch.equal(post.mean(), la.mean.detach().to(post.mean().dtype)):
+        raise ValueError("the Laplace approximation's mean is not the network's parameters")
+    return post

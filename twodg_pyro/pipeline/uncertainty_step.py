@@ -1,0 +1,143 @@
+"""The uncertainty columns of a run's results: OOD detection, shift and selective
+prediction for every method of the run (``[uncertainty] enabled = true``).
+
+Each record of the results table gets, from
+:func:`~twodg_pyro.uncertainty.uncertainty_report` on the method's seeded draws
+(``uncertainty.draws``, default the run's ``num_samples``):
+
+* ``mean_mi_clean`` (nats) and ``aurc`` on the evaluation examples;
+* ``ood``: ``{set: {"entropy_auroc", "mi_auroc" (Bayesian methods), "maxprob_auroc",
+  "aupr", "fpr95"}}`` for every built-in set of ``uncertainty.ood_sets`` (made from the
+  evaluation images: :data:`~twodg_pyro.uncertainty.BUILTIN_OOD_SETS`; on the digits
+  themselves ``digits_upsampled`` is left out) and every folder
+  set of ``uncertainty.folder_sets`` read from ``uncertainty.folder_root``;
+* ``shift``: ``{family: {severity: {"accuracy", "nll", "ece"}}}`` for every corruption
+  family of ``uncertainty.corruptions`` at ``uncertainty.severities``.
+
+OOD sets and corrupted images are made once per run (seeded with the run's seed), so
+every method sees the same inputs.  ``ood_size`` and ``shift_size`` cap the examples of
+each OOD set and of the corrupted subset (a seeded subset; absent: all of them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..uncertainty import builtin_ood_sets, folder_ood_set, uncertainty_report
+from .baseline_methods import method_probs
+
+__all__ = ["UncertaintySets", "add_uncertainty", "trained_of"]
+
+#: methods whose draws differ (mutual information defined)
+BAYESIAN_METHODS = ("mean_field", "2dg", "rank1", "ssvi", "ensemble", "laplace")
+
+
+def _tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(data, tuple):
+        return data[0].cpu(), data[1].cpu()
+    xs, ys = [], []
+    for xb, yb in data:
+        xs.append(xb.cpu())
+        ys.append(yb.cpu())
+    return torch.cat(xs), torch.cat(ys)
+
+
+def _subset(x: torch.Tensor, size: int | None, generator: torch.Generator) -> torch.Tensor:
+    if size is None or size >= x.shape[0]:
+        return x
+    return x[torch.randperm(x.shape[0], generator=generator)[:size]]
+
+
+class UncertaintySets:
+    """The inputs every method of a run is evaluated on (made once, seeded)."""
+
+    def __init__(self, split, eval_data, settings, seed: int):
+        self.settings, self.seed = settings, int(seed)
+        self.x, self.y = _tensors(eval_data)
+        info = getattr(split, "info", {}) or {}
+        self.mean = info.get("mean")
+        self.std = info.get("std")
+        self.image_shape = None
+        if self.x.dim() == 2:  # flat inputs (the digits MLP): 8x8 images, per-feature stats
+            side = int(round(self.x.shape[1] ** 0.5))
+            self.image_shape = (1, side, side)
+        if self.mean is None or self.std is None:
+            raise ValueError(
+                "uncertainty.enabled needs the data's normalisation (split.info 'mean' and "
+                f"'std'); the {getattr(split, 'name', '?')!r} split has none"
+            )
+        g = torch.Generator().manual_seed(self.seed)
+        # scikit-learn's digits are no OOD set for a model of the digits themselves
+        names = [
+            n
+            for n in settings.ood_sets
+            if not (n == "digits_upsampled" and getattr(split, "name", "") == "digits")
+        ]
+        self.ood = {
+            k: _subset(v, settings.ood_size, g)
+            for k, v in builtin_ood_sets(
+                self.x, self.mean, self.std, self.seed, names=names, image_shape=self.image_shape
+            ).items()
+        }
+        for name in settings.folder_sets:
+            self.ood[name] = folder_ood_set(
+                name,
+                settings.folder_root,
+                self.x.shape[1:] if self.x.dim() == 4 else (1, *self.image_shape[1:]),
+                self.mean,
+                self.std,
+                max_examples=settings.ood_size,
+                seed=self.seed,
+                flatten=self.x.dim() == 2,
+                dtype=self.x.dtype,
+            )
+        rows = _subset(torch.arange(self.x.shape[0]), settings.shift_size, g)
+        self.shift_data = (self.x[rows], self.y[rows])
+
+    def record(self, trained, bayesian: bool, num_samples: int, device) -> dict:
+        """The uncertainty fields of one trained method."""
+
+        def fn(x):
+            return method_probs(trained, x.to(device), num_samples, self.seed)
+
+        common = {
+            "bayesian": bayesian,
+            "pixel_mean": self.mean,
+            "pixel_std": self.std,
+            "seed": self.seed,
+            "image_shape": self.image_shape,
+        }
+        s = self.settings
+        ood = uncertainty_report(fn, (self.x, self.y), self.ood, None, **common)
+        shift = {}
+        if s.corruptions:
+            shift = uncertainty_report(
+                fn, self.shift_data, None, s.corruptions, severities=s.severities, **common
+            )["shift"]
+        return {
+            "mean_mi_clean": ood["mean_mi_clean"],
+            "aurc": ood["aurc"],
+            "ood": ood["ood"],
+            "shift": shift,
+            "uncertainty_draws": int(num_samples),
+        }
+
+
+def trained_of(art, method: str):
+    """The trained object of ``method`` in a run's artifacts (``None``: not kept)."""
+    if method == "mean_field":
+        return art.mean_field
+    return art.trained.get(method)
+
+
+def add_uncertainty(art, cfg) -> None:
+    """Add the uncertainty fields (module docstring) to every record of ``art`` whose
+    trained model the run kept."""
+    s = cfg.uncertainty
+    sets = UncertaintySets(art.split, art.eval_data, s, cfg.seed)
+    draws = s.draws if s.draws is not None else cfg.num_samples
+    for record in art.records:
+        trained = trained_of(art, record["method"])
+        if trained is None:
+            continue
+        record.update(sets.record(trained, record["method"] in BAYESIAN_METHODS, draws, cfg.device))
