@@ -59,8 +59,8 @@ setting                     value and reason
 ==========================  ============================================================
 stage-1 learning rates      1e-3 (means) and 1e-2 (scales, Table 13's value): the scales
                             reach their optimum (tens of times their start) in about 30
-                            epochs, after which the ELBO and the median scale are flat
-                            (``scale_trajectory`` of the mean-field record).
+                            epochs, after which the ELBO and the median scale change
+                            slowly (``scale_trajectory`` of the mean-field record).
 prior                       ``layerwise``: N(0, 1 / fan_in) per layer (the LeCun scale).
                             A weight the data do not pin down goes back to its prior,
                             and under N(0, 1) that is noise of standard deviation 1 on

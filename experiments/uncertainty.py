@@ -1,0 +1,526 @@
+"""Uncertainty that is measured: LeNet-5 on the MNIST subset, every method, clean data,
+out-of-distribution inputs and shift (issue 21).
+
+    pip install -e ".[mnist-subset,laplace]"
+    python experiments/mnist_subset_data.py --root data/mnist_subset
+    python experiments/uncertainty.py                     # 3 seeds, every recipe
+
+Recipes (one stage 1 each; the deterministic network is the same in all of them: same
+seed, same 30 Adam epochs):
+
+``KL weight 0.1`` (recommended, ``recommended: true``)
+    the ``mnist-lenet5-bayes`` preset (scales learnt at 1e-2 to their optimum, the
+    layer-wise N(0, 1/fan_in) prior, a tempered ELBO with KL weight 0.1 in stages 1 and
+    3): deterministic, deterministic for the pipeline's epochs (early-stopped on the
+    validation split), mean-field, 2DG with each tying (representative, stochastic,
+    tied; one stage 1), rank-1 (its own recipe), a 5-member deep ensemble and
+    laplace-torch's last-layer Kronecker Laplace (prior precision by marginal likelihood);
+``true ELBO``
+    the same preset with KL weight 1: mean-field and 2DG;
+``paper recipe``
+    the ``mnist-lenet5`` preset (App. I.3-I.5 at CPU size: scales at about 1e-4 moved at
+    1e-3): mean-field and 2DG; SSVI (its own recipe: fresh initialisation, lr 1e-2, 40
+    epochs) under this recipe's N(0, 1) prior.
+
+Every model is evaluated with ``--draws`` seeded posterior draws (10 by default, to fit
+a CPU; the accuracy / NLL / ECE columns are the run's own 30-draw numbers) on:
+
+* clean test images (1,000): mean mutual information, AURC;
+* every built-in OOD set (:data:`twodg_pyro.uncertainty.BUILTIN_OOD_SETS`, ``--ood-size``
+  images each, 500 by default): AUROC of the predictive entropy and of the mutual
+  information, AUPR and FPR at 95 % TPR of the entropy;
+* every corruption family (:data:`twodg_pyro.uncertainty.CORRUPTIONS`) at severities 1-5
+  on a seeded ``--shift-size`` subset of the test images (200 by default): accuracy,
+  NLL and ECE.
+
+Writes ``experiments/results/uncertainty.json`` (``records``: one per (recipe, method,
+seed) with the fields the issue names) and ``uncertainty.md`` (means over seeds, the
+targets checked on the recommended recipe), and ``uncertainty_shift.png`` /
+``uncertainty_hist.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from twodg_pyro.data import DatasetNotFoundError, load_dataset
+from twodg_pyro.pipeline import config_from_dict
+from twodg_pyro.pipeline.baseline_methods import method_probs
+from twodg_pyro.pipeline.config import merge_settings
+from twodg_pyro.pipeline.presets import preset
+from twodg_pyro.pipeline.results import atomic_write_text
+from twodg_pyro.pipeline.variants import run_variants
+from twodg_pyro.uncertainty import (
+    BUILTIN_OOD_SETS,
+    CORRUPTIONS,
+    builtin_ood_sets,
+    plot_score_histograms,
+    plot_shift,
+    uncertainty_report,
+)
+
+RECOMMENDED = "KL weight 0.1"
+TYINGS = ("representative", "stochastic", "tied")
+RECIPES: dict[str, dict] = {
+    RECOMMENDED: {
+        "preset": "mnist-lenet5-bayes",
+        "settings": {
+            "methods": [
+                "deterministic",
+                "deterministic_matched",
+                "mean_field",
+                "rank1",
+                "ensemble",
+                "laplace",
+            ],
+            "rank1": {"epochs": 40},
+            "ensemble": {"members": 5},
+            "deterministic_matched": {"patience": 10},
+        },
+        "tyings": TYINGS,
+    },
+    "true ELBO": {
+        "preset": "mnist-lenet5-bayes",
+        "settings": {
+            "methods": ["mean_field"],
+            "stage1": {"kl_weight": 1.0},
+            "stage3": {"kl_weight": 1.0},
+        },
+        "tyings": ("representative",),
+    },
+    "paper recipe": {
+        "preset": "mnist-lenet5",
+        "settings": {"methods": ["mean_field"]},
+        "tyings": ("representative",),
+    },
+    # SSVI trains from a fresh initialisation at lr 1e-2 with the run's prior: under the
+    # layer-wise prior of the recommended recipe it collapsed to chance (accuracy 0.10 on
+    # seeds 0 and 1), so it keeps the N(0, 1) prior of the paper recipe, as in
+    # experiments/mnist_subset.py
+    "SSVI": {
+        "preset": "mnist-lenet5",
+        "settings": {"methods": ["ssvi"], "ssvi": {"epochs": 40}},
+        "tyings": (),
+        "label": "paper recipe",
+    },
+}
+#: ``--quick``: every stage for an epoch or two (a check that the script runs, not results)
+QUICK = {
+    "network": {"pretrain_epochs": 1},
+    "stage1": {"epochs": 1, "deterministic_epochs": 1},
+    "stage3": {"epochs": 1, "merge_every": 1, "reassign_every": 1},
+    "rank1": {"epochs": 1},
+    "ssvi": {"epochs": 1},
+    "ensemble": {"members": 2},
+    "deterministic_matched": {"epochs": 2},
+    "laplace": {"marglik_steps": 5},
+}
+BAYESIAN = {"mean_field", "2dg", "rank1", "ssvi", "ensemble", "laplace"}
+DEVICE = ["cpu"]
+
+
+def _tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
+    if hasattr(ds, "tensors"):
+        return ds.tensors[0], ds.tensors[1]
+    xs, ys = zip(*(ds[i] for i in range(len(ds))), strict=True)
+    return torch.stack(xs), torch.as_tensor(ys)
+
+
+class Evaluation:
+    """The evaluation sets of one seed (the same for every method)."""
+
+    def __init__(self, split, seed: int, draws: int, ood_size: int, shift_size: int):
+        self.x, self.y = _tensors(split.test)
+        self.mean, self.std = split.info["mean"], split.info["std"]
+        self.draws, self.seed = draws, seed
+        g = torch.Generator().manual_seed(seed)
+        self.ood = {
+            k: v[torch.randperm(v.shape[0], generator=g)[:ood_size]]
+            for k, v in builtin_ood_sets(self.x, self.mean, self.std, seed).items()
+        }
+        rows = torch.randperm(self.x.shape[0], generator=g)[:shift_size]
+        self.shift_data = (self.x[rows], self.y[rows])
+
+    def record(self, trained, method: str) -> dict:
+        def fn(x):
+            return method_probs(trained, x.to(DEVICE[0]), self.draws, self.seed)
+
+        common = {
+            "bayesian": method in BAYESIAN,
+            "pixel_mean": self.mean,
+            "pixel_std": self.std,
+            "seed": self.seed,
+        }
+        ood = uncertainty_report(fn, (self.x, self.y), self.ood, None, return_scores=True, **common)
+        shift = uncertainty_report(fn, self.shift_data, None, list(CORRUPTIONS), **common)
+        return {
+            "mean_mi_clean": ood["mean_mi_clean"],
+            "aurc": ood["aurc"],
+            "ood": ood["ood"],
+            "shift": shift["shift"],
+            "_scores": ood.get("scores"),
+        }
+
+
+FIELDS = ("accuracy", "nll", "ece", "trainable_params", "stored_params")
+
+
+def run_recipe(
+    name: str, root: str, seed: int, ev_args: dict, quick: bool = False
+) -> tuple[list[dict], dict]:
+    """Records of one recipe and seed (and the per-example scores, for figures)."""
+    spec = RECIPES[name]
+    settings = merge_settings(preset(spec["preset"]), spec["settings"])
+    if quick:
+        settings = merge_settings(settings, QUICK)
+    settings = merge_settings(
+        settings,
+        {
+            "data": {"root": root},
+            "seed": seed,
+            "progress": False,
+            "device": DEVICE[0],
+            "diagnostics": {"enabled": False},
+        },
+    )
+    variants = {t: {"stage3": {"tying": t}} for t in spec["tyings"]}
+    t0 = time.perf_counter()
+    records, art = run_variants(config_from_dict(settings), variants)
+    print(f"[{name} / seed {seed}] trained in {time.perf_counter() - t0:.0f} s", flush=True)
+    ev = Evaluation(art.split, seed, **ev_args)
+    out, scores = [], {}
+    for r in records:
+        method = r["method"]
+        variant = r.get("variant", "-")
+        if method == "2dg":
+            trained, label = art.variants[variant], f"2dg ({variant})"
+        elif method == "mean_field":
+            trained, label = art.mean_field, method
+        else:
+            trained, label = art.trained[method], method
+        t1 = time.perf_counter()
+        u = ev.record(trained, method)
+        scores[label] = u.pop("_scores")
+        recipe = spec.get("label", name)
+        rec = {"recipe": recipe, "method": label, "arch": "lenet5", "seed": seed}
+        rec.update({k: r[k] for k in FIELDS if k in r})
+        for k in ("kl_weight", "members", "n_outliers", "n_ellipses", "n_gaussians"):
+            if k in r:
+                rec[k] = r[k]
+        if "scale_trajectory" in r:
+            rec["scale_trajectory"] = r["scale_trajectory"]
+        rec.update(u)
+        rec["recommended"] = recipe == RECOMMENDED
+        out.append(rec)
+        print(
+            f"  {label}: acc {rec['accuracy']:.4f} nll {rec['nll']:.3f} "
+            f"MI {rec['mean_mi_clean']:.4f} AUROC "
+            + " ".join(f"{k} {v['entropy_auroc']:.3f}" for k, v in rec["ood"].items())
+            + f" ({time.perf_counter() - t1:.0f} s)",
+            flush=True,
+        )
+    return out, scores
+
+
+# ---------------------------------------------------------------------------- summary
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def summarise(records: list[dict]) -> list[dict]:
+    """Means over seeds per (recipe, method): clean metrics, OOD AUROCs per set, the most
+    severe level's NLL per family."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["recipe"], r["method"]), []).append(r)
+    rows = []
+    for (recipe, method), rs in groups.items():
+        row = {"recipe": recipe, "method": method, "seeds": len(rs)}
+        for k in ("accuracy", "nll", "ece", "mean_mi_clean", "aurc"):
+            row[k] = _mean(r[k] for r in rs)
+        for k in ("trainable_params", "stored_params"):
+            row[k] = round(_mean(r.get(k) for r in rs) or 0)
+        row["ood"] = {
+            s: {
+                m: _mean(r["ood"][s].get(m) for r in rs)
+                for m in ("entropy_auroc", "mi_auroc", "aupr", "fpr95")
+            }
+            for s in rs[0]["ood"]
+        }
+        row["shift5"] = {
+            f: {m: _mean(r["shift"][f]["5"][m] for r in rs) for m in ("accuracy", "nll", "ece")}
+            for f in rs[0]["shift"]
+        }
+        row["recommended"] = rs[0]["recommended"]
+        rows.append(row)
+    return rows
+
+
+def _check(value, target: str, met: bool) -> dict:
+    return {"value": value, "target": target, "met": bool(met)}
+
+
+def targets(summary: list[dict]) -> dict:
+    """Issue 21's targets on the recommended recipe's means (each 2DG tying separately)."""
+    by = {r["method"]: r for r in summary if r["recipe"] == RECOMMENDED}
+    det, mf, ens = by.get("deterministic"), by.get("mean_field"), by.get("ensemble")
+    if det is None:
+        return {}
+    out = {}
+    sets = list(det["ood"])
+    for label, row in by.items():
+        if not label.startswith("2dg"):
+            continue
+        t = {}
+        t["accuracy >= det - 0.005"] = _check(
+            row["accuracy"],
+            f">= {det['accuracy'] - 0.005:.4f}",
+            row["accuracy"] >= det["accuracy"] - 0.005,
+        )
+        t["nll <= det"] = _check(row["nll"], f"<= {det['nll']:.4f}", row["nll"] <= det["nll"])
+        for s in sets:
+            d, v = det["ood"][s]["entropy_auroc"], row["ood"][s]["entropy_auroc"]
+            goal = d + 0.5 * (1 - d)
+            t[f"entropy AUROC {s}"] = _check(v, f">= {goal:.3f}", v >= goal)
+        mean_auc = _mean(row["ood"][s]["entropy_auroc"] for s in sets)
+        if ens is not None:
+            goal = _mean(ens["ood"][s]["entropy_auroc"] for s in sets)
+            t["mean entropy AUROC >= ensemble"] = _check(
+                mean_auc, f">= {goal:.3f}", mean_auc >= goal
+            )
+        mi_auc = _mean(row["ood"][s]["mi_auroc"] for s in sets)
+        t["mean MI AUROC >= 0.90"] = _check(mi_auc, ">= 0.90", mi_auc >= 0.90)
+        t["mean clean MI >= 0.02"] = _check(
+            row["mean_mi_clean"], ">= 0.02", row["mean_mi_clean"] >= 0.02
+        )
+        ratios = []
+        for f in det["shift5"]:
+            a, b = row["shift5"][f]["nll"], det["shift5"][f]["nll"]
+            ratios.append(a / b)
+            t[f"severity-5 NLL {f} <= det"] = _check(a, f"<= {b:.3f}", a <= b)
+        r = _mean(ratios)
+        t["mean severity-5 NLL ratio <= 0.8"] = _check(r, "<= 0.8", r <= 0.8)
+        if mf is not None:
+            q = mf["trainable_params"] / row["trainable_params"]
+            t["trainable: mean-field / 2DG >= 50"] = _check(q, ">= 50", q >= 50)
+        if ens is not None and row.get("stored_params"):
+            q = ens["stored_params"] / row["stored_params"]
+            t["stored: ensemble / 2DG >= 250"] = _check(q, ">= 250", q >= 250)
+        out[label] = t
+    return out
+
+
+def _f(x, fmt=".3f"):
+    return "-" if x is None else format(x, fmt)
+
+
+def markdown(summary, checks, seeds, command, ev_args) -> str:
+    sets = list(summary[0]["ood"])
+    fams = list(summary[0]["shift5"])
+    lines = [
+        f"# Uncertainty: LeNet-5 on the MNIST subset (4,000 train / 1,000 test), seeds {seeds}",
+        "",
+        f"Means over seeds.  Command: `{command}`.  Accuracy, NLL and ECE: the run's 30 seeded "
+        f"draws on the 1,000 test images; the rest: {ev_args['draws']} seeded draws, "
+        f"{ev_args['ood_size']} images per OOD set, corruptions on {ev_args['shift_size']} "
+        "test images.  `recommended` marks the recipe the README recommends.",
+        "",
+        "## Clean test data",
+        "",
+        "| recipe | method | acc | NLL | ECE | mean MI | AURC | trainable | stored |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary:
+        rec = " (recommended)" if r["recommended"] else ""
+        lines.append(
+            f"| {r['recipe']}{rec} | {r['method']} | {_f(r['accuracy'], '.4f')} | {_f(r['nll'])} "
+            f"| {_f(r['ece'], '.4f')} | {_f(r['mean_mi_clean'], '.4f')} | {_f(r['aurc'], '.4f')} "
+            f"| {r['trainable_params']:,} | {r['stored_params']:,} |"
+        )
+    det = next((r for r in summary if r["recommended"] and r["method"] == "deterministic"), None)
+    lines += [
+        "",
+        "## Summary",
+        "",
+        "Mean entropy AUROC (mean MI AUROC) over the OOD sets; severity-5 NLL: the mean over "
+        "the corruption families of the NLL at severity 5 over the deterministic network's.",
+        "",
+        "| recipe | method | acc | NLL | mean MI | OOD AUROC | severity-5 NLL / det "
+        "| trainable | stored |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary:
+        me = _mean(r["ood"][s]["entropy_auroc"] for s in sets)
+        mm = _mean(r["ood"][s]["mi_auroc"] for s in sets)
+        ratio = None
+        if det is not None:
+            ratio = _mean(r["shift5"][f]["nll"] / det["shift5"][f]["nll"] for f in fams)
+        lines.append(
+            f"| {r['recipe']} | {r['method']} | {_f(r['accuracy'], '.4f')} | {_f(r['nll'])} "
+            f"| {_f(r['mean_mi_clean'], '.4f')} | {_f(me)}"
+            + ("" if mm is None else f" ({_f(mm)})")
+            + f" | {_f(ratio, '.2f')} | {r['trainable_params']:,} | {r['stored_params']:,} |"
+        )
+    lines += [
+        "",
+        "## Out-of-distribution detection: AUROC of the predictive entropy (of the mutual "
+        "information)",
+        "",
+        "| recipe | method | " + " | ".join(sets) + " | mean |",
+        "|---|---|" + "---|" * (len(sets) + 1),
+    ]
+    for r in summary:
+        cells = []
+        for s in sets:
+            e, m = r["ood"][s]["entropy_auroc"], r["ood"][s]["mi_auroc"]
+            cells.append(_f(e) + ("" if m is None else f" ({_f(m)})"))
+        me = _mean(r["ood"][s]["entropy_auroc"] for s in sets)
+        mm = _mean(r["ood"][s]["mi_auroc"] for s in sets)
+        cells.append(_f(me) + ("" if mm is None else f" ({_f(mm)})"))
+        lines.append(f"| {r['recipe']} | {r['method']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "FPR at 95 % TPR of the entropy (lower is better):",
+        "",
+        "| recipe | method | " + " | ".join(sets) + " |",
+        "|---|---|" + "---|" * len(sets),
+    ]
+    for r in summary:
+        lines.append(
+            f"| {r['recipe']} | {r['method']} | "
+            + " | ".join(_f(r["ood"][s]["fpr95"]) for s in sets)
+            + " |"
+        )
+    lines += [
+        "",
+        "## Shift: NLL (accuracy) at the most severe level (5) of each corruption",
+        "",
+        "| recipe | method | " + " | ".join(fams) + " |",
+        "|---|---|" + "---|" * len(fams),
+    ]
+    for r in summary:
+        lines.append(
+            f"| {r['recipe']} | {r['method']} | "
+            + " | ".join(
+                f"{_f(r['shift5'][f]['nll'])} ({_f(r['shift5'][f]['accuracy'])})" for f in fams
+            )
+            + " |"
+        )
+    if checks:
+        lines += ["", f"## Targets (issue 21; recipe {RECOMMENDED!r}, means over seeds)", ""]
+        for label, t in checks.items():
+            met = sum(c["met"] for c in t.values())
+            lines.append(f"**{label}**: {met} of {len(t)} met")
+            lines.append("")
+            for name, c in t.items():
+                mark = "met" if c["met"] else "**missed**"
+                lines.append(f"- {name}: {_f(c['value'], '.4f')} (target {c['target']}): {mark}")
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def figures(records: list[dict], scores: dict, out: Path) -> None:
+    """Severity curves (NLL) of the recommended recipe's methods, seed-0 records; entropy
+    histograms of the recommended 2DG BNN."""
+    rec = [r for r in records if r["recommended"] and r["seed"] == records[0]["seed"]]
+    if rec:
+        plot_shift(
+            rec, out / "uncertainty_shift.png", metric="nll", labels=[r["method"] for r in rec]
+        )
+    label = "2dg (representative)"
+    if label in scores and scores[label]:
+        one = next(r for r in rec if r["method"] == label)
+        plot_score_histograms({**one, "scores": scores[label]}, out / "uncertainty_hist.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default="data/mnist_subset", help="folder with MNIST/raw")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    p.add_argument("--draws", type=int, default=10, help="posterior draws of the evaluation")
+    p.add_argument("--ood-size", type=int, default=500, help="images per OOD set")
+    p.add_argument("--shift-size", type=int, default=200, help="test images corrupted")
+    p.add_argument("--out", default="experiments/results", help="output folder")
+    p.add_argument("--stem", default="uncertainty", help="output file names")
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--quick", action="store_true", help="an epoch or two per stage (a check)")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="train nothing: merge the records of earlier runs' JSON files (e.g. one per seed)",
+    )
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    DEVICE[0] = args.device
+    try:
+        load_dataset("mnist", args.root)
+    except DatasetNotFoundError as e:
+        print(
+            f"{e}\nWrite the subset first: python experiments/mnist_subset_data.py "
+            f"--root {args.root}",
+            file=sys.stderr,
+        )
+        return 2
+    ev_args = {"draws": args.draws, "ood_size": args.ood_size, "shift_size": args.shift_size}
+    records: list[dict] = []
+    scores: dict = {}
+    if args.merge:
+        for path in args.merge:
+            part = json.loads(Path(path).read_text())
+            # the recommended recipe's SSVI rows of runs made before SSVI moved to the
+            # paper recipe's prior (see RECIPES)
+            records += [
+                r for r in part["records"] if (r["recipe"], r["method"]) != (RECOMMENDED, "ssvi")
+            ]
+            ev_args = {k: part["evaluation"][k] for k in ev_args}
+            if not scores and part.get("scores"):
+                scores = part["scores"]
+        order = {
+            spec.get("label", k): i for i, (k, spec) in reversed(list(enumerate(RECIPES.items())))
+        }
+        records.sort(key=lambda r: (order.get(r["recipe"], 99), r["seed"]))
+        args.seeds = sorted({r["seed"] for r in records})
+    for name in [] if args.merge else args.recipes:
+        for seed in args.seeds:
+            recs, sc = run_recipe(name, args.root, seed, ev_args, args.quick)
+            records += recs
+            if name == RECOMMENDED and seed == args.seeds[0]:
+                scores = sc
+    summary = summarise(records)
+    checks = targets(summary)
+    out = Path(args.out)
+    payload = {
+        "arch": "lenet5",
+        "seeds": args.seeds,
+        "evaluation": {**ev_args, "ood_sets": list(BUILTIN_OOD_SETS), "shift": list(CORRUPTIONS)},
+        "records": records,
+        "summary": summary,
+        # per-example scores of the first seed's recommended 2DG BNN (the histograms)
+        "scores": {k: v for k, v in scores.items() if k == "2dg (representative)"},
+        "targets": checks,
+    }
+    atomic_write_text(out / f"{args.stem}.json", json.dumps(payload, indent=1))
+    command = "python experiments/uncertainty.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    text = markdown(summary, checks, args.seeds, command.strip(), ev_args)
+    atomic_write_text(out / f"{args.stem}.md", text)
+    figures(records, scores, out)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

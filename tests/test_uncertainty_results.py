@@ -1,0 +1,62 @@
+"""The committed uncertainty results (``python experiments/uncertainty.py``) hold the
+fields issue 21 names, and their summary and targets follow from their records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results" / "uncertainty.json"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("uq", ROOT / "experiments" / "uncertainty.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return json.loads(RESULTS.read_text())
+
+
+def test_every_record_has_the_issue_fields(committed):
+    fields = {"recipe", "method", "arch", "seed", "accuracy", "nll", "ece"}
+    fields |= {"trainable_params", "stored_params", "ood", "shift", "mean_mi_clean"}
+    sets, families = committed["evaluation"]["ood_sets"], committed["evaluation"]["shift"]
+    for r in committed["records"]:
+        assert fields <= set(r), r["method"]
+        assert set(r["ood"]) == set(sets)
+        for m in r["ood"].values():
+            assert {"entropy_auroc", "aupr", "fpr95"} <= set(m)
+        assert set(r["shift"]) == set(families)
+        assert all(set(r["shift"][f]) == {"1", "2", "3", "4", "5"} for f in families)
+        bayesian = not r["method"].startswith("deterministic")
+        assert all(("mi_auroc" in m) == bayesian for m in r["ood"].values()), r["method"]
+    recommended = {r["recipe"] for r in committed["records"] if r.get("recommended")}
+    assert recommended == {"KL weight 0.1"}
+    assert sorted({r["seed"] for r in committed["records"]}) == [0, 1, 2]
+
+
+def test_summary_and_targets_follow_from_the_records(committed):
+    uq = _script()
+    summary = uq.summarise(committed["records"])
+    assert json.loads(json.dumps(summary)) == committed["summary"]
+    assert json.loads(json.dumps(uq.targets(summary))) == committed["targets"]
+
+
+def test_the_paper_recipe_carries_no_uncertainty_and_the_recommended_one_does(committed):
+    """What the README says of the two recipes, checked on the committed means."""
+    by = {(r["recipe"], r["method"]): r for r in committed["summary"]}
+    paper = by[("paper recipe", "2dg (representative)")]
+    rec = by[("KL weight 0.1", "2dg (representative)")]
+    det = by[("KL weight 0.1", "deterministic")]
+    assert paper["mean_mi_clean"] < 0.005 < 0.02 <= rec["mean_mi_clean"]
+    for s in det["ood"]:
+        assert rec["ood"][s]["entropy_auroc"] >= det["ood"][s]["entropy_auroc"] - 0.01, s
+    assert rec["accuracy"] >= det["accuracy"] - 0.005 and rec["nll"] <= det["nll"]
