@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from twodg_pyro.cli import main as cli_main
 from twodg_pyro.pipeline import config_from_dict, run
@@ -95,3 +96,22 @@ def test_bad_uncertainty_settings_are_named():
         config_from_dict({"uncertainty": {"folder_sets": ["kmnist"]}})
     with pytest.raises(ConfigError, match="uncertainty.ood_size"):
         config_from_dict({"uncertainty": {"ood_size": 0}})
+
+
+def test_float64_end_to_end_with_the_baselines():
+    """A float64 network through the baselines and the uncertainty step (dtype bugs)."""
+    settings = {
+        **SETTINGS,
+        "methods": ["deterministic", "ensemble", "laplace", "deterministic_matched"],
+        "network": {"hidden": [16], "dtype": "float64"},
+        "laplace": {"marglik_steps": 5},
+    }
+    art = run(config_from_dict(settings))
+    for r in art.records:
+        values = [m["entropy_auroc"] for m in r["ood"].values()]
+        values += [s["nll"] for fam in r["shift"].values() for s in fam.values()]
+        assert all(v == v and abs(v) < float("inf") for v in values), r["method"]
+    ens = next(r for r in art.records if r["method"] == "ensemble")
+    assert ens["mean_mi_clean"] > 0
+    net = art.trained["laplace"].model.net
+    assert next(net.parameters()).dtype == torch.float64
