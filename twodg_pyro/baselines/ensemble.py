@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..model import match_input
-from ..predict import Prediction
+from ..predict import Prediction, _batches
 from .deterministic import train_deterministic
 
 __all__ = ["Ensemble", "batches", "train_ensemble"]
@@ -31,20 +31,13 @@ __all__ = ["Ensemble", "batches", "train_ensemble"]
 
 def batches(data, batch_size: int = 512) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """``(x, y)`` batches of inputs ``X``, a pair ``(X, y)`` or an iterable of batches
-    (``y`` is ``None`` for unlabelled inputs)."""
-    if isinstance(data, torch.Tensor):
-        return [(xb, None) for xb in data.split(int(batch_size))]
-    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor):
-        x, y = data
-        if y is None:
-            return [(xb, None) for xb in x.split(int(batch_size))]
-        return list(zip(x.split(int(batch_size)), y.split(int(batch_size)), strict=True))
-    out = []
-    for batch in data:
-        if isinstance(batch, torch.Tensor):
-            out.append((batch, None))
-        else:
-            out.append((batch[0], batch[1] if len(batch) > 1 else None))
+    (``y`` is ``None`` for unlabelled inputs), as :func:`~twodg_pyro.predict.predict`
+    reads them.
+
+    Raises:
+        ValueError: no batches (an empty data set).
+    """
+    out = _batches(data, int(batch_size))
     if not out:
         raise ValueError("no data to predict on (empty data set)")
     return out
