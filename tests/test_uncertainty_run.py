@@ -60,6 +60,8 @@ def test_every_method_gets_the_uncertainty_fields(uq_run):
     # contrast at severity 5 hurts the deterministic network's accuracy
     shift = by["deterministic"]["shift"]["contrast"]
     assert shift["5"]["accuracy"] < shift["1"]["accuracy"]
+    table = (out / "results.md").read_text()
+    assert "AUROC uniform_noise" in table and "| ensemble |" in table.split("Uncertainty")[1]
     saved = json.loads((out / "results.json").read_text())
     rows = saved["records"] if isinstance(saved, dict) else saved
     assert all("ood" in r for r in rows)

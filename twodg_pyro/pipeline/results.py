@@ -93,9 +93,41 @@ def evaluation_note(evaluation: dict | None) -> str:
         return ""
 
 
+def uncertainty_table(records: list[dict]) -> str:
+    """The uncertainty columns of the records that have them (``[uncertainty] enabled``):
+    mean clean MI, AURC, each OOD set's entropy AUROC (MI AUROC) and the mean over the
+    corruption families of the NLL at the most severe level; ``""`` when none has them."""
+    rows = [r for r in records if isinstance(r.get("ood"), dict)]
+    if not rows:
+        return ""
+    sets = list(rows[0]["ood"])
+    head = ["method", "mean MI", "AURC", *(f"AUROC {s}" for s in sets), "NLL, worst shift"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r["method"]), f"{r['mean_mi_clean']:.4f}", f"{r['aurc']:.4f}"]
+        for s in sets:
+            m = r["ood"].get(s, {})
+            cell = f"{m['entropy_auroc']:.3f}" if "entropy_auroc" in m else "-"
+            cells.append(cell + (f" ({m['mi_auroc']:.3f})" if "mi_auroc" in m else ""))
+        worst = [max(fam, key=int) for fam in r.get("shift", {}).values()]
+        nlls = [fam[w]["nll"] for fam, w in zip(r.get("shift", {}).values(), worst, strict=True)]
+        cells.append(f"{sum(nlls) / len(nlls):.3f}" if nlls else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return (
+        "\nUncertainty (entropy AUROC, MI AUROC in brackets; `ood` and `shift` in "
+        "results.json):\n\n" + "\n".join(lines) + "\n"
+    )
+
+
 def format_results(payload: dict) -> str:
-    """``results.md``: the table of ``payload["records"]`` and the evaluation line."""
-    return format_table(payload["records"]) + evaluation_note(payload.get("evaluation"))
+    """``results.md``: the table of ``payload["records"]``, the evaluation line and, when
+    the run measured it, the uncertainty table (:func:`uncertainty_table`)."""
+    records = payload["records"]
+    return (
+        format_table(records)
+        + evaluation_note(payload.get("evaluation"))
+        + uncertainty_table(records)
+    )
 
 
 def write_results(

@@ -43,7 +43,13 @@ from .builders import build_net, check_device, load_data, seed_everything, train
 from .checks import check_split
 from .config import RunConfig
 from .execution import LOCAL, Execution
-from .results import evaluation_of, format_table, kl_weight_field, write_results
+from .results import (
+    evaluation_of,
+    format_table,
+    kl_weight_field,
+    uncertainty_table,
+    write_results,
+)
 from .resume import RunCheckpoints
 from .run_folder import RunFolder
 from .trained import RunArtifacts, Trained
@@ -121,7 +127,7 @@ def _run(
     if cfg.uncertainty.enabled and env.is_main():  # OOD, shift, selective prediction
         add_uncertainty(art, cfg)
     if env.is_main():
-        print(format_table(art.records))
+        print(format_table(art.records) + uncertainty_table(art.records))
     if out_dir is not None:
 
         def write():
