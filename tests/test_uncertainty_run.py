@@ -117,3 +117,32 @@ def test_float64_end_to_end_with_the_baselines():
     assert ens["mean_mi_clean"] > 0
     net = art.trained["laplace"].model.net
     assert next(net.parameters()).dtype == torch.float64
+
+
+def test_diagnostics_report_the_mutual_information_and_the_scales():
+    """diagnostics.json's ``posterior_uncertainty``: MI of the exported draws (0 when the
+    draws agree, log 2 for two draws sure of different classes) and the scales."""
+    import math
+
+    import arviz as az
+
+    from twodg_pyro.pipeline.diagnostics_steps import posterior_uncertainty
+
+    def idata(draws):
+        return az.from_dict(posterior_predictive={"class_probs": torch.tensor(draws)[None]})
+
+    same = [[[0.7, 0.3]], [[0.7, 0.3]]]
+    apart = [[[1.0, 0.0]], [[0.0, 1.0]]]
+    assert posterior_uncertainty(None, idata(same))["mean_mutual_information"] == pytest.approx(
+        0.0, abs=1e-9
+    )
+    got = posterior_uncertainty(None, idata(apart))["mean_mutual_information"]
+    assert got == pytest.approx(math.log(2), rel=1e-6)
+
+    class Guide:
+        def means_and_scales(self):
+            return torch.tensor([-1.0, 1.0, -1.0, 1.0]), torch.tensor([0.1, 0.2, 0.3, 0.4])
+
+    scales = posterior_uncertainty(Guide(), idata(same))
+    assert scales["sigma_median"] == pytest.approx(0.2)  # torch's lower median
+    assert scales["sigma_over_spread"] == pytest.approx(0.2 / torch.tensor([-1.0, 1] * 2).std())
