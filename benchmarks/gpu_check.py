@@ -561,6 +561,20 @@ def section_recipe(device: str, work: Path, mnist_root: str) -> dict:
     return {"table": (work / "recipe" / "mnist_subset_resnet20_full.md").read_text(), **payload}
 
 
+def section_uncertainty(device: str, work: Path, mnist_root: str) -> dict:
+    """Issue 21's full-size run: the recommended recipe's changes on ResNet-20 with the
+    paper's epochs, clean + OOD + shift (``experiments/uncertainty.py --arch resnet20
+    --full``); needs the subset folder carried to the machine."""
+    script = Path(__file__).resolve().parents[1] / "experiments" / "uncertainty.py"
+    cmd = [sys.executable, str(script), "--arch", "resnet20", "--full", "--device", device]
+    cmd += ["--seeds", "0", "--root", mnist_root, "--out", str(work / "uq"), "--stem", "uq"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"problems": [f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}"]}
+    payload = json.loads((work / "uq" / "uq.json").read_text())
+    return {"table": (work / "uq" / "uq.md").read_text(), "summary": payload["summary"]}
+
+
 def section_steps(device: str, quick: bool, deadline: float, smoke: bool = False) -> dict:
     cuda = device.startswith("cuda")
     if smoke:
@@ -631,9 +645,10 @@ def _markdown(payload: dict) -> str:
         met = ratios.get("targets_met") or {}
         if met:
             lines += ["", "targets met: " + ", ".join(f"{k} {v}" for k, v in met.items())]
-    recipe = payload["sections"].get("recipe", {})
-    if "table" in recipe:  # issue 13's full-recipe table, as mnist_subset.py writes it
-        lines += ["", recipe["table"].strip()]
+    for key in ("recipe", "uncertainty"):  # issues 13 and 21: the experiments' own tables
+        section = payload["sections"].get(key, {})
+        if "table" in section:
+            lines += ["", section["table"].strip()]
     unit = "CUDA max_memory_allocated" if dev.startswith("cuda") else "peak RSS (VmHWM)"
     lines += [
         "",
@@ -671,8 +686,8 @@ def main() -> None:
     ap.add_argument(
         "--mnist-root",
         default="data/mnist_subset",
-        help="the MNIST subset folder for --sections recipe (not in the default sections: "
-        "the full ResNet-20 recipe, 250 + 200 + 200 epochs)",
+        help="the MNIST subset folder for --sections recipe / uncertainty (not in the default "
+        "sections: the full ResNet-20 recipe, 250 + 200 + 200 epochs)",
     )
     ap.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
@@ -711,6 +726,7 @@ def main() -> None:
             "ddp": lambda: section_ddp(args.device, work),
             "steps": lambda: section_steps(args.device, args.quick, deadline, args.smoke),
             "recipe": lambda: section_recipe(args.device, work, args.mnist_root),
+            "uncertainty": lambda: section_uncertainty(args.device, work, args.mnist_root),
         }
         for name in args.sections:
             _section(payload, name, runs[name], deadline)

@@ -36,7 +36,9 @@ a CPU; the accuracy / NLL / ECE columns are the run's own 30-draw numbers) on:
 Writes ``experiments/results/uncertainty.json`` (``records``: one per (recipe, method,
 seed) with the fields the issue names) and ``uncertainty.md`` (means over seeds, the
 targets checked on the recommended recipe), and ``uncertainty_shift.png`` /
-``uncertainty_hist.png``.
+``uncertainty_hist.png`` (``--stem`` renames them all).  ``--arch resnet20`` runs the
+recommended recipe's changes on the ``mnist-resnet20`` preset with CPU epochs
+(deterministic, mean-field, 2DG).
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ from twodg_pyro.uncertainty import (
 )
 
 RECOMMENDED = "KL weight 0.1"
+ARCH_TITLES = {
+    "lenet5": "LeNet-5",
+    "resnet20": "ResNet-20 (CPU epochs)",
+    "resnet20-full": "ResNet-20 (the paper's epochs)",
+}
 TYINGS = ("representative", "stochastic", "tied")
 RECIPES: dict[str, dict] = {
     RECOMMENDED: {
@@ -110,6 +117,28 @@ RECIPES: dict[str, dict] = {
         "tyings": (),
         "label": "paper recipe",
     },
+}
+#: ``--arch resnet20``: the recommended recipe's changes on the ``mnist-resnet20`` preset,
+#: with its epochs cut to fit a CPU (15 pretraining, 10 stage-1, 6 stage-3, as
+#: ``experiments/mnist_subset.py --arch resnet20``; ``--full``: the preset's own 250 / 200
+#: / 200, for a GPU): deterministic, mean-field, 2DG
+RESNET_RECIPES: dict[str, dict] = {
+    RECOMMENDED: {
+        "preset": "mnist-resnet20",
+        "settings": {
+            "methods": ["deterministic", "mean_field"],
+            "prior": {"kind": "layerwise", "scale": 1.0},
+            "stage1": {"lr_loc": 1e-3, "lr_scale": 1e-2, "kl_weight": 0.1},
+            "stage3": {"lr_centre": 1e-3, "lr_outlier": 1e-3, "lr_cov": 1e-2, "kl_weight": 0.1},
+        },
+        "tyings": ("representative",),
+    },
+}
+#: ResNet-20's epochs cut to fit a CPU (the paper's 250 / 200 / 200 with ``--full``)
+RESNET_CPU_EPOCHS = {
+    "network": {"pretrain_epochs": 15},
+    "stage1": {"deterministic_epochs": 15, "deterministic_milestones": [10], "epochs": 10},
+    "stage3": {"epochs": 6, "merge_every": 3, "reassign_every": 3},
 }
 #: ``--quick``: every stage for an epoch or two (a check that the script runs, not results)
 QUICK = {
@@ -173,11 +202,13 @@ FIELDS = ("accuracy", "nll", "ece", "trainable_params", "stored_params")
 
 
 def run_recipe(
-    name: str, root: str, seed: int, ev_args: dict, quick: bool = False
+    name: str, root: str, seed: int, ev_args: dict, quick: bool = False, arch: str = "lenet5"
 ) -> tuple[list[dict], dict]:
     """Records of one recipe and seed (and the per-example scores, for figures)."""
-    spec = RECIPES[name]
+    spec = (RESNET_RECIPES if arch.startswith("resnet20") else RECIPES)[name]
     settings = merge_settings(preset(spec["preset"]), spec["settings"])
+    if arch == "resnet20":  # not "resnet20-full": the paper's epochs, for a GPU
+        settings = merge_settings(settings, RESNET_CPU_EPOCHS)
     if quick:
         settings = merge_settings(settings, QUICK)
     settings = merge_settings(
@@ -209,7 +240,7 @@ def run_recipe(
         u = ev.record(trained, method)
         scores[label] = u.pop("_scores")
         recipe = spec.get("label", name)
-        rec = {"recipe": recipe, "method": label, "arch": "lenet5", "seed": seed}
+        rec = {"recipe": recipe, "method": label, "arch": arch, "seed": seed}
         rec.update({k: r[k] for k in FIELDS if k in r})
         for k in ("kl_weight", "members", "n_outliers", "n_ellipses", "n_gaussians"):
             if k in r:
@@ -322,11 +353,12 @@ def _f(x, fmt=".3f"):
     return "-" if x is None else format(x, fmt)
 
 
-def markdown(summary, checks, seeds, command, ev_args) -> str:
+def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> str:
     sets = list(summary[0]["ood"])
     fams = list(summary[0]["shift5"])
     lines = [
-        f"# Uncertainty: LeNet-5 on the MNIST subset (4,000 train / 1,000 test), seeds {seeds}",
+        f"# Uncertainty: {ARCH_TITLES[arch]} on the MNIST subset (4,000 train / 1,000 test), "
+        f"seeds {seeds}",
         "",
         f"Means over seeds.  Command: `{command}`.  Accuracy, NLL and ECE: the run's 30 seeded "
         f"draws on the 1,000 test images; the rest: {ev_args['draws']} seeded draws, "
@@ -427,18 +459,16 @@ def markdown(summary, checks, seeds, command, ev_args) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def figures(records: list[dict], scores: dict, out: Path) -> None:
+def figures(records: list[dict], scores: dict, out: Path, stem: str = "uncertainty") -> None:
     """Severity curves (NLL) of the recommended recipe's methods, seed-0 records; entropy
     histograms of the recommended 2DG BNN."""
     rec = [r for r in records if r["recommended"] and r["seed"] == records[0]["seed"]]
     if rec:
-        plot_shift(
-            rec, out / "uncertainty_shift.png", metric="nll", labels=[r["method"] for r in rec]
-        )
+        plot_shift(rec, out / f"{stem}_shift.png", metric="nll", labels=[r["method"] for r in rec])
     label = "2dg (representative)"
     if label in scores and scores[label]:
         one = next(r for r in rec if r["method"] == label)
-        plot_score_histograms({**one, "scores": scores[label]}, out / "uncertainty_hist.png")
+        plot_score_histograms({**one, "scores": scores[label]}, out / f"{stem}_hist.png")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -454,6 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--quick", action="store_true", help="an epoch or two per stage (a check)")
+    p.add_argument(
+        "--arch", choices=["lenet5", "resnet20"], default="lenet5", help="resnet20: CPU epochs"
+    )
+    p.add_argument("--full", action="store_true", help="resnet20: the paper's epochs (a GPU)")
     p.add_argument(
         "--merge",
         nargs="+",
@@ -492,9 +526,12 @@ def main(argv: list[str] | None = None) -> int:
         }
         records.sort(key=lambda r: (order.get(r["recipe"], 99), r["seed"]))
         args.seeds = sorted({r["seed"] for r in records})
-    for name in [] if args.merge else args.recipes:
+    recipes = list(RESNET_RECIPES) if args.arch == "resnet20" else args.recipes
+    if args.full and args.arch == "resnet20":
+        args.arch = "resnet20-full"
+    for name in [] if args.merge else recipes:
         for seed in args.seeds:
-            recs, sc = run_recipe(name, args.root, seed, ev_args, args.quick)
+            recs, sc = run_recipe(name, args.root, seed, ev_args, args.quick, args.arch)
             records += recs
             if name == RECOMMENDED and seed == args.seeds[0]:
                 scores = sc
@@ -502,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = targets(summary)
     out = Path(args.out)
     payload = {
-        "arch": "lenet5",
+        "arch": args.arch,
         "seeds": args.seeds,
         "evaluation": {**ev_args, "ood_sets": list(BUILTIN_OOD_SETS), "shift": list(CORRUPTIONS)},
         "records": records,
@@ -515,9 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     command = "python experiments/uncertainty.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    text = markdown(summary, checks, args.seeds, command.strip(), ev_args)
+    text = markdown(summary, checks, args.seeds, command.strip(), ev_args, args.arch)
     atomic_write_text(out / f"{args.stem}.md", text)
-    figures(records, scores, out)
+    figures(records, scores, out, args.stem)
     print(text)
     return 0
 
