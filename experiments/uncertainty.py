@@ -54,18 +54,16 @@ import torch
 
 from twodg_pyro.data import DatasetNotFoundError, load_dataset
 from twodg_pyro.pipeline import config_from_dict
-from twodg_pyro.pipeline.baseline_methods import method_probs
-from twodg_pyro.pipeline.config import merge_settings
+from twodg_pyro.pipeline.config import UncertaintyConfig, merge_settings
 from twodg_pyro.pipeline.presets import preset
 from twodg_pyro.pipeline.results import atomic_write_text
+from twodg_pyro.pipeline.uncertainty_step import BAYESIAN_METHODS, UncertaintySets, trained_of
 from twodg_pyro.pipeline.variants import run_variants
 from twodg_pyro.uncertainty import (
     BUILTIN_OOD_SETS,
     CORRUPTIONS,
-    builtin_ood_sets,
     plot_score_histograms,
     plot_shift,
-    uncertainty_report,
 )
 
 RECOMMENDED = "KL weight 0.1"
@@ -151,51 +149,7 @@ QUICK = {
     "deterministic_matched": {"epochs": 2},
     "laplace": {"marglik_steps": 5},
 }
-BAYESIAN = {"mean_field", "2dg", "rank1", "ssvi", "ensemble", "laplace"}
 DEVICE = ["cpu"]
-
-
-def _tensors(ds) -> tuple[torch.Tensor, torch.Tensor]:
-    if hasattr(ds, "tensors"):
-        return ds.tensors[0], ds.tensors[1]
-    xs, ys = zip(*(ds[i] for i in range(len(ds))), strict=True)
-    return torch.stack(xs), torch.as_tensor(ys)
-
-
-class Evaluation:
-    """The evaluation sets of one seed (the same for every method)."""
-
-    def __init__(self, split, seed: int, draws: int, ood_size: int, shift_size: int):
-        self.x, self.y = _tensors(split.test)
-        self.mean, self.std = split.info["mean"], split.info["std"]
-        self.draws, self.seed = draws, seed
-        g = torch.Generator().manual_seed(seed)
-        self.ood = {
-            k: v[torch.randperm(v.shape[0], generator=g)[:ood_size]]
-            for k, v in builtin_ood_sets(self.x, self.mean, self.std, seed).items()
-        }
-        rows = torch.randperm(self.x.shape[0], generator=g)[:shift_size]
-        self.shift_data = (self.x[rows], self.y[rows])
-
-    def record(self, trained, method: str) -> dict:
-        def fn(x):
-            return method_probs(trained, x.to(DEVICE[0]), self.draws, self.seed)
-
-        common = {
-            "bayesian": method in BAYESIAN,
-            "pixel_mean": self.mean,
-            "pixel_std": self.std,
-            "seed": self.seed,
-        }
-        ood = uncertainty_report(fn, (self.x, self.y), self.ood, None, return_scores=True, **common)
-        shift = uncertainty_report(fn, self.shift_data, None, list(CORRUPTIONS), **common)
-        return {
-            "mean_mi_clean": ood["mean_mi_clean"],
-            "aurc": ood["aurc"],
-            "ood": ood["ood"],
-            "shift": shift["shift"],
-            "_scores": ood.get("scores"),
-        }
 
 
 FIELDS = ("accuracy", "nll", "ece", "trainable_params", "stored_params")
@@ -225,7 +179,9 @@ def run_recipe(
     t0 = time.perf_counter()
     records, art = run_variants(config_from_dict(settings), variants)
     print(f"[{name} / seed {seed}] trained in {time.perf_counter() - t0:.0f} s", flush=True)
-    ev = Evaluation(art.split, seed, **ev_args)
+    # the same OOD sets and corrupted subset for every method (made once, seeded)
+    sizes = {"ood_size": ev_args["ood_size"], "shift_size": ev_args["shift_size"]}
+    ev = UncertaintySets(art.split, art.eval_data, UncertaintyConfig(**sizes), seed)
     out, scores = [], {}
     for r in records:
         method = r["method"]
@@ -235,10 +191,12 @@ def run_recipe(
         elif method == "mean_field":
             trained, label = art.mean_field, method
         else:
-            trained, label = art.trained[method], method
+            trained, label = trained_of(art, method), method
         t1 = time.perf_counter()
-        u = ev.record(trained, method)
-        scores[label] = u.pop("_scores")
+        bayesian = method in BAYESIAN_METHODS
+        u = ev.record(trained, bayesian, ev_args["draws"], DEVICE[0], return_scores=True)
+        scores[label] = u.pop("scores")
+        del u["uncertainty_draws"]  # the file's "evaluation" states the draws once
         recipe = spec.get("label", name)
         rec = {"recipe": recipe, "method": label, "arch": arch, "seed": seed}
         rec.update({k: r[k] for k in FIELDS if k in r})

@@ -15,7 +15,14 @@ import torch
 
 from .state import TrainState
 
-__all__ = ["Callback", "KLAnnealing", "EarlyStopping", "History", "ScaleTrajectory"]
+__all__ = [
+    "Callback",
+    "KLAnnealing",
+    "EarlyStopping",
+    "History",
+    "ScaleTrajectory",
+    "scale_summary",
+]
 
 
 class Callback:
@@ -108,6 +115,17 @@ class History(Callback):
         self.records.append(dict(state.history[-1]))
 
 
+def scale_summary(mu: torch.Tensor, sigma: torch.Tensor) -> dict[str, float]:
+    r"""``sigma_median`` (:math:`\operatorname{median}_i \sigma_i`) and
+    ``sigma_over_spread`` (that median over :math:`\operatorname{sd}(\mu)`, the
+    spread of the means): how large a posterior's scales are beside its weights."""
+    median = sigma.median()
+    return {
+        "sigma_median": float(median),
+        "sigma_over_spread": float(median / mu.std().clamp_min(1e-30)),
+    }
+
+
 class ScaleTrajectory(Callback):
     r"""Adds the posterior scales' trajectory to every epoch's record, so that a fit can
     be judged converged by its scales as well as by its ELBO.
@@ -157,12 +175,13 @@ class ScaleTrajectory(Callback):
         mu, sigma = got
         ratio = sigma / self._initial
         q = torch.quantile(_subsample(ratio), torch.tensor([0.1, 0.5, 0.9]))
+        summary = scale_summary(mu, sigma)
         state.history[-1].update(
-            sigma_median=float(sigma.median()),
+            sigma_median=summary["sigma_median"],
             sigma_ratio_p10=float(q[0]),
             sigma_ratio_median=float(q[1]),
             sigma_ratio_p90=float(q[2]),
-            sigma_over_spread=float(sigma.median() / mu.std().clamp_min(1e-30)),
+            sigma_over_spread=summary["sigma_over_spread"],
         )
 
 

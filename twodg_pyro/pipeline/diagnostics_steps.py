@@ -206,6 +206,7 @@ def posterior_uncertainty(guide, idata) -> dict:
       the means (about 0.04 for the paper recipe on LeNet-5, 1.5 for the recommended
       one: ``experiments/results/uncertainty.json``'s ``scale_trajectory``).
     """
+    from ..infer.callbacks import scale_summary
     from ..uncertainty import mutual_information
 
     out: dict = {}
@@ -216,9 +217,7 @@ def posterior_uncertainty(guide, idata) -> dict:
         out["mean_mutual_information"] = float(mutual_information(probs).mean())
     fn = getattr(guide, "means_and_scales", None)
     if callable(fn):
-        mu, sigma = fn()
-        out["sigma_median"] = float(sigma.median())
-        out["sigma_over_spread"] = float(sigma.median() / mu.std().clamp_min(1e-30))
+        out.update(scale_summary(*fn()))
     return out
 
 

@@ -94,8 +94,11 @@ class UncertaintySets:
         rows = _subset(torch.arange(self.x.shape[0]), settings.shift_size, g)
         self.shift_data = (self.x[rows], self.y[rows])
 
-    def record(self, trained, bayesian: bool, num_samples: int, device) -> dict:
-        """The uncertainty fields of one trained method."""
+    def record(
+        self, trained, bayesian: bool, num_samples: int, device, return_scores: bool = False
+    ) -> dict:
+        """The uncertainty fields of one trained method (with ``return_scores``, also the
+        per-example scores of the clean and OOD inputs under ``"scores"``, for figures)."""
 
         def fn(x):
             return method_probs(trained, x.to(device), num_samples, self.seed)
@@ -108,19 +111,24 @@ class UncertaintySets:
             "image_shape": self.image_shape,
         }
         s = self.settings
-        ood = uncertainty_report(fn, (self.x, self.y), self.ood, None, **common)
+        ood = uncertainty_report(
+            fn, (self.x, self.y), self.ood, None, return_scores=return_scores, **common
+        )
         shift = {}
         if s.corruptions:
             shift = uncertainty_report(
                 fn, self.shift_data, None, s.corruptions, severities=s.severities, **common
             )["shift"]
-        return {
+        out = {
             "mean_mi_clean": ood["mean_mi_clean"],
             "aurc": ood["aurc"],
             "ood": ood["ood"],
             "shift": shift,
             "uncertainty_draws": int(num_samples),
         }
+        if return_scores:
+            out["scores"] = ood["scores"]
+        return out
 
 
 def trained_of(art, method: str):

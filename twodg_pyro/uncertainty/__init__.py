@@ -9,7 +9,8 @@ shift and selective prediction.
   upsampled digits) and test sets read from local folders, in the normalised input space;
 * :mod:`.corruptions` -- seven corruption families at five severities (and CIFAR-10-C);
 * :mod:`.report` -- the whole record of a prediction function, a BNN or a plain network;
-* :mod:`.plots` -- score histograms and metric-versus-severity figures.
+* :mod:`.plots` -- score histograms and metric-versus-severity figures (imported on
+  first use: matplotlib stays out of the start-up of everything that imports this).
 
 Library code: nothing here imports :mod:`twodg_pyro.pipeline`.
 """
@@ -23,7 +24,6 @@ from .corruptions import (
 )
 from .detection import fpr_at_tpr, ood_metrics
 from .ood_sets import BUILTIN_OOD_SETS, FOLDER_OOD_SETS, builtin_ood_sets, folder_ood_set
-from .plots import plot_score_histograms, plot_shift
 from .report import evaluate_uncertainty, evaluate_uncertainty_net, uncertainty_report
 from .scores import (
     expected_entropy,
@@ -61,3 +61,11 @@ __all__ = [
     "uncertainty_report",
     "uncertainty_scores",
 ]
+
+
+def __getattr__(name: str):
+    if name in ("plot_score_histograms", "plot_shift"):
+        from . import plots
+
+        return getattr(plots, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
