@@ -1,13 +1,20 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   -- create .venv, install, run the main job on the bundled digits
-#   make test   -- create .venv, install, lint (ruff) and run the test suite
+#   make test   -- create .venv, install, lint (ruff) and run the test suite; then the
+#                  ArviZ 1.x tests in .venv-arviz1 (ArviZ 1.x needs Python >= 3.12; the
+#                  main venv takes python3, whose ArviZ may be 0.x)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 OUT ?= runs/demo
+# a Python >= 3.12 for the ArviZ 1.x tests (pyenv's shims of other versions do not run)
+PYTHON_ARVIZ1 ?= $(shell for p in python3.12 python3.13 $$HOME/.pyenv/versions/3.12*/bin/python3 $$HOME/.pyenv/versions/3.13*/bin/python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; done)
+VENV_ARVIZ1 ?= .venv-arviz1
+STAMP_ARVIZ1 := $(VENV_ARVIZ1)/.installed-stamp
+ARVIZ1_TESTS ?= tests/test_arviz_tree.py tests/test_diagnostics.py tests/test_diagnostics_budget.py tests/test_readme.py
 
-.PHONY: demo test test-all lint bench install
+.PHONY: demo test test-all test-arviz1 lint bench install
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +22,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(STAMP_ARVIZ1): pyproject.toml
+	test -x $(VENV_ARVIZ1)/bin/python || $(PYTHON_ARVIZ1) -m venv $(VENV_ARVIZ1)
+	$(VENV_ARVIZ1)/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test]" "arviz>=1"
+	touch $(STAMP_ARVIZ1)
 
 demo: $(STAMP)
 	$(BIN)/twodg-pyro run --out $(OUT) --overwrite
@@ -25,6 +37,16 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -m "not slow" -q
+	$(MAKE) test-arviz1
+
+# the diagnostics' tests on ArviZ 1.x (the main venv's Python may only have 0.x)
+test-arviz1:
+	@if [ -z "$(PYTHON_ARVIZ1)" ]; then \
+		echo "test-arviz1: no Python >= 3.12 on this machine, ArviZ 1.x tests not run"; \
+	else \
+		$(MAKE) $(STAMP_ARVIZ1) && \
+		$(VENV_ARVIZ1)/bin/python -m pytest -m "not slow" -q $(ARVIZ1_TESTS); \
+	fi
 
 test-all: lint
 	$(BIN)/python -m pytest -q

@@ -5,7 +5,7 @@ The checkpoint is the one stage 1 writes for a mean-field ResNet-18 (CIFAR-10 he
 11.2M Bayesian weights): guide means and scales, Adam's two moments, the network's
 BatchNorm state, RNG states and the header (about 180 MB).  Contenders:
 
-* ``digest``: :func:`twodg_pyro.io.integrity.content_digest` of the payload alone;
+* ``digest``: :func:`twodg_pyro.files.integrity.content_digest` of the payload alone;
 * ``save_plain`` / ``save_sealed``: ``atomic_torch_save`` of the payload, and
   ``write_payload`` (digest + the same save);
 * ``load_plain`` / ``load_verified``: ``safe_torch_load``, and the checkpoint reader
@@ -29,13 +29,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleaved, record  # noqa: E402
 
+from twodg_pyro.files import checkpoint as ckpt_mod  # noqa: E402
+from twodg_pyro.files.atomic import atomic_torch_save, safe_torch_load  # noqa: E402
+from twodg_pyro.files.integrity import CHECKSUM_KEY, content_digest  # noqa: E402
+from twodg_pyro.files.payload import read_payload, write_payload  # noqa: E402
 from twodg_pyro.guides import MeanFieldGuide  # noqa: E402
 from twodg_pyro.infer import DecomposedELBO  # noqa: E402
+from twodg_pyro.infer.checkpoint import checkpoint_payload  # noqa: E402
 from twodg_pyro.infer.state import start_state  # noqa: E402
-from twodg_pyro.io import checkpoint as ckpt_mod  # noqa: E402
-from twodg_pyro.io.files import atomic_torch_save, safe_torch_load  # noqa: E402
-from twodg_pyro.io.integrity import CHECKSUM_KEY, content_digest  # noqa: E402
-from twodg_pyro.io.payload import read_payload, write_payload  # noqa: E402
 from twodg_pyro.likelihoods import Categorical  # noqa: E402
 from twodg_pyro.model import BNNModel  # noqa: E402
 from twodg_pyro.models import build_network  # noqa: E402
@@ -51,7 +52,7 @@ def checkpoint() -> dict:
     for p in list(guide.parameters()) + list(model.parameters()):
         p.grad = torch.full_like(p, 1e-3)
     state.optimizer.step()  # Adam's moments exist
-    payload = ckpt_mod.checkpoint_payload(state, "stage1")
+    payload = checkpoint_payload(state, "stage1")
     payload.pop(CHECKSUM_KEY, None)
     return payload
 

@@ -71,7 +71,7 @@ from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
 from twodg_pyro.pipeline.presets import preset  # noqa: E402
 from twodg_pyro.pipeline.saved_models import evaluate_model_file  # noqa: E402
 from twodg_pyro.pipeline.trained import RunArtifacts  # noqa: E402
-from twodg_pyro.predict import predict  # noqa: E402
+from twodg_pyro.prediction import predict  # noqa: E402
 
 TOL = {"accuracy": 0.001, "nll": 0.01, "ece": 0.005}
 _IMAGE = {

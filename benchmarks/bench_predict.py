@@ -1,7 +1,7 @@
 """Prediction time: 30 posterior samples, MLP 784-400-400-10, batch 512, against 30
 deterministic forwards, side by side in one run (interleaved rounds).
 
-Contenders: our vectorised :func:`twodg_pyro.predict.predict` with the mean-field guide and
+Contenders: our vectorised :func:`twodg_pyro.prediction.predict` with the mean-field guide and
 the shared-GMM guide in each tying (a synthetic sharing structure of realistic
 proportions: K = 64, 1% outliers, 0.5% ellipse weights, as in ``bench_svi_step.py``), and
 Pyro's ``Predictive`` with ``AutoNormal`` on the same model (one trace and replay per
@@ -35,7 +35,7 @@ from twodg_pyro.guides.stochastic_draw import DRAW_BLOCK  # noqa: E402
 from twodg_pyro.likelihoods import Categorical  # noqa: E402
 from twodg_pyro.model import BNNModel  # noqa: E402
 from twodg_pyro.models import MLP  # noqa: E402
-from twodg_pyro.predict import predict  # noqa: E402
+from twodg_pyro.prediction import predict  # noqa: E402
 
 S, BATCH, CHUNK = 30, 512, 10
 TARGETS = {

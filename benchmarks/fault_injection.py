@@ -30,8 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import record  # noqa: E402
 
+from twodg_pyro.files.checkpoint import load_checkpoint  # noqa: E402
 from twodg_pyro.io import load_2dg  # noqa: E402
-from twodg_pyro.io.checkpoint import load_checkpoint  # noqa: E402
 from twodg_pyro.pipeline import config_from_dict, run  # noqa: E402
 
 TINY = {
@@ -47,6 +47,7 @@ TINY = {
         "grad_percentile": 0.01,
         "n_components": 4,
         "n_min": 5,
+        "k_nearest": 4,  # at most K (the neighbours an ellipse weight is blended from)
     },
     "stage3": {"epochs": 2},
 }

@@ -36,8 +36,8 @@ from twodg_pyro import diagnostics as D  # noqa: E402
 from twodg_pyro.diagnostics._draws import categorical_log_prob  # noqa: E402
 from twodg_pyro.diagnostics.arviz_export import _on_grid  # noqa: E402
 from twodg_pyro.evaluation import SAMPLE_CHUNK, seeded  # noqa: E402
+from twodg_pyro.files.atomic import atomic_write_text  # noqa: E402
 from twodg_pyro.io import load_model  # noqa: E402
-from twodg_pyro.io.files import atomic_write_text  # noqa: E402
 from twodg_pyro.pipeline import config_from_dict, run  # noqa: E402
 from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
 from twodg_pyro.pipeline.presets import preset  # noqa: E402

@@ -33,7 +33,7 @@ from twodg_pyro.pipeline.config import merge_settings
 from twodg_pyro.pipeline.presets import preset
 from twodg_pyro.pipeline.results import atomic_write_text
 from twodg_pyro.pipeline.variants import run_variants
-from twodg_pyro.predict import predict
+from twodg_pyro.prediction import predict
 
 MERGING = {"sharing": {"n_components": 64, "tau_d": 0.05}, "stage3": {"merge_every": 10}}
 

@@ -81,6 +81,7 @@ _TINY_RUN = {
         "grad_percentile": 0.01,
         "n_components": 4,
         "n_min": 5,
+        "k_nearest": 4,  # at most K (the neighbours an ellipse weight is blended from)
     },
     "stage3": {"epochs": 2},
 }

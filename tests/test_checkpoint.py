@@ -1,6 +1,7 @@
 """Checkpoints: exact resumption of fit (mean-field and shared-GMM with merges), atomic
 writes, truncated files, the NaN guard naming the last good checkpoint, SPD covariances."""
 
+import json
 import os
 
 import pyro
@@ -8,17 +9,17 @@ import pytest
 import torch
 
 from twodg_pyro.data import make_loader
+from twodg_pyro.files.atomic import atomic_torch_save
+from twodg_pyro.files.checkpoint import load_checkpoint
 from twodg_pyro.gmm import check_spd
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.infer import Callback, KLAnnealing, fit
 from twodg_pyro.infer.checkpoint import Checkpoint, restore_state, resume_fit
-from twodg_pyro.io import atomic_torch_save
-from twodg_pyro.io.checkpoint import load_checkpoint
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
-from twodg_pyro.predict import predict
-from twodg_pyro.sharing import MahalanobisHook, MergeHook
+from twodg_pyro.prediction import predict
+from twodg_pyro.sharing import MahalanobisHook, MergeHook, SharingStructure
 
 
 class Kill(Callback):
@@ -110,7 +111,7 @@ def test_shared_gmm_resume_after_merges_is_exact(
     with pytest.raises(KeyboardInterrupt):
         fit(model, guide, loader, 6, 1e-2, callbacks=hooks + [ckpt, Kill(4)], progress=False)
     c = load_checkpoint(path, stage="stage3")
-    assert c.epoch == 4 and c.structure().n_gaussians < k0
+    assert c.epoch == 4 and c.structure(SharingStructure.from_payload).n_gaussians < k0
 
     pyro.set_rng_seed(99)
     guide, loader, hooks = start()  # K of the stage-2 structure: the checkpoint's is adopted
@@ -123,6 +124,30 @@ def test_shared_gmm_resume_after_merges_is_exact(
     for i, st in ref_opt["state"].items():
         for k, v in st.items():
             assert torch.equal(opt["state"][i][k], v)
+
+
+def test_the_checkpoint_file_leaves_the_structure_to_its_reader(
+    trained_mean_field, stage2_structure, digits, tmp_path
+):
+    """The checkpoint file (``twodg_pyro.files``) knows no guide: its structure section is
+    decoded by the reader's decoder (``restore_state``: the class of the guide's own
+    structure), and a section the decoder refuses is a ValueError naming the file."""
+    model, _ = trained_mean_field
+    loader = make_loader(digits.train, 128, shuffle=True, seed=3)
+    path = tmp_path / "s3.pt"
+    guide = SharedGMMGuide(model, stage2_structure, "representative")
+    fit(model, guide, loader, 1, 1e-2, callbacks=[Checkpoint(path)], progress=False)
+    c = load_checkpoint(path)
+    assert c.has_structure and c.structure(dict) == c.section("structure/")
+    assert c.structure(SharingStructure.from_payload).n_gaussians == guide.n_components
+    mf_path, _ = _one_checkpointed_epoch(digits, tmp_path / "mf.pt")
+    assert not load_checkpoint(mf_path).has_structure
+    assert load_checkpoint(mf_path).structure(SharingStructure.from_payload) is None
+
+    c.payload["structure/header"] = json.dumps({"kind": "not a structure"})
+    fresh = SharedGMMGuide(model, stage2_structure, "representative")
+    with pytest.raises(ValueError, match=r"s3\.pt'?: bad sharing structure: not a sharing"):
+        restore_state(c, model, fresh, 1e-2)
 
 
 def _one_checkpointed_epoch(digits, path):
@@ -146,9 +171,12 @@ def test_atomic_save_never_leaves_a_partial_final_file(tmp_path, monkeypatch):
     atomic_torch_save({"a": torch.ones(3)}, path)
     before = path.read_bytes()
 
-    def broken_save(obj, f, *a, **k):
-        with open(f, "wb") as fh:
-            fh.write(b"PK\x03\x04 half a file")
+    def broken_save(obj, f, *a, **k):  # f: a path or (atomic_torch_save) a file object
+        if hasattr(f, "write"):
+            f.write(b"PK\x03\x04 half a file")
+        else:
+            with open(f, "wb") as fh:
+                fh.write(b"PK\x03\x04 half a file")
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", broken_save)

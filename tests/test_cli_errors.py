@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from twodg_pyro.cli import main
+from twodg_pyro.files.integrity import seal
 from twodg_pyro.infer import checkpoint as ckpt_mod
 from twodg_pyro.infer.elbo import DecomposedELBO
-from twodg_pyro.io.integrity import seal
 
 
 @pytest.fixture

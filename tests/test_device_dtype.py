@@ -36,7 +36,7 @@ from twodg_pyro.models import MLP
 from twodg_pyro.nn.sites import BayesianSite
 from twodg_pyro.pipeline import ConfigError, SharingConfig, config_from_dict, load_config, run
 from twodg_pyro.pipeline.saved_models import diagnose_model_file, evaluate_model_file
-from twodg_pyro.predict import predict
+from twodg_pyro.prediction import predict
 from twodg_pyro.priors import (
     LaplacePrior,
     LayerwiseNormalPrior,
@@ -235,7 +235,7 @@ def test_float64_model_file_round_trip_and_evaluate_dtype(f64_mean_field, digits
     metrics = evaluate_model_file(path, num_samples=3)
     assert 0.0 <= metrics["accuracy"] <= 1.0 and math.isfinite(metrics["nll"])
     report = diagnose_model_file(
-        path, tmp_path / "diag", num_samples=5, khat_samples=25, max_train_examples=100
+        path, tmp_path / "diag", num_samples=5, khat_samples=30, max_train_examples=100
     )
     assert report["errors"] == {} and report["vi"]["n_examples"] == 100
 
@@ -257,7 +257,7 @@ TINY = {
     "stage3": {"epochs": 2, "merge_every": 1, "reassign_every": 1, "tying": "tied"},
     "rank1": {"epochs": 2, "components": 2},
     "ssvi": {"epochs": 2, "update_every": 1},
-    "diagnostics": {"khat_samples": 25, "max_examples": 200},
+    "diagnostics": {"khat_samples": 30, "max_examples": 200},
 }
 
 

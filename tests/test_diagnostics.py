@@ -74,17 +74,20 @@ def test_inference_data_groups_shapes_and_round_trip(small, digits, tmp_path):
     x, y = digits.test.tensors
     st = guide.structure()
     idata = D.to_inference_data(model, guide, (x, y), S, seed=3)
-    assert set(idata.groups()) == {
+    assert set(D.group_names(idata)) == {
         "posterior",
         "posterior_predictive",
         "log_likelihood",
         "observed_data",
         "constant_data",
+        "sample_stats",
+        "sharing",
     }
-    post, N, K = idata.posterior, len(y), st.n_gaussians
+    post, N, K = D.group(idata, "posterior"), len(y), st.n_gaussians
     assert post.sizes["chain"] == 1 and post.sizes["draw"] == S
-    # one posterior variable per Pyro site, named as the site, with named dims
-    assert list(post.data_vars) == SITES
+    # one posterior variable per Pyro site, named as the site, with named dims (and a
+    # weight tied to each component)
+    assert list(post.data_vars) == SITES + ["component_value"]
     assert post["layers.0.weight"].dims == (
         "chain",
         "draw",
@@ -94,8 +97,8 @@ def test_inference_data_groups_shapes_and_round_trip(small, digits, tmp_path):
     assert post["layers.0.weight"].shape == (1, S, 16, 64)
     assert post["layers.2.bias"].dims == ("chain", "draw", "layers.2.bias_out")
     assert float((post.max("draw") - post.min("draw"))["layers.0.weight"].max()) > 0.0
-    # the guide's variational parameters are constants, not posterior variables
-    const = idata.constant_data
+    # the sharing structure is a group of its own, not posterior variables
+    const = D.group(idata, "sharing")
     assert const["centre"].shape == (K, 2) and const["covariance"].shape == (K, 2, 2)
     assert const["component_count"].shape == (K,)
     assert const["outlier_loc"].shape == const["outlier_scale"].shape == (st.n_outliers,)
@@ -114,8 +117,8 @@ def test_inference_data_groups_shapes_and_round_trip(small, digits, tmp_path):
     picked = np.take_along_axis(probs, y.numpy()[None, :, None], -1)[..., 0]
     np.testing.assert_allclose(ll, np.log(picked), rtol=1e-4, atol=1e-5)
     # metadata on every group, not only on idata.attrs
-    for group in idata.groups():
-        attrs = getattr(idata, group).attrs
+    for group in D.group_names(idata):
+        attrs = D.group(idata, group).attrs
         assert attrs["method"] == "2dg" and attrs["tying"] == "representative", group
         assert attrs["seed"] == 3 and attrs["num_draws"] == S and attrs["guide"] == "SharedGMMGuide"
         assert attrs["inference_library"] == "pyro" and attrs["creation_library"] == "twodg_pyro"
@@ -130,7 +133,7 @@ def test_inference_data_groups_shapes_and_round_trip(small, digits, tmp_path):
     path = D.save_inference_data(idata, tmp_path / "sub" / "idata.nc")
     assert path.is_file() and [p.name for p in path.parent.iterdir()] == ["idata.nc"]
     back = D.load_inference_data(path)
-    assert set(back.groups()) == set(idata.groups())
+    assert set(D.group_names(back)) == set(D.group_names(idata))
     np.testing.assert_array_equal(
         back.posterior["layers.0.weight"].values, post["layers.0.weight"].values
     )
@@ -242,9 +245,10 @@ def test_inference_data_of_mean_field_and_tied_guides(small, digits):
     z = idata.posterior["component_value"]
     assert z.shape == (1, 6, st.n_gaussians)
     # a plain inlier of component k takes the value z_k of the same draw
+    sharing = D.group(idata, "sharing")
     for name in SITES:
-        kind = idata.constant_data[f"{name}.kind"].values.reshape(-1)
-        comp = idata.constant_data[f"{name}.component"].values.reshape(-1)
+        kind = sharing[f"{name}.kind"].values.reshape(-1)
+        comp = sharing[f"{name}.component"].values.reshape(-1)
         w = idata.posterior[name].values[0].reshape(6, -1)
         plain = np.flatnonzero(kind == 1)
         np.testing.assert_allclose(w[:, plain], z.values[0][:, comp[plain]])
@@ -274,7 +278,7 @@ def test_rank1_and_ssvi_export_and_khat(digits):
 
     probs, _ = D.class_probabilities(idata)
     np.testing.assert_allclose(probs, seeded_predict(r1, rg, xy, 10, 0).mean.numpy(), atol=1e-6)
-    res = D.vi_diagnostics(r1, rg, digits.train.tensors, num_samples=25, max_examples=200)
+    res = D.vi_diagnostics(r1, rg, digits.train.tensors, num_samples=30, max_examples=200)
     assert math.isfinite(res["khat"]) and res["exact"] and "ensemble" in res["target"]
 
     model = BNNModel(MLP(64, (16,), 10), prior=1.0, likelihood=Categorical(len(digits.train)))
@@ -284,7 +288,7 @@ def test_rank1_and_ssvi_export_and_khat(digits):
     active = idata.constant_data["layers.0.weight.active"].values
     w = idata.posterior["layers.0.weight"].values
     assert active.mean() == pytest.approx(0.25, abs=0.01) and np.all(w[..., ~active] == 0)
-    res = D.vi_diagnostics(model, sv, digits.train.tensors, num_samples=25, max_examples=200)
+    res = D.vi_diagnostics(model, sv, digits.train.tensors, num_samples=30, max_examples=200)
     assert math.isfinite(res["khat"]) and "subspace" in res["target"]
 
 
@@ -311,7 +315,7 @@ def test_khat_is_finite_for_each_guide(small, digits):
         assert math.isfinite(res["elbo"]) and 1.0 <= res["ess"] <= 40
     for tying, method in (("stochastic", "quadrature"), ("tied", "marginal_product")):
         guide = SharedGMMGuide(model, small["structure"], tying=tying)
-        res = D.vi_diagnostics(model, guide, train, num_samples=25, seed=0, max_examples=300)
+        res = D.vi_diagnostics(model, guide, train, num_samples=30, seed=0, max_examples=300)
         assert math.isfinite(res["khat"]) and res["log_q_method"] == method
         assert res["exact"] is (method == "quadrature")
         assert res["loglik_scale"] == pytest.approx(len(digits.train) / 300)
@@ -349,35 +353,31 @@ def test_stochastic_marginal_matches_the_guide_draws(small):
 
 
 def test_loo_compare_plot_ppc_and_summary(small, digits, tmp_path):
-    """What an ArviZ user does with our output: az.loo, az.compare across methods,
-    az.plot_ppc, az.summary."""
-    import arviz as az
-    import matplotlib
+    """What an ArviZ user does with our output, on either ArviZ major: PSIS-LOO (ArviZ's
+    own object too), compare across methods, the PPC, the summary."""
+    from twodg_pyro.diagnostics import _arviz as A
 
-    matplotlib.use("Agg")
     xy = digits.test.tensors
     idata = D.to_inference_data(small["model"], small["guide"], xy, 30)
     mf = D.to_inference_data(small["model"], small["mf_guide"], xy, 30)
     res = D.loo(idata)
     assert math.isfinite(res["elpd_loo"]) and res["elpd_loo"] < 0 and math.isfinite(res["se"])
     assert res["n_samples"] == 30 and res["n_data_points"] == len(digits.test)
-    direct = az.loo(idata, reff=1.0)
-    assert float(direct.elpd_loo) == pytest.approx(res["elpd_loo"])
+    direct = A.elpd_fields(D.loo_data(idata))
+    assert direct["elpd"] == pytest.approx(res["elpd_loo"])
     table = D.compare({"2dg": idata, "mean_field": mf})
     assert set(table.index) == {"2dg", "mean_field"} and table["rank"].min() == 0
-    assert np.all(np.isfinite(table["elpd_loo"].values))
-    assert az.compare({"2dg": idata, "mean_field": mf}, ic="loo").shape[0] == 2
+    elpd = "elpd" if D.DATATREE else "elpd_loo"
+    assert np.all(np.isfinite(table[elpd].values.astype(float)))
     other = D.to_inference_data(small["model"], small["mf_guide"], tuple(t[:50] for t in xy), 30)
     with pytest.raises(ValueError, match="other observations"):
         D.compare({"2dg": idata, "mean_field": other})
-    ax = az.plot_ppc(idata, num_pp_samples=10, random_seed=0)
-    fig = np.atleast_1d(ax).ravel()[0].figure
-    fig.savefig(tmp_path / "ppc.png")
-    assert _is_png(tmp_path / "ppc.png")
+    assert _is_png(D.plot_class_ppc(idata, tmp_path / "ppc.png", num_samples=10))
     summary = D.summary(idata, var_names=["layers.2.bias"])
     assert {"mean", "sd", "ess_bulk"} <= set(summary.columns)
     assert list(summary.index) == [f"layers.2.bias[{i}]" for i in range(10)]
-    assert D.summary(idata, kind="stats").shape[0] == 16 * 64 + 16 + 10 * 16 + 10
+    n_components = D.group(idata, "posterior").sizes["component"]
+    assert D.summary(idata, kind="stats").shape[0] == 16 * 64 + 16 + 10 * 16 + 10 + n_components
 
 
 def test_loo_reports_nan_and_inf_without_failing(small, digits):
@@ -385,7 +385,8 @@ def test_loo_reports_nan_and_inf_without_failing(small, digits):
     returns them as floats, and constant observations are counted."""
     idata = D.to_inference_data(small["model"], small["guide"], digits.test.tensors, 3)
     res = D.loo(idata)
-    assert res["max_pareto_k"] == math.inf and res["n_inf_k"] == len(digits.test)
+    assert res["max_pareto_k"] == math.inf
+    assert res["n_inf_k"] + res["n_constant"] == len(digits.test)
     assert isinstance(res["elpd_loo"], float)
 
 
@@ -433,7 +434,7 @@ def test_evaluate_and_diagnose_a_saved_model(small, digits, tmp_path, capsys):
 
     folder = tmp_path / "diag"
     args = ["diagnose", str(path), "--out", str(folder), "--num-samples", "8"]
-    assert main(args + ["--khat-samples", "25", "--max-site-values", "30"]) == 0
+    assert main(args + ["--khat-samples", "30", "--max-site-values", "30"]) == 0
     report = json.loads((folder / "diagnostics.json").read_text())
     assert report["errors"] == {} and report["method"] == "2dg"
     assert math.isfinite(report["vi"]["khat"]) and math.isfinite(report["loo"]["elpd_loo"])
@@ -460,7 +461,7 @@ def test_diagnose_prints_nan_and_inf_without_failing(small, tmp_path, capsys):
     path = tmp_path / "model_2dg.pt"
     save_2dg(path, small["model"], small["guide"], network=_spec())
     args = ["diagnose", str(path), "--out", str(tmp_path / "d"), "--num-samples", "3"]
-    assert main(args + ["--khat-samples", "25", "--max-examples", "200"]) == 0
+    assert main(args + ["--khat-samples", "30", "--max-examples", "200"]) == 0
     out = capsys.readouterr().out
     assert "PSIS-LOO elpd = " in out and "max Pareto k inf" in out
     report = json.loads((tmp_path / "d" / "diagnostics.json").read_text())
@@ -487,7 +488,7 @@ def test_report_formats_nan_and_inf(tmp_path, capsys):
     )
     assert main(["report", str(run_dir)]) == 0
     table = capsys.readouterr().out
-    assert "| mean_field | 0.9000 | - | inf |" in table and "| 2dg | inf | nan | - |" in table
+    assert "| mean_field | 0.9000 | nan | inf |" in table and "| 2dg | inf | nan | - |" in table
 
 
 TINY_RUN = {
@@ -504,7 +505,7 @@ TINY_RUN = {
         "n_min": 5,
     },
     "stage3": {"epochs": 2, "merge_every": 1},
-    "diagnostics": {"khat_samples": 25},
+    "diagnostics": {"khat_samples": 30},
 }
 
 
@@ -514,7 +515,7 @@ def test_one_model_one_set_of_numbers(tmp_path, capsys):
     same examples."""
     # a budget that exports every test example (test_diagnostics_budget covers subsets)
     cfg = config_from_dict(
-        {**TINY_RUN, "seed": 3, "diagnostics": {"khat_samples": 25, "budget": 100.0}}
+        {**TINY_RUN, "seed": 3, "diagnostics": {"khat_samples": 30, "budget": 100.0}}
     )
     out = tmp_path / "run"
     art = run_pipeline(cfg, out)

@@ -27,19 +27,20 @@ TINY = {
         "n_min": 5,
     },
     "stage3": {"epochs": 1},
-    "diagnostics": {"khat_samples": 25, "max_examples": 300, "min_examples": 50},
+    "diagnostics": {"khat_samples": 30, "max_examples": 300, "min_examples": 50},
 }
 
 
 def test_budget_caps_then_shrinks_the_examples_in_proportion():
     d = DiagnosticsConfig()  # 100 draws for the k-hat, at most 2000 examples, budget 1
-    # 10 epochs of 50,000: 100 x 2000 + 30 x 2000 = 260,000 passes <= 500,000: caps only
+    # 10 epochs of 50,000: 100 x 2000 + 30 x (2000 + 2000) = 320,000 passes <= 500,000
+    # (an export's draws also run on the k-hat's training examples, for log_p): caps only
     b = diagnostics_budget(d, 30, 50_000, 10_000, 10 * 50_000)
     assert (b["n_train_examples"], b["n_eval_examples"], b["reduced"]) == (2000, 2000, False)
-    assert b["diagnostics_passes"] == 260_000
-    # 2 epochs: 100,000 allowed, both subsets shrink by 100,000 / 260,000
+    assert b["diagnostics_passes"] == 320_000
+    # 2 epochs: 100,000 allowed, both subsets shrink by 100,000 / 320,000
     b = diagnostics_budget(d, 30, 50_000, 10_000, 2 * 50_000)
-    assert (b["n_train_examples"], b["n_eval_examples"], b["reduced"]) == (769, 769, True)
+    assert (b["n_train_examples"], b["n_eval_examples"], b["reduced"]) == (625, 625, True)
     assert b["diagnostics_passes"] <= 100_000
     # a tiny training: no fewer than min_examples (or the whole set, if smaller)
     b = diagnostics_budget(d, 30, 50_000, 60, 100)
@@ -47,9 +48,21 @@ def test_budget_caps_then_shrinks_the_examples_in_proportion():
     # no training to compare with (diagnose): the caps only
     b = diagnostics_budget(d, 30, 1000, 500, None)
     assert (b["n_train_examples"], b["n_eval_examples"], b["reduced"]) == (1000, 500, False)
-    # every exported method costs its draws: 100 x 2000 + 3 x 30 x 2000 = 380,000 passes
-    b = diagnostics_budget(d, 30, 50_000, 10_000, 10 * 50_000, n_exports=3)
-    assert (b["diagnostics_passes"], b["n_exports"], b["reduced"]) == (380_000, 3, False)
+    # every exported method costs its draws: 100 x 2000 + 3 x 30 x 4000 = 560,000 passes
+    b = diagnostics_budget(d, 30, 50_000, 10_000, 20 * 50_000, n_exports=3)
+    assert (b["diagnostics_passes"], b["n_exports"], b["reduced"]) == (560_000, 3, False)
+
+
+def test_block_khats_run_only_within_the_budget():
+    d = DiagnosticsConfig()
+    # 7 blocks cost 7 x 100 x 2000 = 1,400,000 more: within 20 epochs' 1,000,000? no
+    b = diagnostics_budget(d, 30, 50_000, 10_000, 20 * 50_000, khat_blocks=7)
+    assert (b["khat_blocks"], b["khat_blocks_run"], b["diagnostics_passes"]) == (7, False, 320_000)
+    # 40 epochs: 2,000,000 allowed >= 320,000 + 1,400,000: they run, and count
+    b = diagnostics_budget(d, 30, 50_000, 10_000, 40 * 50_000, khat_blocks=7)
+    assert (b["khat_blocks_run"], b["diagnostics_passes"]) == (True, 1_720_000)
+    # no training to compare with (diagnose): they run
+    assert diagnostics_budget(d, 30, 1000, 500, None, khat_blocks=7)["khat_blocks_run"]
 
 
 def test_diagnostics_settings_are_validated():
@@ -76,20 +89,25 @@ def test_run_holds_diagnostics_to_the_budget_after_writing_results(tmp_path, mon
     assert seen == {"results_written_first": True}
     report = json.loads((tmp_path / "diagnostics.json").read_text())
     budget = report["budget"]
-    # 3 epochs (2 + 1) x 1258 examples = 3774 passes < 25 x 300 + 2 x 5 x 300 = 10,500
-    # (k-hat, and the exports of mean_field and 2dg): both subsets shrink by
-    # 3774 / 10,500, to 107 examples
+    # 3 epochs (2 + 1) x 1258 examples = 3774 passes < 30 x 300 + 2 x 5 x (300 + 300) =
+    # 15,000 (k-hat, and the exports of mean_field and 2dg on the test and, for log_p,
+    # the training examples): both subsets shrink by 3774 / 15,000, to 75 examples
     assert budget["train_passes"] == 3 * budget["train_examples_total"] == 3774
     assert budget["n_exports"] == 2
-    assert budget["reduced"] and budget["n_train_examples"] == budget["n_eval_examples"] == 107
+    assert budget["reduced"] and budget["n_train_examples"] == budget["n_eval_examples"] == 75
     assert budget["diagnostics_passes"] <= budget["train_passes"]
-    assert report["vi"]["n_examples"] == 107 and report["vi"]["num_samples"] == 25
+    assert report["vi"]["n_examples"] == 75 and report["vi"]["num_samples"] == 30
+    # the 2DG guide's 7 block k-hats (2 layers, the outliers, 4 components) do not fit
+    assert budget["khat_blocks"] == 7 and not budget["khat_blocks_run"]
+    assert "budget" in report["vi"]["blocks"]["skipped"]
     for method in ("mean_field", "2dg"):
         idata = D.load_inference_data(tmp_path / f"inference_data_{method}.nc")
-        assert idata.log_likelihood["y"].shape == (1, 5, 107)
+        assert idata.log_likelihood["y"].shape == (1, 5, 75)
+        stats = D.group(idata, "sample_stats")  # log_p on the k-hat's training examples
+        assert stats.attrs["log_p_data"] == "train_data" and stats.attrs["log_p_examples"] == 75
         # a subset of the test examples: diagnostics.json says so and gives its metrics
         info = report["methods"][method]["inference_data"]
-        assert (info["n_examples"], info["n_examples_total"]) == (107, 359)
+        assert (info["n_examples"], info["n_examples_total"]) == (75, 359)
         assert set(info["metrics_on_exported_examples"]) == {"accuracy", "nll", "ece", "brier"}
     assert report["errors"] == {}
 

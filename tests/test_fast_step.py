@@ -231,7 +231,7 @@ def test_the_setting_turns_the_fast_step_off_and_the_run_is_the_same(tmp_path):
         "progress": False,
         "network": {"hidden": [16]},
         "stage1": {"epochs": 2, "deterministic_epochs": 1},
-        "sharing": {"outlier_rule": "quantile", "n_components": 4, "n_min": 5},
+        "sharing": {"outlier_rule": "quantile", "n_components": 4, "n_min": 5, "k_nearest": 4},
         "stage3": {"epochs": 2, "tying": "stochastic"},
         "diagnostics": {"enabled": False},
     }

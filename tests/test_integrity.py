@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from twodg_pyro.io import load_2dg
-from twodg_pyro.io.checkpoint import load_checkpoint
-from twodg_pyro.io.integrity import (
+from twodg_pyro.files.checkpoint import load_checkpoint
+from twodg_pyro.files.integrity import (
     CHECKSUM_KEY,
     ChecksumError,
     check_finite,
@@ -23,8 +22,9 @@ from twodg_pyro.io.integrity import (
     seal,
     verify_checksum,
 )
-from twodg_pyro.io.payload import UnverifiedFileWarning
-from twodg_pyro.predict import predict
+from twodg_pyro.files.payload import UnverifiedFileWarning
+from twodg_pyro.io import load_2dg
+from twodg_pyro.prediction import predict
 
 
 @pytest.fixture

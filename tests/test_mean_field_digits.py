@@ -11,7 +11,7 @@ from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
-from twodg_pyro.predict import predict
+from twodg_pyro.prediction import predict
 from twodg_pyro.priors import LaplacePrior
 
 

@@ -211,7 +211,7 @@ def test_evaluate_and_diagnose_accept_every_method(digits, loader, tmp_path, cap
         assert out["accuracy"] == classification_metrics(ref.mean, ref.targets)["accuracy"]
         folder = tmp_path / f"diag_{kind}"
         args = ["diagnose", str(path), "--out", str(folder), "--num-samples", "6"]
-        assert main(args + ["--khat-samples", "25", "--max-examples", "150"]) == 0, kind
+        assert main(args + ["--khat-samples", "30", "--max-examples", "150"]) == 0, kind
         report = json.loads((folder / "diagnostics.json").read_text())
         assert report["errors"] == {} and report["method"] == kind
         assert (folder / f"inference_data_{kind}.nc").is_file()

@@ -1,5 +1,6 @@
 """The distribution ships every package folder, and claims no generic top-level name."""
 
+import ast
 import tomllib
 from pathlib import Path
 
@@ -26,3 +27,18 @@ def test_only_twodg_pyro_is_a_top_level_name():
     assert {p.split(".")[0] for p in packages} == {"twodg_pyro"}
     assert package_dir["twodg_pyro.models"] == "models"
     assert (ROOT / "models" / "__init__.py").exists()
+
+
+def test_the_version_has_one_home():
+    """``twodg_pyro/_version.py`` (a leaf: no import) holds the version; the package
+    re-exports it and pyproject.toml reads it from there."""
+    import twodg_pyro
+    from twodg_pyro import _version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    attr = project["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert attr == "twodg_pyro._version.__version__"
+    assert twodg_pyro.__version__ == _version.__version__
+    tree = ast.parse(Path(_version.__file__).read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]

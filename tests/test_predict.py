@@ -7,7 +7,7 @@ from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
-from twodg_pyro.predict import predict
+from twodg_pyro.prediction import predict
 
 
 def _model_and_guide():
@@ -35,7 +35,7 @@ def test_progress_bar_is_closed_when_prediction_fails(capsys):
     from tqdm import tqdm
 
     model, guide = _model_and_guide()
-    with pytest.raises(RuntimeError):
-        predict(model, guide, torch.randn(10, 5), num_samples=2, progress=True)  # wrong width
+    with pytest.raises(ValueError, match=r"\(10, 5\).*takes 8"):  # wrong width
+        predict(model, guide, torch.randn(10, 5), num_samples=2, progress=True)
     assert "predict" in capsys.readouterr().err
     assert not [b for b in list(tqdm._instances) if b.desc == "predict"]

@@ -25,7 +25,7 @@ from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import accuracy
 from twodg_pyro.model import LOGITS_SITE, BNNModel
 from twodg_pyro.models import MLP
-from twodg_pyro.predict import predict
+from twodg_pyro.prediction import predict
 from twodg_pyro.sharing import SharingStructure, SiteLayout
 
 GUIDES = ["mean_field", "representative", "stochastic", "tied", "rank1", "ssvi"]

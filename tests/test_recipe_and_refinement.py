@@ -20,7 +20,7 @@ from twodg_pyro.metrics import accuracy
 from twodg_pyro.model import BNNModel
 from twodg_pyro.pipeline import ConfigError, config_from_dict
 from twodg_pyro.pipeline.presets import PRESETS, preset
-from twodg_pyro.predict import predict
+from twodg_pyro.prediction import predict
 from twodg_pyro.priors import PretrainedPrior
 from twodg_pyro.sharing import MahalanobisHook, MergeHook
 

@@ -12,7 +12,6 @@ from torch import nn
 
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import SSVIGuide, SubspaceUpdate
-from twodg_pyro.guides.mean_field import inverse_softplus
 from twodg_pyro.guides.ssvi_subspace import folded_normal_moments, removal_scores
 from twodg_pyro.infer import Callback, DecomposedELBO, TrainState, fit
 from twodg_pyro.infer.optim import build_optimizer
@@ -20,9 +19,10 @@ from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
+from twodg_pyro.nn.functional import inverse_softplus
 from twodg_pyro.pipeline import ConfigError, config_from_dict
 from twodg_pyro.pipeline.config import SSVIConfig
-from twodg_pyro.predict import predict
+from twodg_pyro.prediction import predict
 from twodg_pyro.priors import LaplacePrior
 
 

@@ -452,7 +452,7 @@ def test_seeded_predict_on_tensors_and_on_a_loader_gives_the_same_draws(name):
     other = seeded_predict(model, guide, make_loader(d.test, 64), 10, seed=3)
     assert torch.equal(other.mean, ref.mean)
     # and predict itself leaves the caller's stream as the draws alone would
-    from twodg_pyro.predict import predict
+    from twodg_pyro.prediction import predict
 
     torch.manual_seed(5)
     a = predict(model, guide, (x, y), 10, batch_size=64).mean

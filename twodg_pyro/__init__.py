@@ -1,3 +1,104 @@
-"""twodg_pyro: stochastic weight-sharing Bayesian neural networks in Pyro."""
+"""twodg_pyro: stochastic weight-sharing Bayesian neural networks in Pyro.
 
-__version__ = "0.1.0"
+``import twodg_pyro as tp`` gives the working surface, three swappable parts around any
+``torch.nn.Module`` and a short fit / predict loop:
+
+* the model :class:`BNNModel` ``p(w) p(y | f_w(x))``, its priors (:class:`NormalPrior`,
+  :class:`LaplacePrior`, :class:`LayerwiseNormalPrior`) and likelihoods
+  (:class:`Categorical`, :class:`Gaussian`);
+* the guides :class:`MeanFieldGuide` and :class:`SharedGMMGuide` (the 2DG posterior:
+  outliers with their own Normal, inliers drawn from a 2-D Gaussian mixture);
+* :func:`fit` (SVI on the :class:`DecomposedELBO`), :func:`predict`, :func:`evaluate`;
+* the 2DG method's stage 2, :func:`build_sharing` with its :class:`SharingConfig`, and
+  its refinement hooks :class:`MergeHook` / :class:`MahalanobisHook`;
+* :func:`save_model` / :func:`load_model`, and the bundled data
+  (:func:`load_digits_split`, :func:`make_loader`).
+
+The names load on first use (PEP 562), so that ``import twodg_pyro.models`` or the
+command line does not pay for the whole library; everything else lives in the
+sub-packages (``twodg_pyro.guides``, ``twodg_pyro.sharing``, ...).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__ as __version__
+
+#: exported name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    "BNNModel": "twodg_pyro.model",
+    "NormalPrior": "twodg_pyro.priors",
+    "LaplacePrior": "twodg_pyro.priors",
+    "LayerwiseNormalPrior": "twodg_pyro.priors",
+    "Categorical": "twodg_pyro.likelihoods",
+    "Gaussian": "twodg_pyro.likelihoods",
+    "MeanFieldGuide": "twodg_pyro.guides.mean_field",
+    "SharedGMMGuide": "twodg_pyro.guides.shared_gmm",
+    "DecomposedELBO": "twodg_pyro.infer.elbo",
+    "fit": "twodg_pyro.infer.trainer",
+    "predict": "twodg_pyro.prediction",
+    "evaluate": "twodg_pyro.evaluation",
+    "build_sharing": "twodg_pyro.sharing.build",
+    "SharingConfig": "twodg_pyro.pipeline.config",
+    "MergeHook": "twodg_pyro.sharing.hooks",
+    "MahalanobisHook": "twodg_pyro.sharing.hooks",
+    "save_model": "twodg_pyro.io.model_file",
+    "load_model": "twodg_pyro.io.model_file",
+    "load_digits_split": "twodg_pyro.data.digits",
+    "make_loader": "twodg_pyro.data",
+}
+
+__all__ = [
+    "BNNModel",
+    "Categorical",
+    "DecomposedELBO",
+    "Gaussian",
+    "LaplacePrior",
+    "LayerwiseNormalPrior",
+    "MahalanobisHook",
+    "MeanFieldGuide",
+    "MergeHook",
+    "NormalPrior",
+    "SharedGMMGuide",
+    "SharingConfig",
+    "build_sharing",
+    "evaluate",
+    "fit",
+    "load_digits_split",
+    "load_model",
+    "make_loader",
+    "predict",
+    "save_model",
+]
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from .data import make_loader
+    from .data.digits import load_digits_split
+    from .evaluation import evaluate
+    from .guides.mean_field import MeanFieldGuide
+    from .guides.shared_gmm import SharedGMMGuide
+    from .infer.elbo import DecomposedELBO
+    from .infer.trainer import fit
+    from .io.model_file import load_model, save_model
+    from .likelihoods import Categorical, Gaussian
+    from .model import BNNModel
+    from .pipeline.config import SharingConfig
+    from .prediction import predict
+    from .priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior
+    from .sharing.build import build_sharing
+    from .sharing.hooks import MahalanobisHook, MergeHook
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'twodg_pyro' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -4,7 +4,8 @@
 configuration (both write the table, a model file per Bayesian method, the
 InferenceData, diagnostics and figures into ``--out``); ``evaluate MODEL_FILE`` prints
 the predictive metrics of a saved model of any method (by default with the run's seed,
-draws and data: the numbers of its results table); ``diagnose MODEL_FILE`` writes its
+draws and data: the numbers of its results table; given a run folder, those of every
+model file in it, keyed by file name); ``diagnose MODEL_FILE`` writes its
 InferenceData, k-hat, PSIS-LOO, posterior summary and figures; ``export
 RUN_OR_MODEL_FILE --out FILE.2dgz`` writes the compact model file of a 2DG BNN
 (:mod:`twodg_pyro.io.compact`), which ``evaluate`` and ``diagnose`` read like the full
@@ -13,7 +14,10 @@ one; ``report RUN_DIR`` rebuilds the table of a finished run.
 Errors: a user error (a bad setting, a missing or damaged file, an output folder that
 cannot take the run, data that do not fit, a diverged training) is one line on stderr,
 ``twodg-pyro <command>: error: <message naming the value or file>``, and exit code 2;
-an unexpected failure is one line and exit code 1.  ``--debug`` adds the traceback.
+an unexpected failure is one line and exit code 1.  Options with a known range
+(``--seed``, ``--num-samples``, ``--khat-samples``, the bit widths of ``export``) and the
+output paths are checked before any work; a full disk is "no space left on device
+(writing <path>)", with the file's previous content kept.  ``--debug`` adds the traceback.
 Ctrl-C stops a run with exit code 130 and says where its last checkpoint is and the
 command that resumes it.  Warnings are one line each (``twodg-pyro <command>: warning:``).
 """
@@ -180,7 +184,7 @@ def _interrupted(args, ctx: dict) -> str:
             continue
         where = str(path)
         try:
-            from .io.checkpoint import load_checkpoint
+            from .files.checkpoint import load_checkpoint
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -201,16 +205,32 @@ def _interrupted(args, ctx: dict) -> str:
     )
 
 
-def _check_data_args(args) -> None:
+def _check_data_args(args, min_samples: int = 1, why: str = "") -> None:
+    """The options of ``evaluate`` and ``diagnose`` that have a known range, checked
+    before any work: ``--data``, ``--num-samples`` (at least ``min_samples``), ``--seed``."""
     from .data import available_datasets
     from .pipeline import ConfigError
+    from .pipeline.config import SEED
 
     if args.data is not None and args.data.strip().lower().replace("-", "_") not in (
         available_datasets()
     ):
         raise ConfigError(f"--data {args.data!r}: must be one of {available_datasets()}")
-    if args.num_samples is not None and args.num_samples < 1:
-        raise ConfigError(f"--num-samples {args.num_samples}: must be >= 1")
+    if args.num_samples is not None:
+        _check_count("--num-samples", args.num_samples, min_samples, why)
+    if args.seed is not None:
+        SEED.check("--seed", args.seed)
+
+
+def _check_count(flag: str, value: int, low: int, why: str = "") -> None:
+    """``value`` of the integer option ``flag`` is at least ``low`` and fits 64 bits."""
+    from .pipeline import ConfigError
+    from .pipeline.config import INT64_LIMIT
+
+    if value < low:
+        raise ConfigError(f"{flag} {value}: must be >= {low}{why}")
+    if value >= INT64_LIMIT:
+        raise ConfigError(f"{flag} {value}: must be below 2**63")
 
 
 def _report(args) -> int:
@@ -229,13 +249,15 @@ def _evaluate(args) -> int:
 
     from .pipeline.builders import check_device
     from .pipeline.results import atomic_write_text
-    from .pipeline.run_folder import check_output_file
+    from .pipeline.run_folder import check_output_file, model_files
     from .pipeline.saved_models import evaluate_model_file
 
     check_device(args.device, "--device")
     _check_data_args(args)
     if args.out:  # before the evaluation, not after it
         check_output_file(args.out, "--out")
+    # a run folder: every model file in it, by file name
+    files = model_files(args.model_file) if Path(args.model_file).is_dir() else None
     uncertainty = None
     if args.uncertainty:
         from .pipeline.config import UncertaintyConfig, config_from_dict
@@ -252,16 +274,23 @@ def _evaluate(args) -> int:
             settings["ood_sets"] = args.ood_sets
         settings = {k: v for k, v in settings.items() if v is not None}
         uncertainty = config_from_dict(settings, UncertaintyConfig, prefix="uncertainty.")
-    metrics = evaluate_model_file(
-        args.model_file,
-        data=args.data,
-        root=args.root,
-        split_name=args.split,
-        num_samples=args.num_samples,
-        seed=args.seed,
-        device=args.device,
-        uncertainty=uncertainty,
-    )
+
+    def evaluate(model_file) -> dict:
+        return evaluate_model_file(
+            model_file,
+            data=args.data,
+            root=args.root,
+            split_name=args.split,
+            num_samples=args.num_samples,
+            seed=args.seed,
+            device=args.device,
+            uncertainty=uncertainty,
+        )
+
+    if files is None:
+        metrics = evaluate(args.model_file)
+    else:
+        metrics = {f.name: evaluate(f) for f in files}
     text = json.dumps(metrics, indent=2, sort_keys=True)
     print(text)
     if args.out:
@@ -272,9 +301,11 @@ def _evaluate(args) -> int:
 
 def _export(args) -> int:
     from .io.compact import FAITHFUL_OPTIONS, export_compact_file, resolve_model_file
+    from .pipeline.run_folder import check_output_file
 
     src = resolve_model_file(args.source)
     out = Path(args.out) if args.out else src.with_suffix(".2dgz")
+    check_output_file(out, "--out")  # before the export, not after it
     options = {
         "centre_dtype": args.precision,
         "outlier_sigma_bits": args.outlier_sigma_bits,
@@ -300,20 +331,19 @@ def _export(args) -> int:
 
 
 def _diagnose(args) -> int:
-    from .pipeline import ConfigError
+    from .diagnostics.vi import MIN_KHAT_SAMPLES
     from .pipeline.builders import check_device
     from .pipeline.run_folder import check_output_folder
     from .pipeline.saved_models import diagnose_model_file
 
     check_device(args.device, "--device")
-    _check_data_args(args)
-    for flag, value in (
-        ("--khat-samples", args.khat_samples),
-        ("--max-site-values", args.max_site_values),
-        ("--max-examples", args.max_examples),
+    _check_data_args(args, 2, " (PSIS-LOO needs at least 2 posterior draws)")
+    for flag, value, low, why in (
+        ("--khat-samples", args.khat_samples, MIN_KHAT_SAMPLES, " (the Pareto fit of k-hat)"),
+        ("--max-site-values", args.max_site_values, 1, ""),
+        ("--max-examples", args.max_examples, 1, ""),
     ):
-        if value < 1:
-            raise ConfigError(f"{flag} {value}: must be >= 1")
+        _check_count(flag, value, low, why)
     out = Path(args.out or "runs/diagnose")
     check_output_folder(out, "--out")
     report = diagnose_model_file(

@@ -23,6 +23,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _int_in(low: int, high: int):
+    """An argparse type: an integer in ``[low, high]``; else a one-line usage error naming
+    the option and the value."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value}: must be an integer in [{low}, {high}]")
+        return value
+
+    return parse
+
+
 def _debug(p: argparse.ArgumentParser, top: bool = False) -> None:
     p.add_argument(
         "--debug",
@@ -98,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="metrics of a saved model file (any method)")
     p.add_argument(
         "model_file",
-        help="a model file written by run/train (model_<method>.pt) or export (.2dgz)",
+        help="a model file written by run/train (model_<method>.pt) or export (.2dgz), or "
+        "a run folder: then every model file in it, by file name",
     )
     _data_args(p)
     p.add_argument("--split", choices=["test", "val"], default="test", help="default: test")
@@ -157,16 +174,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="centres and covariances (default float16)",
     )
     p.add_argument(
-        "--outlier-sigma-bits", type=int, default=16, help="bits per outlier sigma (1-16; 16)"
+        "--outlier-sigma-bits",
+        type=_int_in(1, 16),
+        default=16,
+        help="bits per outlier sigma (1-16; 16)",
     )
     p.add_argument(
         "--outlier-mu-bits",
         type=int,
+        choices=[8, 16],
         default=16,
         help="bits per outlier mean (16, or 8: INT8 as the quantised baseline; 16)",
     )
     p.add_argument(
-        "--alpha-bits", type=int, default=8, help="bits per ellipse blending weight (2-16; 8)"
+        "--alpha-bits",
+        type=_int_in(2, 16),
+        default=8,
+        help="bits per ellipse blending weight (2-16; 8)",
     )
     p.add_argument(
         "--index-coding",

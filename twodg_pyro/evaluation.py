@@ -12,12 +12,12 @@ way:
   what comes next);
 * the guide draws ``sample_chunk`` (10) samples at a time with ``sample_weights``, each
   chunk evaluated on every data batch before the next is drawn
-  (:func:`~twodg_pyro.predict.predict`): the draws do not depend on the data, their
+  (:func:`~twodg_pyro.prediction.predict`): the draws do not depend on the data, their
   order or their batching, nor on how they arrive (``(X, y)`` tensors or a
   ``DataLoader``, whose iterator draws a base seed from the global RNG: ``predict``
   reads the batches with the random state forked, before the first draw).
 
-:func:`seeded_predict` is :func:`~twodg_pyro.predict.predict` under :func:`seeded`;
+:func:`seeded_predict` is :func:`~twodg_pyro.prediction.predict` under :func:`seeded`;
 :func:`evaluate` adds the metrics and a record of the draws.  The results table of a
 run (``results.json``/``results.md``), its ``diagnostics.json``, its reliability figure,
 the ArviZ export (:func:`~twodg_pyro.diagnostics.to_inference_data`, whose draws are
@@ -91,10 +91,10 @@ def seeded_predict(
     keep_samples: bool = False,
     progress: bool = False,
 ):
-    """:func:`~twodg_pyro.predict.predict` with ``num_samples`` draws seeded by ``seed``
+    """:func:`~twodg_pyro.prediction.predict` with ``num_samples`` draws seeded by ``seed``
     (:func:`seeded`; ``sample_chunk`` = :data:`SAMPLE_CHUNK`): the draws every evaluation
-    of the library uses.  Returns the :class:`~twodg_pyro.predict.Prediction`."""
-    from .predict import _device_of, predict
+    of the library uses.  Returns the :class:`~twodg_pyro.prediction.Prediction`."""
+    from .prediction import _device_of, predict
 
     where = device if device is not None else _device_of(guide)  # None: the CPU
     with seeded(seed, where):
@@ -147,10 +147,14 @@ def evaluate(
     ``n_examples``.
 
     Raises:
-        ValueError: ``data`` without labels.
+        ValueError: ``data`` without labels, or labels that are not integers in
+            ``[0, C)`` (checked before predicting for ``(X, y)`` tensors, the first bad
+            one named), and what :func:`~twodg_pyro.prediction.predict` refuses.
     """
-    from .metrics import classification_metrics
+    from .metrics import check_labels, classification_metrics
 
+    if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[1]):
+        check_labels(data[1])  # dtype and sign now; the classes' range once C is known
     pred = seeded_predict(
         model,
         guide,

@@ -74,6 +74,7 @@ __all__ = [
     "GuideSample",
     "MarginalDensity",
     "NoSiteDensityError",
+    "check_guide_sites",
     "kl_or_estimate",
 ]
 
@@ -102,6 +103,41 @@ def kl_or_estimate(guide_fn, prior_fn, value: torch.Tensor) -> torch.Tensor:
     except NotImplementedError:
         kl = guide_fn.log_prob(value) - prior_fn.log_prob(value)
     return kl.sum()
+
+
+def check_guide_sites(model, guide, who: str) -> None:
+    """Raise ``ValueError`` unless a library guide covers exactly the model's sites with
+    the model's shapes (a guide built for another network), naming the first site that
+    differs and both shapes; nothing for other guides (Pyro's autoguides trace the model)
+    or a guide that declares no ``sites``.
+
+    Args:
+        model: the model (its ``sites``).
+        guide: the guide; checked when it is a :class:`BNNGuide`.
+        who: the caller, for the message (``"predict"``, ``"fit"``).
+    """
+    if not isinstance(guide, BNNGuide) or getattr(guide, "sites", None) is None:
+        return
+    theirs = {s.name: tuple(s.shape) for s in guide.sites}
+    mine = [(s.name, tuple(s.shape)) for s in model.sites]
+    for name, shape in mine:
+        if name not in theirs:
+            raise ValueError(
+                f"{who}: the model's site {name!r} {shape} is not in the guide "
+                f"{type(guide).__name__} (the guide has {len(theirs)} sites, the model "
+                f"{len(mine)}): the guide was built for another network"
+            )
+        if theirs[name] != shape:
+            raise ValueError(
+                f"{who}: the guide's site {name!r} has shape {theirs[name]}, the model's "
+                f"{shape}: the guide was built for another network"
+            )
+    extra = [n for n in theirs if n not in dict(mine)]
+    if extra:
+        raise ValueError(
+            f"{who}: the guide's site {extra[0]!r} {theirs[extra[0]]} is not a site of the "
+            f"model ({len(extra)} such site(s)): the guide was built for another network"
+        )
 
 
 @dataclass

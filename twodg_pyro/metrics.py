@@ -13,9 +13,35 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["accuracy", "nll", "ece", "brier", "classification_metrics", "reliability_bins"]
+__all__ = [
+    "accuracy",
+    "brier",
+    "check_labels",
+    "classification_metrics",
+    "ece",
+    "nll",
+    "reliability_bins",
+]
 
 _EPS = 1e-12
+
+
+def check_labels(labels: torch.Tensor, n_classes: int | None = None) -> None:
+    """Raise ``ValueError`` naming the first bad class label: labels that are not integers
+    (their dtype), or a label outside ``[0, n_classes)`` (its value, position and the
+    number of bad labels); with ``n_classes=None`` only negative labels are out of range."""
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise ValueError(f"class labels must be integers, got dtype {labels.dtype}")
+    bad = labels < 0 if n_classes is None else (labels < 0) | (labels >= int(n_classes))
+    if bool(bad.any()):
+        flat = bad.reshape(-1)
+        first = int(flat.nonzero()[0, 0])
+        span = "[0, ...)" if n_classes is None else f"[0, {int(n_classes)})"
+        classes = "" if n_classes is None else f" for {int(n_classes)} classes"
+        raise ValueError(
+            f"label {int(labels.reshape(-1)[first])} is out of range {span}{classes} "
+            f"({int(flat.sum())} bad label(s), the first at position {first})"
+        )
 
 
 def _check(probs: torch.Tensor, labels: torch.Tensor) -> None:
@@ -26,6 +52,7 @@ def _check(probs: torch.Tensor, labels: torch.Tensor) -> None:
         )
     if probs.shape[0] == 0:
         raise ValueError("cannot compute metrics on an empty set (N = 0)")
+    check_labels(labels, probs.shape[1])
 
 
 def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float:
@@ -76,7 +103,13 @@ def brier(probs: torch.Tensor, labels: torch.Tensor) -> float:
 def classification_metrics(
     probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15
 ) -> dict[str, float]:
-    """``{"accuracy", "nll", "ece", "brier"}`` of predictive probabilities."""
+    """``{"accuracy", "nll", "ece", "brier"}`` of predictive probabilities.
+
+    Raises:
+        ValueError: shapes that do not pair, no examples, or labels that are not integers
+            in ``[0, C)`` (:func:`check_labels`).
+    """
+    check_labels(labels)
     probs, labels = probs.detach().cpu(), labels.detach().long().cpu()
     if probs.dtype != torch.float64:  # float64 stays (a float64 network's), else float32
         probs = probs.float()

@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pyro
+import pyro.poutine as poutine
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
@@ -34,7 +35,15 @@ from .nn.sites import DEFAULT_LAYER_TYPES, BayesianSite, find_sites
 from .priors import Prior, as_prior
 from .pyro_params import PyroParamsMixin, params_are_local
 
-__all__ = ["BNNModel", "LOGITS_SITE", "SiteTensors", "match_input"]
+__all__ = [
+    "BNNModel",
+    "LOGITS_SITE",
+    "SiteTensors",
+    "expected_input",
+    "input_mismatch",
+    "match_input",
+    "require_model",
+]
 
 #: Name of the model's deterministic site holding the network's outputs.
 LOGITS_SITE = "logits"
@@ -48,6 +57,52 @@ def match_input(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
             return x.to(device=like.device, dtype=like.dtype)
         return x
     return x if x.device == like.device else x.to(like.device)
+
+
+def require_model(model, who: str, needs: Sequence[str] = ("sites",)) -> nn.Module:
+    """``model`` itself when it is a model module with the attributes ``needs`` (a
+    :class:`BNNModel`, or a model of the same protocol such as the rank-1 BNN).
+
+    Raises:
+        TypeError: anything else, named; a Pyro handler around a model
+            (``poutine.scale(model, ...)``) is told to pass the model itself.
+    """
+    if isinstance(model, nn.Module) and all(hasattr(model, n) for n in needs):
+        return model
+    inner = poutine.unwrap(model) if callable(model) else model
+    if inner is not model and isinstance(inner, nn.Module):
+        raise TypeError(
+            f"{who} takes the BNNModel itself, got a Pyro handler around a "
+            f"{type(inner).__name__} (poutine.scale, poutine.condition, ...): pass the model"
+        )
+    raise TypeError(f"{who} needs a BNNModel, got {type(model).__name__}")
+
+
+def expected_input(net: nn.Module) -> str | None:
+    """What the network's first layer takes, where it can be read (the first ``Linear``
+    or convolution module in registration order): ``"its first layer layers.0 takes 64
+    input features"``; ``None`` when there is none."""
+    for name, module in net.named_modules():
+        where = name or type(net).__name__
+        if isinstance(module, nn.Linear):
+            return f"its first layer {where} takes {module.in_features} input features"
+        if isinstance(module, nn.modules.conv._ConvNd):
+            return f"its first layer {where} takes {module.in_channels} input channels"
+        if isinstance(module, nn.Embedding):
+            return None
+    return None
+
+
+def input_mismatch(net: nn.Module, x: torch.Tensor, error: Exception) -> ValueError:
+    """The one-line error of an input ``x`` the network ``net`` cannot run on: the input's
+    shape, what the first layer takes (:func:`expected_input`) and torch's message."""
+    expected = expected_input(net)
+    detail = f" ({expected})" if expected else ""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return ValueError(
+        f"input of shape {tuple(x.shape)} does not fit the network {type(net).__name__}"
+        f"{detail}: {first}"
+    )
 
 
 class SiteTensors:
@@ -169,10 +224,7 @@ class BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
         except RuntimeError as e:
             if isinstance(e, torch.OutOfMemoryError):
                 raise
-            raise ValueError(
-                f"input of shape {tuple(x.shape)} does not fit the network "
-                f"{type(self.net).__name__}: {e}"
-            ) from e
+            raise input_mismatch(self.net, x, e) from e
 
     def pyro_parameters(self):
         """The network's point-estimated parameters as ``("net.<name>", parameter)``: what
@@ -235,6 +287,7 @@ class BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
         except RuntimeError as e:
             if isinstance(e, torch.OutOfMemoryError):
                 raise
+            self.run_network({k: v[0] for k, v in flat.items()}, x)  # one draw: the input?
             raise ValueError(
                 f"the network {type(self.net).__name__} could not run on {n} weight draws at "
                 f"once (particle shape {lead}, input of shape {tuple(x.shape)}): {e}. Run the "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..predict import deterministic_predict
+from ..prediction import deterministic_predict
 
 __all__ = ["draw_probs"]
 

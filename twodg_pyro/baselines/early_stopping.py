@@ -16,7 +16,7 @@ from collections.abc import Callable
 from torch import nn
 
 from ..metrics import nll
-from ..predict import deterministic_predict
+from ..prediction import deterministic_predict
 from .deterministic import train_deterministic
 
 __all__ = ["train_early_stopped", "validation_nll"]

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..model import match_input
-from ..predict import Prediction, _batches
+from ..prediction import Prediction, _batches
 from .deterministic import train_deterministic
 
 __all__ = ["Ensemble", "batches", "train_ensemble"]
@@ -31,7 +31,7 @@ __all__ = ["Ensemble", "batches", "train_ensemble"]
 
 def batches(data, batch_size: int = 512) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """``(x, y)`` batches of inputs ``X``, a pair ``(X, y)`` or an iterable of batches
-    (``y`` is ``None`` for unlabelled inputs), as :func:`~twodg_pyro.predict.predict`
+    (``y`` is ``None`` for unlabelled inputs), as :func:`~twodg_pyro.prediction.predict`
     reads them.
 
     Raises:
@@ -116,7 +116,7 @@ class Ensemble(nn.Module):
         keep_samples: bool = False,
     ) -> Prediction:
         """The average of the members' softmax on ``data`` (inputs, ``(X, y)`` or
-        batches): a :class:`~twodg_pyro.predict.Prediction` (``samples``: the members'
+        batches): a :class:`~twodg_pyro.prediction.Prediction` (``samples``: the members'
         probabilities when ``keep_samples``)."""
         parts = batches(data, batch_size)
         probs = self._member_probs(parts)

@@ -44,7 +44,7 @@ from torch import nn
 from torch.func import functional_call, jvp, vmap
 
 from ..model import match_input
-from ..predict import Prediction
+from ..prediction import Prediction
 from .ensemble import batches, targets_of
 
 __all__ = [
@@ -358,7 +358,7 @@ class LaplacePosterior(nn.Module):
         batch_size: int = 512,
         keep_samples: bool = False,
     ) -> Prediction:
-        """The Monte Carlo predictive on ``data``: a :class:`~twodg_pyro.predict.Prediction`
+        """The Monte Carlo predictive on ``data``: a :class:`~twodg_pyro.prediction.Prediction`
         whose ``mean`` averages :meth:`sample_probs` (``samples`` with ``keep_samples``)."""
         parts = batches(data, batch_size)
         probs = self._probs(parts, num_samples, seed)

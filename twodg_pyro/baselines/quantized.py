@@ -54,7 +54,7 @@ def quantize_mean_field(guide, sigma_bits: int = 4):
     dequantised back into the guide (so it predicts like the stored model)."""
     if sigma_bits not in (1, 2, 4, 8):
         raise ValueError(f"sigma_bits must be 1, 2, 4 or 8, got {sigma_bits!r}")
-    from ..guides.mean_field import inverse_softplus
+    from ..nn.functional import inverse_softplus
 
     q_guide = copy.deepcopy(guide)
     with torch.no_grad():

@@ -23,17 +23,14 @@ likelihoods are evaluated by their distribution's ``log_prob`` in float64.
 ``output_components = M``): one draw of the guide is one value of every site (all ``M``
 rows of the factor sites), and its predictive is the equal-weight mixture of the
 components, :math:`p(y \mid x, w) = \frac1M \sum_m p(y \mid x, w_m)` (what
-:func:`~twodg_pyro.predict.predict` averages); its log is a log-sum-exp over the
+:func:`~twodg_pyro.prediction.predict` averages); its log is a log-sum-exp over the
 components, also in float64.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -41,6 +38,7 @@ from torch.func import vmap
 
 from ..evaluation import SAMPLE_CHUNK, seeded
 from ..guide import BNNGuide
+from ._arviz import quiet
 
 __all__ = [
     "SAMPLE_CHUNK",
@@ -84,23 +82,6 @@ def check_guide(guide, what: str) -> None:
             f"Rank1Guide, SSVIGuide: a twodg_pyro.guide.BNNGuide), got "
             f"{type(guide).__name__}"
         )
-
-
-@contextmanager
-def quiet():
-    """Silence ArviZ's warnings about one chain (no R-hat) and constant variables."""
-    import arviz as az
-
-    # ArviZ 0.23 logs through its own Logger instance (not registered with logging)
-    logger = getattr(az, "_log", None) or logging.getLogger("arviz")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 def batches(data, batch_size: int, max_examples: int | None, seed: int, with_index: bool = False):

@@ -1,18 +1,17 @@
-r"""ArviZ export of a trained BNN, and the ArviZ statistics the library reports.
+r"""ArviZ export of a trained BNN: ``S`` draws of the guide and what the Bayesian workflow
+needs of them, as an :class:`xarray.DataTree` (ArviZ 1.x) or an ``InferenceData``
+(ArviZ 0.x), through :mod:`twodg_pyro.diagnostics._arviz`.
 
-**Every ArviZ call of the library lives in this module** (a move to ArviZ 1.x, whose
-``DataTree`` replaces ``InferenceData``, touches this file only).
-
-InferenceData from SVI draws
-----------------------------
-``az.from_pyro`` needs an MCMC object, so :func:`to_inference_data` builds the
-``InferenceData`` with ``az.from_dict`` from ``S`` independent draws
-:math:`w^{(s)} \sim q(w)` of the guide on one chain (``chain`` axis of size 1, ``draw``
-axis of size ``S``).  The draws are those of the library's evaluations
-(:mod:`twodg_pyro.evaluation`): the same ``seed`` and ``num_samples`` give the draws of
-:func:`~twodg_pyro.evaluation.seeded_predict`, so the Bayesian model average of the
-exported ``class_probs`` is the prediction behind the results table.  Groups (``N``
-exported examples, ``C`` classes):
+The tree from SVI draws
+-----------------------
+ArviZ's converters (``from_pyro``, ``from_numpyro_svi``) need a Pyro MCMC or a NumPyro
+SVI object, so :func:`to_inference_data` builds the tree from ``S`` independent draws
+:math:`w^{(s)} \sim q(w)` of the guide on one chain (``chain`` of size 1, ``draw`` of
+size ``S``: the sample dimensions every ArviZ function defaults to).  The draws are those
+of the library's evaluations (:mod:`twodg_pyro.evaluation`): the same ``seed`` and
+``num_samples`` give the draws of :func:`~twodg_pyro.evaluation.seeded_predict`, so the
+model average of the exported ``class_probs`` is the prediction of the results table.
+Groups (``N`` exported examples, ``C`` classes):
 
 ``posterior``
     **one variable per Pyro sample site, named as the site** (``"layers.0.weight"``,
@@ -20,69 +19,72 @@ exported examples, ``C`` classes):
     with named dimensions: ``<site>_out``, ``<site>_in`` (Linear and Conv weights, then
     ``<site>_k0``, ``<site>_k1``, ... over the kernel), ``<site>_out`` (biases),
     ``<site>_component`` (the ``M`` rows of a rank-1 factor), else ``<site>_dim_<i>``;
-    each dimension's coordinate is the index into the site's tensor.  With the ``tied``
-    tying also ``component_value`` (``component``): the value :math:`z_{k,0}` shared by
-    the weights of component ``k`` in that draw.
+    each dimension's coordinate is the index into the site's tensor.  A shared-GMM guide
+    adds ``component_value`` (``component``): per draw, the value of a weight tied to
+    each component (``sharing.representative``; the ``tied`` tying's :math:`z_{k,0}`):
+    draws of the component's marginal, what a forest plot of the mixture shows.
 ``posterior_predictive``
-    ``y`` (``obs``): a label drawn from :math:`p(y \mid x_n, w^{(s)})` (ArviZ's convention:
-    the observed variable's name); classification adds ``class_probs`` (``obs``,
-    ``class``), the per-draw class probabilities (a rank-1 draw's: the mean over its
-    ``M`` components, as :func:`~twodg_pyro.predict.predict` averages them).
+    ``y`` (``obs``): a label drawn from :math:`p(y \mid x_n, w^{(s)})`; classification
+    adds ``class_probs`` (``obs``, ``class``), the per-draw class probabilities (a rank-1
+    draw's: the mean over its ``M`` components, as :func:`~twodg_pyro.prediction.predict`).
 ``log_likelihood``
-    ``y`` (``obs``): :math:`\log p(y_n \mid x_n, w^{(s)})` per example, unscaled, computed
-    in float64 without cancellation (:mod:`twodg_pyro.diagnostics._draws`; float32
-    ``log_softmax`` rounds a confident prediction's log-likelihood to exactly 0, which
-    made PSIS-LOO NaN) and stored on a grid of :data:`LOG_LIKELIHOOD_GRID` (2**-50
-    nats): the finest differences ArviZ's PSIS can use (:func:`_on_grid`).
+    ``y`` (``obs``, float64): :math:`\log p(y_n \mid x_n, w^{(s)})` per example, unscaled,
+    computed without cancellation (:mod:`twodg_pyro.diagnostics._draws`: float32
+    ``log_softmax`` rounds a confident prediction's log-likelihood to exactly 0) and
+    stored on a grid of :data:`LOG_LIKELIHOOD_GRID` nats (:func:`_on_grid`).
 ``observed_data``
     ``y`` (``obs``): the labels.
 ``constant_data``
-    ``example_index`` (``obs``): the position of each exported example in the evaluation
-    data; the guide's variational parameters at the exported coordinates (constant over
-    draws, so kept out of the posterior): mean-field and rank-1 ``<site>.loc`` and
-    ``<site>.scale``; SSVI the same (0 outside the subspace) and ``<site>.active``;
-    shared-GMM ``<site>.kind`` (0 outlier, 1 plain inlier, 2 ellipse weight) and
-    ``<site>.component`` (a plain inlier's component, else -1), ``centre``
-    (``component``, ``coord``), ``covariance`` (``component``, ``coord``, ``coord_``),
-    ``component_count`` :math:`N_k`, and ``outlier_loc``/``outlier_scale`` (``outlier``:
-    the global flat index of each outlier weight).
+    ``example_index`` (``obs``): each exported example's position in the data; the
+    guide's variational parameters at the exported coordinates: ``<site>.loc`` and
+    ``<site>.scale`` (mean-field, rank-1, SSVI; 0 outside SSVI's subspace) and SSVI's
+    ``<site>.active``.
+``sample_stats``
+    per draw, float64: ``log_q`` :math:`\log q(w^{(s)})` (the guide's marginal density,
+    :func:`~twodg_pyro.guides.marginal_density.guide_log_q`; attributes ``log_q_method``
+    and ``log_q_exact``: the ``tied`` tying's is a surrogate), ``log_prior``
+    :math:`\log p(w^{(s)})` and ``log_p`` :math:`\log p(w^{(s)}) + \frac{N}{n}\sum_n \log
+    p(y_n \mid x_n, w^{(s)})`, the model's joint density (:mod:`._joint`) over
+    ``train_data`` when given, else over the exported examples (attributes
+    ``log_p_data``, ``log_p_examples``, ``loglik_scale``).  ``log_p - log_q`` are the
+    importance ratios of the PSIS diagnostic of VI; with the exported examples being the
+    training set, ``arviz_stats.loo_approximate_posterior(tree, log_p, log_q)`` is the
+    approximate-posterior PSIS-LOO of Magnusson et al. (2019).
+``sharing`` (shared-GMM guides)
+    the sharing structure (:func:`._sharing_group.sharing_group`): the component
+    parameters ``centre``, ``covariance``, ``component_count``; each weight's assignment
+    ``<site>.kind`` (0 outlier, 1 plain inlier, 2 ellipse weight) and ``<site>.component``
+    at the exported coordinates; the outlier set ``outlier_loc``/``outlier_scale`` (its
+    coordinate ``outlier``: each outlier's global flat index); ``site_offset``.
 
-**Metadata** is on every group (``idata.posterior.attrs`` and the others, not only
-``idata.attrs``): ``inference_library`` ("pyro") and its version, ``creation_library``
-("twodg_pyro") and its version, ``method`` (``mean_field``, ``2dg``, ``rank1``,
-``ssvi``), ``guide``, ``tying`` and ``coordinates`` (2DG), ``seed``, ``num_draws``,
-``sample_chunk``, ``n_examples`` and ``n_examples_total``, ``max_site_values`` and
-``thinned_sites``; ArviZ adds ``created_at`` and ``arviz_version``.
+**Metadata** is on every group and the root: ``inference_library`` ("pyro") and its
+version, ``creation_library`` ("twodg_pyro") and its version, ``method`` (``mean_field``,
+``2dg``, ``rank1``, ``ssvi``), ``guide``, ``tying`` and ``coordinates`` (2DG), ``seed``,
+``num_draws``, ``sample_chunk``, ``n_examples``, ``n_examples_total``,
+``max_site_values``, ``thinned_sites``, ``arviz_major``.
 
-**Thinning for large networks** (``max_site_values``, default 10,000): a site with more
-coordinates than that is exported on a seeded sub-grid: along each dimension a sorted
-random subset of its indices (smaller dimensions such as a 3x3 kernel are kept whole
-first, the budget shared out over the others), at most ``max_site_values`` values in
-all.  The named dimensions stay, and their coordinates are the original indices, so
-``idata.posterior["fc1.weight"].sel({"fc1.weight_out": 3})`` still means row 3.  The
-sub-grid depends on ``seed`` and the site only.  ``max_site_values=None`` exports every
-coordinate (on ResNet-50, 25 million per draw).  Per-layer summaries were the
-alternative; a sub-grid keeps what ArviZ users plot and summarise: real draws of real
-weights, addressed as in the network.
+**Thinning** (``max_site_values``, default 10,000): a site with more values than that is
+exported on a seeded sub-grid, along each dimension a sorted random subset of its
+indices (smaller dimensions such as a 3x3 kernel are kept whole first), so names,
+dimensions and coordinates stay those of the network:
+``tree.posterior["fc1.weight"].sel({"fc1.weight_out": 3})`` still means row 3.
+``max_site_values=None`` exports every value.
 
 A Pyro autoguide (``AutoNormal``, ...) is refused with a one-line ``TypeError`` naming
-the guide to use: its draws are not per-site objects the library can read.
-
-PSIS-LOO, model comparison, summaries and netCDF files: :mod:`.arviz_stats`.
+the guide to use.  PSIS-LOO, comparison, summaries and files: :mod:`.arviz_stats`.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import warnings
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..guide import BNNGuide
-from ..predict import _device_of
+from ..guides.marginal_density import LOG_Q_METHODS, log_q_fn
+from ..prediction import _device_of
+from . import _arviz as A
 from ._draws import (
     SAMPLE_CHUNK,
     batches,
@@ -90,95 +92,39 @@ from ._draws import (
     chunks,
     count_examples,
     forward,
-    quiet,
+    n_examples,
     seeded,
-    subset,
     to_numpy,
 )
-
-with warnings.catch_warnings():  # ArviZ 0.23 announces its 1.x refactor on import
-    warnings.simplefilter("ignore", FutureWarning)
-    import arviz as az
+from ._joint import likelihood_scale, log_prior
+from ._sharing_group import (
+    KIND_CODES,
+    component_representatives,
+    guide_constants,
+    sharing_group,
+)
+from ._sites import gather_flat, method_of, site_dims, take, thinned_coordinates
 
 __all__ = [
     "DEFAULT_MAX_SITE_VALUES",
     "LOG_LIKELIHOOD_GRID",
+    "SHARING_GROUP",
     "method_of",
     "site_dims",
     "thinned_coordinates",
+    "to_datatree",
     "to_inference_data",
 ]
 
 #: Values per site exported by default (see "Thinning" in the module docstring).
 DEFAULT_MAX_SITE_VALUES = 10_000
-
-_KIND_OUTLIER, _KIND_PLAIN, _KIND_ELLIPSE = 0, 1, 2
-
-
-# ---------------------------------------------------------------------------- names
-def method_of(guide) -> str:
-    """The method name of a guide (:attr:`~twodg_pyro.guide.BNNGuide.method`:
-    ``"mean_field"``, ``"2dg"``, ``"rank1"``, ``"ssvi"``), else the guide's class name."""
-    method = guide.method if isinstance(guide, BNNGuide) else None
-    return method or type(guide).__name__
+#: The name of the group holding a shared-GMM guide's sharing structure.
+SHARING_GROUP = "sharing"
+#: The grid (nats) the exported log-likelihood is stored on: 2**-50, about 8.9e-16.
+LOG_LIKELIHOOD_GRID = 2.0**-50
+_SAMPLED = {"posterior", "posterior_predictive", "log_likelihood", "sample_stats"}
 
 
-def site_dims(site) -> list[str]:
-    """Named dimensions of a site's tensor, prefixed with the site's name (see the module
-    docstring): ``["fc1.weight_out", "fc1.weight_in"]`` for a Linear weight."""
-    n, nd, kind = site.name, len(site.shape), site.layer_type
-    if site.param_name in ("r", "s") and nd == 2:  # a rank-1 factor: (M, out) or (M, in)
-        names = ["component", "out" if site.param_name == "r" else "in"]
-    elif site.param_name == "bias" and nd == 1:
-        names = ["out"]
-    elif site.param_name == "weight" and kind == "Linear" and nd == 2:
-        names = ["out", "in"]
-    elif site.param_name == "weight" and kind.startswith("ConvTranspose") and nd >= 3:
-        names = ["in", "out", *[f"k{i}" for i in range(nd - 2)]]
-    elif site.param_name == "weight" and kind.startswith("Conv") and nd >= 3:
-        names = ["out", "in", *[f"k{i}" for i in range(nd - 2)]]
-    else:
-        names = [f"dim_{i}" for i in range(nd)]
-    return [f"{n}_{d}" for d in names]
-
-
-def thinned_coordinates(
-    shape, max_values: int | None, seed: int, salt: int = 0
-) -> list[torch.Tensor] | None:
-    """The seeded sub-grid of a tensor of ``shape`` with at most ``max_values`` entries:
-    one sorted index tensor per dimension, or ``None`` when every entry fits.
-
-    Dimensions are served from the smallest: each keeps
-    :math:`\\min(n_d, \\lfloor b^{1/r} \\rfloor)` indices of the remaining budget
-    :math:`b` over the :math:`r` dimensions left, so a 3x3 kernel stays whole and the
-    product never exceeds ``max_values``.
-    """
-    shape = [int(d) for d in shape]
-    if max_values is None or math.prod(shape) <= int(max_values):
-        return None
-    if int(max_values) < 1:
-        raise ValueError(f"max_site_values must be at least 1 (or None), got {max_values!r}")
-    keep = list(shape)
-    budget, left = int(max_values), len(shape)
-    for d in sorted(range(len(shape)), key=lambda i: shape[i]):
-        k = min(shape[d], max(1, int(math.floor(budget ** (1.0 / left) + 1e-9))))
-        keep[d], budget, left = k, max(1, budget // k), left - 1
-    return [
-        subset(n, k, seed, salt=salt * 64 + d) if k < n else torch.arange(n)
-        for d, (n, k) in enumerate(zip(shape, keep, strict=True))
-    ]
-
-
-def _take(t: torch.Tensor, grid: list[torch.Tensor] | None, lead: int) -> torch.Tensor:
-    """``t[..., grid...]`` with ``lead`` leading dimensions left whole."""
-    if grid is None:
-        return t
-    for d, idx in enumerate(grid):
-        t = t.index_select(lead + d, idx.to(t.device))
-    return t
-
-
-# ---------------------------------------------------------------------------- export
 def _is_categorical(model) -> bool:
     from ..likelihoods import Categorical
 
@@ -201,12 +147,15 @@ def to_inference_data(
     num_samples: int = 30,
     seed: int = 0,
     *,
+    train_data=None,
+    max_train_examples: int | None = None,
     max_site_values: int | None = DEFAULT_MAX_SITE_VALUES,
     max_examples: int | None = None,
     batch_size: int = 512,
     method: str | None = None,
+    quadrature_nodes: int = 64,
     progress: bool = False,
-) -> az.InferenceData:
+):
     """Export ``num_samples`` guide draws and their predictions on ``data`` to ArviZ.
 
     Args:
@@ -219,20 +168,25 @@ def to_inference_data(
         num_samples: draws ``S`` (the ``draw`` axis); at least about 30 for PSIS-LOO.
         seed: seeds the draws (those of
             :func:`~twodg_pyro.evaluation.seeded_predict` with the same seed), the thinning
-            sub-grids and the example subset; the caller's random state is restored.
+            sub-grids and the example subsets; the caller's random state is restored.
+        train_data: the data of ``sample_stats.log_p`` (the training data: the target of
+            the VI diagnostics); ``None``: the exported examples.
+        max_train_examples: a seeded subset of ``train_data`` (``log_p`` scaled by N / n).
         max_site_values: values exported per site (a seeded sub-grid above it; ``None``:
             all).  See "Thinning" in the module docstring.
         max_examples: export only a seeded random subset of this many examples.
         batch_size: examples per forward pass.
         method: the ``method`` attribute (default: from the guide, :func:`method_of`).
+        quadrature_nodes: of ``log_q`` for the ``stochastic`` tying.
         progress: a tqdm bar (``"export"``) over the draws.
 
     Returns:
-        ``az.InferenceData`` with the groups described in the module docstring.
+        an ``xarray.DataTree`` (ArviZ 1.x) or ``arviz.InferenceData`` (0.x) with the groups
+        of the module docstring.
 
     Raises:
         TypeError: a guide the export cannot read.
-        ValueError: no labelled data, ``num_samples < 1``.
+        ValueError: no labelled data, ``num_samples < 1``, ``max_site_values < 1``.
     """
     check_guide(guide, "to_inference_data")
     S = int(num_samples)
@@ -245,10 +199,17 @@ def to_inference_data(
     data_batches, example_index = batches(
         data, int(batch_size), max_examples, seed, with_index=True
     )
-    n_total = count_examples(data)
-    n_total = int(example_index.numel()) if n_total is None else n_total
     if not data_batches:
         raise ValueError("no evaluation data (empty data set)")
+    n_total = count_examples(data)
+    n_total = int(example_index.numel()) if n_total is None else n_total
+    p_batches = data_batches
+    if train_data is not None:
+        p_batches = batches(train_data, int(batch_size), max_train_examples, seed)
+        if not p_batches:
+            raise ValueError("no training data (empty data set) for sample_stats.log_p")
+    scale = likelihood_scale(model, p_batches)
+    log_q, q_method = log_q_fn(guide, quadrature_nodes)
     labels = torch.cat([yb.cpu() for _, yb in data_batches])
     components = int(model.output_components)
     is_cat = _is_categorical(model)
@@ -256,16 +217,19 @@ def to_inference_data(
         s.name: thinned_coordinates(s.shape, max_site_values, seed, salt=i)
         for i, s in enumerate(guide.sites)
     }
+    structure = guide.structure()  # built once: its checks sort every index
+    reps = component_representatives(structure) if structure is not None else None
 
     site_draws: dict[str, list[torch.Tensor]] = {s.name: [] for s in guide.sites}
-    ll_draws, out_draws, z_draws = [], [], []
+    ll_draws, out_draws, comp_draws = [], [], []
+    stats: dict[str, list[torch.Tensor]] = {"log_p": [], "log_q": [], "log_prior": []}
     bar = tqdm(total=S, desc="export", unit="draw", disable=not progress, leave=False)
     with bar, seeded(seed, device):
         for s in chunks(S, SAMPLE_CHUNK):
             sample = guide.draw(s)
             weights = sample.weights
             for site in guide.sites:
-                site_draws[site.name].append(_take(weights[site.name], grids[site.name], 1).cpu())
+                site_draws[site.name].append(take(weights[site.name], grids[site.name], 1).cpu())
             ll, out = forward(model, weights, data_batches, device, outputs=True)
             ll_draws.append(ll.cpu())
             if is_cat:  # per-draw class probabilities in the network's dtype, as predict
@@ -274,11 +238,24 @@ def to_inference_data(
             else:
                 out_draws.append(out.cpu())
             if sample.component_values is not None:  # the tied tying's z_{k,0}
-                z_draws.append(sample.component_values.cpu())
+                comp_draws.append(sample.component_values.cpu())
+            elif reps is not None:
+                comp_draws.append(gather_flat(weights, guide.sites, reps[1]).cpu())
+            lik = ll
+            if p_batches is not data_batches:
+                lik, _ = forward(model, weights, p_batches, device, outputs=False)
+            prior = log_prior(model, guide, weights).to(torch.float64).cpu()
+            stats["log_prior"].append(prior)
+            stats["log_p"].append(prior + scale * lik.to(torch.float64).cpu().sum(1))
+            stats["log_q"].append(log_q(weights).to(torch.float64).cpu())
             bar.update(s)
 
-    posterior, dims, coords = {}, {}, {"obs": to_numpy(example_index)}
+    groups: dict[str, dict] = {}
+    dims: dict[str, list[str]] = {}
+    coords: dict = {"obs": to_numpy(example_index)}
+    group_coords: dict[str, dict] = {}
     thinned = []
+    posterior = {}
     for site in guide.sites:
         names = site_dims(site)
         grid = grids[site.name]
@@ -288,14 +265,14 @@ def to_inference_data(
             coords[name] = to_numpy(grid[d]) if grid is not None else np.arange(site.shape[d])
         if grid is not None:
             thinned.append(site.name)
-    constant = {"example_index": to_numpy(example_index)}
-    dims["example_index"] = ["obs"]
-    structure = guide.structure()  # built once: its checks sort every index
-    constant.update(_guide_constants(guide, structure, grids, dims, coords, max_site_values, seed))
-    if z_draws:
-        posterior["component_value"] = to_numpy(torch.cat(z_draws))[None]
+    if comp_draws:
+        posterior["component_value"] = to_numpy(torch.cat(comp_draws))[None]
         dims["component_value"] = ["component"]
-        coords.setdefault("component", np.arange(posterior["component_value"].shape[-1]))
+        ks = np.arange(posterior["component_value"].shape[-1])
+        if sample.component_values is None:
+            ks = reps[0]
+        group_coords["posterior"] = {"component": ks}
+    groups["posterior"] = posterior
 
     outs = torch.cat(out_draws)  # (S, N, C) probabilities, or (S, [M,] N, ...) outputs
     gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + 7)
@@ -305,17 +282,57 @@ def to_inference_data(
         predictive["class_probs"] = to_numpy(outs)[None]
         dims["class_probs"] = ["obs", "class"]
         coords["class"] = np.arange(outs.shape[-1])
+    groups["posterior_predictive"] = predictive
+    ll = _on_grid(torch.cat(ll_draws).to(torch.float64))
+    groups["log_likelihood"] = {"y": to_numpy(ll)[None]}
+    groups["observed_data"] = {"y": to_numpy(labels)}
+    constant = {"example_index": to_numpy(example_index)}
+    dims["example_index"] = ["obs"]
+    constant.update(guide_constants(guide, grids, dims))
+    groups["constant_data"] = constant
+    groups["sample_stats"] = {k: to_numpy(torch.cat(v))[None] for k, v in stats.items()}
+    if structure is not None:
+        groups[SHARING_GROUP] = sharing_group(
+            guide, structure, grids, dims, coords, max_site_values, seed
+        )
 
+    meta = _metadata(guide, method, seed, S, labels, n_total, max_site_values, thinned)
+    meta.update(
+        log_q_method=q_method,
+        log_q_exact=LOG_Q_METHODS.get(q_method, False),
+        log_p_data="exported examples" if p_batches is data_batches else "train_data",
+        log_p_examples=n_examples(p_batches),
+        loglik_scale=scale,
+    )
+    if structure is not None:
+        meta.update(
+            tying=guide.tying,
+            coordinates=structure.coordinates,
+            counts=json.dumps(structure.counts()),
+            weight_kind_codes=json.dumps(KIND_CODES),
+        )
+    if components > 1:
+        meta["output_components"] = components
+    attrs = {k: _netcdf_attr(v) for k, v in meta.items()}
+    return A.build_tree(groups, _SAMPLED, coords, dims, attrs, group_coords)
+
+
+#: ArviZ 1.x's name for what the function returns.
+to_datatree = to_inference_data
+
+
+def _metadata(guide, method, seed, S, labels, n_total, max_site_values, thinned) -> dict:
     import pyro
 
-    from .. import __version__
+    from .._version import __version__
 
-    meta = {
+    return {
         "inference_library": "pyro",
         "inference_library_version": pyro.__version__,
         "creation_library": "twodg_pyro",
         "creation_library_version": __version__,
         "inference": "variational (SVI): independent draws from the guide, one chain",
+        "arviz_major": A.ARVIZ_MAJOR,
         "method": method or method_of(guide),
         "guide": type(guide).__name__,
         "seed": int(seed),
@@ -327,35 +344,6 @@ def to_inference_data(
         "thinned_sites": json.dumps(thinned),
         "sites": json.dumps([s.name for s in guide.sites]),
     }
-    if structure is not None:
-        meta.update(
-            tying=guide.tying,
-            coordinates=structure.coordinates,
-            counts=json.dumps(structure.counts()),
-            weight_kind_codes=json.dumps({"outlier": 0, "plain": 1, "ellipse": 2}),
-        )
-    if components > 1:
-        meta["output_components"] = components
-    ll = _on_grid(torch.cat(ll_draws))
-    attrs = {k: _netcdf_attr(v) for k, v in meta.items()}
-    with quiet():
-        idata = az.from_dict(
-            posterior=posterior,
-            posterior_predictive=predictive,
-            log_likelihood={"y": to_numpy(ll)[None]},
-            observed_data={"y": to_numpy(labels)},
-            constant_data=constant,
-            coords=coords,
-            dims=dims,
-            attrs=attrs,
-        )
-    for group in idata.groups():
-        getattr(idata, group).attrs.update(attrs)
-    return idata
-
-
-#: The grid (nats) the exported log-likelihood is stored on: 2**-50, about 8.9e-16.
-LOG_LIKELIHOOD_GRID = 2.0**-50
 
 
 def _on_grid(ll: torch.Tensor) -> torch.Tensor:
@@ -387,50 +375,3 @@ def _sample_y(model, outs: torch.Tensor, is_cat: bool, components: int, gen) -> 
     noise = torch.randn(mean.shape, generator=gen, dtype=torch.float64)
     y = mean.to(torch.float64) + scale * noise
     return y.squeeze(-1) if y.dim() == 3 and y.shape[-1] == 1 else y
-
-
-def _guide_constants(guide, st, grids, dims, coords, max_site_values, seed) -> dict:
-    """The guide's variational parameters at the exported coordinates (constant_data):
-    each site's (:meth:`~twodg_pyro.guide.BNNGuide.site_parameters`), and for a guide
-    with a sharing structure each weight's kind and component, the mixture and the
-    outliers (``st``: the guide's sharing structure, or ``None``)."""
-    out: dict = {}
-
-    def put(site, suffix: str, values: torch.Tensor) -> None:
-        name = f"{site.name}.{suffix}"
-        out[name] = to_numpy(_take(values.detach().reshape(site.shape), grids[site.name], 0))
-        dims[name] = site_dims(site)
-
-    for site in guide.sites:
-        for suffix, values in guide.site_parameters(site.name).items():
-            put(site, suffix, values)
-    if st is not None:
-        n_w = st.num_weights
-        kind = torch.full((n_w,), _KIND_OUTLIER, dtype=torch.int8)
-        kind[st.plain_index] = _KIND_PLAIN
-        kind[st.ellipse_index] = _KIND_ELLIPSE
-        comp = torch.full((n_w,), -1, dtype=torch.long)
-        comp[st.plain_index] = st.plain_component
-        off = 0
-        for site in guide.sites:
-            put(site, "kind", kind[off : off + site.numel])
-            put(site, "component", comp[off : off + site.numel])
-            off += site.numel
-        names = ["mu", "sigma"] if st.coordinates == "sigma" else ["mu", "log_sigma"]
-        coords.update(component=np.arange(st.n_gaussians), coord=names, coord_=list(names))
-        out["centre"] = to_numpy(st.means)
-        out["covariance"] = to_numpy(st.covariances)
-        out["component_count"] = to_numpy(st.component_counts())
-        dims.update(
-            centre=["component", "coord"],
-            covariance=["component", "coord", "coord_"],
-            component_count=["component"],
-        )
-        if st.n_outliers:  # (a structure without outliers has no outlier variables)
-            limit = st.n_outliers if max_site_values is None else int(max_site_values)
-            o_sel = subset(st.n_outliers, limit, seed, salt=1)
-            out["outlier_loc"] = to_numpy(st.outlier_loc[o_sel])
-            out["outlier_scale"] = to_numpy(st.outlier_scale[o_sel])
-            dims.update(outlier_loc=["outlier"], outlier_scale=["outlier"])
-            coords["outlier"] = to_numpy(st.outlier_index[o_sel])
-    return out

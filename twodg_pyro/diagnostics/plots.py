@@ -30,8 +30,8 @@ from matplotlib.collections import EllipseCollection
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..files.atomic import atomic_write
 from ..guide import BNNGuide
-from ..io.files import atomic_write
 
 __all__ = ["plot_sharing_plane", "plot_reliability", "plot_elbo_terms", "plot_merges"]
 

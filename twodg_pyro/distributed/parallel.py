@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset
 
 from ..evaluation import data_to_device, n_examples
-from ..predict import Prediction
+from ..prediction import Prediction
 from . import env
 
 __all__ = [

@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributions import Distribution, register_kl
 
 from ..guide import BNNGuide, GuideSample, MarginalDensity, NoSiteDensityError
+from ..model import require_model
 from ..nn.sites import BayesianSite
 from ..pyro_params import params_are_local, plate_batch_shape
 
@@ -25,11 +26,19 @@ __all__ = [
     "GuideDraw",
     "GuideSample",
     "MarginalDensity",
+    "check_model_argument",
     "NoSiteDensityError",
     "particle_batch_shape",
     "site_key",
     "standard_normal",
 ]
+
+
+def check_model_argument(model, guide: str) -> None:
+    """Raise ``TypeError`` unless ``model`` is a model whose sites a guide can cover (a
+    :class:`~twodg_pyro.model.BNNModel` or the rank-1 model), naming what it got;
+    ``guide``: the guide's class name, for the message."""
+    require_model(model, guide, ("sites", "site_parameter"))
 
 
 def normal_normal_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:

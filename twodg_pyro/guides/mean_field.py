@@ -15,22 +15,19 @@ site and emits a ``Delta`` at the weight site, which silently turns
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from ..model import BNNModel
+from ..nn.functional import inverse_softplus
 from ..nn.sites import BayesianSite
-from .base import DiagonalNormalGuide, site_key
+from .base import DiagonalNormalGuide, check_model_argument, site_key
 
-__all__ = ["MeanFieldGuide", "paper_initial_scales", "inverse_softplus"]
+__all__ = ["MeanFieldGuide", "paper_initial_scales"]
 
 _MIN_SCALE = 1e-8
-
-
-def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
-    r""":math:`\rho = \log(e^{\sigma} - 1)`, stable for small and large ``x``."""
-    return torch.where(x > 20.0, x, torch.log(torch.expm1(x.clamp_min(_MIN_SCALE))))
 
 
 def check_init_scale(init_scale: str | float) -> None:
@@ -88,9 +85,20 @@ class MeanFieldGuide(DiagonalNormalGuide):
         seed: int = 0,
     ):
         super().__init__()
+        check_model_argument(model, type(self).__name__)
         self.sites = list(model.sites)
         check_init_scale(init_scale)
         init_loc = init_loc if init_loc is not None else model.initial_values()
+        if not isinstance(init_loc, Mapping):
+            raise TypeError(
+                f"init_loc must be a dict {{site: tensor}}, got {type(init_loc).__name__}"
+            )
+        missing = [s.name for s in self.sites if s.name not in init_loc]
+        if missing:
+            raise ValueError(
+                f"init_loc has no initial mean for site {missing[0]!r} "
+                f"({len(missing)} of {len(self.sites)} sites missing)"
+            )
         generator = torch.Generator().manual_seed(int(seed))
         locs, rhos = {}, {}
         for i, site in enumerate(self.sites):

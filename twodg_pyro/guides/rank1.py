@@ -44,7 +44,7 @@ the deterministic network.
 **Prediction** evaluates every test example under every component and every posterior
 sample and averages the predictive probabilities: :meth:`Rank1BNNModel.network_forward`
 returns the outputs of all ``M`` components and the model's ``output_components = M``
-tells :func:`twodg_pyro.predict.predict` to average over them too.
+tells :func:`twodg_pyro.prediction.predict` to average over them too.
 
 KL annealing over the first two thirds of training (as in the paper) is
 ``KLAnnealing(round(2 * epochs / 3))`` (:func:`rank1_kl_annealing`).
@@ -66,12 +66,12 @@ from ..guide import GuideSample, kl_or_estimate
 from ..infer.callbacks import KLAnnealing
 from ..likelihoods import Categorical, Likelihood
 from ..model import LOGITS_SITE, SiteTensors, match_input
+from ..nn.functional import inverse_softplus
 from ..nn.rank1 import RANK1_LAYER_TYPES, Rank1Layer, find_rank1_layers, rank1_factors
 from ..nn.sites import BayesianSite
 from ..priors import NormalPrior, Prior, _positive, as_prior
 from ..pyro_params import PyroParamsMixin, params_are_local
 from .base import DiagonalNormalGuide, site_key, standard_normal
-from .mean_field import inverse_softplus
 
 __all__ = [
     "CauchyPrior",
@@ -311,7 +311,7 @@ class Rank1BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
                     f"Rank1BNNModel got factors of shape {tuple(factors[site.name].shape)} at "
                     f"site {site.name!r} (shape {tuple(site.shape)}): it does not run on a "
                     "leading particle dimension; use Predictive(..., parallel=False), "
-                    "vectorize_particles=False, or twodg_pyro.predict.predict"
+                    "vectorize_particles=False, or twodg_pyro.prediction.predict"
                 )
         if self.routing == "tile":
             m, b = self.components, x.shape[0]

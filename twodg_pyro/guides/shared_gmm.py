@@ -54,12 +54,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..guide import GuideSample, MarginalDensity
+from ..nn.functional import inverse_softplus
 from ..sharing.structure import SharingStructure
 from .assignment import SiteIndex, WeightKinds, assignment_tables
-from .base import BNNGuide, GuideDraw, particle_batch_shape
+from .base import BNNGuide, GuideDraw, check_model_argument, particle_batch_shape
 from .fast_shared import SharedGMMFastStep
 from .marginal_density import shared_mixture_log_q
-from .mean_field import inverse_softplus
 from .shared_mixture import _MIN_SIGMA, SharedMixture
 from .stochastic_draw import draw_stochastic_into, stochastic_coefficients
 from .tyings import (
@@ -117,6 +117,17 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
 
     def __init__(self, model, structure: SharingStructure, tying: str = "representative"):
         super().__init__()
+        check_model_argument(model, type(self).__name__)
+        if not isinstance(structure, SharingStructure):
+            raise TypeError(
+                f"{type(self).__name__} needs a SharingStructure (build_sharing's, or "
+                f"SharingStructure.load), got {type(structure).__name__}"
+            )
+        if not isinstance(tying, str):
+            raise TypeError(
+                f"{type(self).__name__}: tying must be one of {list(TYINGS)}, got "
+                f"{type(tying).__name__}"
+            )
         self.tying_rule: Tying = tying_named(tying)
         structure.check_matches(model.site_names, [tuple(s.shape) for s in model.sites])
         self.sites = list(model.sites)

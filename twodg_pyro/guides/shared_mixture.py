@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..infer.elbo import DecomposedELBO
+from ..nn.functional import inverse_softplus
 from ..sharing.refine import apply_mapping, merge_point_covariances
 from ..sharing.structure import SharingStructure
-from .mean_field import inverse_softplus
 
 __all__ = ["SharedMixture"]
 

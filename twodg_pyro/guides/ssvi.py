@@ -44,9 +44,10 @@ from torch import nn
 
 from ..guide import GuideSample, MarginalDensity
 from ..model import BNNModel
+from ..nn.functional import inverse_softplus
 from ..nn.sites import BayesianSite
-from .base import BNNGuide, GuideDraw, particle_batch_shape, site_key
-from .mean_field import check_init_scale, inverse_softplus, paper_initial_scales
+from .base import BNNGuide, GuideDraw, check_model_argument, particle_batch_shape, site_key
+from .mean_field import check_init_scale, paper_initial_scales
 
 __all__ = ["SSVIGuide"]
 
@@ -94,6 +95,7 @@ class SSVIGuide(BNNGuide):
         seed: int = 0,
     ):
         super().__init__()
+        check_model_argument(model, type(self).__name__)
         self.density = _check_density(density)
         check_init_scale(init_scale)
         self.init_scale = init_scale

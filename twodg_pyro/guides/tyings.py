@@ -59,7 +59,7 @@ from .stochastic_kl import expected_normal_kl
 
 if TYPE_CHECKING:
     from .assignment import SiteIndex
-    from .shared_gmm import SharedGMMGuide
+    from .tying_guide import TyingGuide
 
 __all__ = [
     "TYINGS",
@@ -159,17 +159,17 @@ class Tying:
         return f"{type(self).__name__}()"
 
     def draw(
-        self, guide: SharedGMMGuide, S: int, chosen, out_scale: torch.Tensor, fast: bool
+        self, guide: TyingGuide, S: int, chosen, out_scale: torch.Tensor, fast: bool
     ) -> TyingDraw:
         """``S`` draws of every weight (``chosen``: the ellipse weights' components)."""
         raise NotImplementedError
 
-    def log_density(self, guide: SharedGMMGuide, draw: SharedDraw) -> torch.Tensor:
+    def log_density(self, guide: TyingGuide, draw: SharedDraw) -> torch.Tensor:
         """Per-weight :math:`\\log q(w_i \\mid \\cdot)` of ``draw``, ``(S, n_w)``."""
         raise NotImplementedError
 
     def inlier_kl(
-        self, guide: SharedGMMGuide, draw: SharedDraw, site: SiteIndex, prior, log_p_at, prior_at
+        self, guide: TyingGuide, draw: SharedDraw, site: SiteIndex, prior, log_p_at, prior_at
     ) -> torch.Tensor:
         """:math:`\\mathrm{KL}_{\\text{in},s}` of one site.
 
@@ -183,12 +183,12 @@ class Tying:
         """
         raise NotImplementedError
 
-    def component_marginals(self, guide: SharedGMMGuide, nodes: int) -> ComponentMarginals:
+    def component_marginals(self, guide: TyingGuide, nodes: int) -> ComponentMarginals:
         """Each component's marginal of one weight tied to it (module docstring)."""
         raise NotImplementedError
 
     @staticmethod
-    def _inlier_indices(guide: SharedGMMGuide, site: SiteIndex) -> torch.Tensor:
+    def _inlier_indices(guide: TyingGuide, site: SiteIndex) -> torch.Tensor:
         """The site's plain then ellipse weights, as flat indices."""
         return torch.cat([guide.plain_index[site.plain], guide.ellipse_index[site.ellipses]])
 

@@ -3,10 +3,10 @@ they resume.
 
 A :class:`Checkpoint` callback writes, every ``every`` epochs and after the last one,
 one file holding everything :func:`~twodg_pyro.infer.fit` needs to continue exactly
-where it was (the file's contents and format: :mod:`twodg_pyro.io.checkpoint`; the
-random states: :mod:`twodg_pyro.rng`); :func:`restore_state` rebuilds the
-:class:`~twodg_pyro.infer.TrainState` from it, and :func:`resume_fit` continues
-:func:`~twodg_pyro.infer.fit`.
+where it was: :func:`checkpoint_payload` takes it from the training state (the file's
+format: :mod:`twodg_pyro.files.checkpoint`; the random states: :mod:`twodg_pyro.rng`);
+:func:`restore_state` rebuilds the :class:`~twodg_pyro.infer.TrainState` from it, and
+:func:`resume_fit` continues :func:`~twodg_pyro.infer.fit`.
 
 Put the :class:`Checkpoint` *last* in the callback list so that it sees the epoch after
 every other callback (refinement hooks, annealing) has run.
@@ -14,6 +14,8 @@ every other callback (refinement hooks, annealing) has run.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -21,24 +23,133 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..guide import BNNGuide
-from ..io.checkpoint import (
+from ..files.checkpoint import (
+    CHECKPOINT_FORMAT_VERSION,
+    CHECKPOINT_KIND,
     CheckpointData,
-    callback_keys,
-    checkpoint_payload,
     load_checkpoint,
-    optimizer_layout,
-    site_list,
     write_checkpoint,
 )
-from ..rng import loader_generators, restore_rng
+from ..guide import BNNGuide
+from ..rng import capture_rng, loader_generators, restore_rng
 from .callbacks import Callback
 from .elbo import DecomposedELBO
 from .optim import build_optimizer
 from .state import TrainState
 from .trainer import fit
 
-__all__ = ["Checkpoint", "restore_state", "resume_fit"]
+__all__ = [
+    "Checkpoint",
+    "callback_keys",
+    "checkpoint_payload",
+    "optimizer_layout",
+    "restore_state",
+    "resume_fit",
+    "site_list",
+]
+
+
+# ---------------------------------------------------------------------- payload
+def _param_names(model: nn.Module, guide: nn.Module) -> dict[int, str]:
+    names = {id(p): f"guide.{n}" for n, p in guide.named_parameters()}
+    names.update({id(p): f"model.{n}" for n, p in model.named_parameters()})
+    return names
+
+
+def optimizer_layout(optimizer: torch.optim.Optimizer, model, guide) -> list[list]:
+    """``[[group name, [[param name, shape], ...]], ...]`` in optimiser order."""
+    names = _param_names(model, guide)
+    return [
+        [
+            str(g.get("name", i)),
+            [[names.get(id(p), "?"), list(p.shape)] for p in g["params"]],
+        ]
+        for i, g in enumerate(optimizer.param_groups)
+    ]
+
+
+def site_list(model) -> list[list]:
+    """``[[site name, shape], ...]`` of the model's Bayesian sites, in order."""
+    return [[s.name, list(s.shape)] for s in model.sites]
+
+
+def _jsonable(obj):
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if torch.is_tensor(obj):
+        return obj.tolist()
+    if isinstance(obj, (np.generic,)):
+        return obj.item()
+    return obj
+
+
+def checkpoint_payload(
+    state,
+    stage: str,
+    callbacks: Mapping | Sequence = (),
+    generators: Sequence = (),
+    config: dict | None = None,
+    extra: dict | None = None,
+) -> dict:
+    """The dictionary a checkpoint holds for ``state`` (a
+    :class:`~twodg_pyro.infer.TrainState`): ``callbacks`` (objects with ``state_dict()``,
+    keyed by :func:`callback_keys` or given as a mapping) and the random states, the data
+    loaders' ``generators`` included (:func:`~twodg_pyro.rng.capture_rng`)."""
+    model, guide = state.model, state.guide
+    header = {
+        "kind": CHECKPOINT_KIND,
+        "format_version": CHECKPOINT_FORMAT_VERSION,
+        "stage": stage,
+        "epoch": int(state.epoch),
+        "step": int(state.step),
+        "epochs": int(state.epochs),
+        "beta": float(state.elbo.beta),
+        "lr": _jsonable(state.lr),
+        "stop": bool(state.stop),
+        "complete": bool(state.epoch >= state.epochs or state.stop),
+        "guide_class": type(guide).__name__,
+        "tying": guide.tying if isinstance(guide, BNNGuide) else None,
+        "optimizer_class": type(state.optimizer).__name__,
+        "optimizer_layout": optimizer_layout(state.optimizer, model, guide),
+        "sites": site_list(model),
+        "history": _jsonable(state.history),
+        "config": _jsonable(config) if config is not None else None,
+        "extra": _jsonable(extra) if extra is not None else {},
+        "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    payload: dict = {"header": json.dumps(header)}
+    for k, v in model.state_dict().items():
+        payload[f"model/{k}"] = v.detach().cpu().clone()
+    for k, v in guide.state_dict().items():
+        payload[f"guide/{k}"] = v.detach().cpu().clone()
+    structure = guide.structure() if isinstance(guide, BNNGuide) else None
+    if structure is not None:
+        for k, v in structure.to_payload().items():
+            payload[f"structure/{k}"] = v
+    payload["optimizer"] = _cpu(state.optimizer.state_dict())
+    cbs = callbacks.items() if isinstance(callbacks, Mapping) else callback_keys(callbacks)
+    payload["callbacks"] = {k: cb.state_dict() for k, cb in cbs}
+    payload["rng"] = capture_rng(generators)
+    return payload
+
+
+def _cpu(obj):
+    if torch.is_tensor(obj):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_cpu(v) for v in obj)
+    return obj
+
+
+def callback_keys(callbacks: Sequence) -> list[tuple]:
+    """Stable keys for a callback list: ``[("<index>:<class name>", callback), ...]``."""
+    return [(f"{i}:{type(cb).__name__}", cb) for i, cb in enumerate(callbacks)]
 
 
 class Checkpoint(Callback):
@@ -187,9 +298,14 @@ def restore_state(
             f"tying {tying!r}"
         )
     _load_module(model, ckpt.section("model/"), "network", where)
-    structure = ckpt.structure()
-    if structure is not None:
-        guide.load_structure(structure)
+    if ckpt.has_structure:  # decoded by the class of the guide's own structure
+        current = guide.structure() if isinstance(guide, BNNGuide) else None
+        if current is None:
+            raise ValueError(
+                f"checkpoint {where!r} holds a sharing structure, the {type(guide).__name__} "
+                "guide has none"
+            )
+        guide.load_structure(ckpt.structure(type(current).from_payload))
     _load_module(guide, ckpt.section("guide/"), "guide", where)
 
     opt = build_optimizer(model, guide, lr, optimizer, **optim_kwargs)

@@ -19,6 +19,12 @@ collected site by site:
 
 Every term is scaled and masked like its site (``poutine.scale``), e.g. the rank-1
 factor sites count :math:`1/M`.  Deterministic sites (``pyro.deterministic``) are skipped.
+A latent site whose model and guide weigh it differently (a handler around the model
+alone, ``poutine.scale(model, 0.5)``, which tempers the joint density) takes
+``Trace_ELBO``'s one-draw term :math:`s_q \log q(w) - s_p \log p(w)` under ``kl``: no KL
+weighs the two alike.  A weight site the model observes (``poutine.condition``) while the
+guide samples it is left out as ``TraceMeanField_ELBO`` leaves it out (its prior density at
+the conditioned value joins ``nll``), with a warning, as Pyro warns.
 
 **Speed.**  :meth:`DecomposedELBO.loss_terms` -- what :func:`~twodg_pyro.infer.fit` and
 the distributed loop call -- runs the library's models and guides without their
@@ -39,6 +45,7 @@ gradients), and traces them for anything the fast step does not cover
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 
 import pyro.poutine as poutine
@@ -57,6 +64,32 @@ __all__ = ["DecomposedELBO", "site_kl"]
 #: :math:`\mathrm{KL}(q \| p)` of a site, closed form if registered, else the one-draw
 #: estimate (:func:`twodg_pyro.guide.kl_or_estimate`)
 site_kl = kl_or_estimate
+
+
+def _same_weighting(a: dict, b: dict) -> bool:
+    """Whether two trace sites carry the same scale and mask (a model site and its guide
+    site: both unscaled, or inside the same ``poutine.scale``)."""
+    sa, sb = a["scale"], b["scale"]
+    if torch.is_tensor(sa) or torch.is_tensor(sb):
+        if not (torch.is_tensor(sa) and torch.is_tensor(sb) and sa.shape == sb.shape):
+            return False
+        if not bool((sa == sb).all()):
+            return False
+    elif sa != sb:
+        return False
+    ma, mb = a["mask"], b["mask"]
+    return ma is mb or (ma in (None, True) and mb in (None, True))
+
+
+def _conditioned_warning(names: list[str]) -> str:
+    """The warning for weight sites the model observes while the guide samples them."""
+    return (
+        f"the model observes site(s) {names} that the guide samples (poutine.condition on "
+        "a weight?): the model uses the conditioned value and the guide's draw there is "
+        "left out of the loss, as in TraceMeanField_ELBO (Trace_ELBO adds its log q; Pyro "
+        "warns 'Found non-auxiliary vars in guide but not model'); hide the site from the "
+        f"guide (poutine.block(guide, hide={names!r})) to silence this"
+    )
 
 
 def _scale_mask(value: torch.Tensor, site: dict) -> torch.Tensor:
@@ -120,6 +153,7 @@ class DecomposedELBO(ELBO):
         model_trace, guide_trace = self._get_trace(model, guide, args, kwargs)
         ours = isinstance(guide, BNNGuide)
         terms: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros(()))
+        conditioned = []
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample" or site_is_subsample(site):
                 continue
@@ -128,10 +162,21 @@ class DecomposedELBO(ELBO):
             if site["is_observed"]:
                 log_p = site["fn"].log_prob(site["value"])
                 terms["nll"] = terms["nll"] - _scale_mask(log_p, site).sum()
+                drawn = guide_trace.nodes.get(name)
+                if drawn is not None and drawn["type"] == "sample" and not drawn["is_observed"]:
+                    conditioned.append(name)
                 continue
             guide_site = guide_trace.nodes.get(name)
             if guide_site is None:
                 raise ValueError(f"model site {name!r} has no matching site in the guide")
+            if not _same_weighting(site, guide_site):
+                # a handler around the model alone (poutine.scale(model, s)): Trace_ELBO's
+                # s_q log q(w) - s_p log p(w) at the draw (no KL weighs the two alike)
+                log_q = guide_site["fn"].log_prob(guide_site["value"])
+                log_p = site["fn"].log_prob(site["value"])
+                value = _scale_mask(log_q, guide_site).sum() - _scale_mask(log_p, site).sum()
+                terms["kl"] = terms["kl"] + value
+                continue
             if ours:
                 parts = guide.site_kl(name, site["fn"], guide_site["value"], guide_site["fn"])
             else:
@@ -145,6 +190,8 @@ class DecomposedELBO(ELBO):
                         continue
                     log_q = site["fn"].log_prob(site["value"])
                     terms["kl"] = terms["kl"] + _scale_mask(log_q, site).sum()
+        if conditioned:
+            warnings.warn(_conditioned_warning(conditioned), UserWarning, stacklevel=2)
         return dict(terms)
 
     def loss_terms(self, model, guide, *args, **kwargs) -> dict[str, torch.Tensor]:

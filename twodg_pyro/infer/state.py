@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -19,7 +19,9 @@ class TrainState:
     """Everything the loop and its callbacks share.
 
     ``history`` holds one record per epoch: the mean of each ELBO term, ``loss``,
-    ``beta`` and ``epoch``.
+    ``beta`` and ``epoch``.  ``program`` is the Pyro program the loss runs when it is
+    not ``model`` itself (a handler around it, e.g. ``poutine.scale(model, 0.5)``);
+    ``model`` is always the model module (its parameters, modes and sites).
     """
 
     model: nn.Module
@@ -33,6 +35,12 @@ class TrainState:
     history: list[dict] = field(default_factory=list)
     stop: bool = False
     extras: dict = field(default_factory=dict)
+    program: Callable | None = None
+
+    @property
+    def loss_program(self) -> Callable:
+        """What the loss runs: :attr:`program`, else :attr:`model`."""
+        return self.model if self.program is None else self.program
 
     def rebuild_optimizer(self) -> None:
         """Rebuild the optimiser after the guide's parameters changed, keeping the state

@@ -23,12 +23,14 @@ nor writes Pyro's param store (see :mod:`twodg_pyro.pyro_params` for mixing ``fi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
+import pyro.poutine as poutine
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..guide import check_guide_sites
 from .callbacks import Callback
 from .elbo import DecomposedELBO
 from .optim import clip_gradients, prepare_guide, to_device
@@ -71,7 +73,7 @@ class TrainingStep:
     def loss_terms(self, state: TrainState, x, y) -> tuple[torch.Tensor, dict]:
         """``(loss, terms)`` of one minibatch: the ELBO's terms
         (:meth:`~twodg_pyro.infer.DecomposedELBO.loss_terms`) and their combination."""
-        terms = state.elbo.loss_terms(state.model, state.guide, x, y)
+        terms = state.elbo.loss_terms(state.loss_program, state.guide, x, y)
         return state.elbo.combine(terms), terms
 
     def add(self, state: TrainState, loss, terms: Mapping, callbacks: Sequence) -> None:
@@ -117,8 +119,24 @@ class TrainingStep:
         """After the loop (the model is in eval mode): nothing here."""
 
 
+def _model_module(program: Callable) -> nn.Module:
+    """The model module of what :func:`fit` was given: the model itself, or the model
+    inside Pyro handlers (``poutine.scale(model, 0.5)``: ``poutine.unwrap``).
+
+    Raises:
+        TypeError: no model module inside, saying what fit accepts.
+    """
+    inner = poutine.unwrap(program) if callable(program) else program
+    if isinstance(inner, nn.Module) and hasattr(inner, "deterministic_parameters"):
+        return inner
+    raise TypeError(
+        "fit trains a BNNModel (or a Pyro handler around one, e.g. poutine.scale(model, 0.5)), "
+        f"got {type(program).__name__}"
+    )
+
+
 def fit(
-    model: nn.Module,
+    model: nn.Module | Callable,
     guide: nn.Module,
     data: Iterable,
     epochs: int,
@@ -135,7 +153,11 @@ def fit(
     """Train ``guide`` (and the model's deterministic parameters) by SVI.
 
     Args:
-        model: a :class:`~twodg_pyro.model.BNNModel` (``model(x, y)``).
+        model: a :class:`~twodg_pyro.model.BNNModel` (``model(x, y)``), or a Pyro
+            handler around one (``poutine.scale(model, 0.5)`` tempers the joint density
+            as in Pyro, ``poutine.condition(model, {site: value})``): the loss runs the
+            handler, the optimiser, modes, callbacks and checkpoints see the model
+            (:attr:`TrainState.model <twodg_pyro.infer.TrainState>`).
         guide: one of the library's guides (a :class:`~twodg_pyro.guides.BNNGuide`:
             mean-field, shared-GMM, ...), or another Pyro guide module such as
             ``AutoNormal`` (see :func:`~twodg_pyro.infer.optim.guide_param_groups`).
@@ -156,14 +178,25 @@ def fit(
         The final :class:`~twodg_pyro.infer.TrainState`.
 
     Raises:
-        ValueError: bad settings, or an epoch without minibatches (empty data).
+        TypeError: ``model`` holds no model module; a handler around the model with a
+            step that computes its own loss (the distributed step).
+        ValueError: bad settings, a guide built for another network (the first site
+            that differs and both shapes), or an epoch without minibatches (empty data).
         FloatingPointError: the loss became NaN or infinite; the message names the
             epoch, step and the terms that went bad.
     """
     step = TrainingStep() if step is None else step
+    program, model = model, _model_module(model)
+    if program is not model and type(step).loss_terms is not TrainingStep.loss_terms:
+        raise TypeError(
+            f"{type(step).__name__} computes the loss of the model itself: pass the BNNModel, "
+            "not a Pyro handler around it"
+        )
+    check_guide_sites(model, guide, "fit")
     if state is None:
         prepare_guide(model, guide, data, device)
     state = start_state(model, guide, epochs, lr, elbo, optimizer, clip_norm, state)
+    state.program = None if program is model else program
     callbacks = list(callbacks)
     step.start(state)
     for cb in callbacks:

@@ -1,7 +1,7 @@
 """Model files of the non-Bayesian baselines: a deep ensemble, a post-hoc Laplace
 approximation, or one deterministic network.
 
-The same container as every model file of the library (:mod:`twodg_pyro.io.payload`):
+The same container as every model file of the library (:mod:`twodg_pyro.files.payload`):
 plain tensors plus a JSON header, read with ``torch.load(weights_only=True)``, sealed
 with a SHA-256 content checksum verified on load, NaN/inf refused; a damaged or foreign
 file is a ``ValueError`` naming it.  Nothing of laplace-torch is pickled: a Laplace
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from torch import nn
 
-from .payload import PayloadFormat, payload_section, read_payload, write_payload
+from ..files.payload import PayloadFormat, payload_section, read_payload, write_payload
 from .specs import rebuild_network
 
 __all__ = [

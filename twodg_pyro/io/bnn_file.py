@@ -17,7 +17,7 @@ One file holds plain tensors and a JSON header (no pickled objects), readable wi
   at);
 * ``prior/<site>``: the centres of a ``PretrainedPrior`` that are not the network's;
 * ``checksum``: ``"sha256:..."``, the content digest of everything above
-  (:mod:`twodg_pyro.io.integrity`), verified on load.
+  (:mod:`twodg_pyro.files.integrity`), verified on load.
 
 Tensors are stored on the CPU whatever device the model was trained on, and loaded with
 ``map_location="cpu"``; :func:`load_2dg` then puts the model on the ``device`` asked for,
@@ -26,7 +26,7 @@ same seed on the same device.  Loading refuses a file whose content does not mat
 checksum, one with NaN/inf parameters, and a header that lacks a field or holds a value
 of the wrong kind, each a ``ValueError`` naming the file.  Files of format version 1
 (before the checksum) still load, with an
-:class:`~twodg_pyro.io.payload.UnverifiedFileWarning`.
+:class:`~twodg_pyro.files.payload.UnverifiedFileWarning`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from torch import nn
 
-from .payload import PayloadFormat, payload_section, read_payload, write_payload
+from ..files.payload import PayloadFormat, payload_section, read_payload, write_payload
 from .specs import (
     likelihood_spec,
     prior_spec,

@@ -344,8 +344,8 @@ def export_compact_file(run_or_file: str | Path, out: str | Path, **options) -> 
     ``options`` are those of :func:`export_compact`.  Returns its report plus
     ``source``, ``source_bytes`` and ``out``.
     """
+    from ..files.payload import read_payload
     from .bnn_file import _FORMAT, load_2dg_payload
-    from .payload import read_payload
 
     src = resolve_model_file(run_or_file)
     if is_compact_file(src):

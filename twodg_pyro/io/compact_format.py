@@ -39,7 +39,14 @@ An INT8 mean-field file (kind ``twodg_pyro.CompactINT8MeanField``) has the secti
 
 Bit packing is LSB first.  Loading checks the length of every part and the SHA-256
 before it parses anything: a truncated, extended or modified file is a ``ValueError``
-naming it, never a different model.
+naming it, never a different model.  The SHA-256 is not keyed, so a file edited on
+purpose and re-sealed passes it; what the loader checks beyond it
+(:mod:`twodg_pyro.io.compact_load`): every size the header declares (components,
+weights, outliers, ellipse tables, index lanes and words, network tensors) against the
+bytes of its section, or :data:`~twodg_pyro.files.integrity.MAX_NETWORK_VALUES` where
+bytes cannot bound it, before anything is allocated or any network built (the network
+first on the meta device); every field's kind and range; and finite centres,
+covariances, outliers and network tensors.
 """
 
 from __future__ import annotations
@@ -53,10 +60,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..files.atomic import atomic_write
+from ..files.integrity import ChecksumError, bytes_digest
 from .bits import pack_bits, unpack_bits
 from .entropy import decode_index, encode_index
-from .files import atomic_write
-from .integrity import ChecksumError, bytes_digest
 
 __all__ = [
     "COMPACT_FORMAT_VERSION",
@@ -75,7 +82,7 @@ KIND_INT8 = "twodg_pyro.CompactINT8MeanField"
 _PREFIX = struct.Struct("<8sHI")  # magic, version, header length
 _PAYLOAD_LEN = struct.Struct("<Q")
 _DIGEST = 32
-_MAX_HEADER = 64 << 20  # decompressed header bound (a crafted file cannot exhaust memory)
+_MAX_HEADER = 4 << 20  # decompressed header bound (a crafted file cannot exhaust memory)
 _SECTIONS_2DG = ("centres", "covariances", "index", "outliers", "ellipses", "net")
 _FLOAT_DTYPES = {"float16": np.dtype("<f2"), "float32": np.dtype("<f4")}
 _TENSOR_DTYPES = {
@@ -165,7 +172,7 @@ def read_compact(path: str | Path) -> tuple[dict, dict[str, memoryview]]:
         if d.unconsumed_tail:
             raise ValueError("header too large")
         header = json.loads(text.decode("utf-8"))
-    except (zlib.error, UnicodeDecodeError, json.JSONDecodeError, ValueError) as e:
+    except (zlib.error, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ValueError(f"{where!r}: the header cannot be read: {e}") from e
     if not isinstance(header, dict) or not isinstance(header.get("sections"), list):
         raise ValueError(f"{where!r}: the header lists no sections")
@@ -252,18 +259,39 @@ def _net_section(model) -> tuple[bytes, list]:
     return b"".join(chunks), spec
 
 
+def _net_shapes(spec, n_bytes: int) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` of the header's net tensors (``[name, dtype code, shape]`` each),
+    checked against the ``n_bytes`` of the net section before anything is read."""
+    shapes, total = {}, 0
+    for item in spec if isinstance(spec, list) else [spec]:
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], str)
+            and item[1] in _TENSOR_DTYPES.values()
+            and isinstance(item[2], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in item[2])
+        ):
+            raise ValueError(f"the header's net tensor {item!r:.80} is not [name, dtype, shape]")
+        shapes[item[0]] = tuple(item[2])
+        total += math.prod(item[2]) * np.dtype(item[1]).itemsize
+    if total != n_bytes:
+        raise ValueError(f"the header's net tensors take {total} bytes, its net section {n_bytes}")
+    return shapes
+
+
 def _load_net(net, buf, spec: list, site_names: list[str]) -> None:
+    _net_shapes(spec, len(buf))
     state, pos = {}, 0
     for name, code, shape in spec:
         dt = np.dtype(code)
         n = math.prod(shape) * dt.itemsize
-        if pos + n > len(buf):
-            raise ValueError(f"the net section ends inside tensor {name!r}")
         a = np.frombuffer(bytes(buf[pos : pos + n]), dtype=dt).reshape(shape)
+        if dt.kind == "f" and not np.isfinite(a).all():
+            kind = "NaN" if np.isnan(a).any() else "inf"
+            raise ValueError(f"network tensor {name!r} contains {kind}")
         state[name] = torch.from_numpy(a.copy())
         pos += n
-    if pos != len(buf):
-        raise ValueError(f"the net section holds {len(buf) - pos} bytes more than its tensors")
     try:
         missing, unexpected = net.load_state_dict(state, strict=False)
     except RuntimeError as e:

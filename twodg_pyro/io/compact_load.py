@@ -11,16 +11,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..files.integrity import MAX_NETWORK_VALUES, build_file_network
 from .bits import unpack_bits
 from .compact_format import (
+    _FLOAT_DTYPES,
     _MU_DTYPES,
     _SECTIONS_2DG,
     COMPACT_FORMAT_VERSION,
     KIND_2DG,
     KIND_INT8,
+    _check_bits,
     _decode_columns,
     _dequantise,
     _load_net,
+    _net_shapes,
     _read_floats,
     _site_counts,
     read_compact,
@@ -30,17 +34,120 @@ from .entropy import decode_index
 __all__ = ["load_compact"]
 
 
+def _finite(t: torch.Tensor, what: str) -> torch.Tensor:
+    """``t``, or a ValueError saying that ``what`` contain NaN or inf."""
+    bad = ~torch.isfinite(t)
+    if bool(bad.any()):
+        kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
+        raise ValueError(f"{what} contain {kind} ({int(bad.sum())} of {t.numel()} values)")
+    return t
+
+
+def _site_sizes(header: dict) -> list[int]:
+    """The number of weights of every site the header lists, each ``[name, shape]``."""
+    sites = header.get("sites")
+    if not isinstance(sites, list) or not sites:
+        raise ValueError(f"the header's sites {sites!r:.60} are not a list of [name, shape]")
+    sizes = []
+    for item in sites:
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in item[1])
+        ):
+            raise ValueError(
+                f"the header's site {item!r:.80} is not [name, shape] with a shape of "
+                "non-negative integers"
+            )
+        sizes.append(math.prod(item[1]))
+    return sizes
+
+
+def _check_2dg(header: dict, sec: dict) -> tuple[int, int, list[int]]:
+    """Every size a 2DG file's header declares, checked against its sections' bytes (and,
+    where bytes cannot bound it, :data:`~twodg_pyro.files.integrity.MAX_NETWORK_VALUES`)
+    before anything is allocated; returns ``(K, n_w, site sizes)``."""
+    sizes = _site_sizes(header)
+    n_w = header.get("n_weights")
+    if isinstance(n_w, int) and n_w > MAX_NETWORK_VALUES:
+        raise ValueError(
+            f"the header declares {n_w} weights, more than the {MAX_NETWORK_VALUES} a model "
+            "file may declare"
+        )
+    n_w = _check_bits("n_weights", n_w, 1, MAX_NETWORK_VALUES)
+    if sum(sizes) != n_w:
+        raise ValueError(f"the sites hold {sum(sizes)} weights, the header says {n_w}")
+    dt = header.get("centre_dtype")
+    if dt not in _FLOAT_DTYPES:
+        raise ValueError(f"the header's centre_dtype {dt!r:.40} is not float16 or float32")
+    K, cap = header.get("n_components"), len(sec["centres"]) // (2 * _FLOAT_DTYPES[dt].itemsize)
+    if isinstance(K, int) and not isinstance(K, bool) and K > cap:
+        raise ValueError(
+            f"the header declares {K} components, but its centres section of "
+            f"{len(sec['centres'])} bytes holds at most {cap} at {dt}"
+        )
+    K = _check_bits("n_components", K, 1, max(cap, 1))
+    if not isinstance(header.get("covariances"), bool):
+        raise ValueError(
+            f"the header's covariances {header.get('covariances')!r:.40} is not a boolean"
+        )
+    n_out = _check_bits("n_outliers", header.get("n_outliers"), 0, n_w)
+    mu_bits = _check_bits("outlier_mu_bits", header.get("outlier_mu_bits"), 8, 16)
+    if mu_bits not in _MU_DTYPES:
+        raise ValueError(f"outlier_mu_bits must be 8 or 16, got {mu_bits}")
+    _check_bits("outlier_sigma_bits", header.get("outlier_sigma_bits"), 1, 16)
+    cap = len(sec["outliers"]) // _MU_DTYPES[mu_bits].itemsize
+    if n_out > cap:
+        raise ValueError(
+            f"the header declares {n_out} outliers, but its outlier section of "
+            f"{len(sec['outliers'])} bytes holds at most {cap}"
+        )
+    n_e = _check_bits("n_ellipses", header.get("n_ellipses"), 0, n_w - n_out)
+    _check_bits("alpha_bits", header.get("alpha_bits"), 2, 16)
+    bits = max(1, math.ceil(math.log2(K))) if K > 1 else 1
+    _check_bits("component_bits", header.get("component_bits"), bits, bits)
+    if n_e:
+        k = _check_bits("ellipse_k", header.get("ellipse_k"), 1, K)
+        if n_e * k > MAX_NETWORK_VALUES:
+            raise ValueError(
+                f"the header declares {n_e} ellipse weights of {k} components, more than "
+                f"the {MAX_NETWORK_VALUES} values a model file may declare"
+            )
+        for field in ("ellipse_components", "ellipse_alphas"):
+            _check_coding(header.get(field), field, len(sec["ellipses"]), ("packed",))
+    ix = header.get("index")
+    _check_coding(ix, "index", len(sec["index"]))
+    if ix.get("alphabet", K + 2) != K + 2:
+        raise ValueError(
+            f"the header's index alphabet {ix['alphabet']!r:.40} is not K + 2 = {K + 2}"
+        )
+    return K, n_w, sizes
+
+
+def _check_coding(info, field: str, n_bytes: int, extra: tuple[str, ...] = ()) -> None:
+    """A part's coding record: ``coding`` (rANS: ``global``/``per_site`` with ``lanes`` and
+    ``words``), and ``bytes`` within the section's ``n_bytes`` when it has them."""
+    if not isinstance(info, dict) or info.get("coding") not in ("global", "per_site", *extra):
+        raise ValueError(f"the header's {field} {info!r:.80} has no known coding")
+    if "bytes" in info or extra:
+        _check_bits(f"{field} bytes", info.get("bytes"), 0, n_bytes)
+    if info["coding"] != "packed":
+        _check_bits(f"{field} lanes", info.get("lanes"), 1, n_bytes // 4)
+        _check_bits(f"{field} words", info.get("words"), 0, n_bytes // 2)
+
+
 def _rebuild_model(header: dict, net, prior, where: str, net_bytes):
     from ..model import BNNModel
     from .specs import PriorNotStoredWarning, UnavailablePrior, rebuild_likelihood, rebuild_prior
 
-    if net is None:
-        spec = header.get("network")
-        if not spec:
-            raise ValueError(f"{where!r} does not say how to build its network: pass net=")
-        from ..models import build_network
+    _site_sizes(header)
 
-        net = build_network(spec["name"], **spec.get("kwargs", {}))
+    net_shapes = _net_shapes(header.get("net"), len(net_bytes))
+    if net is None:  # what the file describes: its sites (the index) and its net section
+        tensors = {n: tuple(sh) for n, sh in header["sites"]} | net_shapes
+        net = build_file_network(header.get("network"), where, tensors)
     dtype = header.get("dtype", "float32")
     if dtype not in ("float32", "float64", "float16", "bfloat16"):
         raise ValueError(f"unknown network dtype {dtype!r} in the header")
@@ -85,15 +192,19 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
     from ..guides.shared_gmm import SharedGMMGuide
     from ..sharing.structure import SharingStructure, SiteLayout
 
+    K, n_w, sizes = _check_2dg(header, sec)
+    centres = _finite(
+        _read_floats(sec["centres"], header["centre_dtype"], (K, 2), "centres"), "component means"
+    )
+    chol = None
+    if header["covariances"]:
+        chol = _read_floats(sec["covariances"], header["cov_dtype"], (K, 3), "covariances")
+        _finite(chol, "component covariances (Cholesky parameters)")
     model = _rebuild_model(header, net, prior, where, sec["net"])
-    K, n_w = int(header["n_components"]), int(header["n_weights"])
-    sizes = [math.prod(sh) for _, sh in header["sites"]]
-    if sum(sizes) != n_w:
-        raise ValueError(f"the sites hold {sum(sizes)} weights, the header says {n_w}")
     ends = np.cumsum(sizes)
     # index -> who is what
     ix = header["index"]
-    sym = decode_index(sec["index"], sizes, K + 2, ix["coding"], int(ix["lanes"]), ix["words"])
+    sym = decode_index(sec["index"], sizes, K + 2, ix["coding"], ix["lanes"], ix["words"])
     plain = np.flatnonzero(sym < K)
     outl = np.flatnonzero(sym == K)
     ell = np.flatnonzero(sym == K + 1)
@@ -102,13 +213,10 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
             f"the index has {outl.size} outliers and {ell.size} ellipse weights, the header "
             f"says {header['n_outliers']} and {header['n_ellipses']}"
         )
-    centres = _read_floats(sec["centres"], header["centre_dtype"], (K, 2), "centres")
-    chol = None
-    if header["covariances"]:
-        chol = _read_floats(sec["covariances"], header["cov_dtype"], (K, 3), "covariances")
+    if chol is not None:
         L = torch.zeros(K, 2, 2)
         L[:, 0, 0], L[:, 1, 1], L[:, 1, 0] = chol[:, 0].exp(), chol[:, 1].exp(), chol[:, 2]
-        covs = L @ L.transpose(-1, -2)
+        covs = _finite(L @ L.transpose(-1, -2), "component covariances")
     else:
         if len(sec["covariances"]):
             raise ValueError("covariances are stored but the header says they are not")
@@ -142,6 +250,7 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
                 loc[start : start + n], scale[start : start + n] = mu, sg
                 row += 1
             start += n
+        _finite(torch.cat([loc, scale.log()]), "outlier means and scales")
     # ellipses
     k, n_e = int(header["ellipse_k"]), int(ell.size)
     cb, ab = int(header["component_bits"]), int(header["alpha_bits"])
@@ -202,8 +311,15 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
 
 def _load_int8(header: dict, sec: dict, net, prior, where: str):
     from ..guides.base import site_key
-    from ..guides.mean_field import MeanFieldGuide, inverse_softplus
+    from ..guides.mean_field import MeanFieldGuide
+    from ..nn.functional import inverse_softplus
 
+    _check_bits("sigma_bits", header.get("sigma_bits"), 1, 8)
+    if sum(_site_sizes(header)) != len(sec["mu"]):
+        raise ValueError(
+            f"the header's sites hold {sum(_site_sizes(header))} weights, its mu section "
+            f"{len(sec['mu'])} (one byte each)"
+        )
     model = _rebuild_model(header, net, prior, where, sec["net"])
     bits = int(header["sigma_bits"])
     n_w, n_sites = model.num_weights, len(model.sites)
@@ -224,6 +340,7 @@ def _load_int8(header: dict, sec: dict, net, prior, where: str):
                 torch.from_numpy(codes[start : start + n]),
                 torch.from_numpy(params[i].copy()),
             )
+            _finite(torch.cat([mu, sg.log()]), f"the means and scales of site {site.name!r}")
             guide.loc(site.name).copy_(mu.view(site.shape))
             guide.rhos[site_key(site.name)].copy_(inverse_softplus(sg).view(site.shape))
             start += n

@@ -69,6 +69,7 @@ _MAX_SCALE_BITS = 16
 #: NumPy steps).
 _SYMBOLS_PER_LANE = 2048
 _MAX_LANES = 4096
+_LOOKUP_SLOTS = 1 << 22  # the most slot-table entries decoding builds beyond one per symbol
 
 
 # ------------------------------------------------------------------ entropy
@@ -272,14 +273,22 @@ def rans_decode(
     f_tab, c_tab, m_tab = _context_arrays(freqs, scale_bits)
     n, lanes = ctx.size, int(len(states))
     n_ctx, alphabet = f_tab.shape
-    # per context a slot -> symbol table of size 2^M_c, all in one flat array
+    # per context a slot -> symbol table of size 2^M_c in one flat array (unless too big)
     sizes = np.left_shift(1, m_tab)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    lookup = np.concatenate(
-        [np.repeat(np.arange(alphabet, dtype=np.int64), f_tab[k]) for k in range(n_ctx)]
-    )
-    if lookup.size != int(sizes.sum()):
+    if (f_tab.sum(1) != sizes).any():
         raise ValueError("a frequency table does not sum to its total")
+    if int(sizes.sum()) <= max(_LOOKUP_SLOTS, n):
+        find = np.concatenate(
+            [np.repeat(np.arange(alphabet, dtype=np.int64), f_tab[k]) for k in range(n_ctx)]
+        ).__getitem__
+    else:  # the symbol of the last start at or below each slot
+        keys = np.flatnonzero(f_tab.reshape(-1))
+        starts, symbols = (offsets[:, None] + c_tab).reshape(-1)[keys], keys % alphabet
+
+        def find(slots):
+            return symbols[np.searchsorted(starts, slots, side="right") - 1]
+
     flat_f = f_tab.reshape(-1).astype(np.uint64)
     flat_c = c_tab.reshape(-1).astype(np.uint64)
     words = np.asarray(words, dtype=np.uint64)
@@ -299,13 +308,13 @@ def rans_decode(
         xs = x[: hi - lo]
         if single:
             slot = xs & mask0
-            s = lookup[slot.astype(np.int64)]
+            s = find(slot.astype(np.int64))
             xs = f_tab[0][s].astype(np.uint64) * (xs >> m0) + slot - flat_c[s]
         else:
             cc = ctx[lo:hi]
             mc = m_tab[cc].astype(np.uint64)
             slot = xs & ((np.uint64(1) << mc) - np.uint64(1))
-            s = lookup[offsets[cc] + slot.astype(np.int64)]
+            s = find(offsets[cc] + slot.astype(np.int64))
             key = cc * alphabet + s
             xs = flat_f[key] * (xs >> mc) + slot - flat_c[key]
         out[lo:hi] = s
@@ -417,6 +426,15 @@ def decode_index(
         ValueError: the data do not have the announced layout or do not decode
             consistently.
     """
+    if mode not in ("global", "per_site"):
+        raise ValueError(f"unknown index coding {mode!r}")
+    n_ctx = 1 if mode == "global" else len(segments)
+    least = n_ctx * (1 + (alphabet + 7) // 8) + 4 * lanes + 2 * n_words  # before allocating
+    if lanes < 1 or n_words < 0 or least > len(data):
+        raise ValueError(
+            f"the index section holds {len(data)} bytes, fewer than its {n_ctx} tables over "
+            f"{alphabet} symbols, {lanes} lanes and {n_words} words need ({least})"
+        )
     ctx, n_ctx = _segment_contexts(segments, mode)
     pos = 0
     freqs = np.zeros((n_ctx, alphabet), np.int64)

@@ -2,7 +2,7 @@ r"""Model files for every method: one save/load API.
 
 :func:`save_model` writes a trained model and guide of any of the library's methods to
 one file; :func:`load_model` reads any model file the library writes and returns
-``(model, guide)`` ready for :func:`~twodg_pyro.predict.predict`, the ArviZ export or
+``(model, guide)`` ready for :func:`~twodg_pyro.prediction.predict`, the ArviZ export or
 further training:
 
 ========================  ==================================  ===========================
@@ -19,7 +19,7 @@ compact 2DG / INT8 MF     (``.2dgz``, :mod:`.compact`)         magic bytes ``2DG
 :func:`load_model` dispatches on the file: the compact format's magic bytes, else the
 header's ``kind`` (and, for ``twodg_pyro.BNN``, its ``method``).  Every full file is
 plain tensors plus a JSON header, read with ``torch.load(weights_only=True)``, sealed
-with a SHA-256 content checksum (:mod:`twodg_pyro.io.integrity`) that is verified on
+with a SHA-256 content checksum (:mod:`twodg_pyro.files.integrity`) that is verified on
 load, with NaN/inf parameters refused; a damaged or foreign file is a ``ValueError``
 naming it.
 
@@ -53,7 +53,7 @@ from pathlib import Path
 
 from torch import nn
 
-from .payload import PayloadFormat, payload_section, read_payload, write_payload
+from ..files.payload import PayloadFormat, payload_section, read_payload, write_payload
 from .specs import (
     exact_include,
     likelihood_spec,
@@ -268,8 +268,8 @@ def load_model(path: str | Path, net: nn.Module | None = None, prior=None, devic
             (checksum), NaN/inf parameters, a header missing a field, or a network that
             does not match the saved one.
     """
+    from ..files.atomic import safe_torch_load
     from .compact import is_compact_file, load_compact
-    from .files import safe_torch_load
 
     if is_compact_file(path):
         return load_compact(path, net=net, prior=prior, device=device)
@@ -293,7 +293,7 @@ def load_model(path: str | Path, net: nn.Module | None = None, prior=None, devic
         return load_2dg_payload(payload, header, str(path), net=net, prior=prior, device=device)
     raise ValueError(
         f"{str(path)!r} is not a twodg_pyro model file (kind {kind!r}; a checkpoint is read "
-        "with twodg_pyro.io.checkpoint.load_checkpoint)"
+        "with twodg_pyro.files.checkpoint.load_checkpoint)"
     )
 
 
@@ -302,7 +302,7 @@ def _peek_kind(loaded) -> str | None:
         return None
     try:
         header = json.loads(loaded["header"])
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     return header.get("kind") if isinstance(header, dict) else None
 
@@ -312,8 +312,8 @@ def read_model_header(path: str | Path) -> dict:
     :mod:`~twodg_pyro.io.baseline_file`), verified like :func:`load_model` does, or of a
     compact file; ``{}`` when the file is none of them (the loader then names the
     problem)."""
+    from ..files.atomic import safe_torch_load
     from .compact import is_compact_file, read_compact
-    from .files import safe_torch_load
 
     if is_compact_file(path):
         return dict(read_compact(path)[0])

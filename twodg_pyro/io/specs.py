@@ -33,6 +33,7 @@ import pyro.distributions as dist
 import torch
 from torch import nn
 
+from ..files.integrity import build_file_network
 from ..priors import Prior
 
 __all__ = [
@@ -64,10 +65,14 @@ def likelihood_spec(lik) -> dict:
 
 
 def rebuild_likelihood(spec: dict):
+    """The likelihood of :func:`likelihood_spec`'s ``spec``; another kind is a ValueError."""
     from ..likelihoods import Categorical, Gaussian
 
-    if spec["kind"] == "Gaussian":
+    kind = spec.get("kind") if isinstance(spec, dict) else None
+    if kind == "Gaussian":
         return Gaussian(spec["dataset_size"], spec["scale"])
+    if kind != "Categorical":
+        raise ValueError(f"the likelihood {spec!r:.80} is not Categorical or Gaussian")
     return Categorical(spec["dataset_size"])
 
 
@@ -319,15 +324,8 @@ def rebuild_network(header: dict, net: nn.Module | None, net_state: dict, where:
             network that does not match the saved state.
     """
     if net is None:
-        spec = header.get("network")
-        if not spec:
-            raise ValueError(f"{where!r} does not say how to build its network: pass net=")
-        from ..models import build_network
-
-        try:
-            net = build_network(spec["name"], **spec.get("kwargs", {}))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{where!r}: cannot build its network {spec!r:.120}: {e}") from e
+        shapes = {k: tuple(v.shape) for k, v in net_state.items() if torch.is_tensor(v)}
+        net = build_file_network(header.get("network"), where, shapes, "stores")
     net = net.to(saved_dtype(header, net_state, where))  # before load_state_dict casts
     try:
         net.load_state_dict(net_state)
@@ -381,7 +379,7 @@ def rebuild_parts(payload: dict, header: dict, where: str, net: nn.Module | None
         ValueError: naming the file, when the network does not match or the saved prior
             cannot be rebuilt.
     """
-    from .payload import payload_section
+    from ..files.payload import payload_section
 
     net = rebuild_network(header, net, payload_section(payload, "net/"), where)
     lik = rebuild_likelihood(header["likelihood"])

@@ -257,7 +257,8 @@ def run_2dg(
     if resumed is None:
         structure, report = stage2_sharing(cfg, model, mf_guide, loader, progress, execution)
     else:
-        structure, report = resumed.structure(), resumed.extra["report"]
+        structure = resumed.structure(SharingStructure.from_payload)
+        report = resumed.extra["report"]
     extra = {"records": list(art.records), "report": report}
     # stage 3 trains the network's deterministic parameters (BatchNorm) too: on a copy,
     # so that the mean-field model in ``art`` keeps predicting as it was evaluated

@@ -61,6 +61,7 @@ from .diagnostics_steps import (
     compare_step,
     diagnostics_budget,
     export_step,
+    khat_block_count,
     khat_step,
     summary_and_reliability,
     write_report,
@@ -146,7 +147,7 @@ def model_evaluation(cfg, method: str, record: dict | None, draws: dict) -> dict
     }
 
 
-def write_artifacts(art, cfg, out_dir) -> dict:
+def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> dict:
     """Write the model files, InferenceData, diagnostics and figures of a finished run.
 
     Args:
@@ -155,6 +156,8 @@ def write_artifacts(art, cfg, out_dir) -> dict:
         cfg: its :class:`~twodg_pyro.pipeline.config.RunConfig` (``cfg.diagnostics``: on
             or off, draws and examples; :func:`diagnostics_budget`).
         out_dir: the run folder.
+        skip_diagnostics: write the model files only, with this reason in
+            ``diagnostics.json`` (an incomplete run's finished methods).
 
     Returns:
         ``{"files": {name: path}, "errors": {name: message}}``.  Nothing is written when
@@ -187,9 +190,10 @@ def write_artifacts(art, cfg, out_dir) -> dict:
         n_examples(eval_data),
         sum(len(st.history) for st in stages.values()) * n_train,
         n_exports=len(trained),
+        khat_blocks=khat_block_count(trained[primary][1]),
     )
     n_steps = len(trained)
-    if dcfg.enabled:
+    if dcfg.enabled and skip_diagnostics is None:
         n_steps += 3 * len(trained) + 4 + (2 if primary == "2dg" else 0) + 1
     writer = StepWriter(out, n_steps, progress=cfg.progress and env.is_main())
 
@@ -204,10 +208,11 @@ def write_artifacts(art, cfg, out_dir) -> dict:
 
         writer.step(f"model_{method}", save)
 
-    if not dcfg.enabled:
+    if skip_diagnostics is not None or not dcfg.enabled:
         writer.close()
         writer.files["diagnostics"] = str(out / "diagnostics.json")
-        write_report(writer, {"method": primary, "skipped": "diagnostics.enabled = false"})
+        reason = skip_diagnostics or "diagnostics.enabled = false"
+        write_report(writer, {"method": primary, "skipped": reason})
         return {"files": dict(writer.files), "errors": dict(writer.errors)}
 
     predictions = art.predictions
@@ -229,6 +234,8 @@ def write_artifacts(art, cfg, out_dir) -> dict:
             budget["n_eval_examples"],
             dcfg.max_site_values,
             metrics,
+            train_data=data_to_device(xy(split.train), device),
+            max_train_examples=budget["n_train_examples"],
         )
         if idata is not None:
             idatas[method] = idata
@@ -250,6 +257,7 @@ def write_artifacts(art, cfg, out_dir) -> dict:
         budget["khat_samples"],
         cfg.seed,
         budget["n_train_examples"],
+        blocks=budget["khat_blocks_run"],
     )
     report["budget"] = budget
     if primary == "2dg":

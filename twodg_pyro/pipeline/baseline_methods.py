@@ -36,7 +36,7 @@ from ..baselines import draw_probs, fit_laplace, train_early_stopped, train_ense
 from ..data import make_loader
 from ..evaluation import seeded_predict
 from ..metrics import classification_metrics
-from ..predict import Prediction, deterministic_predict
+from ..prediction import Prediction, deterministic_predict
 from .alternatives import size_mb
 from .artifacts import model_evaluation, model_file_name, network_spec
 from .builders import build_net, seed_everything, train_loader

@@ -1,11 +1,15 @@
-"""Checks of a data split before any training, each error naming the bad value."""
+"""Checks before any training, each error naming the bad value: the data split, and the
+sizes of the 2DG settings against the network's number of Bayesian weights."""
 
 from __future__ import annotations
 
 import torch
 from torch.utils.data import Subset, TensorDataset
 
-__all__ = ["check_split"]
+from ..nn import find_sites
+from .config import ConfigError
+
+__all__ = ["check_sharing_sizes", "check_split"]
 
 
 def _targets(ds):
@@ -99,3 +103,27 @@ def check_split(split) -> None:
         if y.shape[0] != n:
             raise ValueError(f"{name} has {n} inputs but {y.shape[0]} labels")
         _check_labels(name, y, split.num_classes)
+
+
+def check_sharing_sizes(sharing, net: torch.nn.Module) -> None:
+    r"""Validate the 2DG sizes of ``sharing`` (a
+    :class:`~twodg_pyro.pipeline.config.SharingConfig`) against the network's
+    :math:`n_w` Bayesian weights (those of :func:`~twodg_pyro.nn.find_sites`, as the run's
+    model takes them), before stage 1 trains.
+
+    Stage 2 clusters at most :math:`n_w` points (the inliers are fewer), so a mixture of
+    :math:`K > n_w` components, or a minimum cluster size :math:`N_\min > n_w`, can only
+    fail -- after stage 1 has trained.  (``k_nearest <= K`` is a rule of the settings
+    themselves.)
+
+    Raises:
+        ConfigError: naming the setting, its value and :math:`n_w`.
+    """
+    n_weights = sum(site.numel for site in find_sites(net))
+    for name, value in (("n_components", sharing.n_components), ("n_min", sharing.n_min)):
+        if value > n_weights:
+            raise ConfigError(
+                f"sharing.{name} = {value}: larger than the network's {n_weights:,} Bayesian "
+                f"weights (stage 2 clusters at most that many points); lower {name} or use "
+                "a larger network"
+            )

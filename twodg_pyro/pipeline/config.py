@@ -152,6 +152,24 @@ def optional(rule: Rule, what: str) -> Rule:
 
 BOOLEAN = Rule(lambda v: isinstance(v, bool), "must be true or false")
 INTEGER = Rule(_is_int, "must be an integer")
+#: the largest seed: NumPy's and scikit-learn's seeds are 32-bit (torch takes 64 bits)
+MAX_SEED = 2**32 - 1
+SEED = Rule(
+    lambda v: _is_int(v) and 0 <= v <= MAX_SEED,
+    f"must be an integer in [0, {MAX_SEED}] (the seeds NumPy and scikit-learn take)",
+)
+#: every integer setting must fit a signed 64-bit integer (torch's and the data
+#: loaders'): beyond it they fail deep inside with "Overflow when unpacking long long"
+INT64_LIMIT = 2**63
+
+
+def _too_large(value: Any) -> bool:
+    """Whether ``value`` (an integer, or a list of them) holds an integer beyond 64 bits."""
+    if isinstance(value, (list, tuple)):
+        return any(_too_large(v) for v in value)
+    return _is_int(value) and not -INT64_LIMIT <= value < INT64_LIMIT
+
+
 FRACTION = in_range(0, 1, (True, False))  # [0, 1)
 UNIT = in_range(0, 1, (True, True))  # [0, 1]
 
@@ -206,8 +224,10 @@ class _Section:
         hints = get_type_hints(type(self), include_extras=True)
         prefix = f"{self.section}." if self.section else ""
         for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
             for rule in _rules(hints[f.name]):
-                rule.check(prefix + f.name, getattr(self, f.name))
+                rule.check(prefix + f.name, value)
+            _require(not _too_large(value), prefix + f.name, value, "must be below 2**63")
         self._check()
 
     def _check(self) -> None:
@@ -230,7 +250,7 @@ class DataConfig(_Section):
     batch_size: Annotated[int, at_least(1)] = 128
     val_fraction: Annotated[float, FRACTION] = 0.1
     test_fraction: Annotated[float, FRACTION] = 0.2
-    split_seed: Annotated[int, INTEGER] = 0
+    split_seed: Annotated[int, SEED] = 0
     #: CIFAR training augmentation (paper App. I.2); ImageNet's is always on
     augment: Annotated[bool, BOOLEAN] = True
 
@@ -364,6 +384,13 @@ class SharingConfig(_Section):
     use_merging: Annotated[bool, BOOLEAN] = True
 
     def _check(self) -> None:
+        _require(
+            self.k_nearest <= self.n_components,
+            "sharing.k_nearest",
+            self.k_nearest,
+            f"must be an integer <= n_components ({self.n_components}): a point far from "
+            "its component is blended from its k nearest components",
+        )
         if self.gmm_max_points is not None:
             _require(
                 self.gmm_max_points >= self.n_components,
@@ -562,8 +589,12 @@ class DiagnosticsConfig(_Section):
     The budget: the k-hat uses ``khat_samples`` draws from q on a seeded subset of at most
     ``max_examples`` training examples (its log-likelihood scaled by N / n); the
     InferenceData (and so PSIS-LOO) holds ``num_samples`` draws on a seeded subset of at
-    most ``max_examples`` evaluation examples.  Counting one forward pass of one example as
-    the unit, the diagnostics' passes (``khat_samples * n_train + num_samples * n_eval``)
+    most ``max_examples`` evaluation examples, and its ``sample_stats.log_p`` evaluates
+    those draws on the k-hat's training examples.  Counting one forward pass of one
+    example as the unit, the diagnostics' passes (``khat_samples * n_train + E *
+    num_samples * (n_eval + n_train)`` for ``E`` exported methods, plus ``khat_samples *
+    n_train`` per block k-hat when they fit; see
+    :func:`~twodg_pyro.pipeline.diagnostics_steps.diagnostics_budget`)
     are further held to ``budget`` times the passes of the exported model's training
     (epochs times training examples, over its SVI stages; a training pass also runs the
     backward, so ``budget = 1`` keeps the diagnostics to about a third of the training
@@ -577,7 +608,7 @@ class DiagnosticsConfig(_Section):
     section: ClassVar[str] = "diagnostics"
     enabled: Annotated[bool, BOOLEAN] = True
     khat_samples: Annotated[
-        int, at_least(25, "must be an integer >= 25 (the Pareto fit of the k-hat needs them)")
+        int, at_least(30, "must be an integer >= 30 (the Pareto fit of the k-hat needs them)")
     ] = 100
     max_examples: Annotated[int, at_least(1)] = 2000
     budget: Annotated[float, positive()] = 1.0
@@ -602,7 +633,7 @@ class RunConfig(_Section):
     methods: Annotated[list[str], METHOD_LIST] = field(
         default_factory=lambda: ["deterministic", "mean_field", "2dg"]
     )
-    seed: Annotated[int, INTEGER] = 0
+    seed: Annotated[int, SEED] = 0
     device: Annotated[str, DEVICE] = "cpu"
     num_samples: Annotated[int, at_least(1, "N_s must be an integer >= 1")] = 30
     progress: Annotated[bool, BOOLEAN] = True
@@ -735,12 +766,14 @@ def _read_text(path: Path) -> str:
         raise ConfigError(f"config file {where!r} is a folder, not a file")
     if not path.exists():
         raise ConfigError(f"config file {where!r} does not exist")
+    if not path.is_file():  # reading a pipe would wait for a writer, forever
+        raise ConfigError(f"config file {where!r} is not a regular file (a pipe, device or socket)")
     try:
         raw = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"config file {where!r} cannot be read: {e.strerror or e}") from e
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark (some editors write one) is no setting
     except UnicodeDecodeError as e:
         raise ConfigError(
             f"config file {where!r} is not a text file (byte {raw[e.start]:#04x} at offset "

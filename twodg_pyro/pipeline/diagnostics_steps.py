@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from .results import atomic_write_text
 
 __all__ = [
+    "KHAT_BLOCK_COMPONENTS",
     "KHAT_MAX_EXAMPLES",
     "KHAT_SAMPLES",
     "StepWriter",
@@ -24,6 +25,7 @@ __all__ = [
     "diagnostics_budget",
     "export_step",
     "jsonable",
+    "khat_block_count",
     "khat_step",
     "summary_and_reliability",
     "write_report",
@@ -36,6 +38,8 @@ KHAT_SAMPLES = 100
 #: up to this many, else a seeded subset scaled by N / n (noisier; see ``vi_diagnostics``);
 #: for the InferenceData and PSIS-LOO, a seeded subset of the evaluation examples.
 KHAT_MAX_EXAMPLES = 2000
+#: Mixture components with a block k-hat of their own (the largest; see ``block_khat``).
+KHAT_BLOCK_COMPONENTS = 4
 
 
 def xy(dataset):
@@ -96,6 +100,7 @@ def diagnostics_budget(
     n_eval: int,
     train_passes: int | None,
     n_exports: int = 1,
+    khat_blocks: int = 0,
 ) -> dict:
     """How many draws and examples the diagnostics of a run use.
 
@@ -103,25 +108,36 @@ def diagnostics_budget(
     ``num_samples`` draws exported for each of the :math:`E` = ``n_exports`` methods,
     and :math:`n_k = \\min(N_\\text{train}, m)`, :math:`n_e = \\min(N_\\text{eval}, m)`
     examples (:math:`m` = ``dcfg.max_examples``), the diagnostics cost
-    :math:`S_k n_k + E S_e n_e` forward passes of one example.  When that exceeds
+    :math:`S_k n_k + E S_e (n_e + n_k)` forward passes of one example (an export's draws
+    are evaluated on its :math:`n_e` examples and, for ``sample_stats.log_p``, on the
+    k-hat's :math:`n_k` training examples).  When that exceeds
     ``dcfg.budget`` times ``train_passes`` (epochs times training examples over the
     exported models' SVI stages; ``None``: no training to compare with), both :math:`n`
     shrink by the same factor, to no fewer than ``dcfg.min_examples`` (or the whole set,
     if smaller).
 
+    The :math:`B` = ``khat_blocks`` block k-hats (``block_khat``: a layer, the outliers,
+    a component at a time) cost :math:`B S_k n_k` more; they run (``khat_blocks_run``)
+    when the total stays within the budget, or when there is no training to compare with.
+
     Returns the numbers used (``khat_samples``, ``num_samples``, ``n_train_examples``,
-    ``n_eval_examples``) and the accounting (``n_exports``, ``diagnostics_passes``,
-    ``train_passes``, ``budget``, ``reduced``).
+    ``n_eval_examples``, ``khat_blocks``, ``khat_blocks_run``) and the accounting
+    (``n_exports``, ``diagnostics_passes``, ``train_passes``, ``budget``, ``reduced``).
     """
     s_k, s_e, e = int(dcfg.khat_samples), int(num_samples), max(1, int(n_exports))
     n_k, n_e = min(n_train, dcfg.max_examples), min(n_eval, dcfg.max_examples)
-    work = s_k * n_k + e * s_e * n_e
+    work = s_k * n_k + e * s_e * (n_e + n_k)
     reduced = False
     if train_passes is not None and work > dcfg.budget * train_passes:
         f = dcfg.budget * train_passes / work
         n_k = max(min(n_train, dcfg.min_examples), int(n_k * f))
         n_e = max(min(n_eval, dcfg.min_examples), int(n_e * f))
         reduced = True
+    passes = s_k * n_k + e * s_e * (n_e + n_k)
+    blocks = max(0, int(khat_blocks))
+    run_blocks = blocks > 0 and (
+        train_passes is None or passes + blocks * s_k * n_k <= dcfg.budget * train_passes
+    )
     return {
         "khat_samples": s_k,
         "num_samples": s_e,
@@ -130,7 +146,9 @@ def diagnostics_budget(
         "n_eval_examples": n_e,
         "train_examples_total": int(n_train),
         "eval_examples_total": int(n_eval),
-        "diagnostics_passes": s_k * n_k + e * s_e * n_e,
+        "khat_blocks": blocks,
+        "khat_blocks_run": run_blocks,
+        "diagnostics_passes": passes + (blocks * s_k * n_k if run_blocks else 0),
         "train_passes": train_passes,
         "budget": float(dcfg.budget),
         "reduced": reduced,
@@ -148,9 +166,13 @@ def export_step(
     max_eval_examples: int | None,
     max_site_values: int | None,
     metrics: dict | None,
+    train_data=None,
+    max_train_examples: int | None = None,
 ):
-    """InferenceData of one method (file ``inference_data_<method>.nc``) and its
-    PSIS-LOO; returns ``(idata or None, report section)`` (2 steps of ``writer``)."""
+    """The exported tree of one method (file ``inference_data_<method>.nc``: a DataTree on
+    ArviZ 1.x, an InferenceData on 0.x) and its PSIS-LOO; returns ``(tree or None, report
+    section)`` (2 steps of ``writer``).  ``train_data`` (a seeded subset of at most
+    ``max_train_examples``) is the data of the tree's ``sample_stats.log_p``."""
     from .. import diagnostics as D
     from ..metrics import classification_metrics
 
@@ -163,6 +185,8 @@ def export_step(
             eval_data,
             num_samples,
             seed,
+            train_data=train_data,
+            max_train_examples=max_train_examples,
             max_site_values=max_site_values,
             max_examples=max_eval_examples,
             method=method,
@@ -175,15 +199,18 @@ def export_step(
     name = f"inference_data_{method}.nc"
     writer.step(f"inference_data_{method}", lambda: D.save_inference_data(idata, writer.out / name))
     section["loo"] = writer.step(f"loo_{method}", lambda: D.loo(idata))
-    n_exported = int(idata.observed_data["y"].shape[0])
+    posterior = D.group(idata, "posterior")
+    n_exported = int(D.group(idata, "observed_data")["y"].shape[0])
     info = {
         "file": name,
+        "arviz_major": D.ARVIZ_MAJOR,
         "n_examples": n_exported,
-        "n_examples_total": int(idata.posterior.attrs.get("n_examples_total", n_exported)),
-        "num_draws": int(idata.posterior.sizes["draw"]),
+        "n_examples_total": int(posterior.attrs.get("n_examples_total", n_exported)),
+        "num_draws": int(posterior.sizes["draw"]),
         "seed": int(seed),
     }
-    if "class_probs" in idata.posterior_predictive and (
+    pp = D.group(idata, "posterior_predictive")
+    if "class_probs" in pp and (
         metrics is None or n_exported < info["n_examples_total"]
     ):  # a subset (or no results-table metrics): the metrics of the exported examples
         probs, labels = D.class_probabilities(idata)
@@ -206,11 +233,12 @@ def posterior_uncertainty(guide, idata) -> dict:
       the means (about 0.04 for the paper recipe on LeNet-5, 1.5 for the recommended
       one: ``experiments/results/uncertainty.json``'s ``scale_trajectory``).
     """
+    from ..diagnostics import group
     from ..infer.callbacks import scale_summary
     from ..uncertainty import mutual_information
 
     out: dict = {}
-    pp = getattr(idata, "posterior_predictive", None)
+    pp = group(idata, "posterior_predictive")
     if pp is not None and "class_probs" in pp:
         probs = torch.as_tensor(pp["class_probs"].values)
         probs = probs.reshape(-1, *probs.shape[-2:])  # (chain x draw, obs, class)
@@ -221,12 +249,25 @@ def posterior_uncertainty(guide, idata) -> dict:
     return out
 
 
-def khat_step(writer: StepWriter, model, guide, train_data, khat_samples, seed, max_train_examples):
+def khat_step(
+    writer: StepWriter,
+    model,
+    guide,
+    train_data,
+    khat_samples,
+    seed,
+    max_train_examples,
+    blocks: bool = True,
+    max_components: int = KHAT_BLOCK_COMPONENTS,
+):
+    """The k-hat of the whole weight vector (``vi_diagnostics``) and, with ``blocks``,
+    under its ``"blocks"`` key the block k-hats (``block_khat``: each layer, the outliers,
+    the ``max_components`` largest components), on the same draws' count and examples
+    (1 step; a failure of the blocks is recorded as ``khat_blocks`` in the errors)."""
     from .. import diagnostics as D
 
-    return writer.step(
-        "khat",
-        lambda: D.vi_diagnostics(
+    def run():
+        vi = D.vi_diagnostics(
             model,
             guide,
             train_data,
@@ -234,8 +275,34 @@ def khat_step(writer: StepWriter, model, guide, train_data, khat_samples, seed, 
             seed=seed,
             max_examples=max_train_examples,
             progress=writer.progress,
-        ),
-    )
+        )
+        if not blocks:
+            vi["blocks"] = {"skipped": "over the diagnostics budget (diagnostics.budget)"}
+            return vi
+        try:
+            vi["blocks"] = D.block_khat(
+                model,
+                guide,
+                train_data,
+                num_samples=khat_samples,
+                seed=seed,
+                max_components=max_components,
+                max_examples=max_train_examples,
+                progress=writer.progress,
+            )
+        except Exception as e:  # noqa: BLE001 - reported; the joint k-hat still stands
+            writer.errors["khat_blocks"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+            warnings.warn(f"could not compute the block k-hats: {e}", RuntimeWarning, stacklevel=2)
+        return vi
+
+    return writer.step("khat", run)
+
+
+def khat_block_count(guide, max_components: int = KHAT_BLOCK_COMPONENTS) -> int:
+    """How many block k-hats :func:`khat_step` computes for ``guide`` (for the budget)."""
+    from ..diagnostics import default_blocks
+
+    return len(default_blocks(guide, max_components))
 
 
 def summary_and_reliability(writer: StepWriter, idata, pred, method: str, draws: dict) -> None:
@@ -273,7 +340,8 @@ def write_report(writer: StepWriter, report: dict) -> Path:
 
 
 def compare_step(writer: StepWriter, idatas: dict) -> list | None:
-    """``az.compare`` of the methods' PSIS-LOO as a list of rows, best first (1 step)."""
+    """ArviZ's comparison of the methods' PSIS-LOO (``diagnostics.compare``: stable
+    stacking weights) as a list of rows, best first (1 step)."""
     from .. import diagnostics as D
 
     if len(idatas) < 2:

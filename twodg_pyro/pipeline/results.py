@@ -6,7 +6,13 @@
      "evaluation": {"num_samples": int, "seed": int, "sample_chunk": int,
                     "n_examples": int, "split": "test"},
      "records": [{"method": str, "accuracy": float, "nll": float, "ece": float,
-                  "brier": float, "trainable_params": int, ...}, ...]}
+                  "brier": float, "trainable_params": int, ...}, ...],
+     "complete": bool,
+     "incomplete": {"failed_method": str, "error": str, "finished": [str, ...]}}
+
+``complete`` is false when a method failed: the table then holds the methods that
+finished before it (their model files are kept) and ``incomplete`` says which failed and
+why.  Files written before it was recorded have neither key.
 
 Records of weight-sharing methods add ``n_outliers``, ``n_ellipses``,
 ``n_gaussians``, ``compression_ratio``, ``size_mb`` and ``size_mb_with_index``.
@@ -24,7 +30,7 @@ import math
 from pathlib import Path
 
 from ..evaluation import draws_record, n_examples
-from ..io.files import atomic_write_text
+from ..files.atomic import atomic_write_text
 
 __all__ = [
     "atomic_write_text",
@@ -33,6 +39,7 @@ __all__ = [
     "kl_weight_field",
     "format_results",
     "format_table",
+    "incomplete_note",
     "read_results",
     "write_results",
 ]
@@ -58,20 +65,15 @@ _COLUMNS = [
 
 
 def format_table(records: list[dict]) -> str:
-    """A markdown table with the columns that any record has."""
+    """A markdown table with the columns that any record has: ``-`` marks a value that is
+    missing or does not apply (e.g. the compression of mean-field); a NaN (a metric that
+    was computed and is not a number) is printed ``nan``, infinities ``inf``."""
     cols = [c for c in _COLUMNS if any(c[0] in r for r in records)]
     lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in records:
         cells = []
         for key, _, fmt in cols:
-            v = r.get(key)
-            if v is None or (isinstance(v, float) and math.isnan(v)):
-                cells.append("-")
-            else:
-                try:
-                    cells.append(fmt.format(v))
-                except (ValueError, TypeError):
-                    cells.append(str(v))
+            cells.append(_cell(r.get(key), fmt))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -93,6 +95,28 @@ def evaluation_note(evaluation: dict | None) -> str:
         return ""
 
 
+def _cell(v, fmt: str) -> str:
+    """One cell: ``-`` for a missing value, ``nan`` for NaN, else ``fmt`` (or ``str``)."""
+    if v is None:
+        return "-"
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    try:
+        return fmt.format(v)
+    except (ValueError, TypeError):
+        return str(v)
+
+
+def _worst_shift_nll(shift) -> float | None:
+    """The mean over the corruption families of the NLL at the most severe level (``None``
+    when there is none, or the record is not of that layout)."""
+    try:
+        nlls = [fam[max(fam, key=int)]["nll"] for fam in shift.values()]
+        return sum(nlls) / len(nlls) if nlls else None
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
 def uncertainty_table(records: list[dict]) -> str:
     """The uncertainty columns of the records that have them (``[uncertainty] enabled``):
     mean clean MI, AURC, each OOD set's entropy AUROC (MI AUROC) and the mean over the
@@ -104,18 +128,29 @@ def uncertainty_table(records: list[dict]) -> str:
     head = ["method", "mean MI", "AURC", *(f"AUROC {s}" for s in sets), "NLL, worst shift"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [str(r["method"]), f"{r['mean_mi_clean']:.4f}", f"{r['aurc']:.4f}"]
+        cells = [str(r["method"]), _cell(r.get("mean_mi_clean"), "{:.4f}")]
+        cells.append(_cell(r.get("aurc"), "{:.4f}"))
         for s in sets:
-            m = r["ood"].get(s, {})
-            cell = f"{m['entropy_auroc']:.3f}" if "entropy_auroc" in m else "-"
-            cells.append(cell + (f" ({m['mi_auroc']:.3f})" if "mi_auroc" in m else ""))
-        worst = [max(fam, key=int) for fam in r.get("shift", {}).values()]
-        nlls = [fam[w]["nll"] for fam, w in zip(r.get("shift", {}).values(), worst, strict=True)]
-        cells.append(f"{sum(nlls) / len(nlls):.3f}" if nlls else "-")
+            m = r["ood"].get(s)
+            m = m if isinstance(m, dict) else {}
+            cell = _cell(m.get("entropy_auroc"), "{:.3f}")
+            cells.append(cell + (f" ({_cell(m['mi_auroc'], '{:.3f}')})" if "mi_auroc" in m else ""))
+        cells.append(_cell(_worst_shift_nll(r.get("shift")), "{:.3f}"))
         lines.append("| " + " | ".join(cells) + " |")
     return (
         "\nUncertainty (entropy AUROC, MI AUROC in brackets; `ood` and `shift` in "
         "results.json):\n\n" + "\n".join(lines) + "\n"
+    )
+
+
+def incomplete_note(incomplete: dict | None) -> str:
+    """The line above the table of an incomplete run (``""`` for a complete one)."""
+    if not isinstance(incomplete, dict):
+        return ""
+    return (
+        f"**Incomplete run**: method {incomplete.get('failed_method')!s} failed "
+        f"({incomplete.get('error')!s}); the rows below are the methods that finished, "
+        "their model files are kept, and no diagnostics were written.\n\n"
     )
 
 
@@ -124,7 +159,8 @@ def format_results(payload: dict) -> str:
     the run measured it, the uncertainty table (:func:`uncertainty_table`)."""
     records = payload["records"]
     return (
-        format_table(records)
+        incomplete_note(payload.get("incomplete"))
+        + format_table(records)
         + evaluation_note(payload.get("evaluation"))
         + uncertainty_table(records)
     )
@@ -135,13 +171,19 @@ def write_results(
     records: list[dict],
     config: dict | None = None,
     evaluation: dict | None = None,
+    incomplete: dict | None = None,
 ) -> Path:
     """Write ``results.json`` and ``results.md`` atomically; returns the JSON path.
 
     ``evaluation``: which draws and examples the metrics used
-    (:func:`~twodg_pyro.evaluation.draws_record`)."""
+    (:func:`~twodg_pyro.evaluation.draws_record`).  ``incomplete``: for a run that a
+    method's failure stopped, ``{"failed_method", "error", "finished"}``; the file then
+    has ``"complete": false`` and that table (a finished run: ``"complete": true``)."""
     out_dir = Path(out_dir)
     payload = {"schema": SCHEMA_VERSION, "config": config or {}, "records": records}
+    payload["complete"] = incomplete is None
+    if incomplete is not None:
+        payload["incomplete"] = incomplete
     if evaluation is not None:
         payload["evaluation"] = evaluation
     atomic_write_text(out_dir / "results.json", json.dumps(payload, indent=2, sort_keys=True))

@@ -11,7 +11,7 @@ With ``checkpoint_every = E > 0`` a run writes, in ``RUN_DIR/checkpoints/``:
   last), with its current sharing structure, the hook states, the stage-2 report and
   the records of the methods already finished (deterministic, mean-field).
 
-Every file is replaced atomically (:func:`~twodg_pyro.io.files.atomic_torch_save`).
+Every file is replaced atomically (:func:`~twodg_pyro.files.atomic.atomic_torch_save`).
 
 Resuming continues from the latest checkpoint: a ``stage3.pt`` continues stage 3; a
 ``stage1.pt`` continues stage 1 and then runs stages 2 and 3 from it.  What is
@@ -31,8 +31,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..files.checkpoint import CheckpointData, load_checkpoint
 from ..infer.checkpoint import Checkpoint
-from ..io.checkpoint import CheckpointData, load_checkpoint
 from .config import ConfigError, RunConfig, config_from_dict
 from .results import atomic_write_text
 

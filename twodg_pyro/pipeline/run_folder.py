@@ -20,7 +20,7 @@ A run writes its results, model file, diagnostics and checkpoints into one folde
   removed once the new run's inputs are validated (:meth:`RunFolder.clear_previous`),
   so the folder never mixes two runs.
 * **No leftovers.**  Temporary files of interrupted atomic writes (``.*.tmp``, see
-  :func:`~twodg_pyro.io.files.atomic_write`) are removed when a run starts or resumes
+  :func:`~twodg_pyro.files.atomic.atomic_write`) are removed when a run starts or resumes
   (under the lock, so never another live run's).
 """
 
@@ -42,6 +42,7 @@ __all__ = [
     "RunFolderLocked",
     "check_output_file",
     "check_output_folder",
+    "model_files",
     "previous_outputs",
 ]
 
@@ -128,7 +129,9 @@ def check_output_folder(path: str | Path, what: str = "output folder") -> Path:
 
 def check_output_file(path: str | Path, what: str = "output file") -> Path:
     """Check, without creating anything, that a file can be written at ``path``: it is
-    not a folder and its folder is (or can become) writable.
+    not a folder, nor an existing device, pipe or socket (which the write would replace
+    with a file), and its folder is (or can become) writable.  An existing file is
+    replaced.
 
     Raises:
         RunFolderError: naming the path and the reason.
@@ -136,9 +139,31 @@ def check_output_file(path: str | Path, what: str = "output file") -> Path:
     path = Path(path)
     if path.is_dir():
         raise RunFolderError(f"{what} {str(path)!r} is a folder; give a file name")
+    if path.exists() and not path.is_file():
+        raise RunFolderError(
+            f"{what} {str(path)!r} is not a regular file (a device, pipe or socket); "
+            "give a file name"
+        )
     parent = path.absolute().parent
     check_output_folder(parent, f"the folder of {what} {str(path)!r}:")
     return path
+
+
+def model_files(path: str | Path) -> list[Path]:
+    """The model files in the run folder ``path``, sorted: every ``model_<method>.pt``
+    (``run``/``train``) and ``*.2dgz`` (``export``).
+
+    Raises:
+        FileNotFoundError: ``path`` holds none (the message names the folder).
+    """
+    path = Path(path)
+    found = sorted(p for p in [*path.glob("model_*.pt"), *path.glob("*.2dgz")] if p.is_file())
+    if not found:
+        raise FileNotFoundError(
+            f"{str(path)!r} is a folder with no model file (model_<method>.pt or *.2dgz): "
+            "give a model file, or the run folder that holds them"
+        )
+    return found
 
 
 def previous_outputs(path: str | Path) -> list[str]:

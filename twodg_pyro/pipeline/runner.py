@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from torch import nn
 from ..distributed import env
 from ..evaluation import data_to_device, seeded_predict
 from ..metrics import classification_metrics
-from ..predict import deterministic_predict
+from ..prediction import deterministic_predict
 from . import artifacts
 from .algorithm1 import run_2dg, stage1_mean_field
 from .alternatives import run_rank1, run_ssvi
@@ -40,7 +41,7 @@ from .baseline_methods import (
     write_baseline_files,
 )
 from .builders import build_net, check_device, load_data, seed_everything, train_loader
-from .checks import check_split
+from .checks import check_sharing_sizes, check_split
 from .config import RunConfig
 from .execution import LOCAL, Execution
 from .results import (
@@ -121,7 +122,13 @@ def _run(
     art = ctx.art
     for name, method in METHOD_REGISTRY.items():
         if name in cfg.methods:
-            record = method.run(ctx)
+            try:
+                record = method.run(ctx)
+            except Exception as error:
+                # rank 0 alone, no barrier: the other ranks may not have failed here
+                if out_dir is not None and art.records and env.is_main():
+                    _keep_finished(out_dir, art, cfg, name, error)
+                raise
             if record is not None:
                 art.records.append(record)
     if cfg.uncertainty.enabled and env.is_main():  # OOD, shift, selective prediction
@@ -139,12 +146,36 @@ def _run(
     return art
 
 
+def _keep_finished(out_dir, art: RunArtifacts, cfg: RunConfig, failed: str, error) -> None:
+    """When method ``failed`` raised ``error``: write the finished methods' rows (a
+    ``results.json`` marked incomplete) and model files, without diagnostics, so that a
+    late failure loses nothing already trained.  A failure here is a warning: the
+    method's own error is the one raised."""
+    status = {
+        "failed_method": failed,
+        "error": f"{type(error).__name__}: {error}",
+        "finished": [r.get("method") for r in art.records],
+    }
+    try:
+        evaluation = evaluation_of(cfg, art.eval_data)
+        write_results(out_dir, art.records, cfg.to_dict(), evaluation, incomplete=status)
+        write_baseline_files(art, cfg, out_dir)
+        artifacts.write_artifacts(art, cfg, out_dir, skip_diagnostics=f"{failed} failed")
+    except Exception as e:  # keep the original error
+        warnings.warn(f"could not keep the finished methods' files in {out_dir}: {e}", stacklevel=2)
+
+
 def _context(cfg, out_dir, resume, execution, folder) -> RunContext:
-    """Load and check the data, prepare the checkpoints, build the seeded network."""
+    """Load and check the data, build the seeded network and check the settings' sizes
+    against it, then (inputs valid) clear an overwritten run and prepare the checkpoints."""
     art = RunArtifacts()
     seed_everything(cfg.seed)
     split = load_data(cfg.data, image=cfg.network.arch != "mlp")
     check_split(split)
+    seed_everything(cfg.seed)
+    net = build_net(cfg.network, split).to(cfg.device)
+    if "2dg" in cfg.methods:  # K, N_min against n_w: known now, not after stage 1
+        check_sharing_sizes(cfg.sharing, net)
     if folder is not None:  # inputs valid: an earlier run's files may go (overwrite)
         env.on_main(folder.clear_previous, f"clear the output folder {out_dir}")
     checkpoints = RunCheckpoints(out_dir, cfg, resume)
@@ -154,8 +185,6 @@ def _context(cfg, out_dir, resume, execution, folder) -> RunContext:
         art.records = [dict(r) for r in checkpoints.load(resume_from).extra["records"]]
     art.split = split
     art.eval_data = data_to_device(_eval_split(split), cfg.device)
-    seed_everything(cfg.seed)
-    net = build_net(cfg.network, split).to(cfg.device)
     return RunContext(
         cfg=cfg,
         art=art,

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..evaluation import data_to_device
+from ..likelihoods import Categorical
 from .diagnostics_steps import (
     KHAT_MAX_EXAMPLES,
     KHAT_SAMPLES,
@@ -123,7 +124,13 @@ def check_fits(model, split, model_file, device: str = "cpu") -> None:
             f"{where!r} does not fit data set {name!r}: its network has {n_out} outputs, "
             f"{name} has {split.num_classes} classes"
         )
-    check_split(split)
+    check_split(split)  # integer class labels in [0, num_classes)
+    lik = getattr(model, "likelihood", None)
+    if lik is not None and not isinstance(lik, Categorical):  # a hand-edited header
+        raise ValueError(
+            f"{where!r} does not fit data set {name!r}: its likelihood is "
+            f"{type(lik).__name__} (regression), {name} has class labels (Categorical)"
+        )
 
 
 def evaluate_model_file(
@@ -348,6 +355,8 @@ def diagnose_model_file(
         max_eval_examples,
         DEFAULT_MAX_SITE_VALUES if max_site_values is None else max_site_values,
         metrics,
+        train_data=data_to_device(xy(split.train), device),
+        max_train_examples=max_train_examples,
     )
     report.update(section)
     summary_and_reliability(writer, idata, pred, method, draws)

@@ -10,7 +10,7 @@ from torch import nn
 if TYPE_CHECKING:
     from ..data import DataSplit
     from ..infer import TrainState
-    from ..predict import Prediction
+    from ..prediction import Prediction
     from ..sharing import SharingStructure
 
 __all__ = ["RunArtifacts", "Trained"]

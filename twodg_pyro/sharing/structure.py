@@ -249,8 +249,8 @@ class SharingStructure:
 
     def save(self, path: str | Path) -> None:
         """Write atomically (temporary file then rename), with a content checksum."""
-        from ..io.files import atomic_torch_save
-        from ..io.integrity import seal
+        from ..files.atomic import atomic_torch_save
+        from ..files.integrity import seal
 
         atomic_torch_save(seal(self.to_payload()), path)
 
@@ -258,8 +258,8 @@ class SharingStructure:
     def load(cls, path: str | Path) -> SharingStructure:
         """Read a file written by :meth:`save` without unpickling code; its checksum
         (when it has one: files written before it existed have none) is verified."""
-        from ..io.files import safe_torch_load
-        from ..io.integrity import CHECKSUM_KEY, verify_checksum
+        from ..files.atomic import safe_torch_load
+        from ..files.integrity import CHECKSUM_KEY, verify_checksum
 
         payload = safe_torch_load(path)
         if isinstance(payload, dict) and CHECKSUM_KEY in payload:

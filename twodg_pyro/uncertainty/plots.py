@@ -23,7 +23,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..io.files import atomic_write
+from ..files.atomic import atomic_write
 
 __all__ = ["plot_score_histograms", "plot_shift"]
 

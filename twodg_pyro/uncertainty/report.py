@@ -38,7 +38,7 @@ import torch
 from ..data.transforms import MNIST_MEAN, MNIST_STD
 from ..evaluation import draws_record, seeded_predict
 from ..metrics import classification_metrics
-from ..predict import deterministic_predict
+from ..prediction import deterministic_predict
 from ._pixels import Stat, check_inputs
 from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from .detection import ood_metrics
@@ -264,7 +264,7 @@ def evaluate_uncertainty_net(
     return_scores: bool = False,
 ) -> dict:
     """:func:`uncertainty_report` of a plain network returning logits (``bayesian=False``,
-    one draw: its softmax, :func:`~twodg_pyro.predict.deterministic_predict`; its MI is
+    one draw: its softmax, :func:`~twodg_pyro.prediction.deterministic_predict`; its MI is
     0).  Defaults of ``ood_sets`` and ``corruptions`` as :func:`evaluate_uncertainty`."""
 
     def predict_fn(xb: torch.Tensor) -> torch.Tensor:

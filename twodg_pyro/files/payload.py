@@ -1,11 +1,11 @@
 """Reading the library's tensor files: a JSON ``header`` plus named tensor sections.
 
 Model files (:mod:`twodg_pyro.io.bnn_file`) and training checkpoints
-(:mod:`twodg_pyro.io.checkpoint`) share one layout: a dictionary of plain data whose
+(:mod:`twodg_pyro.files.checkpoint`) share one layout: a dictionary of plain data whose
 ``"header"`` entry is a JSON string naming the file's ``kind`` and ``format_version``,
 and whose other entries are keyed ``"<section>/<name>"`` (``"guide/locs.w"``, ...).
 Since format version 2 they also hold a content checksum (SHA-256 over every tensor and
-the header, :mod:`twodg_pyro.io.integrity`) under ``"checksum"``.
+the header, :mod:`twodg_pyro.files.integrity`) under ``"checksum"``.
 
 :func:`write_payload` seals and writes such a file atomically; :func:`read_payload`
 loads one without executing code, verifies its checksum, checks its header and refuses
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import atomic_torch_save, safe_torch_load
+from .atomic import atomic_torch_save, safe_torch_load
 from .integrity import CHECKSUM_KEY, check_finite, seal, verify_checksum
 
 __all__ = [
@@ -69,7 +69,7 @@ class PayloadFormat:
 
 
 def read_payload(path: str | Path, fmt: PayloadFormat, loaded=None) -> tuple[dict, dict]:
-    """Load ``path`` (:func:`~twodg_pyro.io.files.safe_torch_load`) and check its header.
+    """Load ``path`` (:func:`~twodg_pyro.files.atomic.safe_torch_load`) and check its header.
 
     ``loaded``: the file's content when the caller has loaded it already (to tell
     formats apart), so that it is not read twice.
@@ -80,7 +80,7 @@ def read_payload(path: str | Path, fmt: PayloadFormat, loaded=None) -> tuple[dic
     Raises:
         FileNotFoundError: no such file.
         ValueError: truncated, corrupted or foreign file, a content that does not match
-            its checksum (:class:`~twodg_pyro.io.integrity.ChecksumError`), no or invalid
+            its checksum (:class:`~twodg_pyro.files.integrity.ChecksumError`), no or invalid
             header, another ``kind`` than ``fmt.kind``, another format version than
             ``fmt.version`` (or one of ``fmt.legacy_versions``), or NaN/inf in the
             sections ``fmt.finite_prefixes``.
@@ -94,7 +94,7 @@ def read_payload(path: str | Path, fmt: PayloadFormat, loaded=None) -> tuple[dic
         raise ValueError(f"{where!r} is not {fmt.noun} (no header)")
     try:
         header = json.loads(payload["header"])
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:  # (nested too deep)
         raise ValueError(f"{where!r}: {fmt.header_noun} is not valid JSON: {e}") from e
     if not isinstance(header, dict) or header.get("kind") != fmt.kind:
         kind = header.get("kind") if isinstance(header, dict) else None

@@ -35,9 +35,9 @@ import torch
 from torch.func import vmap
 from tqdm.auto import tqdm
 
-from .guide import BNNGuide
+from .guide import BNNGuide, check_guide_sites
 from .likelihoods import Categorical
-from .model import match_input
+from .model import input_mismatch, match_input, require_model
 
 __all__ = ["Prediction", "predict", "deterministic_predict", "program_draws"]
 
@@ -119,7 +119,15 @@ def predict(
         device: where inputs are moved (default: the guide's device).
         progress: show a tqdm bar (``"predict"``, on stderr) over the (weight-sample
             chunk, data batch) passes, with the draws done so far.
+
+    Raises:
+        TypeError: ``model`` is not a model (e.g. a Pyro handler around one).
+        ValueError: a guide built for another network (the first site that differs and
+            both shapes), inputs the network cannot take (their shape and what its first
+            layer takes), inputs that are not finite (how many rows, the first), no data.
     """
+    require_model(model, "predict", ("sites", "network_forward", "likelihood"))
+    check_guide_sites(model, guide, "predict")
     if int(num_samples) < 1:
         raise ValueError(f"num_samples (N_s) must be at least 1, got {num_samples!r}")
     if int(sample_chunk) < 1:
@@ -130,6 +138,7 @@ def predict(
     batches = _read_batches(data, int(batch_size), device)
     if not batches:
         raise ValueError("no data to predict on (empty data set)")
+    check_finite_inputs(batches)
     lik = model.likelihood
     components = int(model.output_components)
 
@@ -157,7 +166,7 @@ def predict(
                 weights = program_draws(model, guide, s, x0 if device is None else x0.to(device))
             for i, (xb, _) in enumerate(batches):
                 xb = xb.to(device) if device is not None else xb
-                outputs = batched(weights, xb)  # (s, B, ...), or (s, K, B, ...)
+                outputs = _run(model, batched, weights, xb)  # (s, B, ...), or (s, K, B, ...)
                 if components > 1:
                     outputs = outputs.flatten(0, 1)
                 preds = _per_sample_predictions(lik, outputs)
@@ -178,6 +187,42 @@ def predict(
     if keep_samples:
         samples = torch.cat([torch.cat(chunks, 0) for chunks in per_sample], 1)
     return Prediction(mean=mean, targets=targets, samples=samples)
+
+
+def check_finite_inputs(batches: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+    """Raise ``ValueError`` naming how many input rows (examples) hold a NaN or an
+    infinity, of how many, and the first one's index (over all batches, in order)."""
+    bad, first, total = 0, None, 0
+    for xb, _ in batches:
+        if (xb.is_floating_point() or xb.is_complex()) and xb.dim() > 0:
+            rows = ~torch.isfinite(xb).reshape(xb.shape[0], -1).all(1)
+            n = int(rows.sum())
+            if n and first is None:
+                first = total + int(rows.nonzero()[0, 0])
+            bad += n
+        total += int(xb.shape[0]) if xb.dim() > 0 else 1
+    if bad:
+        raise ValueError(
+            f"{bad} of {total} input rows hold values that are not finite (NaN or inf); "
+            f"the first is row {first}"
+        )
+
+
+def _run(model, batched, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The network on a chunk of draws (``batched``, vectorised); an input it cannot take
+    raises ``ValueError`` naming the input's shape and what the first layer takes."""
+    try:
+        return batched(weights, x)
+    except RuntimeError as e:
+        if isinstance(e, torch.OutOfMemoryError):
+            raise
+        try:  # one draw, unvectorised: is it the input?
+            model.network_forward({k: v[0] for k, v in weights.items()}, x)
+        except RuntimeError as one:
+            if isinstance(one, torch.OutOfMemoryError):
+                raise
+            raise input_mismatch(getattr(model, "net", model), x, one) from e
+        raise
 
 
 def program_draws(model, guide, num_samples: int, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -204,7 +249,14 @@ def program_draws(model, guide, num_samples: int, x: torch.Tensor) -> dict[str, 
                 f"the guide {type(guide).__name__} draws no value for the model's site "
                 f"{site.name!r}"
             )
-        draws[site.name] = node["value"]
+        value = node["value"]
+        core = tuple(value.shape[max(value.dim() - len(site.shape), 0) :])
+        if core != tuple(site.shape):
+            raise ValueError(
+                f"the guide {type(guide).__name__}'s site {site.name!r} has shape {core}, the "
+                f"model's {tuple(site.shape)}: the guide was built for another network"
+            )
+        draws[site.name] = value
     if all(tuple(draws[s.name].shape) == (num_samples, *s.shape) for s in sites):
         return draws
     rows = []

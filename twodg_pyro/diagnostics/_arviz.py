@@ -1,0 +1,373 @@
+r"""The installed ArviZ behind one interface: **the only module that knows which major it is.**
+
+ArviZ 1.x (``arviz-base`` / ``arviz-stats`` / ``arviz-plots``, Python >= 3.12) holds a
+run's draws in an :class:`xarray.DataTree`; ArviZ 0.x (0.23, the last of its line, and
+all that Python 3.11 can install) in an ``arviz.InferenceData``.  Both are called a
+*tree* below.  Every function here takes and returns the same Python types on both
+majors (NumPy arrays, :class:`xarray.Dataset`, pandas frames, matplotlib figures), so
+the rest of :mod:`twodg_pyro.diagnostics` never branches on the version:
+
+* :func:`build_tree`, :func:`group`, :func:`group_names`, :func:`set_attrs` -- the tree;
+* :func:`psislw` -- Pareto-smoothed importance sampling of log ratios (rows that cannot
+  be fitted are handled here, identically on both majors);
+* :func:`elpd_loo`, :func:`elpd_fields`, :func:`compare_table` -- PSIS-LOO and the
+  comparison table (``arviz_stats.loo`` / ``compare`` on 1.x, ``az.loo`` /
+  ``az.compare`` on 0.x);
+* :func:`summary`, :func:`to_netcdf`, :func:`from_netcdf`;
+* :func:`plot_forest`, :func:`plot_pair`, :func:`plot_discrete_ppc` -- matplotlib figures
+  (``arviz_plots`` with its matplotlib backend on 1.x, ``az.plot_*`` on 0.x).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import math
+import warnings
+from contextlib import contextmanager
+
+import numpy as np
+import xarray as xr
+
+
+def _major() -> int:
+    try:
+        return int(importlib.metadata.version("arviz").split(".")[0])
+    except importlib.metadata.PackageNotFoundError:  # arviz-base/-stats without the meta package
+        return int(importlib.metadata.version("arviz-base").split(".")[0])
+
+
+#: The installed ArviZ's major version (0 or 1) and whether its trees are DataTrees.
+ARVIZ_MAJOR = _major()
+DATATREE = ARVIZ_MAJOR >= 1
+#: The sample dimensions of every sampled group: one chain of independent draws.
+SAMPLE_DIMS = ("chain", "draw")
+#: The ArviZ warning that Pareto k-hat exceeds its threshold (the library reports k-hat).
+_PARETO_WARNING = "Estimated shape parameter of Pareto distribution"
+
+if DATATREE:
+    import arviz_base
+    import arviz_stats
+    from arviz_stats.base import array_stats
+
+    ARVIZ_VERSION = arviz_base.__version__
+else:
+    with warnings.catch_warnings():  # ArviZ 0.23 announces its 1.x refactor on import
+        warnings.simplefilter("ignore", FutureWarning)
+        import arviz as az
+    ARVIZ_VERSION = az.__version__
+
+__all__ = [
+    "ARVIZ_MAJOR",
+    "ARVIZ_VERSION",
+    "DATATREE",
+    "SAMPLE_DIMS",
+    "build_tree",
+    "compare_table",
+    "elpd_fields",
+    "elpd_loo",
+    "from_netcdf",
+    "group",
+    "group_names",
+    "plot_discrete_ppc",
+    "plot_forest",
+    "plot_pair",
+    "psislw",
+    "quiet",
+    "set_attrs",
+    "summary",
+    "to_netcdf",
+]
+
+
+@contextmanager
+def quiet():
+    """Silence ArviZ's warnings and log lines (one chain: no R-hat; constant variables)."""
+    logger = logging.getLogger("arviz") if DATATREE else getattr(az, "_log", None)
+    logger = logger or logging.getLogger("arviz")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+# ---------------------------------------------------------------------------- the tree
+def _dataset(variables: dict, coords: dict, dims: dict, attrs: dict, sampled: bool):
+    used = {d for name in variables for d in dims.get(name, [])}
+    coords = {k: v for k, v in coords.items() if k in used}
+    dims = {k: v for k, v in dims.items() if k in variables}
+    if DATATREE:
+        return arviz_base.dict_to_dataset(
+            variables,
+            attrs=attrs,
+            coords=coords,
+            dims=dims,
+            sample_dims=list(SAMPLE_DIMS) if sampled else [],
+            index_origin=0,
+            check_conventions=False,
+        )
+    return az.dict_to_dataset(
+        variables,
+        attrs=attrs,
+        coords=coords,
+        dims=dims,
+        default_dims=None if sampled else [],
+        index_origin=0,
+    )
+
+
+def build_tree(
+    groups: dict[str, dict],
+    sampled: set[str],
+    coords: dict,
+    dims: dict,
+    attrs: dict,
+    group_coords: dict[str, dict] | None = None,
+):
+    """A tree of ``groups`` (``{group: {variable: array}}``); the groups in ``sampled``
+    have leading ``(chain, draw)`` axes, the others none.  ``coords`` are shared (a
+    group's entry in ``group_coords`` overrides them), ``attrs`` go on every group and on
+    the root."""
+    group_coords = group_coords or {}
+    with quiet():
+        data = {
+            name: _dataset(
+                v, {**coords, **group_coords.get(name, {})}, dims, attrs, name in sampled
+            )
+            for name, v in groups.items()
+        }
+        if DATATREE:
+            tree = xr.DataTree.from_dict(data)
+            tree.attrs = dict(attrs)
+        else:
+            tree = az.InferenceData(attrs=dict(attrs), warn_on_custom_groups=False, **data)
+    set_attrs(tree, attrs)
+    return tree
+
+
+def group_names(tree) -> list[str]:
+    """The names of the tree's groups (``posterior``, ``log_likelihood``, ...)."""
+    return list(tree.children) if DATATREE else list(tree.groups())
+
+
+def group(tree, name: str) -> xr.Dataset | None:
+    """Group ``name`` of the tree as an :class:`xarray.Dataset`, or ``None``."""
+    if name not in group_names(tree):
+        return None
+    return tree[name].to_dataset() if DATATREE else getattr(tree, name)
+
+
+def set_attrs(tree, attrs: dict) -> None:
+    """Put ``attrs`` on every group of the tree (ArviZ readers look at the group's)."""
+    for name in group_names(tree):
+        (tree[name] if DATATREE else getattr(tree, name)).attrs.update(attrs)
+
+
+# ---------------------------------------------------------------------------- PSIS
+def _tail_length(n: int) -> int:
+    return math.ceil(min(0.2 * n, 3 * math.sqrt(n)))
+
+
+def _raw(log_ratios: np.ndarray) -> np.ndarray:
+    m = log_ratios.max(-1, keepdims=True)
+    return log_ratios - m - np.log(np.exp(log_ratios - m).sum(-1, keepdims=True))
+
+
+def _psis_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if DATATREE:
+        return array_stats.psislw(-rows, r_eff=1.0, axis=-1)  # it smooths the negated input
+    with quiet():
+        return az.psislw(rows.copy(), reff=1.0)
+
+
+def psislw(log_ratios) -> tuple[np.ndarray, np.ndarray]:
+    r"""Pareto-smoothed importance sampling of log ratios along the last axis.
+
+    Returns ``(log_weights, khat)``: the smoothed, normalised log weights (the shape of
+    ``log_ratios``) and the Pareto :math:`\hat k` of each row (its shape less the last
+    axis).  Handled here, the same on both majors:
+
+    * a row whose ratios are all equal (e.g. an observation predicted so confidently that
+      its log-likelihood is the same float in every draw) has uniform weights and an exact
+      estimate: :math:`\hat k` is NaN (nothing to fit; ArviZ 1.x raises, 0.x says inf);
+    * a tail that cannot be fitted -- fewer than 21 draws (a tail of fewer than 5), on
+      ArviZ 1.x fewer than 30 (its fit needs a tail of 6), or a tail of equal values --
+      has :math:`\hat k = \infty` (ArviZ 1.x says NaN) and the raw normalised weights.
+    """
+    r = np.asarray(log_ratios, dtype=np.float64)
+    flat = r.reshape(-1, r.shape[-1])
+    n = flat.shape[1]
+    lw, khat = _raw(flat), np.full(flat.shape[0], np.nan)
+    varying = ~np.all(flat == flat[:, :1], axis=1)
+    if n < 1 or not varying.any():
+        pass
+    elif _tail_length(n) < 5:
+        khat[varying] = np.inf
+    else:
+        rows = np.flatnonzero(varying)
+        try:
+            lw[rows], khat[rows] = _psis_rows(flat[rows])
+        except (ValueError, IndexError):  # one row's tail is flat: fit row by row
+            for i in rows:
+                try:
+                    w, k = _psis_rows(flat[i : i + 1])
+                    lw[i], khat[i] = w[0], np.asarray(k).reshape(-1)[0]
+                except (ValueError, IndexError):
+                    khat[i] = np.inf
+    khat[varying & np.isnan(khat)] = np.inf  # 1.x: no fit below 30 draws or on odd tails
+    lw = lw - np.logaddexp.reduce(lw, axis=1, keepdims=True)
+    return lw.reshape(r.shape), khat.reshape(r.shape[:-1])
+
+
+# ---------------------------------------------------------------------------- PSIS-LOO
+def elpd_loo(tree, var_name: str = "y"):
+    """ArviZ's PSIS-LOO object (1.x ``ELPDDataLOO``, 0.x ``ELPDData``) of ``var_name`` in
+    the ``log_likelihood`` group, ``reff = 1`` (independent draws), with the pointwise
+    values, and the :math:`\\hat k` of :func:`psislw` (NaN for an observation whose
+    log-likelihood is the same in every draw)."""
+    ll = group(tree, "log_likelihood")[var_name]
+    obs_dims = [d for d in ll.dims if d not in SAMPLE_DIMS]
+    ll = ll.transpose(*obs_dims, *SAMPLE_DIMS)
+    lw, khat = psislw(-ll.values.reshape(*ll.shape[: len(obs_dims)], -1))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PARETO_WARNING)
+        warnings.filterwarnings("ignore", message="The point-wise LOO is the same")
+        if DATATREE:
+            lw_da = xr.DataArray(lw.reshape(ll.shape), dims=ll.dims, coords=ll.coords)
+            k_da = xr.DataArray(khat, dims=obs_dims, coords={d: ll[d] for d in obs_dims})
+            return arviz_stats.loo(
+                tree, pointwise=True, var_name=var_name, reff=1.0, log_weights=lw_da, pareto_k=k_da
+            )
+        with quiet():
+            res = az.loo(tree, pointwise=True, var_name=var_name, reff=1.0)
+    res["pareto_k"] = res["pareto_k"].copy(data=khat)  # the same psislw: only NaN differs
+    res["warning"] = bool(np.any(khat > res["good_k"]))
+    return res
+
+
+def elpd_fields(res) -> dict:
+    """The numbers of a PSIS-LOO object of either major: ``elpd``, ``se``, ``p``,
+    ``n_samples``, ``n_data_points``, ``warning``, ``good_k``, ``scale``, and the
+    pointwise ``elpd_i`` and ``pareto_k`` as flat float64 arrays."""
+    if DATATREE:
+        elpd, p, elpd_i = res.elpd, res.p, res.elpd_i
+    else:
+        elpd, p, elpd_i = res["elpd_loo"], res["p_loo"], res["loo_i"]
+    get = (lambda k: getattr(res, k)) if DATATREE else (lambda k: res[k])
+    return {
+        "elpd": float(elpd),
+        "se": float(get("se")),
+        "p": float(p),
+        "n_samples": int(get("n_samples")),
+        "n_data_points": int(get("n_data_points")),
+        "warning": bool(get("warning")),
+        "good_k": float(get("good_k")),
+        "scale": str(get("scale")),
+        "elpd_i": np.asarray(elpd_i.values, dtype=np.float64).reshape(-1),
+        "pareto_k": np.asarray(get("pareto_k").values, dtype=np.float64).reshape(-1),
+    }
+
+
+def compare_table(elpds: dict):
+    """ArviZ's comparison table of PSIS-LOO objects (``arviz_stats.compare`` /
+    ``az.compare``), its ``weight`` column from ``method="pseudo-BMA"`` (the caller puts
+    the stacking weights in: ArviZ's stacking exponentiates the pointwise elpd unshifted)."""
+    with warnings.catch_warnings():
+        # ArviZ 0.23 sorts with pandas' deprecated inplace=True (pandas >= 3)
+        warnings.filterwarnings("ignore", message="The inplace keyword")
+        if DATATREE:
+            return arviz_stats.compare(elpds, method="pseudo-BMA", round_to="none")
+        return az.compare(elpds, ic="loo", method="pseudo-BMA")
+
+
+# ---------------------------------------------------------------------------- summaries, files
+def summary(tree, var_names: list[str] | None = None, **kwargs):
+    """``arviz_stats.summary`` / ``az.summary`` (a pandas ``DataFrame`` of plain numbers)."""
+    with quiet():
+        if DATATREE:
+            kwargs.setdefault("round_to", "none")
+            return arviz_stats.summary(tree, var_names=var_names, **kwargs)
+        return az.summary(tree, var_names=var_names, **kwargs)
+
+
+def to_netcdf(tree, path: str, engine: str) -> None:
+    """Write the tree to one netCDF4 file (one HDF5 group per tree group)."""
+    try:
+        tree.to_netcdf(path, engine=engine)
+    except ImportError as e:  # ArviZ 1.x does not depend on a netCDF4 writer
+        raise ImportError(
+            f"writing a netCDF4 file needs h5netcdf and h5py (pip install h5netcdf h5py): {e}"
+        ) from e
+
+
+def from_netcdf(path: str, engine: str):
+    """Read a file of :func:`to_netcdf` fully into memory."""
+    with quiet():
+        tree = (
+            xr.open_datatree(path, engine=engine)
+            if DATATREE
+            else az.from_netcdf(path, engine=engine)
+        )
+    if DATATREE:
+        return tree.load()
+    for name in tree.groups():
+        getattr(tree, name).load()
+    return tree
+
+
+# ---------------------------------------------------------------------------- figures
+def _figure_of(result):
+    if DATATREE:
+        return result.get_viz("figure")
+    return np.atleast_1d(result).ravel()[0].figure
+
+
+def plot_forest(tree, var_names: list[str], coords: dict | None = None):
+    """Forest plot (credible intervals) of posterior variables: a matplotlib figure."""
+    with quiet():
+        if DATATREE:
+            import arviz_plots
+
+            pc = arviz_plots.plot_forest(
+                tree, var_names=var_names, coords=coords, backend="matplotlib"
+            )
+        else:
+            pc = az.plot_forest(tree, var_names=var_names, coords=coords, combined=True)
+    return _figure_of(pc)
+
+
+def plot_pair(tree, var_names: list[str], coords: dict | None = None):
+    """Pair plot (scatter matrix of the draws) of a few posterior values: a figure."""
+    with quiet():
+        if DATATREE:
+            import arviz_plots
+
+            pc = arviz_plots.plot_pair(
+                tree, var_names=var_names, coords=coords, backend="matplotlib"
+            )
+        else:
+            pc = az.plot_pair(tree, var_names=var_names, coords=coords, marginals=True)
+    return _figure_of(pc)
+
+
+def plot_discrete_ppc(tree, var_name: str = "y", num_samples: int = 50, seed: int = 0):
+    """Posterior predictive check of a discrete variable (the frequency of each value,
+    observed against the draws'): ``plot_ppc_rootogram`` on 1.x, ``plot_ppc`` on 0.x."""
+    with quiet():
+        if DATATREE:
+            import arviz_plots
+
+            pc = arviz_plots.plot_ppc_rootogram(tree, var_names=[var_name], backend="matplotlib")
+        else:
+            draws = int(np.prod([tree.posterior_predictive.sizes[d] for d in SAMPLE_DIMS]))
+            pc = az.plot_ppc(
+                tree,
+                var_names=[var_name],
+                num_pp_samples=min(int(num_samples), draws),
+                random_seed=seed,
+            )
+    return _figure_of(pc)

@@ -1,0 +1,15 @@
+"""Small tensor functions shared by the guides, the baselines and the file readers."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["inverse_softplus"]
+
+#: the smallest ``x`` whose inverse is taken (below it, ``expm1`` underflows)
+_MIN_SCALE = 1e-8
+
+
+def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
+    r""":math:`\rho = \log(e^{\sigma} - 1)`, stable for small and large ``x``."""
+    return torch.where(x > 20.0, x, torch.log(torch.expm1(x.clamp_min(_MIN_SCALE))))
