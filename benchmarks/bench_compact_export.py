@@ -64,7 +64,7 @@ from twodg_pyro.io.compact import (  # noqa: E402
 from twodg_pyro.io.model_file import load_model_file  # noqa: E402
 from twodg_pyro.metrics import classification_metrics  # noqa: E402
 from twodg_pyro.pipeline import config_from_dict  # noqa: E402
-from twodg_pyro.pipeline.algorithm1 import run_2dg, stage1_mean_field  # noqa: E402
+from twodg_pyro.pipeline.algorithm1 import Runtime, run_2dg, stage1_mean_field  # noqa: E402
 from twodg_pyro.pipeline.artifacts import network_spec  # noqa: E402
 from twodg_pyro.pipeline.builders import build_net, load_data, seed_everything  # noqa: E402
 from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
@@ -144,10 +144,10 @@ def train(cfg):
     seed_everything(cfg.seed)
     net = build_net(cfg.network, split)
     seed_everything(cfg.seed)
-    art.mean_field = stage1_mean_field(cfg, split, copy.deepcopy(net), False)
+    art.mean_field = stage1_mean_field(Runtime(cfg), split, copy.deepcopy(net))
     mean_field = copy.deepcopy(art.mean_field[:2])
     predict(*art.mean_field[:2], (x, y), cfg.num_samples)  # as run() does (same RNG stream)
-    record = run_2dg(cfg, split, art, (x, y))
+    record = run_2dg(Runtime(cfg), split, art.mean_field, art, (x, y))
     return art, mean_field, record
 
 

@@ -203,15 +203,7 @@ def test_the_cycle_finder_finds_cycles():
 #: the test fails once one is gone, so that the exception is dropped with it.
 ALLOWED_PACKAGE_EDGES: dict[tuple[str, str], str] = {}
 #: Cycles through type-only imports allowed for now (sorted modules), with the reason.
-TYPE_ONLY_CYCLES = {
-    # baseline_methods annotates RunContext (runner), which imports it: issue 22 item 3
-    # replaces the shared RunContext by stages that return their results
-    (
-        "twodg_pyro.pipeline.baseline_methods",
-        "twodg_pyro.pipeline.runner",
-        "twodg_pyro.pipeline.uncertainty_step",
-    ): "issue 22 item 3 (stages that return values)",
-}
+TYPE_ONLY_CYCLES: dict[tuple[str, ...], str] = {}
 
 
 def package_of(module: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from twodg_pyro.io import load_model
 from twodg_pyro.pipeline import config_from_dict, run
-from twodg_pyro.pipeline import runner as runner_module
+from twodg_pyro.pipeline import context as context_module
 from twodg_pyro.pipeline.config import ConfigError
 from twodg_pyro.pipeline.results import format_results, read_results
 
@@ -24,8 +24,8 @@ def _no_training(monkeypatch):
     def trained(*a, **k):
         raise AssertionError("training started before the settings were checked")
 
-    monkeypatch.setattr(runner_module, "stage1_mean_field", trained)
-    monkeypatch.setattr(runner_module.RunContext, "train_deterministic", trained)
+    monkeypatch.setattr(context_module, "stage1_mean_field", trained)
+    monkeypatch.setattr(context_module.RunContext, "train_deterministic", trained)
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
 
 from ..accounting import compression_report
 from ..distributed import env
@@ -36,9 +37,11 @@ from .builders import build_model, train_loader
 from .config import RunConfig
 from .execution import LOCAL, Execution, main_only
 from .results import kl_weight_field
+from .resume import RunCheckpoints
 from .trained import RunArtifacts, Trained
 
 __all__ = [
+    "Runtime",
     "run_2dg",
     "stage1_mean_field",
     "stage2_sharing",
@@ -48,22 +51,34 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------- stage 1
-def stage1_mean_field(
-    cfg: RunConfig,
-    split,
-    net,
-    progress: bool,
-    checkpoints=None,
-    extra=None,
-    execution: Execution = LOCAL,
-) -> Trained:
-    """Stage 1: a mean-field BNN over ``net`` trained by SVI on the (annealed) ELBO.
+# ---------------------------------------------------------------------------- runtime
+@dataclass(frozen=True)
+class Runtime:
+    """How the stages of one run train: the settings, the run's checkpoint folder
+    (``None``: no checkpoints) and where the SVI loops run (``execution``: one process,
+    or every rank).  Every stage takes it first, in place of these as parameters.
 
-    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) it writes
-    ``stage1.pt`` checkpoints (holding ``extra``, on rank 0) and continues from one when
-    resuming.  ``execution`` runs the SVI loop (one process, or every rank).
+    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) a stage
+    writes its checkpoints on rank 0 and continues from one when resuming.
     """
+
+    cfg: RunConfig
+    checkpoints: RunCheckpoints | None = None
+    execution: Execution = LOCAL
+
+    @property
+    def progress(self) -> bool:
+        """Progress bars: when the settings ask for them, on rank 0."""
+        return bool(self.cfg.progress) and env.is_main()
+
+
+# ---------------------------------------------------------------------------- stage 1
+def stage1_mean_field(rt: Runtime, split, net, extra: dict | None = None) -> Trained:
+    """Stage 1: a mean-field BNN over ``net`` trained by SVI on the (annealed) ELBO;
+    returns it (the input of :func:`run_2dg`).  Its checkpoints (``stage1.pt``) also
+    hold ``extra``.
+    """
+    cfg = rt.cfg
     n_train = len(split.train)
     model = build_model(net, cfg.prior, n_train).to(cfg.device)
     guide = MeanFieldGuide(model, init_scale=cfg.stage1.init_scale, seed=cfg.seed).to(cfg.device)
@@ -73,7 +88,7 @@ def stage1_mean_field(
     loader = train_loader(split, cfg.data, cfg.seed)
     lr = {"loc": cfg.stage1.lr_loc, "scale": cfg.stage1.lr_scale, "default": cfg.stage1.lr_loc}
     state = train_svi(
-        cfg,
+        rt,
         "stage1",
         model,
         guide,
@@ -81,24 +96,20 @@ def stage1_mean_field(
         cfg.stage1.epochs,
         lr,
         callbacks,
-        progress,
-        checkpoints,
         extra,
-        execution,
         kl_weight=cfg.stage1.kl_weight,
     )
     return Trained(model, guide, state)
 
 
 # ---------------------------------------------------------------------------- stage 2
-def stage2_sharing(
-    cfg: RunConfig, model, guide, loader, progress: bool, execution: Execution = LOCAL
-) -> tuple[SharingStructure, dict]:
+def stage2_sharing(rt: Runtime, model, guide, loader) -> tuple[SharingStructure, dict]:
     """Stage 2: the sharing structure of the trained mean-field ``guide`` and its report.
 
     Every rank builds it from the same, unsharded minibatches of ``loader`` under a common
-    seed, its mixture fitted by ``execution.mixture``, and the ranks agree on it.
+    seed, its mixture fitted by ``rt.execution.mixture``, and the ranks agree on it.
     """
+    cfg, execution = rt.cfg, rt.execution
     execution.seed_common(cfg.seed)
     structure, report = build_sharing(
         model,
@@ -107,7 +118,7 @@ def stage2_sharing(
         cfg.sharing,
         seed=cfg.seed,
         device=cfg.device,
-        progress=progress,
+        progress=rt.progress,
         mixture=execution.mixture,
     )
     return execution.agree(structure), report
@@ -144,24 +155,16 @@ def stage3_hooks(cfg: RunConfig, loader) -> list:
 
 
 def stage3_shared_gmm(
-    cfg: RunConfig,
-    model,
-    structure: SharingStructure,
-    loader,
-    progress: bool = True,
-    checkpoints=None,
-    extra=None,
-    execution: Execution = LOCAL,
+    rt: Runtime, model, structure: SharingStructure, loader, extra: dict | None = None
 ) -> tuple[Trained, list]:
     """Stage 3: the shared-GMM guide over ``structure`` trained with the refinement hooks;
     returns ``(Trained(model, guide, state, structure), hooks)``.
 
     ``loader`` is the seeded training loader: the merge hook's gradients use it as it is
-    (the same minibatches on every rank), the SVI loop ``execution.shard(loader)``.
-    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) it writes
-    ``stage3.pt`` checkpoints (holding ``extra``, on rank 0) and continues from one when
-    resuming.
+    (the same minibatches on every rank), the SVI loop ``rt.execution.shard(loader)``.
+    Its checkpoints (``stage3.pt``) also hold ``extra``.
     """
+    cfg = rt.cfg
     guide = SharedGMMGuide(model, structure, tying=cfg.stage3.tying).to(cfg.device)
     hooks = stage3_hooks(cfg, loader)
     s3 = cfg.stage3
@@ -169,26 +172,14 @@ def stage3_shared_gmm(
     if guide.tying_rule.trains_covariances:
         lr["cov"] = s3.lr_cov
     state = train_svi(
-        cfg,
-        "stage3",
-        model,
-        guide,
-        loader,
-        s3.epochs,
-        lr,
-        hooks,
-        progress,
-        checkpoints,
-        extra,
-        execution,
-        kl_weight=s3.kl_weight,
+        rt, "stage3", model, guide, loader, s3.epochs, lr, hooks, extra, kl_weight=s3.kl_weight
     )
     return Trained(model, guide, state, structure), hooks
 
 
 # ---------------------------------------------------------------------------- SVI of a stage
 def train_svi(
-    cfg: RunConfig,
+    rt: Runtime,
     stage: str,
     model,
     guide,
@@ -196,20 +187,18 @@ def train_svi(
     epochs: int,
     lr,
     callbacks: list,
-    progress: bool,
-    checkpoints=None,
-    extra=None,
-    execution: Execution = LOCAL,
+    extra: dict | None = None,
     kl_weight: float = 1.0,
 ):
     r"""SVI of ``guide`` for ``stage`` (``"stage1"``, ``"stage3"``) on the seeded ``loader``
-    (``execution`` shards it) on :math:`\text{nll} + \beta\,\mathrm{KL}` with
+    (``rt.execution`` shards it) on :math:`\text{nll} + \beta\,\mathrm{KL}` with
     :math:`\beta` = ``kl_weight``; returns the final ``TrainState``.
 
-    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) rank 0
-    writes the stage's checkpoints (holding ``callbacks``' states, ``loader``'s generator
-    and ``extra``), and a resumed run continues from the stage's checkpoint.
+    With ``rt.checkpoints`` rank 0 writes the stage's checkpoints (holding ``callbacks``'
+    states, ``loader``'s generator and ``extra``), and a resumed run continues from the
+    stage's checkpoint.
     """
+    cfg, checkpoints, execution = rt.cfg, rt.checkpoints, rt.execution
     state, ckpt = None, None
     if checkpoints is not None:
         resumed = checkpoints.load(stage)
@@ -228,34 +217,27 @@ def train_svi(
         elbo=DecomposedELBO(beta=kl_weight, fast_step=cfg.fast_step, fused_kl=cfg.fused_kl),
         callbacks=list(callbacks) + main_only(ckpt),
         device=cfg.device,
-        progress=progress,
+        progress=rt.progress,
         state=state,
     )
 
 
 # ---------------------------------------------------------------------------- the 2DG row
-def run_2dg(
-    cfg: RunConfig,
-    split,
-    art: RunArtifacts,
-    eval_data,
-    checkpoints=None,
-    execution: Execution = LOCAL,
-) -> dict:
-    """Stages 2-3 on top of the trained mean-field BNN in ``art``; returns the 2DG record
-    and keeps the trained 2DG BNN in ``art.trained["2dg"]``, its prediction in
-    ``art.predictions["2dg"]``.
+def run_2dg(rt: Runtime, split, stage1: Trained, art: RunArtifacts, eval_data) -> dict:
+    """Stages 2-3 on top of ``stage1``, the trained mean-field BNN that
+    :func:`stage1_mean_field` returned; returns the 2DG record and keeps the trained 2DG
+    BNN in ``art.trained["2dg"]``, its prediction in ``art.predictions["2dg"]``.
 
-    When resuming from a stage-3 checkpoint (``checkpoints``), stage 2 is not rerun: its
-    structure and report come from the checkpoint.
+    When resuming from a stage-3 checkpoint (``rt.checkpoints``), stage 2 is not rerun:
+    its structure and report come from the checkpoint.
     """
-    model, mf_guide = art.mean_field.model, art.mean_field.guide
-    progress = cfg.progress and env.is_main()
+    cfg, execution, progress = rt.cfg, rt.execution, rt.progress
+    model, mf_guide = stage1.model, stage1.guide
     loader = train_loader(split, cfg.data, cfg.seed)
     t0 = time.perf_counter()
-    resumed = checkpoints.load("stage3") if checkpoints is not None else None
+    resumed = rt.checkpoints.load("stage3") if rt.checkpoints is not None else None
     if resumed is None:
-        structure, report = stage2_sharing(cfg, model, mf_guide, loader, progress, execution)
+        structure, report = stage2_sharing(rt, model, mf_guide, loader)
     else:
         structure = resumed.structure(SharingStructure.from_payload)
         report = resumed.extra["report"]
@@ -263,9 +245,7 @@ def run_2dg(
     # stage 3 trains the network's deterministic parameters (BatchNorm) too: on a copy,
     # so that the mean-field model in ``art`` keeps predicting as it was evaluated
     model = copy.deepcopy(model)
-    trained, hooks = stage3_shared_gmm(
-        cfg, model, structure, loader, progress, checkpoints, extra, execution
-    )
+    trained, hooks = stage3_shared_gmm(rt, model, structure, loader, extra)
     seconds = time.perf_counter() - t0
     guide, state = trained.guide, trained.state
     pred = execution.predict(  # the run's seeded draws (twodg_pyro.evaluation)

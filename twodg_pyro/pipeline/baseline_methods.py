@@ -45,7 +45,7 @@ from .results import evaluation_of
 from .trained import Trained
 
 if TYPE_CHECKING:
-    from .runner import RunContext
+    from .context import RunContext
 
 __all__ = [
     "BASELINE_METHODS",

@@ -16,23 +16,19 @@ on rank 0 only (:func:`~twodg_pyro.distributed.env.on_main`,
 
 from __future__ import annotations
 
-import copy
-import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from torch import nn
 
 from ..distributed import env
-from ..evaluation import data_to_device, seeded_predict
+from ..evaluation import data_to_device
 from ..metrics import classification_metrics
 from ..prediction import deterministic_predict
 from . import artifacts
-from .algorithm1 import run_2dg, stage1_mean_field
+from .algorithm1 import run_2dg
 from .alternatives import run_rank1, run_ssvi
 from .baseline_methods import (
     run_deterministic_matched,
@@ -43,6 +39,7 @@ from .baseline_methods import (
 from .builders import build_net, check_device, load_data, seed_everything, train_loader
 from .checks import check_sharing_sizes, check_split
 from .config import RunConfig
+from .context import RunContext, deterministic_recipe
 from .execution import LOCAL, Execution
 from .results import (
     evaluation_of,
@@ -56,7 +53,15 @@ from .run_folder import RunFolder
 from .trained import RunArtifacts, Trained
 from .uncertainty_step import add_uncertainty
 
-__all__ = ["METHOD_REGISTRY", "Method", "RunArtifacts", "RunContext", "Trained", "run"]
+__all__ = [
+    "METHOD_REGISTRY",
+    "Method",
+    "RunArtifacts",
+    "RunContext",
+    "Trained",
+    "deterministic_recipe",
+    "run",
+]
 
 
 # ---------------------------------------------------------------------------- run
@@ -196,94 +201,6 @@ def _context(cfg, out_dir, resume, execution, folder) -> RunContext:
     )
 
 
-# ---------------------------------------------------------------------------- context
-@dataclass
-class RunContext:
-    """What the methods of one run share.
-
-    Attributes:
-        cfg: the settings; ``art``: what the run produced so far.
-        execution: where the stages run; ``checkpoints``: the run's checkpoint folder,
-            ``resume_from``: the stage it resumes from (``None``: a fresh run).
-        net: the seeded initial network (every method copies it).
-        loader: the seeded training loader of the deterministic network and its
-            pretraining (they continue one shuffling stream).
-        deterministic: the deterministic baseline once trained, with its epochs.
-    """
-
-    cfg: RunConfig
-    art: RunArtifacts
-    execution: Execution
-    checkpoints: RunCheckpoints
-    resume_from: str | None
-    net: nn.Module
-    loader: object
-    deterministic: tuple[nn.Module, int] | None = None
-    _stage1: tuple[Trained, float] | None = None
-
-    @property
-    def progress(self) -> bool:
-        return self.cfg.progress and env.is_main()
-
-    def train_deterministic(self, epochs: int) -> tuple[nn.Module, float]:
-        """A copy of :attr:`net` trained deterministically for ``epochs``; and seconds."""
-        cfg = self.cfg
-        det = copy.deepcopy(self.net)
-        t0 = time.perf_counter()
-        self.execution.train_deterministic(
-            det,
-            self.execution.shard(self.loader, cfg.seed),
-            epochs,
-            cfg.stage1.deterministic_lr,
-            device=cfg.device,
-            progress=self.progress,
-            **deterministic_recipe(cfg),
-        )
-        return det, time.perf_counter() - t0
-
-    def initial_network(self) -> nn.Module:
-        """The network stage 1 starts from: pretrained for ``network.pretrain_epochs``
-        (the deterministic baseline when it trained as long), else :attr:`net`.  A resumed
-        run does not pretrain (its checkpoint holds the trained guide)."""
-        epochs = self.cfg.network.pretrain_epochs
-        if not epochs or self.resume_from is not None:
-            return self.net
-        if self.deterministic is not None and self.deterministic[1] == epochs:
-            return self.deterministic[0]
-        return self.train_deterministic(epochs)[0]
-
-    def stage1(self) -> tuple[Trained, float]:
-        """Stage 1 (:func:`~twodg_pyro.pipeline.algorithm1.stage1_mean_field`), trained
-        once for the methods that need it, and its seconds."""
-        if self._stage1 is None:
-            net = self.initial_network()
-            seed_everything(self.cfg.seed)
-            t0 = time.perf_counter()
-            trained = stage1_mean_field(
-                self.cfg,
-                self.art.split,
-                copy.deepcopy(net),
-                self.progress,
-                self.checkpoints,
-                {"records": self.art.records},  # the live list: checkpoints see new rows
-                self.execution,
-            )
-            self._stage1 = (trained, time.perf_counter() - t0)
-            self.art.mean_field = trained
-        return self._stage1
-
-    def predict(self, model, guide):
-        """The run's seeded prediction of the evaluation data (:mod:`twodg_pyro.evaluation`)."""
-        cfg = self.cfg
-        return self.execution.predict(
-            lambda d: seeded_predict(
-                model, guide, d, cfg.num_samples, cfg.seed, progress=self.progress
-            ),
-            self.art.eval_data,
-            cfg.device,
-        )
-
-
 # ---------------------------------------------------------------------------- methods
 class Method(NamedTuple):
     """A row of the results table: ``run(ctx)`` returns the method's record (``None``:
@@ -341,10 +258,11 @@ def mean_field(ctx: RunContext) -> dict | None:
 
 
 def two_dg(ctx: RunContext) -> dict:
-    """The 2DG BNN: stages 2-3 on stage 1 (:func:`~twodg_pyro.pipeline.algorithm1.run_2dg`)."""
-    ctx.stage1()
+    """The 2DG BNN: stages 2-3 on the mean-field BNN that stage 1 returns
+    (:func:`~twodg_pyro.pipeline.algorithm1.run_2dg`)."""
+    stage1, _ = ctx.stage1()
     art = ctx.art
-    return run_2dg(ctx.cfg, art.split, art, art.eval_data, ctx.checkpoints, ctx.execution)
+    return run_2dg(ctx.runtime, art.split, stage1, art, art.eval_data)
 
 
 def rank1(ctx: RunContext) -> dict:
@@ -411,20 +329,6 @@ def scale_trajectory(history: list[dict], points: int = 11) -> list[dict]:
         }
         for i in picked
     ]
-
-
-def deterministic_recipe(cfg: RunConfig) -> dict:
-    """The keyword arguments of :func:`~twodg_pyro.baselines.train_deterministic` beyond
-    the learning rate: the optimiser and, for SGD, its schedule (``stage1.deterministic_*``)."""
-    s1 = cfg.stage1
-    return {
-        "optimizer": s1.deterministic_optimizer,
-        "momentum": s1.deterministic_momentum,
-        "weight_decay": s1.deterministic_weight_decay,
-        "milestones": tuple(s1.deterministic_milestones),
-        "gamma": s1.deterministic_gamma,
-        "warmup_epochs": s1.deterministic_warmup_epochs,
-    }
 
 
 def _eval_split(split):

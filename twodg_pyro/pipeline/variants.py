@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 
-from .algorithm1 import run_2dg
+from .algorithm1 import Runtime, run_2dg
 from .builders import seed_everything
 from .config import RunConfig, config_from_dict, merge_settings
 from .runner import run
@@ -48,7 +48,7 @@ def run_variants(base: RunConfig, variants: dict[str, dict]) -> tuple[list[dict]
         cfg = config_from_dict(merge_settings(base.to_dict(), over))
         v_art = RunArtifacts(mean_field=copy.deepcopy(art.mean_field))
         seed_everything(cfg.seed)
-        rec = run_2dg(cfg, art.split, v_art, eval_data)
+        rec = run_2dg(Runtime(cfg), art.split, v_art.mean_field, v_art, eval_data)
         rec["variant"] = name
         records.append(rec)
         art.variants[name] = v_art.trained["2dg"]
