@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   -- create .venv, install, run the main job on the bundled digits
-#   make test   -- create .venv, install, lint (ruff) and run the test suite; then the
+#   make test   -- create .venv, install, lint (ruff), build the docs (Sphinx, warnings as
+#                  errors) and run the test suite; then the
 #                  ArviZ 1.x tests in .venv-arviz1 (ArviZ 1.x needs Python >= 3.12; the
 #                  main venv takes python3, whose ArviZ may be 0.x)
 PYTHON ?= python3
@@ -14,7 +15,7 @@ VENV_ARVIZ1 ?= .venv-arviz1
 STAMP_ARVIZ1 := $(VENV_ARVIZ1)/.installed-stamp
 ARVIZ1_TESTS ?= tests/test_arviz_tree.py tests/test_diagnostics.py tests/test_diagnostics_budget.py tests/test_readme.py
 
-.PHONY: demo test test-all test-arviz1 lint bench install
+.PHONY: demo test test-all test-arviz1 lint docs bench install
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,7 +36,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+# the guides and the API reference (docs/), warnings as errors: build/docs/index.html
+docs: $(STAMP)
+	$(BIN)/python -m sphinx -E -W --keep-going -q -b html docs build/docs
+
+test: lint docs
 	$(BIN)/python -m pytest -m "not slow" -q
 	$(MAKE) test-arviz1
 

@@ -1,8 +1,10 @@
-"""Print the README's result tables from the committed results in ``experiments/results``.
+"""Print the result tables of the README and docs/results.md, docs/real-images.md from
+the committed results in ``experiments/results``.
 
     python experiments/readme_tables.py          # digits tables (tables.py), then real images
 
-The README's "Results" sections are this script's output, so every figure there can be
+Those tables (the README's headline one, the "Results" sections of docs/results.md and
+docs/real-images.md) are this script's output, so every figure there can be
 traced to a results file and the command that wrote it (named above each table).
 """
 

@@ -1,7 +1,10 @@
-"""The README runs as pasted: its python code blocks, executed in order in one namespace
-(as a reader pastes them into one session), in a scratch folder (about 10 s here: the
-README's own epochs, the main job's).  So does the worked ArviZ example, docs/arviz.md
-(its own namespace: it trains its own small run)."""
+"""The README and the guides in docs/ run as pasted: the README's python code blocks, then
+those of each guide of ``GUIDES`` in that order, executed in one namespace (as a reader
+pastes them into one session: the guides' blocks use the README example's model, guides
+and data), in a scratch folder (about 10 s here: the README's own epochs, the main job's).
+So does the worked ArviZ example, docs/arviz.md (its own namespace: it trains its own
+small run).  The README is a front page of at most 300 lines; the docs build itself
+(Sphinx, warnings as errors) is ``make docs``, which ``make test`` runs."""
 
 from __future__ import annotations
 
@@ -12,7 +15,11 @@ import matplotlib
 import pyro
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-ARVIZ_DOC = README.parent / "docs" / "arviz.md"
+DOCS = README.parent / "docs"
+ARVIZ_DOC = DOCS / "arviz.md"
+#: the guides whose python blocks continue the README's session, in the order they run
+GUIDES = ("library.md", "model-files.md", "baselines.md", "diagnostics.md", "uncertainty.md")
+README_MAX_LINES = 300
 
 
 def python_blocks(text: str) -> list[str]:
@@ -20,9 +27,26 @@ def python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```$", text, flags=re.S | re.M)
 
 
+def test_readme_is_a_front_page():
+    text = README.read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES
+    for page in (*GUIDES, "arviz.md", "api.md"):
+        assert f"](docs/{page})" in text, page  # the "read on" list links every page
+
+
+def test_every_guide_with_python_blocks_runs():
+    """A guide's python blocks run: it is in GUIDES (or it is docs/arviz.md), and every
+    page is in the docs' table of contents."""
+    with_blocks = {p.name for p in DOCS.glob("*.md") if python_blocks(p.read_text())}
+    assert with_blocks == {*GUIDES, ARVIZ_DOC.name}
+    index = (DOCS / "index.md").read_text()
+    for page in DOCS.glob("*.md"):
+        assert page.name == "index.md" or f"\n{page.stem}\n" in index, page.name
+
+
 def test_readme_has_the_blocks_we_run():
     blocks = python_blocks(README.read_text())
-    assert len(blocks) >= 5
+    assert len(blocks) >= 2
     first = blocks[0]
     # the first snippet defines its data with the library's helpers
     assert "load_digits_split" in first and "make_loader" in first
@@ -30,19 +54,20 @@ def test_readme_has_the_blocks_we_run():
         assert re.search(rf"^{name}\b|^{name}, |, {name} =", first, flags=re.M), name
 
 
-def run_blocks(path: Path) -> dict:
-    """Execute the python blocks of the markdown file ``path`` in order in one namespace
-    (the current folder: a scratch one); returns the namespace."""
+def run_blocks(*paths: Path) -> dict:
+    """Execute the python blocks of the markdown files ``paths``, file after file, each
+    file's in order, in one namespace (the current folder: a scratch one); returns the
+    namespace."""
     matplotlib.use("Agg")
     namespace: dict = {"__name__": "__readme__"}
     try:
-        for i, block in enumerate(python_blocks(path.read_text())):
-            try:
-                exec(compile(block, f"{path.name} python block {i + 1}", "exec"), namespace)
-            except Exception as e:  # noqa: BLE001 - name the block that failed
-                raise AssertionError(
-                    f"{path.name} python block {i + 1} failed: {e!r}\n{block}"
-                ) from e
+        for path in paths:
+            for i, block in enumerate(python_blocks(path.read_text())):
+                where = f"{path.name} python block {i + 1}"
+                try:
+                    exec(compile(block, where, "exec"), namespace)
+                except Exception as e:  # noqa: BLE001 - name the block that failed
+                    raise AssertionError(f"{where} failed: {e!r}\n{block}") from e
     finally:
         pyro.clear_param_store()  # the SVI block fills Pyro's global store
         import matplotlib.pyplot as plt
@@ -51,9 +76,9 @@ def run_blocks(path: Path) -> dict:
     return namespace
 
 
-def test_readme_python_blocks_run_as_pasted(tmp_path, monkeypatch):
+def test_readme_and_guides_python_blocks_run_as_pasted(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the blocks write model files into the current folder
-    namespace = run_blocks(README)
+    namespace = run_blocks(README, *(DOCS / page for page in GUIDES))
     # what the blocks promise
     assert 0.9 < float((namespace["probs"].argmax(-1) == namespace["y_test"]).float().mean())
     assert (tmp_path / "model_2dg.pt").is_file() and (tmp_path / "model.2dgz").is_file()

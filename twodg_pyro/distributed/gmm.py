@@ -129,8 +129,9 @@ class DistributedGaussianMixture2D(GaussianMixture2D):
     one process) it *is* the single-process fit.
 
     Args:
-        n_components, **kwargs: as :class:`~twodg_pyro.gmm.GaussianMixture2D`
-            (``batch_size`` is the global online-EM batch).
+        n_components: as :class:`~twodg_pyro.gmm.GaussianMixture2D`, and so are the
+            other keyword arguments ``**kwargs`` (``batch_size`` is the global online-EM
+            batch).
         sharded: ``False`` (default): every rank passes the same full ``X`` and works
             on its contiguous ``1/W`` slice (the labels returned by ``fit_predict``
             cover all of ``X``).  ``True``: every rank passes its own shard; the fit is

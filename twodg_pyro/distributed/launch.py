@@ -5,7 +5,7 @@ For tests, benchmarks and quick experiments on one machine: every process gets
 ``MASTER_PORT`` chosen at run time, and ``GLOO_SOCKET_IFNAME=lo`` so that gloo's
 traffic stays on loopback.  The whole group is killed when it outlives its deadline,
 and when any rank fails the others are stopped after ``grace_s`` seconds.
-Production launches use ``torchrun`` (see the README).
+Production launches use ``torchrun`` (see docs/distributed.md).
 """
 
 from __future__ import annotations

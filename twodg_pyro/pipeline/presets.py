@@ -30,7 +30,7 @@ stage-1 epochs              Table 14: 200.
 prior                       N(0, 1) with the true ELBO (KL weight 1).  With these learning
                             rates the posterior stays near the pretrained network for the
                             200 epochs (spec section 4); converged, the ELBO's optimum
-                            under a broad prior is a collapsed network (README).
+                            under a broad prior is a collapsed network (docs/real-images.md).
 outliers                    Sec. 4.1 / Table 14: ``|mu| > 0.2`` or top 1% gradients.
 mixture                     Table 14: K from 2000 to 6000 (**[decision]**: 2000 for
                             ResNet-20, 6000 for ResNet-18), N_min 20, T_W = 1e-2,
@@ -47,7 +47,7 @@ same recipe at CPU size (Adam pretraining, 30 epochs; 40 stage-1 and 20 stage-3 
 stage-3 lr 1e-4; K = 64 with the quantile outlier rule, since LeNet-5's weights are larger
 than a ResNet's).  ``experiments/mnist_subset.py`` reports it over three seeds.
 
-``mnist-lenet5-bayes`` is the recipe whose posterior carries uncertainty (the README's
+``mnist-lenet5-bayes`` is the recipe whose posterior carries uncertainty (docs/uncertainty.md's
 recommendation; ``experiments/uncertainty.py`` measures it against the deterministic
 network, deep ensembles and Laplace).  Why the paper's recipe does not: its scales start
 at about 1e-4 and Adam moves a log-scale by at most about its learning rate per step, so
