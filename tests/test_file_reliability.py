@@ -23,7 +23,6 @@ from torch import nn
 
 from twodg_pyro.cli import main
 from twodg_pyro.files.atomic import safe_torch_load
-from twodg_pyro.files.integrity import MAX_NETWORK_VALUES
 from twodg_pyro.files.payload import write_payload
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.io import save_2dg, save_model
@@ -31,6 +30,7 @@ from twodg_pyro.io.compact import export_compact, export_int8_mean_field, read_c
 from twodg_pyro.io.compact_format import _write_container
 from twodg_pyro.io.entropy import decode_index, rans_decode, rans_encode
 from twodg_pyro.io.model_file import load_model
+from twodg_pyro.io.network_size import MAX_NETWORK_VALUES
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
 from twodg_pyro.models import build_network

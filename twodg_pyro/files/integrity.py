@@ -20,11 +20,6 @@ dicts, lists, tuples, tensors, NumPy arrays, ``bytes``, strings, numbers, boolea
 ``None`` (a format that writes raw bytes can pass them as ``bytes``), and
 :func:`check_finite` refuses NaN/inf in loaded parameters.
 
-**Sizes.**  A file may declare a network much larger than itself (a JSON spec, a compact
-file's weights described in a few bits each); :func:`build_file_network` builds such a
-network only once it is checked, on PyTorch's meta device, against the tensors the file
-holds or describes and against :data:`MAX_NETWORK_VALUES`.
-
 Encoding (version 1, prefixed with ``b"twodg_pyro-content-v1\\0"``): each value is a
 one-byte type tag followed by its content; lengths are 8-byte little-endian
 integers; dictionaries are encoded as their items sorted by the encoding of the key;
@@ -46,9 +41,7 @@ import torch
 
 __all__ = [
     "CHECKSUM_KEY",
-    "MAX_NETWORK_VALUES",
     "ChecksumError",
-    "build_file_network",
     "bytes_digest",
     "check_finite",
     "content_digest",
@@ -254,70 +247,3 @@ def check_finite(obj: Any, where: str | Path, what: str = "parameters") -> None:
         f"{listed}{more}; the model diverged before it was saved, or the file was edited. "
         "Refusing to load it"
     )
-
-
-# ---------------------------------------------------------------------------- sizes
-#: The most values (parameters and buffers) a network built from a file's spec may have:
-#: 2**30 (4 GiB at float32), twelve times the largest network of the registry (ViT-B/16).
-#: A compact file describes its weights in far fewer bytes, so its length cannot bound them.
-MAX_NETWORK_VALUES = 1 << 30
-
-
-def _list_entries(obj: Any) -> int:
-    if isinstance(obj, Mapping):
-        return sum(_list_entries(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return len(obj) + sum(_list_entries(v) for v in obj)
-    return 0
-
-
-def build_file_network(
-    spec: Any, where: str | Path, tensors: Mapping[str, tuple[int, ...]], verb: str = "describes"
-) -> torch.nn.Module:
-    """Build the network of a file's ``{"name", "kwargs"}`` spec, once its size is checked
-    without allocating it: built first on PyTorch's meta device, it may have at most as
-    many values as the file's ``tensors`` (``{name: shape}``: what the file ``verb``) and
-    at most :data:`MAX_NETWORK_VALUES`; and its kwargs' lists may hold at most as many
-    entries as there are ``tensors`` (each layer width makes at least one tensor).
-
-    Raises:
-        ValueError: naming the file, the spec and the sizes; no spec; or a spec that cannot
-            be built.
-    """
-    from ..models import build_network
-
-    where = str(where)
-    if not spec:
-        raise ValueError(f"{where!r} does not say how to build its network: pass net=")
-    about = f"{where!r}: the header's network {spec!r:.120}"
-    held = sum(math.prod(shape) for shape in tensors.values())
-    try:
-        name, kwargs = spec["name"], spec.get("kwargs", {})
-        n_list = _list_entries(kwargs)
-        if n_list > len(tensors):
-            raise ValueError(
-                f"{about} has lists of {n_list} values, but the file {verb} only "
-                f"{len(tensors)} tensors"
-            )
-        try:
-            with torch.device("meta"):
-                shell = build_network(name, **kwargs)
-            n = sum(v.numel() for v in shell.state_dict().values())
-        except (RuntimeError, NotImplementedError):  # a network that cannot be built on meta
-            n = 0
-        if n > MAX_NETWORK_VALUES:
-            raise ValueError(
-                f"{about} declares {n} parameters and buffers, more than the "
-                f"{MAX_NETWORK_VALUES} a model file may declare"
-            )
-        if n > held:
-            raise ValueError(
-                f"the network does not match the one saved in {where!r}: the header's network "
-                f"{spec!r:.120} declares {n} parameters and buffers, more than the {held} "
-                f"the file {verb}"
-            )
-        return build_network(name, **kwargs)
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        if where in str(e):
-            raise
-        raise ValueError(f"{where!r}: cannot build its network {spec!r:.120}: {e}") from e

@@ -43,7 +43,7 @@ naming it, never a different model.  The SHA-256 is not keyed, so a file edited 
 purpose and re-sealed passes it; what the loader checks beyond it
 (:mod:`twodg_pyro.io.compact_load`): every size the header declares (components,
 weights, outliers, ellipse tables, index lanes and words, network tensors) against the
-bytes of its section, or :data:`~twodg_pyro.files.integrity.MAX_NETWORK_VALUES` where
+bytes of its section, or :data:`~twodg_pyro.io.network_size.MAX_NETWORK_VALUES` where
 bytes cannot bound it, before anything is allocated or any network built (the network
 first on the meta device); every field's kind and range; and finite centres,
 covariances, outliers and network tensors.

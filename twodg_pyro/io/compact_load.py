@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..files.integrity import MAX_NETWORK_VALUES, build_file_network
 from .bits import unpack_bits
 from .compact_format import (
     _FLOAT_DTYPES,
@@ -30,6 +29,7 @@ from .compact_format import (
     read_compact,
 )
 from .entropy import decode_index
+from .network_size import MAX_NETWORK_VALUES, build_file_network
 
 __all__ = ["load_compact"]
 
@@ -67,7 +67,7 @@ def _site_sizes(header: dict) -> list[int]:
 
 def _check_2dg(header: dict, sec: dict) -> tuple[int, int, list[int]]:
     """Every size a 2DG file's header declares, checked against its sections' bytes (and,
-    where bytes cannot bound it, :data:`~twodg_pyro.files.integrity.MAX_NETWORK_VALUES`)
+    where bytes cannot bound it, :data:`~twodg_pyro.io.network_size.MAX_NETWORK_VALUES`)
     before anything is allocated; returns ``(K, n_w, site sizes)``."""
     sizes = _site_sizes(header)
     n_w = header.get("n_weights")

@@ -33,8 +33,8 @@ import pyro.distributions as dist
 import torch
 from torch import nn
 
-from ..files.integrity import build_file_network
 from ..priors import Prior
+from .network_size import build_file_network
 
 __all__ = [
     "PriorNotStoredWarning",
