@@ -39,14 +39,6 @@ PACKAGE = Path(twodg_pyro.__file__).parent
 ROOT = "twodg_pyro"
 MODELS = "twodg_pyro.models"
 
-#: Modules allowed above MAX_LINES, each with the reason (to be split by their owners).
-LONG_MODULES = {
-    # the 2-D mixture: issue 16 (ResNet-50 size) is restructuring gmm/ now
-    "twodg_pyro.gmm.mixture": "issue 16 owns gmm/",
-    "twodg_pyro.gmm._cells": "issue 16 owns gmm/",
-    # the declarative settings (one section class per table of the config file)
-    "twodg_pyro.pipeline.config": "the lead's declarative settings (issue 15 item 5)",
-}
 MAX_LINES = 450
 
 
@@ -312,11 +304,9 @@ def test_no_module_is_too_long():
     long = {}
     for mod, (path, _) in _modules().items():
         n = len(path.read_text().splitlines())
-        if n > MAX_LINES and mod not in LONG_MODULES:
+        if n > MAX_LINES:
             long[mod] = n
     assert not long, f"modules above {MAX_LINES} lines: {long}"
-    for mod in LONG_MODULES:  # the exceptions still exist (drop them once split)
-        assert mod in _modules(), mod
 
 
 def test_every_package_imports_first():

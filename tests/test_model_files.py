@@ -1,6 +1,6 @@
 """Model files for every method (``save_model`` / ``load_model``): round trips of the
-mean-field, 2DG, rank-1 and SSVI BNNs, their priors, refused guides, damaged files, and
-the compact and older files through the same loader."""
+mean-field, 2DG, rank-1 and SSVI BNNs, their priors, a new guide type registered in one
+call, refused guides, damaged files, and the compact files through the same loader."""
 
 from __future__ import annotations
 
@@ -29,10 +29,13 @@ from twodg_pyro.io import (
     UnavailablePrior,
     export_compact,
     load_model,
+    model_format,
     read_model_header,
+    register_guide_file,
     save_2dg,
     save_model,
 )
+from twodg_pyro.io.model_format import guide_table
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
@@ -112,6 +115,55 @@ def test_2dg_through_the_same_api(trained_mean_field, stage2_structure, digits, 
     export_compact(tmp_path / "m.2dgz", model, guide, network=spec)
     m3, g3 = load_model(tmp_path / "m.2dgz")
     assert isinstance(g3, SharedGMMGuide) and g3.tying == "stochastic"
+
+
+def test_a_new_guide_type_is_one_registration(digits, loader, tmp_path, monkeypatch):
+    """A guide type of its own (here a mean-field subclass with a constructor argument)
+    is refused until registered, then round-trips through save_model / load_model with
+    its argument, its type and its state; a registered method name is not taken over."""
+    monkeypatch.setattr(model_format, "_GUIDE_FILES", dict(model_format._GUIDE_FILES))
+
+    class TemperedMeanField(MeanFieldGuide):
+        method = "tempered_mean_field"
+
+        def __init__(self, model, temperature: float = 1.0):
+            super().__init__(model, init_scale=0.05)
+            self.temperature = temperature
+
+    model = BNNModel(_mlp(), prior=LaplacePrior(0.3), likelihood=Categorical(len(digits.train)))
+    guide = TemperedMeanField(model, temperature=0.5)
+    fit(model, guide, loader, epochs=1, lr=1e-2, progress=False)
+    path = tmp_path / "model_tempered.pt"
+    with pytest.raises(
+        TypeError, match=r"got TemperedMeanField: register it with .*register_guide"
+    ):
+        save_model(path, model, guide, network=SPEC)  # exactly its type: not as a MeanFieldGuide
+    assert not path.exists()
+
+    entry = register_guide_file(
+        TemperedMeanField,
+        "tempered_mean_field",
+        lambda g: (guide_table(g, temperature=g.temperature), {}),
+    )
+    assert entry.guide_cls is TemperedMeanField and entry.model_cls is BNNModel
+    save_model(path, model, guide, network=SPEC)
+    header = read_model_header(path)
+    assert header["kind"] == "twodg_pyro.BNN" and header["method"] == "tempered_mean_field"
+    assert header["guide"] == {"class": "TemperedMeanField", "kwargs": {"temperature": 0.5}}
+    m2, g2 = load_model(path)
+    assert type(g2) is TemperedMeanField and g2.temperature == 0.5
+    for (k, v), (k2, v2) in zip(guide.state_dict().items(), g2.state_dict().items(), strict=True):
+        assert k == k2 and torch.equal(v, v2)
+    _same_predictions((model, guide), (m2, g2), digits.test.tensors)
+    with pytest.raises(ValueError, match="method 'mean_field' is MeanFieldGuide's"):
+        register_guide_file(TemperedMeanField, "mean_field")
+    with pytest.raises(TypeError, match="a TemperedMeanField goes with a BNNModel"):
+        rank1 = Rank1BNNModel(_mlp(), likelihood=Categorical(10), components=2)
+        save_model(tmp_path / "x.pt", rank1, guide)
+    del model_format._GUIDE_FILES[TemperedMeanField]  # a method this process does not know
+    known = r"\['mean_field', 'rank1', 'ssvi'\]"
+    with pytest.raises(ValueError, match=f"method = 'tempered_mean_field' is not one of {known}"):
+        load_model(path)
 
 
 def test_library_priors_round_trip(digits, tmp_path):

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from twodg_pyro.distributed import DataParallelStep, ShardedLoader, fit_distributed
-from twodg_pyro.guide import BNNGuide, GuideSample
+from twodg_pyro.guide import BNNGuide, FastStepGuide, GuideSample, SharingGuide
 from twodg_pyro.guides import (
     MeanFieldGuide,
     Rank1BNNModel,
@@ -118,15 +118,15 @@ def test_every_guide_states_the_protocol():
         groups = {p for g in guide.param_groups() for p in g["params"]}
         assert groups == set(guide.parameters())
         assert guide.method == ("2dg" if name in ("representative", "stochastic", "tied") else name)
+        assert isinstance(guide, SharingGuide) == isinstance(guide, SharedGMMGuide)
+        assert isinstance(guide, FastStepGuide) == (name != "ssvi")
         if isinstance(guide, SharedGMMGuide):
             assert guide.structure() is not None and guide.tying == name
             n_comp = 4 if guide.tying_rule.trains_covariances else 2
             assert len(guide.component_parameters()) == n_comp
-        else:
-            assert guide.structure() is None and guide.tying is None
-            assert guide.component_parameters() == []
-            with pytest.raises(TypeError, match="no sharing structure"):
-                guide.load_structure(None)
+        else:  # no structure members at all
+            for member in ("structure", "load_structure", "tying", "component_parameters"):
+                assert not hasattr(guide, member), (name, member)
 
 
 def test_tyings_are_strategy_objects_with_their_trainable_count():

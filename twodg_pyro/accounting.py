@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+from .guide import require_sharing
+
 __all__ = ["compression_report", "index_bits"]
 
 
@@ -33,6 +35,7 @@ def index_bits(n_components: int) -> tuple[int, int]:
 
 def compression_report(guide, model) -> dict:
     """Counts, trainable parameters, compression ratio and sizes of a shared-GMM guide."""
+    require_sharing(guide, "compression_report")
     s = guide.structure()
     n_w = s.num_weights
     guide_trainable = guide.num_trainable()

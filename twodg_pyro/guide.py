@@ -12,42 +12,42 @@ Training maximises the evidence lower bound (Eq. 10)
 with the expectation estimated from reparameterised draws :math:`w = w_\phi(\varepsilon)`
 and the KL in closed form wherever one exists.  :class:`BNNGuide` is the base class of
 every guide of :mod:`twodg_pyro.guides`, in the style of Pyro's ``AutoGuide``: a
-``torch.nn.Module`` whose ``forward`` is a Pyro program, plus the methods that the
+``torch.nn.Module`` whose ``forward`` is a Pyro program, plus the members that the
 ELBO (:class:`~twodg_pyro.infer.DecomposedELBO`), the training loop
-(:func:`~twodg_pyro.infer.fit`), prediction, the refinement hooks, checkpoints, model
-files and diagnostics call -- without probing the guide for what it has.
+(:func:`~twodg_pyro.infer.fit`), prediction, checkpoints, model files and diagnostics
+call -- without probing the guide for what it has.
 
-**The protocol.**
+**The core** (:class:`BNNGuide`: every guide, its ``sites`` in the model's order and its
+``method`` name in results and files):
 
 * **Pyro program** (``forward``): one ``pyro.param`` statement per trainable parameter
   (:mod:`twodg_pyro.pyro_params`), then one ``sample`` statement per site whose
   ``log_prob`` is the guide's density of its draw, :math:`\log q_\phi(w_s)` (or raises
   :class:`NoSiteDensityError` naming the loss to use where no density exists); one
   independent draw per entry of enclosing vectorised plates.
-* **Draws** (:meth:`draw`): every site in one call, ``S`` joint draws
+* **Draws** (``draw``): every site in one call, ``S`` joint draws
   :math:`w^{(1..S)} \sim q_\phi` vectorised (prediction, diagnostics; the fused training
-  step), differentiable when gradients are on.  :meth:`sample_weights` is its weights.
-* **KL** (:meth:`site_kl`, :meth:`kl_terms`): the site's share of
+  step), differentiable when gradients are on.
+* **KL** (``site_kl``, ``kl_terms``): the site's share of
   :math:`\mathrm{KL}(q_\phi \| p)` for the guide's latest differentiable draw (its
-  program's, or :meth:`draw`'s with gradients on), as named terms (``kl``, or the 2DG
+  program's, or ``draw``'s with gradients on), as named terms (``kl``, or the 2DG
   guide's ``kl_inlier`` and ``kl_outlier``), in closed form where one exists, else the
   one-draw estimate :math:`\log q_\phi(w_s) - \log p(w_s)`.  Summed over the sites they
   are the KL part of the bound (for the shared-GMM tyings, the tying's bound of it).
-* **Marginal density** (:meth:`marginal_log_density`): :math:`\log q_\phi(w)` of joint
+* **Marginal density** (``marginal_log_density``): :math:`\log q_\phi(w)` of joint
   draws of all sites, marginal over any auxiliary variable the guide draws on the way
   (the importance ratios of the VI diagnostics).
-* **Parameters**: :meth:`param_groups` (named groups, one learning rate each),
-  :meth:`num_trainable`, :meth:`component_parameters` (the tensors with one row per
-  mixture component, whose optimiser state a merge remaps), :meth:`site_parameters`
-  (the variational parameters at a site's shape, for export).
-* **Fast step** (:meth:`fast_draw`, :meth:`fast_kl`; optional): the training step of
-  :class:`~twodg_pyro.infer.DecomposedELBO` without tracing the program
-  (:mod:`twodg_pyro.infer.fast_step`): one draw of every site with the program's random
-  numbers and arithmetic, and the KL terms as the traced ELBO sums them.  A guide
-  without it (``fast_draw`` returns ``None``) is traced.
-* **Sharing structure**, where it applies (:meth:`structure`, :meth:`load_structure`,
-  :attr:`tying`): the 2DG guide's :class:`~twodg_pyro.sharing.SharingStructure`;
-  ``None`` for the others.
+* **Parameters**: ``param_groups`` (named groups, one learning rate each) and
+  ``site_parameters`` (a site's variational parameters, for export; none by default).
+
+Derived, not protocol: ``sample_weights`` (``draw``'s weights), ``num_trainable`` (of
+``param_groups``), ``site`` (of ``sites``).  **Extensions**, stated apart and checked
+with ``isinstance`` by their users (other guides have none of their members):
+:class:`FastStepGuide` (``fast_draw``, ``fast_kl``: the untraced training step of
+:mod:`twodg_pyro.infer.fast_step`) and :class:`SharingGuide` (``structure``,
+``load_structure``, ``tying``, ``component_parameters``: the 2DG guide's
+:class:`~twodg_pyro.sharing.SharingStructure`, for checkpoints, model files, the
+refinement hooks and diagnostics).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import pyro.distributions as dist
 import torch
@@ -71,11 +71,14 @@ if TYPE_CHECKING:
 __all__ = [
     "LOG_Q_METHODS",
     "BNNGuide",
+    "FastStepGuide",
     "GuideSample",
     "MarginalDensity",
     "NoSiteDensityError",
+    "SharingGuide",
     "check_guide_sites",
     "kl_or_estimate",
+    "require_sharing",
 ]
 
 
@@ -177,13 +180,11 @@ class MarginalDensity(NamedTuple):
 
 
 class BNNGuide(PyroParamsMixin, nn.Module):
-    """Base class of the library's guides: the protocol of the module docstring.
+    """Base class of the library's guides: the core protocol of the module docstring.
 
     A subclass sets :attr:`sites` and implements ``forward`` (the Pyro program),
-    :meth:`draw`, :meth:`param_groups` and :meth:`marginal_log_density`; it overrides
-    :meth:`site_kl` unless its sites are plain distributions with a registered or
-    estimated KL (:meth:`site_distribution`), and the structure methods where it has a
-    sharing structure.
+    :meth:`draw`, :meth:`site_kl`, :meth:`marginal_log_density` and
+    :meth:`param_groups` (:meth:`site_parameters` has a default, the rest is derived).
     """
 
     #: the Bayesian sites the guide covers, in the model's order
@@ -191,8 +192,13 @@ class BNNGuide(PyroParamsMixin, nn.Module):
     #: the method name in results and files (``"mean_field"``, ``"2dg"``, ...); ``None``:
     #: the class name
     method: ClassVar[str | None] = None
-    #: how inliers are drawn from their component (the 2DG guide); ``None`` for others
-    tying: str | None = None
+
+    # ------------------------------------------------------------------ program
+    @abstractmethod
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        """The guide as a Pyro program: ``{site: value}``, one ``sample`` statement per
+        site (module docstring)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ draws
     @abstractmethod
@@ -201,17 +207,11 @@ class BNNGuide(PyroParamsMixin, nn.Module):
         differentiable when gradients are on (then :meth:`site_kl` refers to it)."""
 
     def sample_weights(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
-        """The weights of :meth:`draw`: ``{site: tensor}``."""
+        """The weights of :meth:`draw`: ``{site: tensor}`` (derived)."""
         return self.draw(num_samples).weights
 
     # ------------------------------------------------------------------ KL
-    def site_distribution(self, site: BayesianSite) -> dist.Distribution:
-        """The guide's distribution of one site as one event, for guides whose sites are
-        independent plain distributions (mean-field, rank-1)."""
-        raise NotImplementedError(
-            f"{type(self).__name__} has no per-site distribution: it overrides site_kl"
-        )
-
+    @abstractmethod
     def site_kl(
         self,
         name: str,
@@ -219,20 +219,17 @@ class BNNGuide(PyroParamsMixin, nn.Module):
         value: torch.Tensor,
         guide_fn: dist.Distribution | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The KL terms of site ``name`` for the latest draw: ``{"kl": ...}`` here, the
-        closed form if registered, else the one-draw estimate (:func:`kl_or_estimate`).
+        """The KL terms of site ``name`` for the latest draw, by name (module docstring).
 
         Args:
             name: the site.
             prior_fn: the model's prior of the site (one event).
             value: the site's drawn value.
             guide_fn: the distribution the guide's program emitted at the site, when the
-                caller traced it (the ELBO passes it, so that the KL shares the draw's
-                parameters); ``None``: :meth:`site_distribution`.
+                caller traced it (the ELBO passes it, so that the KL may share the
+                draw's parameters); ``None``: the guide's own.
         """
-        if guide_fn is None:
-            guide_fn = self.site_distribution(self.site(name))
-        return {"kl": kl_or_estimate(guide_fn, prior_fn, value)}
+        raise NotImplementedError
 
     def kl_terms(
         self, priors: Mapping[str, dist.Distribution], values: Mapping[str, torch.Tensor]
@@ -245,31 +242,6 @@ class BNNGuide(PyroParamsMixin, nn.Module):
                 total[key] = total[key] + v if key in total else v
         return total
 
-    # ------------------------------------------------------------------ fast step
-    def fast_draw(self, priors: Mapping[str, dist.Distribution]) -> dict[str, torch.Tensor] | None:
-        """One differentiable draw of every site for the fast training step
-        (:mod:`twodg_pyro.infer.fast_step`): the values the guide's program would sample,
-        from the same random numbers by the same arithmetic, so that the step computes
-        the traced ELBO's loss and gradients.  ``priors``: each site's prior (one event).
-
-        Returns ``None`` (here) when the guide has no such draw, or none for these
-        priors; the step then traces the program.  It must return ``None`` before
-        drawing anything."""
-        return None
-
-    def fast_kl(
-        self,
-        priors: Mapping[str, dist.Distribution],
-        values: Mapping[str, torch.Tensor],
-        fused: bool = False,
-    ) -> dict[str, torch.Tensor]:
-        """The KL terms of the latest :meth:`fast_draw` (``values``), summed over the
-        sites in site order as :class:`~twodg_pyro.infer.DecomposedELBO` sums them
-        (:meth:`kl_terms` here).  ``fused``: a guide may instead sum them over all sites
-        at once, the same terms up to float rounding (the shared-GMM guide,
-        :mod:`~twodg_pyro.guides.fast_shared`); ignored here."""
-        return self.kl_terms(priors, values)
-
     # ------------------------------------------------------------------ densities
     @abstractmethod
     def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
@@ -281,35 +253,77 @@ class BNNGuide(PyroParamsMixin, nn.Module):
     def param_groups(self) -> list[dict]:
         """``[{"name": group_name, "params": [...]}, ...]`` covering every parameter."""
 
-    def num_trainable(self) -> int:
-        """Number of scalar parameters the guide trains."""
-        return sum(p.numel() for g in self.param_groups() for p in g["params"] if p.requires_grad)
-
-    def component_parameters(self) -> list[nn.Parameter]:
-        """The trained tensors with one row per mixture component (none here)."""
-        return []
-
     def site_parameters(self, name: str) -> dict[str, torch.Tensor]:
         """The variational parameters of site ``name`` at the site's shape, by name
         (e.g. ``{"loc": ..., "scale": ...}``), for export; none here."""
         return {}
 
+    def num_trainable(self) -> int:
+        """Number of scalar parameters the guide trains (derived)."""
+        return sum(p.numel() for g in self.param_groups() for p in g["params"] if p.requires_grad)
+
     def site(self, name: str) -> BayesianSite:
-        """The site called ``name``."""
+        """The site called ``name`` (derived)."""
         for s in self.sites:
             if s.name == name:
                 return s
         raise KeyError(f"no site {name!r}; sites are {[s.name for s in self.sites]}")
 
-    # ------------------------------------------------------------------ structure
-    def structure(self, current_points: bool = False) -> SharingStructure | None:
-        """The guide's sharing structure, ``None`` for a guide without one."""
-        return None
+
+class FastStepGuide:
+    """The fast-step extension of the protocol, mixed into a :class:`BNNGuide`: the
+    training step of :class:`~twodg_pyro.infer.DecomposedELBO` without tracing the
+    program (:mod:`twodg_pyro.infer.fast_step`), which traces any other guide."""
+
+    @abstractmethod
+    def fast_draw(self, priors: Mapping[str, dist.Distribution]) -> dict[str, torch.Tensor] | None:
+        """One differentiable draw of every site: the values the guide's program would
+        sample, from the same random numbers by the same arithmetic, so that the step
+        computes the traced ELBO's loss and gradients (``priors``: each site's, one
+        event).  ``None``, before drawing anything, where the guide has no such draw
+        (these priors, a subclass's own program): the step then traces."""
+
+    @abstractmethod
+    def fast_kl(
+        self,
+        priors: Mapping[str, dist.Distribution],
+        values: Mapping[str, torch.Tensor],
+        fused: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """The KL terms of the latest :meth:`fast_draw` (``values``), summed over the
+        sites in site order as :class:`~twodg_pyro.infer.DecomposedELBO` sums them (the
+        guide's ``kl_terms``).  ``fused``: a guide may instead sum them over all sites at
+        once, the same terms up to float rounding (the shared-GMM guide,
+        :mod:`~twodg_pyro.guides.fast_shared`)."""
+
+
+@runtime_checkable
+class SharingGuide(Protocol):
+    """The sharing-structure extension of the protocol, checked structurally: a guide
+    whose inlier weights share the components of a
+    :class:`~twodg_pyro.sharing.SharingStructure` (the 2DG guide,
+    :class:`~twodg_pyro.guides.SharedGMMGuide`)."""
+
+    #: how inliers are drawn from their component (:mod:`~twodg_pyro.guides.tyings`)
+    tying: str
+
+    def structure(self, current_points: bool = False) -> SharingStructure:
+        """The current sharing structure (``current_points``: its inlier points moved
+        with their components)."""
 
     def load_structure(self, structure: SharingStructure, **kwargs) -> None:
-        """Adopt a (refined or saved) sharing structure.
+        """Adopt a (refined or saved) sharing structure."""
 
-        Raises:
-            TypeError: the guide has no sharing structure.
-        """
-        raise TypeError(f"{type(self).__name__} has no sharing structure to load")
+    def component_parameters(self) -> list[nn.Parameter]:
+        """The trained tensors with one row per mixture component, whose optimiser state
+        a merge remaps."""
+
+
+def require_sharing(guide, who: str) -> None:
+    """Raise ``TypeError`` unless ``guide`` has a sharing structure
+    (:class:`SharingGuide`), naming ``who`` needs one and the guide's class."""
+    if not isinstance(guide, SharingGuide):
+        raise TypeError(
+            f"{who} needs a guide with a sharing structure (the shared-GMM guide, a "
+            f"SharingGuide), got {type(guide).__name__}"
+        )

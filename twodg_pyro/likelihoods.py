@@ -9,22 +9,41 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from typing import Any, ClassVar
 
 import pyro
 import pyro.distributions as dist
 import torch
 
-__all__ = ["Likelihood", "Categorical", "Gaussian"]
+from .priors.base import public_settings, register_class
+
+__all__ = ["LIKELIHOODS", "Likelihood", "Categorical", "Gaussian"]
+
+#: every likelihood class with a ``kind``: its name in model files -> class
+LIKELIHOODS: dict[str, type[Likelihood]] = {}
 
 
 class Likelihood(ABC):
     """Observation model for the network's output.
+
+    **Files.**  As a :class:`~twodg_pyro.priors.Prior` does, a subclass with a ``kind``
+    of its own registers itself in :data:`LIKELIHOODS`; :meth:`to_spec` and
+    :meth:`from_spec` store its public attributes (JSON scalars, the constructor's
+    keyword arguments) unless it overrides them.
 
     Args:
         dataset_size: ``N``, the number of training examples (the plate size).
     """
 
     site_name = "obs"
+    #: its name in model files; ``None``: not registered (its file is refused on loading)
+    kind: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.kind = cls.__dict__.get("kind")
+        if cls.kind is not None:
+            register_class(LIKELIHOODS, cls.kind, cls, "likelihood kind")
 
     def __init__(self, dataset_size: int):
         if int(dataset_size) < 1:
@@ -72,6 +91,29 @@ class Likelihood(ABC):
                 pyro.deterministic(outputs_site, output, event_dim=output.dim() - particle_dims - 1)
             return pyro.sample(self.site_name, d, obs=y)
 
+    def to_spec(self) -> dict:
+        """The JSON spec ``{"kind": kind (else the class name), **public attributes}``.
+
+        Raises:
+            TypeError: an attribute that is not a JSON scalar.
+        """
+        settings = public_settings(self)
+        if settings is None:
+            raise TypeError(f"{self!r} has settings that are not JSON scalars: define to_spec")
+        return {"kind": self.kind or type(self).__name__, **settings}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> Likelihood:
+        """The likelihood of :meth:`to_spec`'s ``spec``: ``cls(**settings)``.
+
+        Raises:
+            ValueError: ``spec`` is not what it writes (a setting missing).
+        """
+        lik = cls(**{k: v for k, v in spec.items() if k != "kind"})
+        if lik.to_spec() != {**spec, "kind": cls.kind}:
+            raise ValueError(f"{spec!r:.100} is not what a {cls.__name__} writes")
+        return lik
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(dataset_size={self.dataset_size})"
 
@@ -103,6 +145,8 @@ def check_labels(output: torch.Tensor, y: torch.Tensor, particle_dims: int = 0) 
 class Categorical(Likelihood):
     r"""Classification: :math:`y \sim \mathrm{Categorical}(\mathrm{softmax}(f_w(x)))`."""
 
+    kind = "Categorical"
+
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
         return dist.Categorical(logits=output, validate_args=False)
 
@@ -127,6 +171,8 @@ class Gaussian(Likelihood):
     Targets of shape ``(B,)`` pair with a network output of shape ``(B, 1)`` or
     ``(B,)``; multi-output targets ``(B, D)`` are one event of dimension ``D``.
     """
+
+    kind = "Gaussian"
 
     def __init__(self, dataset_size: int, scale: float = 1.0):
         super().__init__(dataset_size)

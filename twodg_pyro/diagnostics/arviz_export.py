@@ -82,6 +82,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..guide import SharingGuide
 from ..guides.marginal_density import LOG_Q_METHODS, log_q_fn
 from ..prediction import _device_of
 from . import _arviz as A
@@ -217,7 +218,7 @@ def to_inference_data(
         s.name: thinned_coordinates(s.shape, max_site_values, seed, salt=i)
         for i, s in enumerate(guide.sites)
     }
-    structure = guide.structure()  # built once: its checks sort every index
+    structure = guide.structure() if isinstance(guide, SharingGuide) else None  # built once
     reps = component_representatives(structure) if structure is not None else None
 
     site_draws: dict[str, list[torch.Tensor]] = {s.name: [] for s in guide.sites}

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..guide import SharingGuide
 from ..guides.marginal_density import component_marginals, log_q_fn
 from ._draws import SAMPLE_CHUNK, chunks, n_examples, seeded
 from ._joint import likelihood_scale, log_joint
@@ -78,9 +79,9 @@ def default_blocks(guide, max_components: int = DEFAULT_MAX_COMPONENTS) -> list[
         off += site.numel
     for name, parts in layers.items():
         out.append(Block(f"layer {name}", "layer", torch.cat(parts)))
-    st = guide.structure()
-    if st is None:
+    if not isinstance(guide, SharingGuide):
         return out
+    st = guide.structure()
     if st.n_outliers:
         out.append(Block("outliers", "outliers", st.outlier_index.long().cpu()))
     comp, idx = st.plain_component.long().cpu(), st.plain_index.long().cpu()

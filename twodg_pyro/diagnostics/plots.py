@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..files.atomic import atomic_write
-from ..guide import BNNGuide
+from ..guide import SharingGuide
 
 __all__ = ["plot_sharing_plane", "plot_reliability", "plot_elbo_terms", "plot_merges"]
 
@@ -74,8 +74,8 @@ def plot_sharing_plane(
     r"""Scatter the weights in the mixture's plane with the components' ellipses.
 
     Args:
-        structure: a :class:`~twodg_pyro.sharing.SharingStructure`, or a guide with
-            ``structure()`` (its trained centres and covariances are drawn).
+        structure: a :class:`~twodg_pyro.sharing.SharingStructure`, or a guide with one
+            (:class:`~twodg_pyro.guide.SharingGuide`: its trained centres and covariances).
         path: the PNG file.
         n_std: ellipse radius in standard deviations (2-sigma by default).
         max_points: plot a seeded random subset of at most this many points per kind.
@@ -86,7 +86,7 @@ def plot_sharing_plane(
     outliers are their :math:`(\mu_i, \sigma_i)` as held by the structure (the trained
     outlier parameters when taken from a guide), marked with red triangles.
     """
-    s = structure.structure() if isinstance(structure, BNNGuide) else structure
+    s = structure.structure() if isinstance(structure, SharingGuide) else structure
     rng = np.random.default_rng(seed)
     log_sigma = s.coordinates == "log_sigma"
 

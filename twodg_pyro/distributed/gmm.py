@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from ..gmm._cells import CellLayout, PassResult, build_cells, default_cell_size, grid_shape
+from ..gmm.initial import subsample_size
 from ..gmm.mixture import GaussianMixture2D
 from . import env
 
@@ -239,7 +240,7 @@ class DistributedGaussianMixture2D(GaussianMixture2D):
         if not env.is_distributed():
             return super()._initial_params(z, offset, n, gen)
         k = self.n_components
-        n_sub = int(min(n, max(self.init_subsample or max(50_000, 25 * k), k)))
+        n_sub = subsample_size(n, k, self.init_subsample)
         main = env.is_main()
         packed = torch.empty(k * 7, dtype=torch.float64, device=z.device)
         if n_sub >= n:

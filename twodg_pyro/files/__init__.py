@@ -13,14 +13,13 @@ from .atomic import (
 )
 from .checkpoint import CheckpointData, load_checkpoint, write_checkpoint
 from .integrity import ChecksumError, content_digest, seal, verify_checksum
-from .payload import PayloadFormat, UnverifiedFileWarning, read_payload, write_payload
+from .payload import PayloadFormat, read_payload, write_payload
 
 __all__ = [
     "ChecksumError",
     "CheckpointData",
     "NoSpaceError",
     "PayloadFormat",
-    "UnverifiedFileWarning",
     "atomic_torch_save",
     "atomic_write",
     "atomic_write_text",

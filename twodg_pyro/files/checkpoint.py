@@ -26,8 +26,8 @@ from it; this module is the file alone, and imports nothing of the library above
 * ``checksum``: ``"sha256:..."``, the content digest of everything above
   (:mod:`twodg_pyro.files.integrity`): a checkpoint whose content changed after it was
   written (one flipped byte) is refused on load, as is one with NaN/inf parameters or
-  optimiser state.  Checkpoints of format version 1 (before the checksum) still load,
-  with an :class:`~twodg_pyro.files.payload.UnverifiedFileWarning`.
+  optimiser state.  A checkpoint of another format version (version 1, before the
+  checksum, included) is refused with a ``ValueError`` naming it and its version.
 
 Files are written with :func:`~twodg_pyro.files.atomic.atomic_torch_save` (temporary file in
 the same folder, ``fsync``, rename), so a run killed at any moment leaves either the
@@ -52,7 +52,7 @@ __all__ = [
     "write_checkpoint",
 ]
 
-#: 2: with a content checksum; 1 (no checksum) is still read, unverified.
+#: 2: with a content checksum (1, without one, is refused)
 CHECKPOINT_FORMAT_VERSION = 2
 #: the header's ``kind`` of a checkpoint
 CHECKPOINT_KIND = "twodg_pyro.Checkpoint"
@@ -63,14 +63,13 @@ _FORMAT = PayloadFormat(
     header_noun="the checkpoint header",
     kind_noun="a twodg_pyro checkpoint",
     version_noun="checkpoint format version",
-    legacy_versions=(1,),
+    older="an earlier twodg_pyro wrote it; run the stage again (it cannot be resumed)",
     finite_prefixes=("model/", "guide/", "structure/", "optimizer"),
 )
 
 
-def write_checkpoint(payload: dict, path: str | Path) -> None:
-    """Seal ``payload`` with its checksum and write it atomically to ``path``."""
-    write_payload(payload, path)
+#: Seal a checkpoint's payload with its checksum and write it atomically.
+write_checkpoint = write_payload
 
 
 # ---------------------------------------------------------------------- loading

@@ -3,7 +3,7 @@
 A file's *content digest* is a SHA-256 over a canonical encoding of everything the
 file holds: every tensor (dtype, shape and raw bytes), every string (the JSON
 header included), number, list and dictionary key, in a fixed order.  Model files
-(:mod:`~twodg_pyro.io.bnn_file`) and checkpoints (:mod:`~twodg_pyro.files.checkpoint`)
+(:mod:`~twodg_pyro.io.model_format`) and checkpoints (:mod:`~twodg_pyro.files.checkpoint`)
 store it under the top-level key :data:`CHECKSUM_KEY` (``"sha256:<64 hex digits>"``)
 when written (:func:`seal`) and verify it when read (:func:`verify_checksum`): a
 changed byte anywhere in the content is a ``ValueError`` naming the file, not a model

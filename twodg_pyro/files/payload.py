@@ -1,25 +1,22 @@
 """Reading the library's tensor files: a JSON ``header`` plus named tensor sections.
 
-Model files (:mod:`twodg_pyro.io.bnn_file`) and training checkpoints
+Model files (:mod:`twodg_pyro.io.model_format`) and training checkpoints
 (:mod:`twodg_pyro.files.checkpoint`) share one layout: a dictionary of plain data whose
 ``"header"`` entry is a JSON string naming the file's ``kind`` and ``format_version``,
-and whose other entries are keyed ``"<section>/<name>"`` (``"guide/locs.w"``, ...).
-Since format version 2 they also hold a content checksum (SHA-256 over every tensor and
-the header, :mod:`twodg_pyro.files.integrity`) under ``"checksum"``.
+whose other entries are keyed ``"<section>/<name>"`` (``"guide/locs.w"``, ...), and
+whose ``"checksum"`` is a content checksum (SHA-256 over every tensor and the header,
+:mod:`twodg_pyro.files.integrity`).
 
 :func:`write_payload` seals and writes such a file atomically; :func:`read_payload`
 loads one without executing code, verifies its checksum, checks its header and refuses
-NaN/inf in its parameters; :func:`payload_section` takes one section out of it.
-
-Files of an earlier format version without a checksum (``legacy_versions``) still load,
-with a :class:`UnverifiedFileWarning` saying that their integrity cannot be checked
-(NaN/inf are still refused); saving them again adds the checksum.
+NaN/inf in its parameters; :func:`payload_section` takes one section out of it.  A file
+of another format version (1, written before checksums, included) is refused, with what
+to do.
 """
 
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +24,13 @@ from pathlib import Path
 from .atomic import atomic_torch_save, safe_torch_load
 from .integrity import CHECKSUM_KEY, check_finite, seal, verify_checksum
 
-__all__ = [
-    "PayloadFormat",
-    "UnverifiedFileWarning",
-    "payload_section",
-    "read_payload",
-    "write_payload",
-]
+__all__ = ["PayloadFormat", "payload_section", "read_payload", "write_payload"]
 
-
-class UnverifiedFileWarning(UserWarning):
-    """A file of an earlier format version, without a content checksum, was loaded."""
+_MODEL_FILE = "a twodg_pyro model file"
+_RETRAIN = (
+    "an earlier twodg_pyro wrote it; re-save it with a twodg_pyro that still reads it "
+    "(loading and saving it writes the current version), or retrain the model"
+)
 
 
 @dataclass(frozen=True)
@@ -46,25 +39,24 @@ class PayloadFormat:
 
     Attributes:
         kind: the header's ``kind``.
-        version: the ``format_version`` this version of the library reads.
+        version: the ``format_version`` this version of the library reads (the only one).
         noun: what the file should be, e.g. ``"a twodg_pyro checkpoint"``
             (``"<path> is not <noun> (no header)"``).
         header_noun: its header, e.g. ``"the checkpoint header"``.
         kind_noun: what the file should be when its ``kind`` is wrong.
         version_noun: its version, e.g. ``"checkpoint format version"``.
-        legacy_versions: earlier format versions, written without a checksum, that
-            still load (with an :class:`UnverifiedFileWarning`).
+        older: what to do with a file of an earlier format version.
         finite_prefixes: the sections (key prefixes) whose floating-point tensors must
             be finite.
     """
 
     kind: str
     version: int
-    noun: str
-    header_noun: str
-    kind_noun: str
+    noun: str = _MODEL_FILE
+    header_noun: str = "the model file's header"
+    kind_noun: str = _MODEL_FILE
     version_noun: str = "format version"
-    legacy_versions: tuple[int, ...] = ()
+    older: str = _RETRAIN
     finite_prefixes: tuple[str, ...] = ()
 
 
@@ -80,10 +72,11 @@ def read_payload(path: str | Path, fmt: PayloadFormat, loaded=None) -> tuple[dic
     Raises:
         FileNotFoundError: no such file.
         ValueError: truncated, corrupted or foreign file, a content that does not match
-            its checksum (:class:`~twodg_pyro.files.integrity.ChecksumError`), no or invalid
-            header, another ``kind`` than ``fmt.kind``, another format version than
-            ``fmt.version`` (or one of ``fmt.legacy_versions``), or NaN/inf in the
-            sections ``fmt.finite_prefixes``.
+            its checksum or no checksum
+            (:class:`~twodg_pyro.files.integrity.ChecksumError`), no or invalid header,
+            another ``kind`` than ``fmt.kind``, another format version than
+            ``fmt.version`` (the message says what to do), or NaN/inf in the sections
+            ``fmt.finite_prefixes``.
     """
     payload = safe_torch_load(path) if loaded is None else loaded
     where = str(path)
@@ -100,23 +93,16 @@ def read_payload(path: str | Path, fmt: PayloadFormat, loaded=None) -> tuple[dic
         kind = header.get("kind") if isinstance(header, dict) else None
         raise ValueError(f"{where!r} is not {fmt.kind_noun} (kind {kind!r})")
     version = header.get("format_version")
-    if version != fmt.version and version not in fmt.legacy_versions:
-        readable = sorted({fmt.version, *fmt.legacy_versions})
+    if version != fmt.version:
+        todo = ""
+        if isinstance(version, int) and not isinstance(version, bool):
+            todo = f": {fmt.older}" if version < fmt.version else ": update twodg_pyro to read it"
         raise ValueError(
-            f"{where!r} has {fmt.version_noun} {version!r}; this version of twodg_pyro "
-            f"reads version{'s' if len(readable) > 1 else ''} "
-            f"{', '.join(str(v) for v in readable)}"
+            f"{where!r} has {fmt.version_noun} {version!r}; this version of twodg_pyro reads "
+            f"{fmt.version_noun} {fmt.version} only{todo}"
         )
     if not checked:
-        if version == fmt.version:
-            verify_checksum(payload, where)  # raises: the current version requires one
-        warnings.warn(
-            f"{where!r} was written by an earlier twodg_pyro ({fmt.version_noun} {version}) "
-            "without a content checksum: its integrity cannot be verified (NaN/inf are "
-            "still refused); save it again to add one",
-            UnverifiedFileWarning,
-            stacklevel=3,
-        )
+        verify_checksum(payload, where)  # raises: the format requires one
     if fmt.finite_prefixes:
         checked_sections = {k: v for k, v in payload.items() if k.startswith(fmt.finite_prefixes)}
         check_finite(checked_sections, where, "parameters")

@@ -2,6 +2,7 @@
 
 * :mod:`.linalg2x2` - closed-form 2x2 SPD algebra and validation;
 * :mod:`.mixture` - :class:`GaussianMixture2D`, (mini-batch) EM for millions of points;
+* :mod:`.em` - its fit: full-data and online EM; :mod:`.initial` - its initialisation;
 * :mod:`.kmeans` - k-means++ seeding and Lloyd iterations (initialisation);
 * :mod:`.wasserstein` - closed-form 2-Wasserstein distances;
 * :mod:`.merging` - the paper's and the moment-matching merge, merged to a fixed point;

@@ -8,35 +8,19 @@ runs through a spatially blocked, candidate-pruned engine (see ``_cells``): the
 points are sorted into small cells and each cell only evaluates the components
 that can carry a responsibility above ``exp(-prune_margin)`` there, which keeps
 ``K`` in the thousands affordable for millions of points, and memory bounded by
-``chunk_size``.
-
-EM (Dempster et al. 1977) on the standardised data:
-
-* E-step: ``r_ik = pi_k N(z_i | m_k, S_k) / sum_j pi_j N(z_i | m_j, S_j)``;
-* sufficient statistics ``s_k = (1/N) sum_i r_ik [1, z_i, z_i z_i^T]``;
-* M-step: ``pi_k = s0_k``, ``m_k = s1_k / s0_k``,
-  ``S_k = s2_k / s0_k - m_k m_k^T + reg_covar I``.
-
-Mini-batch mode (``batch_size`` set) is the online EM of Cappé & Moulines (2009):
-``s <- (1 - gamma_t) s + gamma_t s_hat(batch; theta_t)``, ``theta_{t+1} = M(s)``
-with ``gamma_t = (t + learning_offset)^(-learning_decay)``, ``t = 0, 1, ...``.
-Batches are stratified: each takes the same number of random points from every
-spatial cell. After ``n_epochs`` epochs, full-data EM iterations (at most
-``max_iter``) polish the solution.
+``chunk_size``. The EM itself (full-data and online) is :mod:`.em`; the
+initialisation (k-means) is :mod:`.initial`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ._cells import (
     CellLayout,
@@ -48,13 +32,12 @@ from ._cells import (
     default_cell_size,
     make_plan,
 )
-from .kmeans import kmeans_plusplus, lloyd, nearest_centre
+from .em import m_step, run_em
+from .initial import initial_mixture
 
 __all__ = ["GaussianMixture2D", "NotFittedError", "as_points"]
 
 _INITS = ("kmeans++", "kmeans", "random")
-#: cap on (point, candidate) pairs held in the E-step work buffer (128 MiB in float32)
-_MAX_ELEMS = 1 << 25
 #: pruning margin (nats) of the hard assignment: any margin >= 0 keeps each point's best
 #: component (see ``_cells``); 2 nats absorb the float32 rounding of the bounds
 _ARGMAX_MARGIN = 2.0
@@ -101,30 +84,13 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
-class _FitProgress:
-    """The fit's tqdm bar (``"GMM EM"``, on stderr): one tick per online-EM step and per
-    full-data iteration; the postfix shows the phase, the mean log-likelihood per point in
-    data units (the running batch mean during online EM), ``K`` and the components
-    re-seeded so far. It only reads numbers the fit has computed anyway."""
-
-    def __init__(self, enabled: bool, total: int = 0, log_jac: float = 0.0, k: int = 0):
-        self.bar = tqdm(total=total, desc="GMM EM", unit="step", disable=not enabled, leave=False)
-        self.log_jac, self.k = log_jac, k
-
-    def add(self, steps: int) -> None:
-        if not self.bar.disable:
-            self.bar.total += steps
-            self.bar.refresh()
-
-    def tick(self, phase: str, ll: float, reseeded: int) -> None:
-        if self.bar.disable:
-            return
-        ll_data = f"{ll - self.log_jac:.5g}"
-        self.bar.set_postfix_str(f"{phase}, ll {ll_data}, K {self.k}, reseeded {reseeded}", False)
-        self.bar.update(1)
-
-    def close(self) -> None:
-        self.bar.close()
+def _check_int(name: str, v: Any, low: int, none_ok: bool = False) -> None:
+    """Raise ValueError unless ``v`` is an integer ``>= low`` (or None, with ``none_ok``)."""
+    if none_ok and v is None:
+        return
+    if not _is_int(v) or v < low:
+        kind = "None or an integer" if none_ok else "an integer"
+        raise ValueError(f"{name} must be {kind} >= {low}, got {v!r}")
 
 
 class GaussianMixture2D:
@@ -219,37 +185,23 @@ class GaussianMixture2D:
 
     # ------------------------------------------------------------------ validation
     def _validate_params(self) -> None:
-        k = self.n_components
-        if not _is_int(k) or k < 1:
-            raise ValueError(f"n_components must be an integer >= 1, got {k!r}")
-        if not _is_int(self.max_iter) or self.max_iter < 0:
-            raise ValueError(f"max_iter must be an integer >= 0, got {self.max_iter!r}")
+        _check_int("n_components", self.n_components, 1)
+        _check_int("max_iter", self.max_iter, 0)
         for name in ("tol", "reg_covar"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
-        if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
-            raise ValueError(f"batch_size must be None or an integer >= 1, got {self.batch_size!r}")
-        if not _is_int(self.n_epochs) or self.n_epochs < 1:
-            raise ValueError(f"n_epochs must be an integer >= 1, got {self.n_epochs!r}")
+        _check_int("batch_size", self.batch_size, 1, none_ok=True)
+        _check_int("n_epochs", self.n_epochs, 1)
         if not (0.5 < float(self.learning_decay) <= 1.0):
             raise ValueError(f"learning_decay must be in (0.5, 1], got {self.learning_decay!r}")
         if not (float(self.learning_offset) >= 1.0):
             raise ValueError(f"learning_offset must be >= 1, got {self.learning_offset!r}")
         if self.init not in _INITS:
             raise ValueError(f"init must be one of {_INITS}, got {self.init!r}")
-        if not _is_int(self.init_lloyd_iter) or self.init_lloyd_iter < 0:
-            raise ValueError(
-                f"init_lloyd_iter must be an integer >= 0, got {self.init_lloyd_iter!r}"
-            )
-        if self.init_subsample is not None and (
-            not _is_int(self.init_subsample) or self.init_subsample < 1
-        ):
-            raise ValueError(
-                f"init_subsample must be None or an integer >= 1, got {self.init_subsample!r}"
-            )
-        if not _is_int(self.chunk_size) or self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be an integer >= 1, got {self.chunk_size!r}")
+        _check_int("init_lloyd_iter", self.init_lloyd_iter, 0)
+        _check_int("init_subsample", self.init_subsample, 1, none_ok=True)
+        _check_int("chunk_size", self.chunk_size, 1)
         if not (float(self.prune_margin) > 0):
             raise ValueError(f"prune_margin must be > 0, got {self.prune_margin!r}")
         if self.dtype not in (torch.float32, torch.float64):
@@ -359,53 +311,8 @@ class GaussianMixture2D:
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
         z = ((x64 - loc) / scale).to(self.dtype)
         del x64
-        gen = self._generator(device)
-        self._n_fit = n
-        name = type(self).__name__
-        verbose = self.verbose and self._is_main()
-
-        t0 = time.perf_counter()
-        w, mu, cov = self._initial_params(z, offset, n, gen)
-        layout, shuffle_gen = self._layout(z, n, gen)
-        if verbose:
-            print(
-                f"[{name}] init {self.init!r} and {layout.n_cells} cells of "
-                f"{layout.cell_size} points: {time.perf_counter() - t0:.2f} s"
-            )
-        engine = Engine(self.dtype, device, self.chunk_size, _MAX_ELEMS)
-        zg = self._global_points(z, offset, n)
         log_jac = float(torch.log(scale).sum())
-        self.n_reseeded_ = 0
-        self.n_epochs_ = 0
-        self.n_steps_ = 0
-        self.n_iter_ = 0
-        converged = False
-        bar = _FitProgress(self.progress and self._is_main(), self.max_iter, log_jac, k)
-        try:
-            if self.batch_size is not None:
-                w, mu, cov, converged = self._online_em(
-                    zg, layout, engine, w, mu, cov, gen, shuffle_gen, bar
-                )
-            if self.max_iter > 0:
-                w, mu, cov, converged = self._batch_em(zg, layout, engine, w, mu, cov, gen, bar)
-        finally:
-            bar.close()
-        if self.max_iter > 0 and not converged and self.batch_size is None and self._is_main():
-            warnings.warn(
-                f"{name} did not converge in max_iter={self.max_iter} "
-                f"iterations (tol={self.tol}); increase max_iter or tol",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        self.converged_ = converged
-
-        comps = Components.from_params(w, mu, cov)
-        plan = make_plan(layout, comps, margin=self.prune_margin)
-        res = engine.run(layout, comps, plan, want_argmax=True)
-        engine.release()
-        self.lower_bound_ = float(self._all_sum(res.ll_sum)) / n - log_jac
-        labels = res.argmax
-        self.counts_ = self._all_sum(torch.bincount(labels, minlength=k))
+        w, mu, cov, labels = run_em(self, z, offset, n, device, log_jac)
         self._set_params(w, mu, cov, loc, scale)
         return self._gather_labels(labels)
 
@@ -419,173 +326,24 @@ class GaussianMixture2D:
         self.covariances_ = (0.5 * (c + c.transpose(1, 2))).to(self.dtype)
 
     def _initialise(self, z: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-        n = int(z.shape[0])
-        k = self.n_components
-        n_sub = self.init_subsample or max(50_000, 25 * k)
-        n_sub = int(min(n, max(n_sub, k)))
-        sub = z[torch.randperm(n, generator=gen, device=z.device)[:n_sub]] if n_sub < n else z
-        if self.init == "random":
-            pick = torch.randperm(n_sub, generator=gen, device=z.device)[:k]
-            centres = sub[pick]
-            labels, _ = nearest_centre(sub, centres)
-        else:
-            n_seed = int(min(n_sub, max(10_000, 4 * k)))
-            if n_sub < n or n_seed == n_sub:
-                seed_set = sub[:n_seed]  # `sub` is already a random subset (or all points)
-            else:  # input order may be meaningful (e.g. weights layer by layer): draw
-                seed_set = sub[torch.randperm(n_sub, generator=gen, device=z.device)[:n_seed]]
-            centres = kmeans_plusplus(seed_set, k, generator=gen, n_local_trials=3)
-            iters = self.init_lloyd_iter if self.init == "kmeans++" else 100
-            if iters > 0:
-                centres, labels, _ = lloyd(sub, centres, max_iter=iters)
-            else:
-                labels, _ = nearest_centre(sub, centres)
-        return _params_from_labels(sub, labels, centres, k, self.reg_covar)
+        """Initial weights, means, covariances of the components on ``z`` (see
+        :func:`~twodg_pyro.gmm.initial.initial_mixture`)."""
+        return initial_mixture(
+            z,
+            self.n_components,
+            gen,
+            init=self.init,
+            lloyd_iter=self.init_lloyd_iter,
+            subsample=self.init_subsample,
+            reg=self.reg_covar,
+        )
 
-    # ------------------------------------------------------------------ EM loops
-    def _m_step(self, s: Tensor, z: Tensor, gen: torch.Generator) -> tuple[Tensor, ...]:
-        """M-step on per-point statistics ``s (K, 6)``; re-seeds emptied components.
-
-        Returns ``(weights, means, covs, s, n_dead)``; ``s`` is updated for re-seeded
-        components so that it stays consistent with the parameters.
-        """
-        n = self._n_fit
-        k = self.n_components
-        n0 = s[:, 0]
-        dead = n0 * n < min(1.0, 0.1 * n / k)
-        n_dead = int(dead.sum())
-        mu, cov = _moments(s, self.reg_covar)
-        if n_dead:
-            live = ~dead
-            if bool(live.any()):
-                wl = n0[live] / n0[live].sum()
-                base = (cov[live] * wl[:, None, None]).sum(dim=0)
-            else:
-                base = torch.eye(2, dtype=torch.float64, device=s.device)
-            rows = torch.randint(int(z.shape[0]), (n_dead,), generator=gen, device=z.device)
-            mu[dead] = z[rows].to(torch.float64)
-            cov[dead] = base
-            s = s.clone()
-            share = n0.sum() / k
-            md = mu[dead]
-            cb = base - self.reg_covar * torch.eye(2, dtype=torch.float64, device=s.device)
-            s[dead, 0] = share
-            s[dead, 1:3] = share * md
-            s[dead, 3] = share * (cb[0, 0] + md[:, 0] ** 2)
-            s[dead, 4] = share * (cb[0, 1] + md[:, 0] * md[:, 1])
-            s[dead, 5] = share * (cb[1, 1] + md[:, 1] ** 2)
-            self.n_reseeded_ += n_dead
-        w = s[:, 0] / s[:, 0].sum()
+    def _m_step(self, s: Tensor, z: Any, gen: torch.Generator) -> tuple[Tensor, ...]:
+        """The M-step of :func:`~twodg_pyro.gmm.em.m_step` on this fit's ``N`` points,
+        counting the re-seeded components in ``n_reseeded_``."""
+        w, mu, cov, s, n_dead = m_step(s, z, gen, self._n_fit, self.n_components, self.reg_covar)
+        self.n_reseeded_ += n_dead
         return w, mu, cov, s, n_dead
-
-    def _batch_em(
-        self,
-        z: Tensor,
-        layout: CellLayout,
-        engine: Engine,
-        w: Tensor,
-        mu: Tensor,
-        cov: Tensor,
-        gen: torch.Generator,
-        bar: _FitProgress | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, bool]:
-        bar = bar or _FitProgress(False)
-        n = self._n_fit
-        prev = -math.inf
-        converged = False
-        for it in range(1, self.max_iter + 1):
-            t0 = time.perf_counter()
-            comps = Components.from_params(w, mu, cov)
-            plan = make_plan(layout, comps, margin=self.prune_margin)
-            res = self._reduce_estep(engine.run(layout, comps, plan, want_stats=True))
-            ll = float(res.ll_sum) / n
-            w, mu, cov, _, n_dead = self._m_step(res.stats / n, z, gen)
-            self.n_iter_ = it
-            change = ll - prev
-            bar.tick(f"iter {it}", ll, self.n_reseeded_)
-            if self.verbose and self._is_main():
-                print(
-                    f"[{type(self).__name__}] EM iter {it}: mean log-lik {ll:.6f} "
-                    f"(change {change:.3g}, candidates/point {plan.mean_candidates:.1f}, "
-                    f"reseeded {n_dead}, {time.perf_counter() - t0:.2f} s)"
-                )
-            if abs(change) < self.tol and n_dead == 0:
-                converged = True
-                break
-            prev = ll
-        return w, mu, cov, converged
-
-    def _online_em(
-        self,
-        z: Tensor,
-        layout: CellLayout,
-        engine: Engine,
-        w: Tensor,
-        mu: Tensor,
-        cov: Tensor,
-        gen: torch.Generator,
-        shuffle_gen: torch.Generator,
-        bar: _FitProgress | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, bool]:
-        """Online EM; ``gen`` draws re-seeded rows, ``shuffle_gen`` shuffles the cells."""
-        bar = bar or _FitProgress(False)
-        reg_eye = self.reg_covar * torch.eye(2, dtype=torch.float64, device=w.device)
-        s = _stats_from_params(w, mu, cov - reg_eye)
-        m = layout.cell_size
-        cols, n_steps = self._online_schedule(layout)
-        bar.add(self.n_epochs * n_steps)
-        replan_every = max(1, n_steps // 4)
-        comps = Components.from_params(w, mu, cov)
-        k = self.n_components
-        t = 0
-        prev = None
-        converged = False
-        gamma = math.nan
-        for epoch in range(1, self.n_epochs + 1):
-            t0 = time.perf_counter()
-            layout.shuffle_within_cells(shuffle_gen)
-            ll_acc = 0.0
-            w_acc = 0.0
-            plan: Plan | None = None
-            for j in range(n_steps):
-                c0 = j * cols
-                if c0 < m:
-                    if plan is None or j % replan_every == 0:
-                        plan = make_plan(layout, comps, margin=self.prune_margin)
-                    cs = (c0, min(m, c0 + cols))
-                    res = engine.run(layout, comps, plan, cols=cs, want_stats=True)
-                else:  # this process's cells are used up (sharded fits): it adds nothing
-                    zero = torch.zeros((), dtype=torch.float64, device=w.device)
-                    stats = torch.zeros(k, 6, dtype=torch.float64, device=w.device)
-                    res = PassResult(zero, zero, stats, None, None)
-                res = self._reduce_estep(res)
-                wsum = float(res.weight_sum)
-                if wsum <= 0:
-                    continue
-                gamma = (t + self.learning_offset) ** (-self.learning_decay)
-                s = (1.0 - gamma) * s + gamma * (res.stats / wsum)
-                w, mu, cov, s, n_dead = self._m_step(s, z, gen)
-                comps = Components.from_params(w, mu, cov)
-                if n_dead:
-                    plan = None
-                t += 1
-                ll_acc += float(res.ll_sum)
-                w_acc += wsum
-                bar.tick(f"epoch {epoch}/{self.n_epochs}", ll_acc / w_acc, self.n_reseeded_)
-            self.n_epochs_ = epoch
-            self.n_steps_ = t
-            ll = ll_acc / max(w_acc, 1.0)
-            if self.verbose and self._is_main():
-                print(
-                    f"[{type(self).__name__}] epoch {epoch}: mean batch log-lik {ll:.6f} "
-                    f"({n_steps} steps of ~{cols * layout.n_cells} points, gamma {gamma:.3g}, "
-                    f"{time.perf_counter() - t0:.2f} s)"
-                )
-            if prev is not None and abs(ll - prev) < self.tol:
-                converged = True
-                break
-            prev = ll
-        return w, mu, cov, converged
 
     # ------------------------------------------------------------------ inference
     def _check_fitted(self) -> None:
@@ -594,13 +352,16 @@ class GaussianMixture2D:
                 "this GaussianMixture2D is not fitted yet; call fit(X) before using it"
             )
 
-    def _prepare(self, X: Any) -> tuple[CellLayout, Components]:
+    def _prepare(self, X: Any) -> tuple[CellLayout, Components, Engine]:
+        """``X``'s cells in the fit's standardised coordinates, the fitted components and
+        an E-step engine for them."""
         self._check_fitted()
         device = self._w64.device
         x = as_points(X, "X", device=device)
         z = ((x.to(torch.float64) - self._loc) / self._scale).to(self.dtype)
         layout = build_cells(z, default_cell_size(int(z.shape[0]), self.n_components), self.dtype)
-        return layout, Components.from_params(self._w64, self._mu64, self._cov64)
+        comps = Components.from_params(self._w64, self._mu64, self._cov64)
+        return layout, comps, Engine(self.dtype, comps.mean.device, self.chunk_size)
 
     def predict(self, X: Any) -> Tensor:
         """Hard assignment ``argmax_k pi_k N(x | m_k, S_k)`` of each point; LongTensor ``(N,)``.
@@ -609,16 +370,14 @@ class GaussianMixture2D:
         whatever the pruning margin, so this pass prunes with ``min(prune_margin, 2)``
         nats instead of ``prune_margin`` (several times fewer candidates for large ``K``).
         """
-        layout, comps = self._prepare(X)
+        layout, comps, engine = self._prepare(X)
         plan = make_plan(layout, comps, margin=min(float(self.prune_margin), _ARGMAX_MARGIN))
-        engine = Engine(self.dtype, comps.mean.device, self.chunk_size, _MAX_ELEMS)
         return engine.run(layout, comps, plan, want_argmax=True).argmax
 
     def score_samples(self, X: Any) -> Tensor:
         """Per-point log-density ``log sum_k pi_k N(x | m_k, S_k)`` in data units; ``(N,)``."""
-        layout, comps = self._prepare(X)
+        layout, comps, engine = self._prepare(X)
         plan = make_plan(layout, comps, margin=self.prune_margin)
-        engine = Engine(self.dtype, comps.mean.device, self.chunk_size, _MAX_ELEMS)
         lse = engine.run(layout, comps, plan, want_lse=True).lse
         return lse - torch.log(self._scale).sum().to(lse.dtype)
 
@@ -628,13 +387,12 @@ class GaussianMixture2D:
 
     def predict_proba(self, X: Any) -> Tensor:
         """Responsibilities ``r_ik = pi_k N(x_i | k) / sum_j pi_j N(x_i | j)``; dense ``(N, K)``."""
-        layout, comps = self._prepare(X)
+        layout, comps, engine = self._prepare(X)
         n_cells = layout.n_cells
         plan = Plan([(torch.arange(n_cells, device=layout.feats.device), None)], 0.0)
         out = torch.empty(
             layout.n_points, self.n_components, dtype=self.dtype, device=layout.feats.device
         )
-        engine = Engine(self.dtype, comps.mean.device, self.chunk_size, _MAX_ELEMS)
         engine.run(layout, comps, plan, resp_out=out)
         return out
 
@@ -649,68 +407,3 @@ class GaussianMixture2D:
             f"GaussianMixture2D(n_components={self.n_components}, batch_size={self.batch_size}, "
             f"init={self.init!r}, reg_covar={self.reg_covar}, dtype={self.dtype})"
         )
-
-
-# ---------------------------------------------------------------------- helpers
-def _moments(s: Tensor, reg: float) -> tuple[Tensor, Tensor]:
-    """Means and regularised covariances from statistics ``s (K, 6)`` (float64).
-
-    ``m = s1 / s0``, ``S = s2 / s0 - m m^T`` projected to PSD (variances clamped at
-    0, ``|S12| <= sqrt(S11 S22)``), plus ``reg I``.
-    """
-    n0 = s[:, 0].clamp_min(torch.finfo(torch.float64).tiny)
-    mu = s[:, 1:3] / n0[:, None]
-    cxx = (s[:, 3] / n0 - mu[:, 0] ** 2).clamp_min(0.0)
-    cyy = (s[:, 5] / n0 - mu[:, 1] ** 2).clamp_min(0.0)
-    lim = torch.sqrt(cxx * cyy)
-    cxy = torch.maximum(torch.minimum(s[:, 4] / n0 - mu[:, 0] * mu[:, 1], lim), -lim)
-    cov = torch.stack(
-        (torch.stack((cxx + reg, cxy), dim=-1), torch.stack((cxy, cyy + reg), dim=-1)), dim=-2
-    )
-    return mu, cov
-
-
-def _stats_from_params(w: Tensor, mu: Tensor, cov: Tensor) -> Tensor:
-    """Per-point statistics implied by the parameters: ``w [1, m, S + m m^T]``; ``(K, 6)``."""
-    return torch.stack(
-        (
-            w,
-            w * mu[:, 0],
-            w * mu[:, 1],
-            w * (cov[:, 0, 0] + mu[:, 0] ** 2),
-            w * (cov[:, 0, 1] + mu[:, 0] * mu[:, 1]),
-            w * (cov[:, 1, 1] + mu[:, 1] ** 2),
-        ),
-        dim=1,
-    )
-
-
-def _params_from_labels(
-    x: Tensor, labels: Tensor, centres: Tensor, k: int, reg: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Weights, means, covariances (float64) of hard clusters.
-
-    ``pi_k = (n_k + 1) / (n + K)``; ``m_k`` the cluster mean (the centre if empty);
-    ``S_k = (sum_{i in k} (x_i - m_k)(x_i - m_k)^T + W) / (n_k + 1) + reg I`` with
-    ``W`` the pooled within-cluster covariance (one pseudo-point of shrinkage).
-    """
-    x64 = x.to(torch.float64)
-    n = int(x.shape[0])
-    counts = torch.bincount(labels, minlength=k).to(torch.float64)
-    sums = torch.zeros(k, 2, dtype=torch.float64, device=x.device).index_add_(0, labels, x64)
-    mu = torch.where(
-        counts[:, None] > 0, sums / counts.clamp_min(1.0)[:, None], centres.to(torch.float64)
-    )
-    d = x64 - mu[labels]
-    outer = torch.stack((d[:, 0] ** 2, d[:, 0] * d[:, 1], d[:, 1] ** 2), dim=1)
-    acc = torch.zeros(k, 3, dtype=torch.float64, device=x.device).index_add_(0, labels, outer)
-    pooled = acc.sum(dim=0) / n
-    if float(pooled[0]) <= 0 or float(pooled[2]) <= 0:
-        pooled = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64, device=x.device) / k
-    c3 = (acc + pooled) / (counts + 1.0)[:, None]
-    cov = torch.stack(
-        (torch.stack((c3[:, 0] + reg, c3[:, 1]), -1), torch.stack((c3[:, 1], c3[:, 2] + reg), -1)),
-        dim=-2,
-    )
-    w = (counts + 1.0) / (n + k)
-    return w, mu, cov

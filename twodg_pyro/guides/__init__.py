@@ -5,7 +5,8 @@ Every guide is a :class:`~twodg_pyro.guide.BNNGuide` (the protocol, stated in
 tyings (:mod:`.tyings`), rank-1 and SSVI.
 """
 
-from .base import BNNGuide, GuideDraw, GuideSample, MarginalDensity, NoSiteDensityError
+from ..guide import BNNGuide, GuideSample, MarginalDensity, NoSiteDensityError
+from .base import GuideDraw
 from .mean_field import MeanFieldGuide, paper_initial_scales
 from .rank1 import CauchyPrior, Rank1BNNModel, Rank1Guide, rank1_prior
 from .shared_gmm import SharedGMMGuide

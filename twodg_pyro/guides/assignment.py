@@ -20,7 +20,7 @@ import torch
 
 from ..sharing.structure import SharingStructure, SiteLayout
 
-__all__ = ["AssignmentTables", "SiteIndex", "WeightKinds", "assignment_tables"]
+__all__ = ["AssignmentTables", "SiteIndex", "WeightKinds", "assignment_tables", "gather_rows"]
 
 
 class WeightKinds(NamedTuple):
@@ -127,3 +127,17 @@ def assignment_tables(
         sites[lay.name] = SiteIndex(lay, position, *ranges)
     kinds = WeightKinds(s.outlier_index.numel(), s.plain_index.numel(), s.ellipse_index.numel())
     return AssignmentTables(buffers, sites, kinds)
+
+
+def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[:, index]`` for a ``(S, K')`` table (e.g. per draw, a value per component
+    and outlier, gathered by ``nat_index`` into every weight), row by row: a 1-D
+    ``index_select`` per draw (fast, 32-bit index, deterministic backward)."""
+    if table.shape[0] == 1:
+        return table[0].index_select(0, index).unsqueeze(0)
+    if not torch.is_grad_enabled():
+        out = table.new_empty(table.shape[0], index.numel())
+        for row, dst in zip(table, out, strict=True):
+            torch.index_select(row, 0, index, out=dst)
+        return out
+    return torch.stack([row.index_select(0, index) for row in table])

@@ -1,5 +1,5 @@
-"""What the library's guides share: the protocol's base class (:class:`BNNGuide`,
-defined in :mod:`twodg_pyro.guide`), the site distribution that gives stock Pyro ELBOs a
+"""What the library's guides share besides the protocol (:mod:`twodg_pyro.guide`): the
+site distribution that gives stock Pyro ELBOs a
 guide's density (:class:`GuideDraw`), and the diagonal Normal family of the mean-field
 and rank-1 guides (:class:`DiagonalNormalGuide`)."""
 
@@ -15,20 +15,18 @@ from pyro.distributions.util import sum_rightmost
 from torch import nn
 from torch.distributions import Distribution, register_kl
 
-from ..guide import BNNGuide, GuideSample, MarginalDensity, NoSiteDensityError
+from ..guide import BNNGuide, FastStepGuide, GuideSample, MarginalDensity, kl_or_estimate
 from ..model import require_model
 from ..nn.sites import BayesianSite
 from ..pyro_params import params_are_local, plate_batch_shape
 
 __all__ = [
-    "BNNGuide",
     "DiagonalNormalGuide",
     "GuideDraw",
-    "GuideSample",
-    "MarginalDensity",
+    "LocScaleParameters",
     "check_model_argument",
-    "NoSiteDensityError",
     "particle_batch_shape",
+    "scalar_prior",
     "site_key",
     "standard_normal",
 ]
@@ -66,8 +64,8 @@ class GuideDraw(dist.Delta):
 
     Args:
         v: the drawn value, ``batch_shape + event_shape``.
-        log_density: a function returning :math:`\log q(v)` of shape ``batch_shape``
-            (it may raise :class:`NoSiteDensityError` where no density exists).
+        log_density: a function returning :math:`\log q(v)` of shape ``batch_shape`` (it
+            may raise :class:`~twodg_pyro.guide.NoSiteDensityError` where there is none).
         event_dim: the number of rightmost dimensions of ``v`` that form one event.
     """
 
@@ -124,6 +122,26 @@ def _normal_base(prior, event_dim: int):
     return prior.loc, prior.scale
 
 
+def scalar_prior(fn: dist.Distribution) -> dist.Distribution | None:
+    """The one scalar distribution behind a prior expanded over a site, or ``None`` when the
+    prior differs between weights."""
+    base = fn.base_dist if isinstance(fn, dist.Independent) else fn
+    params = {}
+    for name in base.arg_constraints:
+        value = base.__dict__.get(name)
+        if value is None:
+            continue
+        if not torch.is_tensor(value):
+            return None
+        if value.numel() > 1 and any(st != 0 for st in value.stride()):
+            return None
+        params[name] = value[(0,) * value.dim()]  # an element, no copy of an expanded tensor
+    try:
+        return type(base)(**params, validate_args=False)
+    except (TypeError, ValueError):
+        return None
+
+
 def particle_batch_shape() -> tuple[int, ...]:
     """The batch shape of a guide's draw: that of the enclosing vectorised plates
     (:func:`~twodg_pyro.pyro_params.plate_batch_shape`), ``()`` on the library's fast path."""
@@ -142,35 +160,71 @@ def standard_normal(like: torch.Tensor, num_samples: int | None = None) -> torch
     return torch.randn(shape, device=like.device, dtype=like.dtype)
 
 
-class DiagonalNormalGuide(BNNGuide):
+class LocScaleParameters:
+    r"""Per-site parameters :math:`\mu` and :math:`\sigma = \operatorname{softplus}(\rho)`:
+    the :class:`~torch.nn.ParameterDict` ``locs`` and ``rhos``, keyed by :func:`site_key`
+    (tensors of the site's shape; SSVI's: of its active coordinates), trained as the
+    groups ``loc`` and ``scale``."""
+
+    locs: nn.ParameterDict
+    rhos: nn.ParameterDict
+
+    def loc(self, name: str) -> torch.Tensor:
+        r""":math:`\mu` of a site."""
+        return self.locs[site_key(name)]
+
+    def scale(self, name: str) -> torch.Tensor:
+        r""":math:`\sigma = \operatorname{softplus}(\rho)` of a site."""
+        return F.softplus(self.rhos[site_key(name)])
+
+    def param_groups(self) -> list[dict]:
+        r"""``[{"name": "loc", ...}, {"name": "scale", ...}]``: the :math:`\mu` and the
+        :math:`\rho` of every site."""
+        return [
+            {"name": "loc", "params": list(self.locs.values())},
+            {"name": "scale", "params": list(self.rhos.values())},
+        ]
+
+
+class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
     r"""A guide with an independent Normal over every scalar of every site.
 
     .. math::
         q(w_s) = \prod_i \mathcal N(w_{s,i} \mid \mu_{s,i}, \sigma_{s,i}^2), \qquad
         \sigma = \operatorname{softplus}(\rho)
 
-    A subclass's ``__init__`` sets ``sites`` and the two
-    :class:`~torch.nn.ParameterDict` ``locs`` (:math:`\mu`) and ``rhos`` (:math:`\rho`),
-    keyed by :func:`site_key`, each tensor of its site's shape.  The Normal is emitted
-    at the site itself (one ``Normal(loc, scale).to_event(site dims)`` per site), so an
-    ELBO can use a closed-form KL when one is registered for the prior.
+    A subclass's ``__init__`` sets ``sites``, ``locs`` and ``rhos``
+    (:class:`LocScaleParameters`, each tensor of its site's shape).  The family is defined
+    once, by :meth:`loc` and :meth:`scale`: the program emits
+    :meth:`site_distribution` at the site itself (so an ELBO can use a closed-form KL
+    when one is registered for the prior), and every draw is :meth:`normal_draws`.
     """
-
-    locs: nn.ParameterDict
-    rhos: nn.ParameterDict
-
-    def loc(self, name: str) -> torch.Tensor:
-        r""":math:`\mu` of a site (the site's shape)."""
-        return self.locs[site_key(name)]
-
-    def scale(self, name: str) -> torch.Tensor:
-        r""":math:`\sigma = \operatorname{softplus}(\rho)` of a site (the site's shape)."""
-        return F.softplus(self.rhos[site_key(name)])
 
     def site_distribution(self, site: BayesianSite) -> dist.Distribution:
         r""":math:`q(w_s) = \prod_i \mathcal N(\mu_i, \sigma_i^2)` as one event."""
         d = dist.Normal(self.loc(site.name), self.scale(site.name), validate_args=False)
         return d.to_event(len(site.shape))
+
+    def normal_draws(
+        self, num_samples: int | None = None, rsample: bool = True
+    ) -> tuple[dict[str, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+        r"""``({site: w_s}, [(mu_s, sigma_s), ...])``: :math:`w_s = \mu_s + \sigma_s
+        \varepsilon_s`, shape ``site.shape`` or ``(num_samples, *site.shape)``, one
+        standard normal :math:`\varepsilon_s` per site in site order.  ``rsample``: in
+        two roundings, as ``Normal.rsample`` (the program) draws it; else one fused
+        ``addcmul``, in place when no gradient is needed (prediction)."""
+        out, params = {}, []
+        for site in self.sites:
+            loc, scale = self.loc(site.name), self.scale(site.name)
+            eps = standard_normal(loc, num_samples)
+            if rsample:
+                out[site.name] = loc + eps * scale
+            elif torch.is_grad_enabled() and (loc.requires_grad or scale.requires_grad):
+                out[site.name] = torch.addcmul(loc, scale, eps)
+            else:  # prediction: one fused pass, in place
+                out[site.name] = torch.addcmul(loc, scale, eps, out=eps)
+            params.append((loc, scale))
+        return out, params
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         self._param_statements()
@@ -178,24 +232,32 @@ class DiagonalNormalGuide(BNNGuide):
             site.name: pyro.sample(site.name, self.site_distribution(site)) for site in self.sites
         }
 
+    def draw(self, num_samples: int | None = None) -> GuideSample:
+        r""":math:`\mu + \sigma \epsilon` per site (:meth:`normal_draws`, fused): shape
+        ``site.shape`` or ``(num_samples, *site.shape)``; differentiable when gradients
+        are on."""
+        return GuideSample(self.normal_draws(num_samples, rsample=False)[0])
+
+    # ------------------------------------------------------------------ KL
+    def site_kl(self, name: str, prior_fn, value, guide_fn=None) -> dict[str, torch.Tensor]:
+        """``{"kl": ...}``: :func:`~twodg_pyro.guide.kl_or_estimate` of ``guide_fn`` (the
+        traced program's) or else :meth:`site_distribution`."""
+        fn = guide_fn if guide_fn is not None else self.site_distribution(self.site(name))
+        return {"kl": kl_or_estimate(fn, prior_fn, value)}
+
     # ------------------------------------------------------------------ fast step
     def fast_draw(self, priors) -> dict[str, torch.Tensor] | None:
-        r""":math:`w_s = \mu_s + \epsilon_s \sigma_s` per site, as the program's
-        ``Normal.rsample`` draws it (same noise, same two roundings); ``None`` for a
-        subclass with another program or a prior whose base is not a Normal (its KL is
-        then no closed form here).  Keeps :math:`(\mu_s, \sigma_s)` for :meth:`fast_kl`."""
+        r"""The program's draw (:meth:`normal_draws` with ``rsample``: same noise, same
+        two roundings); ``None`` for a subclass with another program or a prior whose base
+        is not a Normal (its KL is then no closed form here).  Keeps
+        :math:`(\mu_s, \sigma_s)` for :meth:`fast_kl`."""
         if type(self).forward is not DiagonalNormalGuide.forward:
             return None
         normals = [_normal_base(priors[s.name], len(s.shape)) for s in self.sites]
         if any(n is None for n in normals):
             return None
-        out, kept = {}, []
-        for site, prior in zip(self.sites, normals, strict=True):
-            loc, scale = self.loc(site.name), self.scale(site.name)
-            eps = torch.empty(loc.shape, dtype=loc.dtype, device=loc.device).normal_()
-            out[site.name] = loc + eps * scale
-            kept.append((loc, scale, prior))
-        self._fast = kept
+        out, params = self.normal_draws()
+        self._fast = list(zip(params, normals, strict=True))
         return out
 
     def fast_kl(self, priors, values, fused: bool = False) -> dict[str, torch.Tensor]:
@@ -209,26 +271,13 @@ class DiagonalNormalGuide(BNNGuide):
 
         (``fused`` changes nothing here: the terms are elementwise already.)"""
         total = None
-        for loc, scale, (p_loc, p_scale) in self._fast:
+        for (loc, scale), (p_loc, p_scale) in self._fast:
             kl = normal_normal_kl(loc, scale, p_loc, p_scale).sum()
             total = kl if total is None else total + kl
         self._fast = None
         return {"kl": total}
 
-    def draw(self, num_samples: int | None = None) -> GuideSample:
-        r""":math:`\mu + \sigma \epsilon` per site: shape ``site.shape`` or
-        ``(num_samples, *site.shape)``; differentiable when gradients are on, otherwise
-        (prediction) one fused pass, in place."""
-        out = {}
-        for site in self.sites:
-            loc, scale = self.loc(site.name), self.scale(site.name)
-            eps = standard_normal(loc, num_samples)
-            if torch.is_grad_enabled() and (loc.requires_grad or scale.requires_grad):
-                out[site.name] = torch.addcmul(loc, scale, eps)
-            else:  # prediction: one fused pass, in place
-                out[site.name] = torch.addcmul(loc, scale, eps, out=eps)
-        return GuideSample(out)
-
+    # ------------------------------------------------------------------ densities
     def site_parameters(self, name: str) -> dict[str, torch.Tensor]:
         r"""``{"loc": mu, "scale": sigma}`` of a site."""
         return {"loc": self.loc(name), "scale": self.scale(name)}
@@ -240,17 +289,9 @@ class DiagonalNormalGuide(BNNGuide):
         def diagonal(weights, flat=None):
             total = 0.0
             for s in self.sites:
-                d = torch.distributions.Normal(self.loc(s.name), self.scale(s.name))
                 w = weights[s.name]
-                total = total + d.log_prob(w).reshape(w.shape[0], -1).sum(-1)
+                log_q = self.site_distribution(s).base_dist.log_prob(w)
+                total = total + log_q.reshape(w.shape[0], -1).sum(-1)
             return total.detach()
 
         return MarginalDensity(diagonal, "exact")
-
-    def param_groups(self) -> list[dict]:
-        r"""``[{"name": "loc", ...}, {"name": "scale", ...}]``: the :math:`\mu` and the
-        :math:`\rho` of every site."""
-        return [
-            {"name": "loc", "params": list(self.locs.values())},
-            {"name": "scale", "params": list(self.rhos.values())},
-        ]

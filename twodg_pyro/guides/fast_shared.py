@@ -27,17 +27,11 @@ import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 
-from .base import normal_normal_kl
+from ..guide import FastStepGuide
+from .base import normal_normal_kl, scalar_prior
 from .stochastic_kl import expected_normal_kl
 
 __all__ = ["SharedGMMFastStep", "fused_kl"]
-
-
-def _scalar(t: torch.Tensor) -> torch.Tensor | None:
-    """The one value of a tensor expanded from a scalar, as a 0-d view; else ``None``."""
-    if t.numel() == 1 or all(st == 0 for st in t.stride()):
-        return t[(0,) * t.dim()]
-    return None
 
 
 def _prior_table(guide, priors):
@@ -49,14 +43,10 @@ def _prior_table(guide, priors):
         return cache[2]
     rows = [None] * len(guide._sites)
     for site in guide.sites:
-        fn = priors[site.name]
-        base = fn.base_dist if isinstance(fn, dist.Independent) else fn
-        if type(base) is not dist.Normal:
+        p = scalar_prior(priors[site.name])  # one Normal for all its weights, or None
+        if type(p) is not dist.Normal:
             return None
-        loc, scale = _scalar(base.loc), _scalar(base.scale)
-        if loc is None or scale is None:
-            return None
-        rows[guide._sites[site.name].position] = (loc, scale)
+        rows[guide._sites[site.name].position] = (p.loc, p.scale)
     p_loc = torch.stack([r[0] for r in rows]).unsqueeze(1)
     p_scale = torch.stack([r[1] for r in rows]).unsqueeze(1)
     out_site = torch.empty(guide.kinds.outliers, dtype=torch.long)
@@ -97,9 +87,9 @@ def fused_kl(guide, priors) -> dict[str, torch.Tensor] | None:
     return {"kl_inlier": (counts * kl_k).sum(), "kl_outlier": kl_out}
 
 
-class SharedGMMFastStep:
-    """The fast-step hooks of :class:`~twodg_pyro.guides.SharedGMMGuide` (the guide
-    protocol's :meth:`~twodg_pyro.guide.BNNGuide.fast_draw` and ``fast_kl``)."""
+class SharedGMMFastStep(FastStepGuide):
+    """The fast step of :class:`~twodg_pyro.guides.SharedGMMGuide`
+    (:class:`~twodg_pyro.guide.FastStepGuide`)."""
 
     def _mirrors_program(self) -> bool:
         """Whether the class's program is the one :meth:`fast_draw` stands in for (the

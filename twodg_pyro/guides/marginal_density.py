@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from ..guide import LOG_Q_METHODS, BNNGuide, MarginalDensity
+from .stochastic_draw import MIN_SIGMA
 
 __all__ = [
     "LOG_Q_METHODS",
@@ -63,7 +64,6 @@ __all__ = [
     "stochastic_component_marginals",
 ]
 
-_MIN_SIGMA = 1e-8
 _LOG_2PI = math.log(2 * math.pi)
 _GROUP_ELEMENTS = 1 << 22  # draws are evaluated in groups of about this many terms
 
@@ -100,7 +100,7 @@ def stochastic_component_marginals(
     cond_mean = m[:, :1] + (s01 / s11)[:, None] * (theta - m[:, 1:2])
     cond_var = (s00 - s01**2 / s11).clamp_min(0.0)[:, None]
     if coordinates == "sigma":
-        sig = theta.abs().clamp_min(_MIN_SIGMA)
+        sig = theta.abs().clamp_min(MIN_SIGMA)
     else:
         sig = theta.exp()
     sd = (cond_var + sig**2).sqrt()

@@ -53,47 +53,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..guide import GuideSample, MarginalDensity
+from ..guide import BNNGuide, GuideSample, MarginalDensity
 from ..nn.functional import inverse_softplus
 from ..sharing.structure import SharingStructure
 from .assignment import SiteIndex, WeightKinds, assignment_tables
-from .base import BNNGuide, GuideDraw, check_model_argument, particle_batch_shape
+from .base import GuideDraw, check_model_argument, particle_batch_shape, scalar_prior
 from .fast_shared import SharedGMMFastStep
 from .marginal_density import shared_mixture_log_q
-from .shared_mixture import _MIN_SIGMA, SharedMixture
-from .stochastic_draw import draw_stochastic_into, stochastic_coefficients
-from .tyings import (
-    TYINGS,
-    Conditional,
-    SharedDraw,
-    StochasticParts,
-    Tying,
-    TyingName,
-    normal_kl,
-    tying_named,
-)
+from .shared_mixture import SharedMixture
+from .tyings import TYINGS, SharedDraw, Tying, TyingName, normal_kl, tying_named
 
 __all__ = ["SharedGMMGuide", "TYINGS", "TyingName"]
-
-
-def scalar_prior(fn: dist.Distribution) -> dist.Distribution | None:
-    """The one scalar distribution behind a prior expanded over a site, or ``None`` when the
-    prior differs between weights."""
-    base = fn.base_dist if isinstance(fn, dist.Independent) else fn
-    params = {}
-    for name in base.arg_constraints:
-        value = base.__dict__.get(name)
-        if value is None:
-            continue
-        if not torch.is_tensor(value):
-            return None
-        if value.numel() > 1 and any(st != 0 for st in value.stride()):
-            return None
-        params[name] = value[(0,) * value.dim()]  # an element, no copy of an expanded tensor
-    try:
-        return type(base)(**params, validate_args=False)
-    except (TypeError, ValueError):
-        return None
 
 
 class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
@@ -107,6 +77,11 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
 
     Trainable: component centres (2K) and outlier means and scales (2 per outlier);
     the Cholesky factors of the covariances (3K) only for ``stochastic``/``tied``.
+
+    Besides the core protocol it has both extensions of :mod:`twodg_pyro.guide`: the
+    fast step (:class:`~twodg_pyro.guide.FastStepGuide`, :mod:`.fast_shared`) and the
+    sharing structure (:class:`~twodg_pyro.guide.SharingGuide`: ``tying`` and
+    :mod:`.shared_mixture`'s ``structure``, ``load_structure``, ``component_parameters``).
 
     Attributes:
         tying_rule: the :class:`~twodg_pyro.guides.tyings.Tying` (``tying`` is its name).
@@ -160,16 +135,6 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         self.kinds: WeightKinds = tables.kinds
 
     # ------------------------------------------------------------------ drawing
-    def _outlier_m1(self, scale: torch.Tensor) -> torch.Tensor:
-        """An outlier's scale in the mixture's second coordinate."""
-        return scale if self.coordinates == "sigma" else scale.log()
-
-    def _sigma_of(self, t1: torch.Tensor) -> torch.Tensor:
-        r""":math:`\tilde\sigma` from a drawn second coordinate."""
-        if self.coordinates == "sigma":
-            return t1.abs().clamp_min(_MIN_SIGMA)
-        return t1.exp()
-
     def _ellipse_components(self, S: int) -> torch.Tensor | None:
         """Component of each ellipse weight in each of ``S`` draws, ``(S, n_e)``."""
         if not self.kinds.ellipses:
@@ -196,86 +161,6 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
             else:
                 flat.index_copy_(1, self.ellipse_index, ell)
         return SharedDraw(flat, chosen, values, parts)
-
-    def _gather_rows(self, table: torch.Tensor) -> torch.Tensor:
-        """``table[:, nat_index]`` for a ``(S, K + n_out)`` table, row by row: a 1-D
-        ``index_select`` per draw (fast, 32-bit index, deterministic backward)."""
-        if table.shape[0] == 1:
-            return table[0].index_select(0, self.nat_index).unsqueeze(0)
-        if not torch.is_grad_enabled():
-            out = table.new_empty(table.shape[0], self.nat_index.numel())
-            for row, dst in zip(table, out, strict=True):
-                torch.index_select(row, 0, self.nat_index, out=dst)
-            return out
-        return torch.stack([row.index_select(0, self.nat_index) for row in table])
-
-    def _draw_stochastic(self, S: int, chosen, out_scale, fast: bool):
-        r""":math:`(\tilde\mu, t) \sim \mathcal N(m_c, S_c)`,
-        :math:`w \sim \mathcal N(\tilde\mu, \tilde\sigma(t)^2)`, per weight and draw, with
-        :math:`\tilde\mu` integrated out: two normals per weight instead of three.
-
-        With :math:`b = S_{01}/S_{11}` and :math:`v = S_{00} - S_{01}^2/S_{11}`,
-
-        .. math::
-            t = m_1 + \sqrt{S_{11}}\,u, \qquad
-            w = m_0 + b\,(t - m_1) + \sqrt{v + \tilde\sigma(t)^2}\;\varepsilon,
-            \qquad u, \varepsilon \sim \mathcal N(0, 1),
-
-        which is the same joint law of :math:`(t, w)` as drawing :math:`\tilde\mu` first.
-        When a Monte Carlo KL needs :math:`\tilde\mu` (a non-Normal prior) it is drawn
-        afterwards from :math:`\tilde\mu \mid t, w` (:class:`~twodg_pyro.guides.tyings.Stochastic`),
-        so the triple still has the law of the three-normal draw and stays reparameterised.
-        """
-        n_w = self.nat_index.numel()
-        d = self.chol_log_diag.exp()
-        zeros = self.outlier_loc.new_zeros(self.kinds.outliers)
-        m1 = self.centres()[:, 1]
-        # per component (outliers: zero covariance): m0, m1, L00, L10, L11
-        cols = [
-            torch.cat([self.centre_mu, self.outlier_loc]),
-            torch.cat([m1, self._outlier_m1(out_scale)]),
-            torch.cat([d[:, 0], zeros]),
-            torch.cat([self.chol_off, zeros]),
-            torch.cat([d[:, 1], zeros]),
-        ]
-        coef = stochastic_coefficients(*cols)  # m0, m1, sqrt(S11), b sqrt(S11), v
-        e_per = None
-        if chosen is not None:
-            c = chosen.reshape(-1)
-            e_per = [col.index_select(0, c).view(chosen.shape) for col in coef]
-        if fast:  # gathered per block inside the draw: no weight-sized coefficient vectors
-            flat = draw_stochastic_into(
-                torch.empty(S, n_w, dtype=coef[0].dtype, device=coef[0].device),
-                torch.stack(coef),
-                self.nat_index,
-                self.coordinates,
-            )
-            ell = None
-            if chosen is not None:
-                ell = draw_stochastic_into(
-                    torch.empty(chosen.shape, dtype=coef[0].dtype, device=coef[0].device),
-                    e_per,
-                    None,
-                    self.coordinates,
-                )
-            return flat, ell, None
-        # 1-D gathers: their backward is a fast serial (deterministic) index_add
-        per = [c.index_select(0, self.nat_index) for c in coef]  # 5 x (n_w,)
-
-        def draw(p, shape):
-            m0, m1_, a, ba, v = p
-            u, eps = torch.randn(2, *shape, device=m0.device, dtype=m0.dtype)
-            sig = self._sigma_of(torch.addcmul(m1_, a, u))
-            cond_mean = torch.addcmul(m0, ba, u)
-            return torch.addcmul(cond_mean, torch.sqrt(v + sig * sig), eps), cond_mean, v, sig
-
-        flat, cond_mean, v, sig = draw(per, (S, n_w))
-        ell, ellipse = None, None
-        if chosen is not None:
-            ell, cm_e, v_e, sig_e = draw(e_per, chosen.shape)
-            ellipse = Conditional(cm_e, v_e, sig_e)
-        # (c, v, sigma~) per weight, assembled only if a Monte Carlo KL asks for them
-        return flat, ell, StochasticParts(Conditional(cond_mean, v.expand(S, n_w), sig), ellipse)
 
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         lead = flat.shape[:-1]
@@ -364,15 +249,14 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         prior = scalar_prior(prior_fn)
         zero = self.centre_mu.new_zeros(())
         log_p_elem = None
+        base = prior_fn.base_dist if isinstance(prior_fn, dist.Independent) else prior_fn
 
         def log_p_at(global_idx: torch.Tensor) -> torch.Tensor:
             nonlocal log_p_elem
             if log_p_elem is None:
-                base = prior_fn.base_dist if isinstance(prior_fn, dist.Independent) else prior_fn
                 log_p_elem = base.log_prob(value).reshape(-1)
             return log_p_elem[global_idx - site.offset]
 
-        base = prior_fn.base_dist if isinstance(prior_fn, dist.Independent) else prior_fn
         # a Normal prior that differs between weights (e.g. PretrainedPrior): closed form,
         # weight by weight, at the prior's entries for the weights concerned
         per_weight = isinstance(base, dist.Normal) and prior is None
@@ -416,7 +300,7 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         marginals = self.tying_rule.component_marginals(self, int(quadrature_nodes))
         return shared_mixture_log_q(self, marginals)
 
-    # ------------------------------------------------------------------ BNNGuide API
+    # ------------------------------------------------------------------ parameters
     def param_groups(self) -> list[dict]:
         groups = [
             {"name": "centre", "params": [self.centre_mu, self.centre_raw]},

@@ -20,11 +20,9 @@ from ..infer.elbo import DecomposedELBO
 from ..nn.functional import inverse_softplus
 from ..sharing.refine import apply_mapping, merge_point_covariances
 from ..sharing.structure import SharingStructure
+from .stochastic_draw import MIN_SIGMA
 
 __all__ = ["SharedMixture"]
-
-#: the smallest sigma a centre or a drawn weight takes (also the shared-GMM guide's)
-_MIN_SIGMA = 1e-8
 
 
 def _chol_params(covs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +36,8 @@ def _chol_params(covs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class SharedMixture:
     """The components and sharing structure of :class:`~twodg_pyro.guides.SharedGMMGuide`
-    (see the module docstring)."""
+    (see the module docstring): with the guide's ``tying``, the
+    :class:`~twodg_pyro.guide.SharingGuide` extension of the guide protocol."""
 
     # ------------------------------------------------------------------ parameters
     def _set_components(
@@ -54,7 +53,7 @@ class SharedMixture:
             "point_covs", point_covs.detach().to(device=like.device, dtype=like.dtype).clone()
         )
         m1 = means[:, 1]
-        raw = inverse_softplus(m1.clamp_min(_MIN_SIGMA)) if self.coordinates == "sigma" else m1
+        raw = inverse_softplus(m1.clamp_min(MIN_SIGMA)) if self.coordinates == "sigma" else m1
         self.centre_mu = nn.Parameter(means[:, 0].clone())
         self.centre_raw = nn.Parameter(raw.clone())
         # the centres the inlier points were last synchronised with (see current_points)
@@ -79,7 +78,7 @@ class SharedMixture:
     def centre_sigma(self) -> torch.Tensor:
         r""":math:`\sigma` of each centre (``softplus`` or ``exp`` of its raw parameter)."""
         if self.coordinates == "sigma":
-            return F.softplus(self.centre_raw).clamp_min(_MIN_SIGMA)
+            return F.softplus(self.centre_raw).clamp_min(MIN_SIGMA)
         return self.centre_raw.exp()
 
     def centres(self) -> torch.Tensor:

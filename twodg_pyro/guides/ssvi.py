@@ -35,18 +35,25 @@ weight tensors, sampled as such.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pyro
 import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from pyro.distributions.kl import kl_divergence
 from torch import nn
 
-from ..guide import GuideSample, MarginalDensity
+from ..guide import BNNGuide, GuideSample, MarginalDensity
 from ..model import BNNModel
 from ..nn.functional import inverse_softplus
 from ..nn.sites import BayesianSite
-from .base import BNNGuide, GuideDraw, check_model_argument, particle_batch_shape, site_key
+from .base import (
+    GuideDraw,
+    LocScaleParameters,
+    check_model_argument,
+    particle_batch_shape,
+    site_key,
+)
 from .mean_field import check_init_scale, paper_initial_scales
 
 __all__ = ["SSVIGuide"]
@@ -68,7 +75,7 @@ def _unwrap(d: dist.Distribution) -> dist.Distribution:
     return d
 
 
-class SSVIGuide(BNNGuide):
+class SSVIGuide(LocScaleParameters, BNNGuide):
     r"""Mean-field Normal over a sparse subspace of every site of a ``BNNModel``.
 
     Args:
@@ -151,13 +158,11 @@ class SSVIGuide(BNNGuide):
         mask[idx] = True
         return mask.reshape(site.shape)
 
-    def loc(self, name: str) -> torch.Tensor:
-        r""":math:`\mu` of the active coordinates, ``(|Gamma|,)``."""
-        return self.locs[site_key(name)]
-
-    def scale(self, name: str) -> torch.Tensor:
-        r""":math:`\sigma` of the active coordinates, ``(|Gamma|,)``."""
-        return F.softplus(self.rhos[site_key(name)])
+    def active_distribution(self, name: str) -> dist.Normal:
+        r""":math:`\prod_{i \in \Gamma} \mathcal N(\mu_i, \sigma_i^2)` of a site's active
+        coordinates, batch shape ``(|Gamma|,)``: the guide's one definition of its family,
+        which its program, :meth:`draw`, :meth:`site_kl` and densities use."""
+        return dist.Normal(self.loc(name), self.scale(name), validate_args=False)
 
     def densify(self, name: str, values: torch.Tensor) -> torch.Tensor:
         """Scatter active values ``(..., |Gamma|)`` into zeros of shape ``(..., *site.shape)``."""
@@ -226,19 +231,10 @@ class SSVIGuide(BNNGuide):
         batch = particle_batch_shape()
         out = {}
         for site in self.sites:
-            loc, scale = self.loc(site.name), self.scale(site.name)
-            if batch:
-                noise = torch.randn(*batch, *loc.shape, device=loc.device, dtype=loc.dtype)
-            else:
-                noise = torch.randn_like(loc)
-            active = loc + scale * noise
-            weight = self.densify(site.name, active)
-
-            def density(site=site, active=active):
-                return self.site_log_density(site.name, active)
-
+            active = self.active_distribution(site.name).rsample(batch)
+            density = partial(self.site_log_density, site.name, active)
             out[site.name] = pyro.sample(
-                site.name, GuideDraw(weight, density, event_dim=len(site.shape))
+                site.name, GuideDraw(self.densify(site.name, active), density, len(site.shape))
             )
         return out
 
@@ -257,8 +253,7 @@ class SSVIGuide(BNNGuide):
         :math:`\log q - \log p = \sum_{i \in \Gamma} \log q(\theta_i) - \log p(\theta_i)`,
         the integrand of :meth:`site_kl`."""
         site = self.site(name)
-        q = dist.Normal(self.loc(name), self.scale(name), validate_args=False)
-        log_q = q.log_prob(active).sum(-1)
+        log_q = self.active_distribution(name).log_prob(active).sum(-1)
         prior = _unwrap(self._prior(site, self.loc(name)))
         zero = self.loc(name).new_zeros(site.shape)
         log_p0 = prior.log_prob(zero).expand(site.shape).reshape(-1)
@@ -272,7 +267,7 @@ class SSVIGuide(BNNGuide):
         point masses match the subspace-restricted prior and cost nothing."""
         idx = self.active_indices(name)
         site = self.site(name)
-        q = dist.Normal(self.loc(name), self.scale(name), validate_args=False)
+        q = self.active_distribution(name)
         base = _unwrap(prior_fn)
         if isinstance(base, torch.distributions.Normal):
             p = dist.Normal(
@@ -288,13 +283,13 @@ class SSVIGuide(BNNGuide):
     # ------------------------------------------------------------------ BNNGuide API
     def draw(self, num_samples: int | None = None) -> GuideSample:
         """Dense draws, exactly zero outside the subspace: ``site.shape`` or ``(S, *shape)``."""
-        out = {}
-        for site in self.sites:
-            loc, scale = self.loc(site.name), self.scale(site.name)
-            shape = loc.shape if num_samples is None else (num_samples, *loc.shape)
-            active = loc + scale * torch.randn(shape, device=loc.device, dtype=loc.dtype)
-            out[site.name] = self.densify(site.name, active)
-        return GuideSample(out)
+        lead = () if num_samples is None else (num_samples,)
+        return GuideSample(
+            {
+                s.name: self.densify(s.name, self.active_distribution(s.name).rsample(lead))
+                for s in self.sites
+            }
+        )
 
     def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
         r"""The Normal log density of the *active* coordinates,
@@ -306,10 +301,9 @@ class SSVIGuide(BNNGuide):
         def subspace(weights, flat=None):
             total = 0.0
             for s in self.sites:
-                d = torch.distributions.Normal(self.loc(s.name), self.scale(s.name))
                 w = weights[s.name]
                 active = w.reshape(w.shape[0], -1)[:, self.active_indices(s.name)]
-                total = total + d.log_prob(active).sum(-1)
+                total = total + self.active_distribution(s.name).log_prob(active).sum(-1)
             return total.detach()
 
         return MarginalDensity(subspace, "exact")
@@ -321,9 +315,3 @@ class SSVIGuide(BNNGuide):
             "scale": self.densify(name, self.scale(name).detach()),
             "active": self.active_mask(name),
         }
-
-    def param_groups(self) -> list[dict]:
-        return [
-            {"name": "loc", "params": list(self.locs.values())},
-            {"name": "scale", "params": list(self.rhos.values())},
-        ]

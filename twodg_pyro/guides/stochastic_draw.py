@@ -1,5 +1,5 @@
-r"""The stochastic tying's draw pieces: per-component coefficients and the no-gradient
-(prediction) draw.
+r"""The stochastic tying's draw (:func:`draw_stochastic`): per-component coefficients, the
+differentiable draw with what its KL needs, and the no-gradient (prediction) draw.
 
 A weight tied stochastically to a component with mean :math:`(m_0, m_1)` and covariance
 :math:`S = L L^\top` is drawn from two normals :math:`u, \varepsilon`:
@@ -10,17 +10,50 @@ A weight tied stochastically to a component with mean :math:`(m_0, m_1)` and cov
 
 with :math:`b = S_{01}/S_{11}`, :math:`v = S_{00} - S_{01}^2/S_{11}` and
 :math:`\tilde\sigma(t)` the drawn second coordinate as a scale (``t`` in ``sigma``
-coordinates, ``exp(t)`` in ``log_sigma`` ones).
+coordinates, ``exp(t)`` in ``log_sigma`` ones): the joint law of :math:`(t, w)` of the
+three-normal draw, with :math:`\tilde\mu` integrated out.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NamedTuple
+
 import torch
 
-__all__ = ["DRAW_BLOCK", "draw_stochastic_into", "stochastic_coefficients"]
+if TYPE_CHECKING:
+    from .tying_guide import TyingGuide
+
+__all__ = [
+    "DRAW_BLOCK",
+    "MIN_SIGMA",
+    "Conditional",
+    "StochasticParts",
+    "draw_stochastic",
+    "draw_stochastic_into",
+    "stochastic_coefficients",
+]
 
 #: elements (draws x weights) per block of the no-gradient draw (a cache-sized scratch)
 DRAW_BLOCK = 1 << 15
+#: the smallest sigma a centre or a drawn weight takes (the shared-GMM guide's)
+MIN_SIGMA = 1e-8
+
+
+class Conditional(NamedTuple):
+    r"""The ``stochastic`` tying's :math:`\tilde\mu \mid t` per weight and draw: its mean
+    :math:`c`, its variance :math:`v`, and :math:`\tilde\sigma(t)`."""
+
+    mean: torch.Tensor
+    var: torch.Tensor
+    sigma: torch.Tensor
+
+
+class StochasticParts(NamedTuple):
+    """A differentiable ``stochastic`` draw's :class:`Conditional` of every weight
+    ``(S, n_w)`` (ellipse weights as if plain) and of the ellipse weights ``(S, n_e)``."""
+
+    plain: Conditional
+    ellipse: Conditional | None
 
 
 def stochastic_coefficients(m0, m1, l00, l10, l11):
@@ -89,3 +122,61 @@ def draw_stochastic_into(
         torch.addcmul(m0_b, ba_b, u, out=out_b)
         out_b.addcmul_(var.sqrt_(), eps)
     return out
+
+
+def draw_stochastic(
+    guide: TyingGuide, S: int, chosen: torch.Tensor | None, out_scale: torch.Tensor, fast: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, StochasticParts | None]:
+    r"""``(flat (S, n_w), ellipse weights (S, n_e) or None, parts)``: ``S`` two-normal
+    draws of every weight of the shared-GMM ``guide`` (outliers: components with
+    :math:`S = 0` and :math:`\sigma` ``out_scale``; ``chosen``: each ellipse weight's
+    component per draw).  ``fast`` (prediction) draws block by block
+    (:func:`draw_stochastic_into`), without ``parts``: the conditionals
+    :math:`\tilde\mu \mid t` from which a Monte Carlo KL draws :math:`\tilde\mu`
+    afterwards (:class:`~twodg_pyro.guides.tyings.Stochastic`), so that the triple has the
+    law of the three-normal draw and stays reparameterised."""
+    n_w = guide.nat_index.numel()
+    d = guide.chol_log_diag.exp()
+    zeros = guide.outlier_loc.new_zeros(guide.kinds.outliers)
+    m1 = guide.centres()[:, 1]
+    log_sigma = guide.coordinates != "sigma"
+    # per component (outliers: zero covariance): m0, m1, L00, L10, L11
+    cols = [
+        torch.cat([guide.centre_mu, guide.outlier_loc]),
+        torch.cat([m1, out_scale.log() if log_sigma else out_scale]),
+        torch.cat([d[:, 0], zeros]),
+        torch.cat([guide.chol_off, zeros]),
+        torch.cat([d[:, 1], zeros]),
+    ]
+    coef = stochastic_coefficients(*cols)  # m0, m1, sqrt(S11), b sqrt(S11), v
+    e_per = None
+    if chosen is not None:
+        c = chosen.reshape(-1)
+        e_per = [col.index_select(0, c).view(chosen.shape) for col in coef]
+    if fast:  # gathered per block inside the draw: no weight-sized coefficient vectors
+        like = {"dtype": coef[0].dtype, "device": coef[0].device}
+        flat = torch.empty(S, n_w, **like)
+        draw_stochastic_into(flat, torch.stack(coef), guide.nat_index, guide.coordinates)
+        ell = None
+        if chosen is not None:
+            ell = torch.empty(chosen.shape, **like)
+            draw_stochastic_into(ell, e_per, None, guide.coordinates)
+        return flat, ell, None
+    # 1-D gathers: their backward is a fast serial (deterministic) index_add
+    per = [c.index_select(0, guide.nat_index) for c in coef]  # 5 x (n_w,)
+
+    def draw(p, shape):
+        m0, m1_, a, ba, v = p
+        u, eps = torch.randn(2, *shape, device=m0.device, dtype=m0.dtype)
+        t = torch.addcmul(m1_, a, u)
+        sig = t.exp() if log_sigma else t.abs().clamp_min(MIN_SIGMA)
+        cond_mean = torch.addcmul(m0, ba, u)
+        return torch.addcmul(cond_mean, torch.sqrt(v + sig * sig), eps), cond_mean, v, sig
+
+    flat, cond_mean, v, sig = draw(per, (S, n_w))
+    ell, ellipse = None, None
+    if chosen is not None:
+        ell, cm_e, v_e, sig_e = draw(e_per, chosen.shape)
+        ellipse = Conditional(cm_e, v_e, sig_e)
+    # (c, v, sigma~) per weight, assembled only if a Monte Carlo KL asks for them
+    return flat, ell, StochasticParts(Conditional(cond_mean, v.expand(S, n_w), sig), ellipse)

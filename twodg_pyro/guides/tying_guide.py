@@ -5,7 +5,7 @@ guide that imports them."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -15,14 +15,17 @@ __all__ = ["TyingGuide"]
 
 
 class TyingGuide(Protocol):
-    """The members of :class:`~twodg_pyro.guides.SharedGMMGuide` that the tyings use: the
-    components (centres ``(K, 2)`` in ``coordinates``, their Cholesky factors and
-    covariances ``(K, 2, 2)``, member counts), the outliers' parameters, the weights'
-    assignment tables and the guide's row gather and stochastic draw."""
+    """The public members of :class:`~twodg_pyro.guides.SharedGMMGuide` that the tyings
+    use: the components (centres ``(K, 2)`` in ``coordinates``, the parameters of their
+    Cholesky factors, the factors and covariances ``(K, 2, 2)``, member counts), the
+    outliers' parameters and the weights' assignment tables
+    (:mod:`~twodg_pyro.guides.assignment`)."""
 
     coordinates: str
     kinds: WeightKinds
     centre_mu: torch.Tensor
+    chol_log_diag: torch.Tensor
+    chol_off: torch.Tensor
     outlier_loc: torch.Tensor
     outlier_rho: torch.Tensor
     plain_index: torch.Tensor
@@ -45,9 +48,3 @@ class TyingGuide(Protocol):
     def covariances(self) -> torch.Tensor: ...
 
     def component_counts(self) -> torch.Tensor: ...
-
-    def _gather_rows(self, table: torch.Tensor) -> torch.Tensor: ...
-
-    def _draw_stochastic(
-        self, S: int, chosen: torch.Tensor, out_scale: torch.Tensor, fast: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, Any]: ...

@@ -54,7 +54,9 @@ import torch.nn.functional as F
 from pyro.distributions.kl import kl_divergence
 
 from ..guide import NoSiteDensityError
+from .assignment import gather_rows
 from .marginal_density import ComponentMarginals, stochastic_component_marginals
+from .stochastic_draw import Conditional, StochasticParts, draw_stochastic
 from .stochastic_kl import expected_normal_kl
 
 if TYPE_CHECKING:
@@ -88,23 +90,6 @@ def normal_kl(loc: torch.Tensor, scale: torch.Tensor, prior: dist.Distribution) 
 
 
 # ------------------------------------------------------------------------ draws
-class Conditional(NamedTuple):
-    r"""The ``stochastic`` tying's :math:`\tilde\mu \mid t` per weight and draw: its mean
-    :math:`c`, its variance :math:`v`, and :math:`\tilde\sigma(t)`."""
-
-    mean: torch.Tensor
-    var: torch.Tensor
-    sigma: torch.Tensor
-
-
-class StochasticParts(NamedTuple):
-    """A differentiable ``stochastic`` draw's :class:`Conditional` of every weight
-    ``(S, n_w)`` (ellipse weights as if plain) and of the ellipse weights ``(S, n_e)``."""
-
-    plain: Conditional
-    ellipse: Conditional | None
-
-
 class TyingDraw(NamedTuple):
     """What a tying's :meth:`Tying.draw` returns: the flat weights ``(S, n_w)`` (ellipse
     weights not yet placed), the ellipse weights ``(S, n_e)`` (``None``: none), and what
@@ -208,13 +193,18 @@ class Representative(Tying):
 
     name = "representative"
 
+    @staticmethod
+    def normals(guide, out_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loc, scale)`` of each weight's Normal, ``(n_w,)`` in site order: its
+        component's centre, or its own (outliers, of scale ``out_scale``)."""
+        loc = torch.cat([guide.centre_mu, guide.outlier_loc])
+        scale = torch.cat([guide.centre_sigma(), out_scale])
+        return loc.index_select(0, guide.nat_index), scale.index_select(0, guide.nat_index)
+
     def draw(self, guide, S, chosen, out_scale, fast) -> TyingDraw:
         n_w = guide.nat_index.numel()
         dev = guide.centre_mu.device
-        loc_tab = torch.cat([guide.centre_mu, guide.outlier_loc])
-        scale_tab = torch.cat([guide.centre_sigma(), out_scale])
-        loc = loc_tab.index_select(0, guide.nat_index)
-        scale = scale_tab.index_select(0, guide.nat_index)
+        loc, scale = self.normals(guide, out_scale)
         eps = torch.randn(S, n_w, device=dev, dtype=loc.dtype)
         flat = torch.addcmul(loc, scale, eps, out=None if torch.is_grad_enabled() else eps)
         ell = None
@@ -234,9 +224,7 @@ class Representative(Tying):
         :math:`\mathbb E[\log q(w \mid c) - \log p(w)] = \sum_k \alpha_k
         \mathrm{KL}(\mathcal N(m_{k,0}, m_{k,1}^2) \| p)`."""
         flat = draw.flat
-        loc = torch.cat([guide.centre_mu, guide.outlier_loc]).index_select(0, guide.nat_index)
-        scale = torch.cat([guide.centre_sigma(), F.softplus(guide.outlier_rho)])
-        scale = scale.index_select(0, guide.nat_index)
+        loc, scale = self.normals(guide, F.softplus(guide.outlier_rho))
         chosen = draw.chosen
         if chosen is not None:
             shape = (flat.shape[0], loc.shape[0])
@@ -288,13 +276,13 @@ class Stochastic(Tying):
     r""":math:`(\tilde\mu_i, \tilde\sigma_i) \sim \mathcal N(m_c, S_c)` per weight
     (:math:`\tilde\sigma` kept positive), then :math:`w_i \sim \mathcal N(\tilde\mu_i,
     \tilde\sigma_i^2)`; drawn with :math:`\tilde\mu` integrated out
-    (:meth:`~twodg_pyro.guides.SharedGMMGuide._draw_stochastic`)."""
+    (:func:`~twodg_pyro.guides.stochastic_draw.draw_stochastic`)."""
 
     name = "stochastic"
     trains_covariances = True
 
     def draw(self, guide, S, chosen, out_scale, fast) -> TyingDraw:
-        flat, ell, parts = guide._draw_stochastic(S, chosen, out_scale, fast)
+        flat, ell, parts = draw_stochastic(guide, S, chosen, out_scale, fast)
         return TyingDraw(flat, ell, stochastic=parts)
 
     def conditional(self, guide, draw: SharedDraw) -> Conditional:
@@ -395,7 +383,7 @@ class Tied(Tying):
             torch.randn(S, guide.kinds.outliers, device=dev, dtype=L.dtype),
         )
         table = torch.cat([z0, w_out], 1)
-        flat = guide._gather_rows(table)
+        flat = gather_rows(table, guide.nat_index)
         ell = z0.gather(1, chosen) if chosen is not None else None
         return TyingDraw(flat, ell, component_values=z0)
 

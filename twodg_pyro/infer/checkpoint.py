@@ -30,7 +30,7 @@ from ..files.checkpoint import (
     load_checkpoint,
     write_checkpoint,
 )
-from ..guide import BNNGuide
+from ..guide import SharingGuide
 from ..rng import capture_rng, loader_generators, restore_rng
 from .callbacks import Callback
 from .elbo import DecomposedELBO
@@ -110,7 +110,7 @@ def checkpoint_payload(
         "stop": bool(state.stop),
         "complete": bool(state.epoch >= state.epochs or state.stop),
         "guide_class": type(guide).__name__,
-        "tying": guide.tying if isinstance(guide, BNNGuide) else None,
+        "tying": guide.tying if isinstance(guide, SharingGuide) else None,
         "optimizer_class": type(state.optimizer).__name__,
         "optimizer_layout": optimizer_layout(state.optimizer, model, guide),
         "sites": site_list(model),
@@ -124,7 +124,7 @@ def checkpoint_payload(
         payload[f"model/{k}"] = v.detach().cpu().clone()
     for k, v in guide.state_dict().items():
         payload[f"guide/{k}"] = v.detach().cpu().clone()
-    structure = guide.structure() if isinstance(guide, BNNGuide) else None
+    structure = guide.structure() if isinstance(guide, SharingGuide) else None
     if structure is not None:
         for k, v in structure.to_payload().items():
             payload[f"structure/{k}"] = v
@@ -291,7 +291,7 @@ def restore_state(
             f"checkpoint {where!r} holds a {h.get('guide_class')} guide, got a "
             f"{type(guide).__name__}"
         )
-    tying = guide.tying if isinstance(guide, BNNGuide) else None
+    tying = guide.tying if isinstance(guide, SharingGuide) else None
     if h.get("tying") != tying:
         raise ValueError(
             f"checkpoint {where!r} was written with tying {h.get('tying')!r}, the guide has "
@@ -299,7 +299,7 @@ def restore_state(
         )
     _load_module(model, ckpt.section("model/"), "network", where)
     if ckpt.has_structure:  # decoded by the class of the guide's own structure
-        current = guide.structure() if isinstance(guide, BNNGuide) else None
+        current = guide.structure() if isinstance(guide, SharingGuide) else None
         if current is None:
             raise ValueError(
                 f"checkpoint {where!r} holds a sharing structure, the {type(guide).__name__} "

@@ -9,16 +9,17 @@ dispatch, trace nodes and messenger calls.  The structure never changes between 
 so the fast step does the same arithmetic directly:
 
 1. the sites' priors, made once per model, prior settings, device and dtype (for the
-   library's priors, whose distributions depend on their settings only; a user's prior
-   is asked at every step, as the program asks it);
-2. one draw of every site by the guide's :meth:`~twodg_pyro.guide.BNNGuide.fast_draw`:
+   priors whose distributions depend on their settings only,
+   :attr:`~twodg_pyro.priors.Prior.settled`; any other prior is asked at every step, as
+   the program asks it);
+2. one draw of every site by the guide's :meth:`~twodg_pyro.guide.FastStepGuide.fast_draw`:
    the values its program would sample, from the same random numbers by the same
    arithmetic (the mean-field guide: :math:`\mu + \epsilon\sigma` per site; the shared-GMM
    guide in every tying: its one flat draw of all weights, split into the sites);
 3. the network run on them (:meth:`~twodg_pyro.model.BNNModel.run_network`) and the
    likelihood's log-density of the minibatch, scaled by :math:`N/B` as the data plate
    scales it;
-4. the KL terms by the guide's :meth:`~twodg_pyro.guide.BNNGuide.fast_kl` (the
+4. the KL terms by the guide's :meth:`~twodg_pyro.guide.FastStepGuide.fast_kl` (the
    mean-field guide: the Normal-Normal closed form, with the draw's own
    :math:`\sigma`; the shared-GMM guide: its per-site terms of Eq. 10).
 
@@ -31,7 +32,7 @@ rounding, not bit for bit, and several times less KL work per step.
 **When it applies** (:func:`unsupported`): a :class:`~twodg_pyro.model.BNNModel` whose
 program and network call are the library's (not the rank-1 model), a ``Categorical`` or
 ``Gaussian`` likelihood, targets given, no Pyro handler active (it would see no
-sites), and a guide whose :meth:`~twodg_pyro.guide.BNNGuide.fast_draw` accepts the
+sites), and a guide whose :meth:`~twodg_pyro.guide.FastStepGuide.fast_draw` accepts the
 priors (the mean-field guide needs Normal priors; the shared-GMM guide takes any).
 Anything else -- Pyro's autoguides, the rank-1, SSVI guides, a Laplace prior under
 the mean-field guide, a user's likelihood -- is traced, and
@@ -46,29 +47,28 @@ from collections.abc import Mapping
 import pyro.distributions as dist
 import torch
 
-from ..guide import BNNGuide
+from ..guide import BNNGuide, FastStepGuide
 from ..likelihoods import Categorical, Gaussian, check_labels
 from ..model import BNNModel
-from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior
 from ..pyro_params import handlers_active
 
 __all__ = ["fast_particle_terms", "site_priors", "unsupported"]
 
-#: priors whose site distributions depend on their public settings only (made once)
-_SETTLED_PRIORS = (NormalPrior, LaplacePrior, LayerwiseNormalPrior, PretrainedPrior)
 #: likelihoods whose program is ``Likelihood.__call__`` (plus Categorical's label check)
 _LIKELIHOODS = (Categorical, Gaussian)
-#: model -> (key, {site: prior}) of the library's priors
+#: model -> (key, {site: prior}) of a settled prior
 _PRIORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def unsupported(model, guide, args: tuple, kwargs: Mapping) -> str | None:
     """Why the fast step cannot stand in for the traced one here (``None``: it can; the
-    guide's :meth:`~twodg_pyro.guide.BNNGuide.fast_draw` may still decline its priors)."""
+    guide's :meth:`~twodg_pyro.guide.FastStepGuide.fast_draw` may still decline its priors)."""
     if handlers_active():
         return "a Pyro effect handler is active (it must see the programs' sites)"
     if not isinstance(guide, BNNGuide):
         return f"the guide {type(guide).__name__} is not one of the library's guides"
+    if not isinstance(guide, FastStepGuide):
+        return f"the guide {type(guide).__name__} has no fast step (not a FastStepGuide)"
     if not isinstance(model, BNNModel):
         return f"the model {type(model).__name__} is not a BNNModel"
     cls = type(model)
@@ -97,12 +97,13 @@ def _leaf(value):
 
 def site_priors(model: BNNModel) -> dict[str, dist.Distribution]:
     """Each site's prior as the program asks it (``model.prior(site, parameter)``): made
-    once per model, prior object, prior settings, and the sites' devices and dtypes for the
-    library's priors; at every call for any other prior (it may change between steps)."""
+    once per model, prior object, prior settings, and the sites' devices and dtypes for a
+    :attr:`~twodg_pyro.priors.Prior.settled` prior; at every call for any other prior (it
+    may change between steps)."""
     prior = model.prior
     params = [model.site_parameter(i) for i in range(len(model.sites))]
     key = None
-    if type(prior) in _SETTLED_PRIORS:
+    if getattr(prior, "settled", False):
         settings = tuple((k, _leaf(v)) for k, v in vars(prior).items() if not k.startswith("_"))
         key = (id(prior), settings, tuple((p.device, p.dtype) for p in params))
         hit = _PRIORS.get(model)
@@ -126,7 +127,7 @@ def fast_particle_terms(
     <twodg_pyro.infer.DecomposedELBO>` computes them from the traces: the guide's KL
     terms (in site order), then :math:`\text{nll} = -\frac{N}{B}\sum_b \log p(y_b \mid
     f_w(x_b))`.  ``fused_kl``: the guide may sum its KL over the sites at once
-    (:meth:`~twodg_pyro.guide.BNNGuide.fast_kl`).  ``None``: the guide declined (before
+    (:meth:`~twodg_pyro.guide.FastStepGuide.fast_kl`).  ``None``: the guide declined (before
     drawing anything)."""
     values = guide.fast_draw(priors)
     if values is None:

@@ -1,13 +1,21 @@
-"""Model files of every method (:func:`save_model` / :func:`load_model`), the 2DG format
-underneath them (:func:`save_2dg` / :func:`load_2dg`), compact ``.2dgz`` files, and the
+"""Model files of every method (:func:`save_model` / :func:`load_model`; a 2DG BNN's
+alone: :func:`save_2dg` / :func:`load_2dg`), a new method's file support as one
+:func:`register_guide_file` (:mod:`.model_format`), compact ``.2dgz`` files, and the
 non-Bayesian baselines' files (:func:`save_baseline` / :func:`load_baseline`).  The file
 plumbing below them (atomic writes, safe loading, checksums, checkpoints) is
 :mod:`twodg_pyro.files`."""
 
 from .baseline_file import load_baseline, save_baseline
-from .bnn_file import load_2dg, save_2dg
 from .compact import export_compact, load_compact
-from .model_file import load_model, load_model_file, read_model_header, save_model
+from .model_file import (
+    load_2dg,
+    load_model,
+    load_model_file,
+    read_model_header,
+    register_guide_file,
+    save_2dg,
+    save_model,
+)
 from .specs import PriorNotStoredWarning, UnavailablePrior
 
 __all__ = [
@@ -20,6 +28,7 @@ __all__ = [
     "load_model",
     "load_model_file",
     "read_model_header",
+    "register_guide_file",
     "save_2dg",
     "save_baseline",
     "save_model",

@@ -28,39 +28,24 @@ Layout (``kind = "twodg_pyro.Baseline"``, format version 1):
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 from torch import nn
 
-from ..files.payload import PayloadFormat, payload_section, read_payload, write_payload
+from ..files.payload import payload_section, read_payload, write_payload
+from .model_format import (
+    BASELINE_FORMAT,
+    check_spec_fields,
+    header_error,
+    header_json,
+    state_tensors,
+)
 from .specs import rebuild_network
 
-__all__ = [
-    "BASELINE_FILE_KIND",
-    "BASELINE_FILE_VERSION",
-    "BASELINE_FORMAT",
-    "baseline_kind",
-    "load_baseline",
-    "load_baseline_payload",
-    "save_baseline",
-]
+__all__ = ["BASELINE_FILE_KIND", "baseline_kind", "load_baseline", "save_baseline"]
 
-BASELINE_FILE_KIND = "twodg_pyro.Baseline"
-BASELINE_FILE_VERSION = 1
-BASELINE_FORMAT = PayloadFormat(
-    kind=BASELINE_FILE_KIND,
-    version=BASELINE_FILE_VERSION,
-    noun="a twodg_pyro model file",
-    header_noun="the model file's header",
-    kind_noun="a twodg_pyro baseline model file",
-    finite_prefixes=("member/", "net/", "laplace/"),
-)
+BASELINE_FILE_KIND = BASELINE_FORMAT.kind
 _BASELINES = ("ensemble", "laplace", "network")
-
-
-def _state(module: nn.Module, prefix: str) -> dict:
-    return {f"{prefix}{k}": v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
 def baseline_kind(obj) -> str:
@@ -109,9 +94,7 @@ def save_baseline(
     """
     kind = baseline_kind(obj)
     net = obj.net if kind != "network" else obj
-    header = {
-        "kind": BASELINE_FILE_KIND,
-        "format_version": BASELINE_FILE_VERSION,
+    fields = {
         "method": method or {"network": "deterministic"}.get(kind, kind),
         "baseline": kind,
         "network": network,
@@ -119,13 +102,13 @@ def save_baseline(
     }
     payload: dict = {}
     if kind == "ensemble":
-        header["members"] = obj.num_members
+        fields["members"] = obj.num_members
         for m, member in enumerate(obj.members):
-            payload.update(_state(member, f"member/{m}/"))
+            payload.update(state_tensors(member, f"member/{m}/"))
     else:
-        payload.update(_state(net, "net/"))
+        payload.update(state_tensors(net, "net/"))
     if kind == "laplace":
-        header["laplace"] = {
+        fields["laplace"] = {
             "subset": obj.subset,
             "hessian": obj.hessian,
             "pred_type": obj.pred_type,
@@ -140,9 +123,9 @@ def save_baseline(
             for i, block in enumerate(obj.factors):
                 for j, f in enumerate(block):
                     payload[f"laplace/kfac/{i}/{j}"] = f.detach().cpu().clone()
-    if evaluation is not None:
-        header["evaluation"] = evaluation
-    return write_payload({"header": json.dumps(header), **payload}, path)
+    return write_payload(
+        {"header": header_json(BASELINE_FORMAT, fields, evaluation), **payload}, path
+    )
 
 
 def load_baseline(path: str | Path, net: nn.Module | None = None, device="cpu"):
@@ -160,48 +143,11 @@ def load_baseline(path: str | Path, net: nn.Module | None = None, device="cpu"):
             corrupted (checksum), NaN/inf, a header missing a field, or a network that
             does not match the saved one.
     """
-    payload, header = read_payload(path, BASELINE_FORMAT)
-    return load_baseline_payload(payload, header, str(path), net=net, device=device)
-
-
-def _check_header(header: dict, where: str) -> None:
-    def bad(field: str, what: str) -> ValueError:
-        return ValueError(f"{where!r}: the header's {field} = {header.get(field)!r:.80} {what}")
-
-    if header.get("baseline") not in _BASELINES:
-        raise bad("baseline", f"is not one of {list(_BASELINES)}")
-    if not isinstance(header.get("method"), str):
-        raise bad("method", "is not a method name")
-    network = header.get("network")
-    if network is not None and not (
-        isinstance(network, dict)
-        and isinstance(network.get("name"), str)
-        and isinstance(network.get("kwargs", {}), dict)
-    ):
-        raise bad("network", 'is not {"name": ..., "kwargs": {...}}')
-    if header.get("evaluation") is not None and not isinstance(header["evaluation"], dict):
-        raise bad("evaluation", "is not a table")
-    members = header.get("members")
-    if header["baseline"] == "ensemble" and (
-        isinstance(members, bool) or not isinstance(members, int) or members < 1
-    ):
-        raise bad("members", "is not an integer >= 1")
-    la = header.get("laplace")
-    if header["baseline"] == "laplace" and not (
-        isinstance(la, dict)
-        and all(isinstance(la.get(k), str) for k in ("subset", "hessian", "pred_type"))
-        and isinstance(la.get("param_names"), list)
-        and isinstance(la.get("block_sizes"), list)
-        and isinstance(la.get("h_factor"), (int, float))
-    ):
-        raise bad("laplace", "is not a table of the approximation's settings")
-
-
-def load_baseline_payload(payload: dict, header: dict, where: str, net=None, device="cpu"):
-    """:func:`load_baseline` on a payload already read and verified."""
     from ..baselines.ensemble import Ensemble
     from ..baselines.laplace import LaplacePosterior
 
+    payload, header = read_payload(path, BASELINE_FORMAT)
+    where = str(path)
     _check_header(header, where)
     kind = header["baseline"]
     if kind == "ensemble":
@@ -241,3 +187,28 @@ def load_baseline_payload(payload: dict, header: dict, where: str, net=None, dev
             f"{type(e).__name__}: {e}"
         ) from e
     return post.to(device)
+
+
+def _check_header(header: dict, where: str) -> None:
+    def bad(field: str, what: str) -> ValueError:
+        return header_error(header, where, field, what)
+
+    if header.get("baseline") not in _BASELINES:
+        raise bad("baseline", f"is not one of {list(_BASELINES)}")
+    if not isinstance(header.get("method"), str):
+        raise bad("method", "is not a method name")
+    check_spec_fields(header, where)
+    members = header.get("members")
+    if header["baseline"] == "ensemble" and (
+        isinstance(members, bool) or not isinstance(members, int) or members < 1
+    ):
+        raise bad("members", "is not an integer >= 1")
+    la = header.get("laplace")
+    if header["baseline"] == "laplace" and not (
+        isinstance(la, dict)
+        and all(isinstance(la.get(k), str) for k in ("subset", "hessian", "pred_type"))
+        and isinstance(la.get("param_names"), list)
+        and isinstance(la.get("block_sizes"), list)
+        and isinstance(la.get("h_factor"), (int, float))
+    ):
+        raise bad("laplace", "is not a table of the approximation's settings")

@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..guide import require_sharing
 from .bits import pack_bits
 from .compact_format import (
     _FLOAT_DTYPES,
@@ -158,6 +159,7 @@ def export_compact(
     _check_bits("alpha_bits", alpha_bits, 2, 16)
     if centre_dtype not in _FLOAT_DTYPES:
         raise ValueError(f"centre_dtype must be 'float16' or 'float32', got {centre_dtype!r}")
+    require_sharing(guide, "export_compact")
     s = guide.structure()
     K, n_w = s.n_gaussians, s.num_weights
     sizes = [lay.numel for lay in s.sites]
@@ -345,15 +347,15 @@ def export_compact_file(run_or_file: str | Path, out: str | Path, **options) -> 
     ``source``, ``source_bytes`` and ``out``.
     """
     from ..files.payload import read_payload
-    from .bnn_file import _FORMAT, load_2dg_payload
+    from .model_format import SHARED_GMM_FILE, model_from_payload
 
     src = resolve_model_file(run_or_file)
     if is_compact_file(src):
         raise ValueError(f"{str(src)!r} is already a compact file")
     if Path(out).resolve() == src.resolve():
         raise ValueError(f"--out {str(out)!r} would overwrite the source model file")
-    payload, header = read_payload(src, _FORMAT)  # read and verified once
-    model, guide = load_2dg_payload(payload, header, str(src))
+    payload, header = read_payload(src, SHARED_GMM_FILE.fmt)  # read and verified once
+    model, guide = model_from_payload(payload, header, str(src))
     report = export_compact(out, model, guide, network=header.get("network"), **options)
     report.update(source=str(src), source_bytes=src.stat().st_size, out=str(out))
     return report

@@ -4,24 +4,22 @@ Bayesian sites, and how to rebuild each from it.
 Shared by the full model files (:mod:`~twodg_pyro.io.bnn_file`,
 :mod:`~twodg_pyro.io.model_file`) and the compact ones (:mod:`~twodg_pyro.io.compact`).
 
-**Priors.**  The library's priors are stored by their numbers and rebuilt exactly:
-``NormalPrior``, ``LaplacePrior``, ``LayerwiseNormalPrior``, the rank-1 ``CauchyPrior``,
-and ``PretrainedPrior``, whose centres are the network's own initial values (the frozen
-Bayesian tensors the file keeps with the network: ``"centres": "network"``) or, when
-they are not, tensors stored beside it (``prior/<site>``, ``"centres": "stored"``).  A
-prior given as one ``pyro.distributions`` distribution with scalar parameters
-(``BNNModel(net, prior=dist.StudentT(3., 0., .1))``), or as a mapping from site names to
-such distributions, is stored as the distribution's class name and parameters and
-rebuilt from ``pyro.distributions`` (nothing is imported by name from anywhere else).
+**Likelihoods and priors** describe themselves: the spec of either is its class's
+``to_spec`` and the class that reads it is the one registered under the spec's ``kind``
+(:data:`~twodg_pyro.likelihoods.LIKELIHOODS`, :data:`~twodg_pyro.priors.PRIORS`), the
+library's (:class:`~twodg_pyro.priors.PretrainedPrior` says how its centres are kept,
+:class:`~twodg_pyro.priors.SitePrior` how ``pyro.distributions`` are) and a user's
+alike.  A likelihood of another kind is refused.
 
 A prior that cannot be stored (a function of the site such as ``lambda site:
-dist.StudentT(3., 0., .1)``, a user's ``Prior`` subclass, a distribution with tensor
-parameters) is **never replaced silently**: saving warns
+dist.StudentT(3., 0., .1)``, a ``Prior`` subclass without its own ``kind``, a
+distribution with tensor parameters) is **never replaced silently**: saving warns
 (:class:`PriorNotStoredWarning`) and records its ``repr``; loading warns again and gives
 the model an :class:`UnavailablePrior`, which predicts as well as any prior (prediction
 does not use it) but raises a ``ValueError`` naming the file and the prior wherever the
 prior is needed (the Pyro model program, the ELBO, the k-hat), until a prior is passed
-to the loader (``load_model(path, prior=...)``).
+to the loader (``load_model(path, prior=...)``).  A file naming a prior kind that is not
+registered (a user's prior whose class is not defined) loads the same way.
 """
 
 from __future__ import annotations
@@ -29,11 +27,11 @@ from __future__ import annotations
 import fnmatch
 import warnings
 
-import pyro.distributions as dist
 import torch
 from torch import nn
 
-from ..priors import Prior
+from ..likelihoods import LIKELIHOODS, Likelihood
+from ..priors import PRIORS, Prior
 from .network_size import build_file_network
 
 __all__ = [
@@ -54,26 +52,21 @@ class PriorNotStoredWarning(UserWarning):
 
 
 # ---------------------------------------------------------------------------- likelihood
-def likelihood_spec(lik) -> dict:
-    """``{"kind", "dataset_size"[, "scale"]}`` of a Categorical or Gaussian likelihood."""
-    from ..likelihoods import Gaussian
-
-    spec = {"kind": type(lik).__name__, "dataset_size": lik.dataset_size}
-    if isinstance(lik, Gaussian):
-        spec["scale"] = lik.scale
-    return spec
+def likelihood_spec(lik: Likelihood) -> dict:
+    """The likelihood's spec (:meth:`~twodg_pyro.likelihoods.Likelihood.to_spec`):
+    ``{"kind", "dataset_size"[, "scale"]}`` of a Categorical or Gaussian likelihood."""
+    return lik.to_spec()
 
 
-def rebuild_likelihood(spec: dict):
+def rebuild_likelihood(spec: dict) -> Likelihood:
     """The likelihood of :func:`likelihood_spec`'s ``spec``; another kind is a ValueError."""
-    from ..likelihoods import Categorical, Gaussian
-
     kind = spec.get("kind") if isinstance(spec, dict) else None
-    if kind == "Gaussian":
-        return Gaussian(spec["dataset_size"], spec["scale"])
-    if kind != "Categorical":
-        raise ValueError(f"the likelihood {spec!r:.80} is not Categorical or Gaussian")
-    return Categorical(spec["dataset_size"])
+    cls = LIKELIHOODS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        *others, last = LIKELIHOODS
+        names = f"{', '.join(others)} or {last}" if others else last
+        raise ValueError(f"the likelihood {spec!r:.80} is not {names}")
+    return cls.from_spec(spec)
 
 
 # ---------------------------------------------------------------------------- priors
@@ -83,6 +76,8 @@ class UnavailablePrior(Prior):
     Prediction never calls the prior; anything that does (the model program, an ELBO,
     the k-hat) gets a ``ValueError`` that says which prior it was and how to supply it.
     """
+
+    kind = "custom"
 
     def __init__(self, description: str, where: str):
         self.description = description
@@ -102,118 +97,35 @@ class UnavailablePrior(Prior):
     def site_distribution(self, site):
         self._fail()
 
+    def to_spec(self, model=None) -> tuple[dict, dict[str, torch.Tensor]]:
+        """``{"kind": "custom", "repr": description}``: still not stored."""
+        return {"kind": "custom", "repr": self.description}, {}
+
+    @classmethod
+    def from_spec(cls, spec: dict, net: nn.Module, tensors: dict, where: str) -> UnavailablePrior:
+        """The stand-in for a prior of ``spec`` that was not stored, or whose kind is
+        not registered here."""
+        return cls(str(spec.get("repr") or spec.get("kind") or "no prior recorded"), where)
+
     def __repr__(self) -> str:
         return f"UnavailablePrior({self.description})"
 
 
-_SCALAR_TYPES = (int, float)
-
-
-def _distribution_spec(d) -> dict | None:
-    """``{"type", "params"}`` of a ``pyro.distributions`` distribution whose parameters
-    are scalars, else ``None``."""
-    name = type(d).__name__
-    if getattr(dist, name, None) is not type(d):
-        return None
-    params = {}
-    for key in d.arg_constraints:
-        value = d.__dict__.get(key)
-        if value is None:
-            continue
-        if torch.is_tensor(value):
-            if value.numel() != 1:
-                return None
-            value = value.item()
-        if not isinstance(value, _SCALAR_TYPES) or isinstance(value, bool):
-            return None
-        params[key] = float(value)
-    if "logits" in params and "probs" in params:
-        del params["probs"]
-    try:  # it must rebuild to the same distribution
-        again = _rebuild_distribution({"type": name, "params": params})
-    except (TypeError, ValueError):
-        return None
-    if type(again) is not type(d):
-        return None
-    return {"type": name, "params": params}
-
-
-def _rebuild_distribution(spec: dict):
-    cls = getattr(dist, str(spec["type"]), None)
-    if not (isinstance(cls, type) and issubclass(cls, dist.Distribution)):
-        raise ValueError(f"{spec['type']!r} is not a pyro.distributions distribution")
-    params = {k: torch.tensor(float(v)) for k, v in dict(spec["params"]).items()}
-    return cls(**params)
-
-
-def _network_values(net: nn.Module, names) -> dict[str, torch.Tensor]:
-    params = dict(net.named_parameters())
-    return {n: params[n] for n in names if n in params}
-
-
 def prior_spec(prior, model=None) -> tuple[dict, dict[str, torch.Tensor]]:
     """``(spec, tensors)``: the JSON spec of ``prior`` and the tensors to store beside it
-    (``{site: centre}`` of a ``PretrainedPrior`` whose centres are not the network's).
+    (:meth:`~twodg_pyro.priors.Prior.to_spec`; e.g. ``{site: centre}`` of a
+    ``PretrainedPrior`` whose centres are not the network's).
 
     Warns :class:`PriorNotStoredWarning` for a prior that cannot be stored (see the
     module docstring) and returns ``{"kind": "custom", "repr": ...}`` for it.
     """
-    from ..guides.rank1 import CauchyPrior
-    from ..priors import (
-        LaplacePrior,
-        LayerwiseNormalPrior,
-        NormalPrior,
-        PretrainedPrior,
-        SitePrior,
-    )
-
-    if isinstance(prior, PretrainedPrior):
-        spec = {"kind": "PretrainedPrior", "scale": prior.scale, "delta": prior.delta}
-        names = [s.name for s in model.sites] if model is not None else list(prior.values)
-        net_values = _network_values(model.net, names) if model is not None else {}
-        same = all(
-            n in net_values
-            and n in prior.values
-            and net_values[n].shape == prior.values[n].shape
-            and torch.equal(
-                net_values[n].detach().cpu(), prior.values[n].detach().cpu().to(net_values[n].dtype)
-            )
-            for n in names
-        )
-        if same:
-            return {**spec, "centres": "network"}, {}
-        missing = [n for n in names if n not in prior.values]
-        if missing:
-            raise ValueError(f"PretrainedPrior has no centre for site {missing[0]!r}")
-        return {**spec, "centres": "stored"}, {
-            n: prior.values[n].detach().cpu().clone() for n in names
-        }
-    if isinstance(prior, (NormalPrior, LaplacePrior, CauchyPrior)):
-        return {"kind": type(prior).__name__, "loc": prior.loc, "scale": prior.scale}, {}
-    if isinstance(prior, LayerwiseNormalPrior):
-        return {
-            "kind": "LayerwiseNormalPrior",
-            "gain": prior.gain,
-            "bias_scale": prior.bias_scale,
-        }, {}
-    if isinstance(prior, SitePrior):
-        if isinstance(prior.prior, dist.Distribution):
-            d = _distribution_spec(prior.prior)
-            if d is not None:
-                return {"kind": "distribution", **d}, {}
-        elif isinstance(prior.prior, dict) or hasattr(prior.prior, "items"):
-            sites = {k: _distribution_spec(v) for k, v in prior.prior.items()}
-            default = None if prior.default is None else _distribution_spec(prior.default)
-            if all(v is not None for v in sites.values()) and (
-                prior.default is None or default is not None
-            ):
-                return {"kind": "per_site", "sites": sites, "default": default}, {}
-    if isinstance(prior, UnavailablePrior):
-        return {"kind": "custom", "repr": prior.description}, {}
+    stored = prior.to_spec(model) if isinstance(prior, Prior) and prior.kind is not None else None
+    if stored is not None:
+        return stored
     text = repr(prior)
     warnings.warn(
-        f"the prior {text:.120} cannot be stored in a model file (only the library's "
-        "priors and pyro.distributions with scalar parameters can): the file records its "
+        f"the prior {text:.120} cannot be stored in a model file (only priors with a kind "
+        "of their own and pyro.distributions with scalar parameters can): the file records its "
         "description, and loading it gives a model whose prior must be passed again "
         "(load_model(path, prior=...)) to train it or compute its ELBO or k-hat; "
         "prediction does not need it",
@@ -224,57 +136,31 @@ def prior_spec(prior, model=None) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def rebuild_prior(spec: dict | None, net: nn.Module, where: str, tensors=None, warn: bool = True):
-    """The prior of ``spec`` (see :func:`prior_spec`) for a model over ``net``.
+    """The prior of ``spec`` (see :func:`prior_spec`) for a model over ``net``: its
+    registered class's :meth:`~twodg_pyro.priors.Prior.from_spec`.
 
-    ``tensors``: the stored centres ``{site: tensor}`` of a ``"stored"`` PretrainedPrior.
-    A prior that was not stored gives an :class:`UnavailablePrior` (with a
-    :class:`PriorNotStoredWarning` when ``warn``).
+    ``tensors``: those stored with it (the centres ``{site: tensor}`` of a ``"stored"``
+    PretrainedPrior).  A prior that was not stored, or whose kind is not registered,
+    gives an :class:`UnavailablePrior` (with a :class:`PriorNotStoredWarning` when
+    ``warn``).
 
     Raises:
         ValueError: a spec that names a known prior with wrong numbers, or stored centres
             that are missing.
     """
-    from ..guides.rank1 import CauchyPrior
-    from ..priors import (
-        LaplacePrior,
-        LayerwiseNormalPrior,
-        NormalPrior,
-        PretrainedPrior,
-        SitePrior,
-    )
-
     spec = spec or {}
     kind = spec.get("kind")
-    if kind == "PretrainedPrior":
-        if spec.get("centres", "network") == "stored":
-            if not tensors:
-                raise ValueError(f"{where!r}: its PretrainedPrior's stored centres are missing")
-            return PretrainedPrior(tensors, spec["scale"], spec["delta"])
-        return PretrainedPrior.from_network(net, spec["scale"], spec["delta"])
-    if kind == "NormalPrior":
-        return NormalPrior(spec["scale"], spec["loc"])
-    if kind == "LaplacePrior":
-        return LaplacePrior(spec["scale"], spec["loc"])
-    if kind == "CauchyPrior":
-        return CauchyPrior(spec["scale"], spec["loc"])
-    if kind == "LayerwiseNormalPrior":
-        return LayerwiseNormalPrior(spec["gain"], spec["bias_scale"])
-    if kind == "distribution":
-        return SitePrior(_rebuild_distribution(spec))
-    if kind == "per_site":
-        sites = {k: _rebuild_distribution(v) for k, v in spec["sites"].items()}
-        default = None if spec.get("default") is None else _rebuild_distribution(spec["default"])
-        return SitePrior(sites, default)
-    description = str(spec.get("repr") or kind or "no prior recorded")
-    if warn:
+    cls = PRIORS.get(kind, UnavailablePrior) if isinstance(kind, str) else UnavailablePrior
+    prior = cls.from_spec(spec, net, tensors or {}, where)
+    if warn and isinstance(prior, UnavailablePrior):
         warnings.warn(
-            f"{where!r} was saved with a prior that could not be stored ({description:.120}): "
-            "the loaded model predicts, but its prior raises until you pass one "
-            "(load_model(path, prior=...))",
+            f"{where!r} was saved with a prior that could not be stored "
+            f"({prior.description:.120}): the loaded model predicts, but its prior raises "
+            "until you pass one (load_model(path, prior=...))",
             PriorNotStoredWarning,
             stacklevel=3,
         )
-    return UnavailablePrior(description, where)
+    return prior
 
 
 # ---------------------------------------------------------------------------- sites

@@ -70,15 +70,11 @@ from .diagnostics_steps import (
 from .results import evaluation_of
 
 __all__ = [
-    "BAYESIAN_METHODS",
     "model_evaluation",
     "model_file_name",
     "network_spec",
     "write_artifacts",
 ]
-
-#: The methods that get a model file and an InferenceData, in the order they are written.
-BAYESIAN_METHODS = ("mean_field", "2dg", "rank1", "ssvi")
 
 
 def model_file_name(method: str) -> str:

@@ -13,7 +13,7 @@ from torch import nn
 from ..data import DataSplit, load_dataset, make_loader
 from ..likelihoods import Categorical
 from ..model import BNNModel
-from ..priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior, Prior
+from ..priors import Prior, prior_class
 from .config import ConfigError, DataConfig, NetworkConfig, PriorConfig, torch_dtype
 
 __all__ = [
@@ -107,19 +107,10 @@ def build_net(cfg: NetworkConfig, split: DataSplit) -> nn.Module:
 
 
 def build_prior(cfg: PriorConfig, net: nn.Module | None = None) -> Prior:
-    """The configured prior; ``kind = "pretrained"`` is centred at ``net``'s current
-    (e.g. pretrained) parameters."""
-    if cfg.kind == "normal":
-        return NormalPrior(cfg.scale)
-    if cfg.kind == "laplace":
-        return LaplacePrior(cfg.scale)
-    if cfg.kind == "pretrained":
-        if net is None:
-            raise ValueError(
-                "prior.kind = 'pretrained' needs the network whose weights it is centred at"
-            )
-        return PretrainedPrior.from_network(net, cfg.scale, cfg.delta)
-    return LayerwiseNormalPrior(gain=cfg.scale)
+    """The configured prior: the one registered as ``cfg.kind``
+    (:func:`~twodg_pyro.priors.prior_class`), built by its ``from_settings``;
+    ``kind = "pretrained"`` is centred at ``net``'s current (e.g. pretrained) parameters."""
+    return prior_class(cfg.kind).from_settings(cfg.scale, cfg.delta, net)
 
 
 def build_model(net: nn.Module, prior: PriorConfig, n_train: int) -> BNNModel:

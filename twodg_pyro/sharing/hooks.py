@@ -4,13 +4,13 @@ Both are :class:`~twodg_pyro.infer.callbacks.Callback` objects for
 :func:`~twodg_pyro.infer.fit`, each with its own schedule: run every ``every``
 epochs, and (``until_fixed_point=True``) stop running once a run changes nothing.
 
-Both work on the guide through its protocol (:class:`~twodg_pyro.guide.BNNGuide`: the
-mixture, its :meth:`~twodg_pyro.guides.SharedGMMGuide.structure`, ``merge`` and
-``load_structure``) and apply the structure-level refinements of :mod:`.refine`.  After
-a merge the number of components changes: the guide rebuilds its component parameters
-and the optimiser is rebuilt; the Adam moments of a merged component are the mean of its
-parents' moments (:func:`~twodg_pyro.infer.remap_optimizer_rows`), every other parameter
-keeps its state.
+Both refine a guide with a sharing structure (a :class:`~twodg_pyro.guide.SharingGuide`:
+its ``structure``, ``load_structure`` and ``component_parameters``, and the shared-GMM
+guide's mixture and ``merge``) by the structure-level refinements of :mod:`.refine`.
+After a merge the number of components changes: the guide rebuilds its component
+parameters and the optimiser is rebuilt; the Adam moments of a merged component are the
+mean of its parents' moments (:func:`~twodg_pyro.infer.remap_optimizer_rows`), every
+other parameter keeps its state.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from ..guide import require_sharing
 from ..infer.callbacks import Callback
 from ..infer.optim import remap_optimizer_rows
 
@@ -103,6 +104,7 @@ class MergeHook(_Scheduled):
         from ..gmm import merge_components
 
         guide = state.guide
+        require_sharing(guide, type(self).__name__)
         grads = None
         if math.isfinite(self.tau_g):
             grads = guide.centre_gradients(state.model, self.data, self.grad_batches)
@@ -170,6 +172,7 @@ class MahalanobisHook(_Scheduled):
         from .refine import reassign
 
         guide = state.guide
+        require_sharing(guide, type(self).__name__)
         before = guide.structure(current_points=True)
         after = reassign(
             before,

@@ -1,0 +1,234 @@
+"""The settings every run reads: the data, the network, the prior and the stages of
+Algorithm 1 (tables ``[data]``, ``[network]``, ``[prior]``, ``[stage1]``, ``[sharing]``,
+``[stage3]`` of the config file).
+
+Every threshold of the paper (spec section 4) is a field with the paper's value as
+default; each field's rules are in its type (:mod:`.config_rules`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Annotated, ClassVar, Literal, get_args
+
+from ..baselines.deterministic import Optimizer
+from ..data import available_datasets
+from ..gmm.merging import MergeRule, MergeTest
+from ..guides.tyings import TyingName
+from ..priors import PriorKind
+from ..sharing.outliers import OutlierRule
+from ..sharing.structure import Coordinates
+from .config_rules import (
+    BOOLEAN,
+    EPOCH_LIST,
+    FOLDER,
+    FRACTION,
+    HIDDEN_UNITS,
+    INIT_SCALE,
+    POSITIVE_OR_INF,
+    SEED,
+    ConfigError,
+    Rule,
+    Section,
+    at_least,
+    finite_at_least_zero,
+    in_range,
+    one_of,
+    optional,
+    positive,
+    require,
+)
+
+#: ``network.dtype`` values: the floating type of the network's parameters, and so of the
+#: priors, guides, draws, stage 2's mixture and the predictions.
+DType = Literal["float32", "float64"]
+DTYPES: tuple[str, ...] = get_args(DType)
+
+
+def torch_dtype(name: str):
+    """The ``torch.dtype`` of a ``network.dtype`` setting (``"float32"``, ``"float64"``)."""
+    import torch
+
+    if name not in DTYPES:
+        raise ConfigError(f"network.dtype = {name!r}: must be one of {list(DTYPES)}")
+    return getattr(torch, name)
+
+
+@dataclass
+class DataConfig(Section):
+    """Which data set and how it is batched."""
+
+    section: ClassVar[str] = "data"
+    name: Annotated[str, one_of(tuple(available_datasets()))] = "digits"
+    root: Annotated[str | None, FOLDER] = None
+    batch_size: Annotated[int, at_least(1)] = 128
+    val_fraction: Annotated[float, FRACTION] = 0.1
+    test_fraction: Annotated[float, FRACTION] = 0.2
+    split_seed: Annotated[int, SEED] = 0
+    #: CIFAR training augmentation (paper App. I.2); ImageNet's is always on
+    augment: Annotated[bool, BOOLEAN] = True
+
+    def _check(self) -> None:
+        if self.name == "digits":  # digits carves both from one set; the others have a test set
+            require(
+                self.val_fraction + self.test_fraction < 1,
+                "data.val_fraction + data.test_fraction",
+                self.val_fraction + self.test_fraction,
+                "must be < 1 (nothing would be left to train on)",
+            )
+
+
+def _known_arch(value) -> bool:
+    from ..models import available_networks
+
+    return (
+        isinstance(value, str) and value.strip().lower().replace("-", "_") in available_networks()
+    )
+
+
+def _arch_rule() -> Rule:
+    from ..models import available_networks
+
+    return Rule(_known_arch, f"must be one of {available_networks()}")
+
+
+@dataclass
+class NetworkConfig(Section):
+    """The deterministic architecture (see ``twodg_pyro.models.build_network``)."""
+
+    section: ClassVar[str] = "network"
+    arch: str = "mlp"
+    hidden: Annotated[list[int], HIDDEN_UNITS] = field(default_factory=lambda: [128])
+    pretrain_epochs: Annotated[int, at_least(0)] = 0
+    #: everything downstream (priors, guides, mixture, predictions) follows the network
+    dtype: DType = "float32"
+
+    def _check(self) -> None:
+        _arch_rule().check("network.arch", self.arch)
+
+
+@dataclass
+class PriorConfig(Section):
+    """The prior over Bayesian weights: ``normal``, ``laplace``, ``layerwise`` or
+    ``pretrained`` (empirical Bayes: centred at the network's initial, e.g. pretrained,
+    weights with standard deviation ``scale + delta |w|``, see
+    :class:`~twodg_pyro.priors.PretrainedPrior`)."""
+
+    section: ClassVar[str] = "prior"
+    kind: PriorKind = "normal"
+    scale: Annotated[float, positive()] = 1.0
+    delta: Annotated[float, finite_at_least_zero()] = 0.0
+
+
+@dataclass
+class Stage1Config(Section):
+    r"""Mean-field pretraining (Algorithm 1, stage 1) and the deterministic network's
+    training recipe (the baseline, and the pretraining of ``network.pretrain_epochs``).
+
+    ``kl_weight`` is a KL temperature :math:`\beta`: stage 1 minimises
+    :math:`\text{nll} + \beta\,\mathrm{KL}`; 1 is the true ELBO, and every results row
+    trained with another value says so.  The ``deterministic_*`` settings select Adam at
+    a constant rate (the default) or the paper's SGD recipe (App. I.3: momentum, weight
+    decay, linear warm-up, learning-rate steps by ``deterministic_gamma`` at
+    ``deterministic_milestones``)."""
+
+    section: ClassVar[str] = "stage1"
+    epochs: Annotated[int, at_least(0)] = 300
+    lr_loc: Annotated[float, positive()] = 1e-2
+    lr_scale: Annotated[float, positive()] = 1e-2
+    kl_warmup_epochs: Annotated[int, at_least(0)] = 0
+    kl_weight: Annotated[float, positive()] = 1.0
+    #: ``"paper"`` (App. I.4) or a positive constant
+    init_scale: Annotated[str | float, INIT_SCALE] = "paper"
+    deterministic_epochs: Annotated[int, at_least(0)] = 300
+    deterministic_lr: Annotated[float, positive()] = 1e-2
+    deterministic_optimizer: Optimizer = "adam"
+    deterministic_momentum: Annotated[float, finite_at_least_zero()] = 0.9
+    deterministic_weight_decay: Annotated[float, finite_at_least_zero()] = 0.0
+    deterministic_milestones: Annotated[list[int], EPOCH_LIST] = field(default_factory=list)
+    deterministic_gamma: Annotated[float, positive()] = 0.1
+    deterministic_warmup_epochs: Annotated[int, at_least(0)] = 0
+
+
+@dataclass
+class SharingConfig(Section):
+    """Outliers, the 2-D mixture and its refinement (stage 1 steps 3-5, stage 2).
+
+    Thresholds, each with one name (spec section 4): ``tau_w`` (the absolute mean rule),
+    ``grad_percentile`` (:math:`P_g`), ``n_min`` (:math:`N_\\min`), ``mahalanobis_threshold``
+    (:math:`T_M`), ``tau_d`` (:math:`T_W`, on :math:`W_2`), ``tau_g`` and ``tau_v`` (the
+    merge's gradient and variance tests; ``inf`` skips them)."""
+
+    section: ClassVar[str] = "sharing"
+    coordinates: Coordinates = "sigma"
+    outlier_rule: OutlierRule = "absolute"
+    tau_w: Annotated[float, positive()] = 0.2
+    mu_quantile: Annotated[float, in_range(0, 1, (False, False))] = 0.99
+    layer_std_multiple: Annotated[float, positive()] = 3.0
+    grad_percentile: Annotated[float, FRACTION] = 0.01
+    grad_batches: Annotated[int, at_least(1)] = 4
+    n_components: Annotated[int, at_least(1)] = 2000
+    gmm_batch_size: Annotated[
+        int | None,
+        optional(
+            at_least(1),
+            "must be an integer >= 1 (points per EM mini-batch), or absent for full batches",
+        ),
+    ] = None
+    gmm_max_iter: Annotated[int, at_least(1)] = 100
+    #: fit the mixture to a seeded random subsample of at most this many inlier points
+    #: (every inlier is still assigned by the fitted mixture); absent: all of them
+    gmm_max_points: Annotated[
+        int | None,
+        optional(
+            at_least(1),
+            "must be an integer >= n_components, or absent to fit the mixture to all inlier points",
+        ),
+    ] = None
+    n_min: Annotated[int, at_least(0)] = 20
+    mahalanobis_threshold: Annotated[float, positive()] = 5.991
+    k_nearest: Annotated[int, at_least(1)] = 5
+    merge_rule: MergeRule = "paper"
+    merge_test: MergeTest = "both"
+    tau_d: Annotated[float, finite_at_least_zero("must be a number >= 0")] = 1e-2
+    tau_g: Annotated[float, POSITIVE_OR_INF] = math.inf
+    tau_v: Annotated[float, POSITIVE_OR_INF] = math.inf
+    use_outliers: Annotated[bool, BOOLEAN] = True
+    use_ellipses: Annotated[bool, BOOLEAN] = True
+    use_merging: Annotated[bool, BOOLEAN] = True
+
+    def _check(self) -> None:
+        require(
+            self.k_nearest <= self.n_components,
+            "sharing.k_nearest",
+            self.k_nearest,
+            f"must be an integer <= n_components ({self.n_components}): a point far from "
+            "its component is blended from its k nearest components",
+        )
+        if self.gmm_max_points is not None:
+            require(
+                self.gmm_max_points >= self.n_components,
+                "sharing.gmm_max_points",
+                self.gmm_max_points,
+                f"must be an integer >= n_components ({self.n_components}), or absent to fit "
+                "the mixture to all inlier points",
+            )
+
+
+@dataclass
+class Stage3Config(Section):
+    """Training the shared-weight BNN (stage 3) and its refinement hooks."""
+
+    section: ClassVar[str] = "stage3"
+    epochs: Annotated[int, at_least(0)] = 100
+    lr_centre: Annotated[float, positive()] = 1e-3
+    lr_outlier: Annotated[float, positive()] = 1e-3
+    lr_cov: Annotated[float, positive()] = 1e-3
+    tying: TyingName = "representative"
+    #: epochs between merge hooks (0: never during stage 3)
+    merge_every: Annotated[int, at_least(0)] = 0
+    #: epochs between Mahalanobis reassignment hooks (0: never)
+    reassign_every: Annotated[int, at_least(0)] = 0
+    #: KL temperature beta of stage 3 (1: the true bound, Eq. 10)
+    kl_weight: Annotated[float, positive()] = 1.0

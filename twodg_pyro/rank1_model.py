@@ -1,0 +1,244 @@
+r"""The rank-1 Bayesian neural network's model (Dusenberry et al., ICML 2020): every
+selected Linear/Conv weight becomes :math:`W \circ (r s^\top)` (:mod:`twodg_pyro.nn.rank1`)
+with ``M`` batch-ensemble components; only the factor vectors are random.  The
+objective, the guide and the priors are described in :mod:`twodg_pyro.guides.rank1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal, get_args
+
+import pyro
+import pyro.poutine as poutine
+import torch
+from torch import nn
+
+from .likelihoods import Categorical, Likelihood
+from .model import LOGITS_SITE, SiteTensors, match_input
+from .nn.rank1 import RANK1_LAYER_TYPES, Rank1Layer, find_rank1_layers, rank1_factors
+from .nn.sites import BayesianSite
+from .priors import CauchyPrior, NormalPrior, Prior, as_prior
+from .pyro_params import PyroParamsMixin, params_are_local
+
+__all__ = ["RANK1_PRIORS", "ROUTINGS", "Rank1BNNModel", "Rank1PriorKind", "Routing", "rank1_prior"]
+
+#: which component an example goes to; the rank-1 factors' prior
+Routing = Literal["modulo", "tile"]
+ROUTINGS: tuple[str, ...] = get_args(Routing)
+Rank1PriorKind = Literal["normal", "cauchy"]
+RANK1_PRIORS: tuple[str, ...] = get_args(Rank1PriorKind)
+
+
+def rank1_prior(kind: str = "normal", scale: float = 1.0) -> Prior:
+    r"""The factor prior: ``"normal"`` -> :math:`\mathcal N(1, \text{scale}^2)`,
+    ``"cauchy"`` -> :math:`\mathrm{Cauchy}(1, \text{scale})`.
+
+    Raises:
+        ValueError: for another ``kind`` or a non-positive ``scale``.
+    """
+    if kind == "normal":
+        return NormalPrior(scale, loc=1.0)
+    if kind == "cauchy":
+        return CauchyPrior(scale, loc=1.0)
+    raise ValueError(f"unknown rank-1 prior {kind!r}; use 'normal' or 'cauchy'")
+
+
+def _factor_prior(prior) -> Prior:
+    if prior is None:
+        return NormalPrior(1.0, loc=1.0)
+    if isinstance(prior, str):
+        return rank1_prior(prior)
+    if isinstance(prior, (int, float)) and not isinstance(prior, bool):
+        return NormalPrior(float(prior), loc=1.0)
+    return as_prior(prior)
+
+
+def _check_components(components) -> int:
+    if isinstance(components, bool) or not isinstance(components, int) or components < 1:
+        raise ValueError(
+            f"the number of mixture components M must be an integer >= 1, got {components!r}"
+        )
+    return components
+
+
+class Rank1BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
+    r"""Pyro model of a rank-1 BNN with ``M`` batch-ensemble components.
+
+    Same constructor surface as :class:`~twodg_pyro.model.BNNModel`; its sample sites are
+    the factor vectors (one site per factor tensor, shape ``(M, dim)``), not the weights.
+
+    Args:
+        net: the network; its Linear/Conv weights become the shared :math:`W` and are
+            trained as point estimates (with biases and normalisation layers).
+        prior: the factor prior: a :class:`~twodg_pyro.priors.Prior` (centre it at 1),
+            ``"normal"``/``"cauchy"`` (scale 1), a float ``scale`` of
+            :math:`\mathcal N(1, \text{scale}^2)`, or ``None`` (:math:`\mathcal N(1, 1)`).
+        likelihood: a :class:`~twodg_pyro.likelihoods.Likelihood` or the data-set size.
+        components: ``M``, the number of mixture components (default 4).
+        layer_types, include, exclude: which layers get factors (globs on weight names).
+        routing: ``"modulo"`` (example ``i`` -> component ``i mod M``) or ``"tile"``
+            (every example through every component) during training.
+
+    Raises:
+        ValueError: ``M < 1``, an unknown routing, a layer type without rank-1 form, or a
+            factor site name that collides with a parameter of ``net``.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        prior: Prior | Callable | float | str | None = None,
+        likelihood: Likelihood | int = 1,
+        components: int = 4,
+        layer_types: Iterable[type[nn.Module]] = RANK1_LAYER_TYPES,
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] = (),
+        routing: str = "modulo",
+    ):
+        super().__init__()
+        if not isinstance(net, nn.Module):
+            raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
+        self.components = _check_components(components)
+        if routing not in ROUTINGS:
+            raise ValueError(f"unknown routing {routing!r}; use one of {list(ROUTINGS)}")
+        self.routing = routing
+        self.layers: list[Rank1Layer] = find_rank1_layers(net, layer_types, include, exclude)
+        self.prior = _factor_prior(prior)
+        self.likelihood = (
+            likelihood if isinstance(likelihood, Likelihood) else Categorical(int(likelihood))
+        )
+        self.net = net
+        params = dict(net.named_parameters())
+        self.sites: list[BayesianSite] = []
+        self._factor_sites: dict[str, tuple[str, str]] = {}
+        for layer in self.layers:
+            names = []
+            for which, dim in (("r", layer.out_features), ("s", layer.in_features)):
+                name = f"{layer.module_name}.{which}" if layer.module_name else which
+                if name in params:
+                    raise ValueError(
+                        f"factor site {name!r} collides with a parameter of {type(net).__name__}"
+                    )
+                self.sites.append(
+                    BayesianSite(
+                        name=name,
+                        module_name=layer.module_name,
+                        param_name=which,
+                        shape=torch.Size([self.components, dim]),
+                        layer_type=layer.layer_type,
+                        fan_in=layer.fan_in,
+                    )
+                )
+                names.append(name)
+            self._factor_sites[layer.module_name] = (names[0], names[1])
+        # the layer's shared weight W of each factor site: the device and dtype of its prior
+        self._site_weights = [net.get_submodule(site.module_name) for site in self.sites]
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def site_names(self) -> list[str]:
+        """Names of the factor sample sites, in network order (``r`` then ``s`` per layer)."""
+        return [s.name for s in self.sites]
+
+    @property
+    def num_weights(self) -> int:
+        """Number of random scalars, ``M * sum over layers of (in + out)``."""
+        return sum(s.numel for s in self.sites)
+
+    @property
+    def factor_sites(self) -> dict[str, tuple[str, str]]:
+        """``{module_name: (r_site, s_site)}`` for every rank-1 layer."""
+        return dict(self._factor_sites)
+
+    @property
+    def output_components(self) -> int:
+        """``M``: :meth:`network_forward` returns one output per component."""
+        return self.components
+
+    def deterministic_parameters(self) -> list[nn.Parameter]:
+        """The shared weights :math:`W`, the biases and normalisation parameters."""
+        return [p for p in self.net.parameters() if p.requires_grad]
+
+    def site_parameter(self, i: int) -> torch.Tensor:
+        """The shared weight :math:`W` of the layer of the ``i``-th factor site: its device
+        and dtype are those of the site's prior and of the guide."""
+        return self._site_weights[i]._parameters["weight"]
+
+    def route(self, batch_size: int, device=None) -> torch.Tensor:
+        """Component of each example of a batch under ``"modulo"`` routing: ``i mod M``."""
+        return torch.arange(batch_size, device=device) % self.components
+
+    def routed_forward(
+        self,
+        factors: Mapping[str, torch.Tensor],
+        x: torch.Tensor,
+        assignment: torch.Tensor,
+    ) -> torch.Tensor:
+        r"""Run the network with example ``i`` through component ``assignment[i]``.
+
+        Args:
+            factors: ``{site: (M, dim)}`` factor values.
+            x: inputs ``(B, ...)``.
+            assignment: ``(B,)`` component indices.
+        """
+        per_layer = {
+            module: (factors[r_name][assignment], factors[s_name][assignment])
+            for module, (r_name, s_name) in self._factor_sites.items()
+        }
+        with rank1_factors(self.net, per_layer):
+            return self.net(match_input(x, self.site_parameter(0)))
+
+    def network_forward(self, weights: Mapping[str, torch.Tensor], x: torch.Tensor):
+        r"""Outputs of all ``M`` components: shape ``(M, B, ...)``.
+
+        ``weights`` are factor values ``{site: (M, dim)}`` (one draw of
+        :meth:`~twodg_pyro.guides.Rank1Guide.sample_weights`); every example is evaluated
+        under every component (the batch is tiled ``M`` times).
+        """
+        m, b = self.components, x.shape[0]
+        tiled = x.repeat(m, *([1] * (x.dim() - 1)))
+        assignment = torch.arange(m, device=x.device).repeat_interleave(b)
+        out = self.routed_forward(weights, tiled, assignment)
+        return out.reshape(m, b, *out.shape[1:])
+
+    # ------------------------------------------------------------------ program
+    def pyro_parameters(self):
+        """The network's point-estimated parameters (the shared weights :math:`W`, biases,
+        normalisation layers) as ``("net.<name>", parameter)``."""
+        return ((f"net.{n}", p) for n, p in self.net.named_parameters() if p.requires_grad)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        r"""The model program: the factor sites, each counted :math:`1/M` (so that a stock
+        ELBO's KL is the per-component average :math:`\frac1M\sum_m \mathrm{KL}(q_m\|p)`,
+        as with :class:`~twodg_pyro.infer.DecomposedELBO`), the routed network, the
+        ``"logits"`` site (:data:`~twodg_pyro.model.LOGITS_SITE`) and the likelihood."""
+        local = params_are_local()
+        if not local:
+            self._param_statements()
+        with poutine.scale(scale=1.0 / self.components):
+            factors = {
+                site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
+                for i, site in enumerate(self.sites)
+            }
+        for site in self.sites:
+            if factors[site.name].dim() != len(site.shape):
+                raise ValueError(
+                    f"Rank1BNNModel got factors of shape {tuple(factors[site.name].shape)} at "
+                    f"site {site.name!r} (shape {tuple(site.shape)}): it does not run on a "
+                    "leading particle dimension; use Predictive(..., parallel=False), "
+                    "vectorize_particles=False, or twodg_pyro.prediction.predict"
+                )
+        if self.routing == "tile":
+            m, b = self.components, x.shape[0]
+            x = x.repeat(m, *([1] * (x.dim() - 1)))
+            y = None if y is None else y.repeat(m, *([1] * (y.dim() - 1)))
+            assignment = torch.arange(m, device=x.device).repeat_interleave(b)
+        else:
+            assignment = self.route(x.shape[0], x.device)
+        output = self.routed_forward(factors, x, assignment)
+        if local:  # the fast path: no bookkeeping site
+            self.likelihood(output, y)
+        else:
+            self.likelihood(output, y, outputs_site=LOGITS_SITE)
+        return output
