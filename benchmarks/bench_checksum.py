@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleaved, record  # noqa: E402
 
+from twodg_pyro.bnn import BNNModel  # noqa: E402
 from twodg_pyro.files import checkpoint as ckpt_mod  # noqa: E402
 from twodg_pyro.files.atomic import atomic_torch_save, safe_torch_load  # noqa: E402
 from twodg_pyro.files.integrity import CHECKSUM_KEY, content_digest  # noqa: E402
@@ -38,7 +39,6 @@ from twodg_pyro.infer import DecomposedELBO  # noqa: E402
 from twodg_pyro.infer.checkpoint import checkpoint_payload  # noqa: E402
 from twodg_pyro.infer.state import start_state  # noqa: E402
 from twodg_pyro.likelihoods import Categorical  # noqa: E402
-from twodg_pyro.model import BNNModel  # noqa: E402
 from twodg_pyro.models import build_network  # noqa: E402
 
 

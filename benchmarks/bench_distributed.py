@@ -48,9 +48,9 @@ def _cifar_like(n: int):
 
 def _prepare(tmp: Path) -> dict:
     """ResNet-20 and a sharing structure over it (untrained mean-field means and scales)."""
+    from twodg_pyro.bnn import BNNModel
     from twodg_pyro.guides import MeanFieldGuide
     from twodg_pyro.likelihoods import Categorical
-    from twodg_pyro.model import BNNModel
     from twodg_pyro.models import resnet20
     from twodg_pyro.pipeline import SharingConfig
     from twodg_pyro.sharing import build_sharing
@@ -76,10 +76,10 @@ def _prepare(tmp: Path) -> dict:
 def _worker(tmp: Path, what: str) -> None:
     from torch.utils.data import TensorDataset
 
+    from twodg_pyro.bnn import BNNModel
     from twodg_pyro.distributed import DistributedGaussianMixture2D, env, fit_distributed
     from twodg_pyro.guides import SharedGMMGuide
     from twodg_pyro.likelihoods import Categorical
-    from twodg_pyro.model import BNNModel
     from twodg_pyro.models import resnet20
 
     info = env.setup("gloo", timeout_s=1200)

@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleaved, record  # noqa: E402
 from bench_svi_step import make_structure  # noqa: E402
 
+from twodg_pyro.bnn import BNNModel  # noqa: E402
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide  # noqa: E402
 from twodg_pyro.guides.stochastic_draw import DRAW_BLOCK  # noqa: E402
 from twodg_pyro.likelihoods import Categorical  # noqa: E402
-from twodg_pyro.model import BNNModel  # noqa: E402
 from twodg_pyro.models import MLP  # noqa: E402
 from twodg_pyro.prediction import predict  # noqa: E402
 

@@ -142,9 +142,9 @@ class StepLog:
 
 def resnet50_points(step: StepLog, grad_batches: int, grad_batch: int, image: int):
     """``(WeightPoints, gradients)`` of a randomly initialised mean-field ResNet-50."""
+    from twodg_pyro.bnn import BNNModel
     from twodg_pyro.guides import MeanFieldGuide
     from twodg_pyro.likelihoods import Categorical
-    from twodg_pyro.model import BNNModel
     from twodg_pyro.models import build_network
     from twodg_pyro.pipeline import SharingConfig
     from twodg_pyro.sharing import SiteLayout, outlier_gradients, points_from_arrays

@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleaved, record  # noqa: E402
 from bench_svi_step import make_structure  # noqa: E402
 
+from twodg_pyro.bnn import BNNModel  # noqa: E402
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide  # noqa: E402
 from twodg_pyro.infer import DecomposedELBO  # noqa: E402
 from twodg_pyro.infer.optim import build_optimizer  # noqa: E402
 from twodg_pyro.likelihoods import Categorical  # noqa: E402
-from twodg_pyro.model import BNNModel  # noqa: E402
 from twodg_pyro.models import LeNet5  # noqa: E402
 
 N_DATA, BATCH, SIDE = 60000, 32, 28

@@ -29,11 +29,11 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleaved, record  # noqa: E402
 
+from twodg_pyro.bnn import BNNModel  # noqa: E402
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide  # noqa: E402
 from twodg_pyro.infer import DecomposedELBO  # noqa: E402
 from twodg_pyro.infer.optim import build_optimizer  # noqa: E402
 from twodg_pyro.likelihoods import Categorical  # noqa: E402
-from twodg_pyro.model import BNNModel  # noqa: E402
 from twodg_pyro.models import MLP  # noqa: E402
 from twodg_pyro.sharing import SharingStructure, SiteLayout  # noqa: E402
 

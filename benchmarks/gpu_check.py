@@ -153,11 +153,11 @@ def build_step(config: str, name: str, device: str):
     ``config`` (:data:`STEP_CONFIGS`) on ``device``."""
     from bench_svi_step import make_structure
 
+    from twodg_pyro.bnn import BNNModel
     from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
     from twodg_pyro.infer import DecomposedELBO
     from twodg_pyro.infer.optim import build_optimizer
     from twodg_pyro.likelihoods import Categorical
-    from twodg_pyro.model import BNNModel
 
     arch, classes, side, batch = STEP_CONFIGS[config]
     torch.manual_seed(0)

@@ -9,11 +9,11 @@ import pyro
 import pytest
 import torch
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import load_digits_split, make_loader
 from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.infer import fit
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 
 warnings.filterwarnings("ignore", message=".*was not registered in the param store.*")

@@ -14,12 +14,12 @@ import torch
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch.utils.data import DataLoader, TensorDataset
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.evaluation import evaluate, seeded_predict
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide, SSVIGuide
 from twodg_pyro.infer import DecomposedELBO, fit
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import classification_metrics
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.prediction import predict
 

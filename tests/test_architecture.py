@@ -16,7 +16,7 @@ loaded on first use by its ``__getattr__``) are edges of the node ``twodg_pyro``
 
 **The package graph.**  Collapsing every module to its sub-package (its first two dotted
 parts: ``twodg_pyro.guides.rank1`` is ``twodg_pyro.guides``; a root-level module such as
-``twodg_pyro.model`` is its own node, and the facade ``twodg_pyro`` is the top, which no
+``twodg_pyro.bnn`` is its own node, and the facade ``twodg_pyro`` is the top, which no
 package may import) gives the layers; they import only downwards, so that graph has no
 cycle either (:func:`test_the_package_graph_has_no_cycles`).  Roughly, bottom to top:
 ``models`` < ``files`` (atomic I/O, checksums, the payload container, the checkpoint

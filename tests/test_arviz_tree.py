@@ -21,6 +21,7 @@ import xarray as xr
 from torch import nn
 
 from twodg_pyro import diagnostics as D
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import make_loader
 from twodg_pyro.diagnostics import _arviz as A
 from twodg_pyro.diagnostics.arviz_stats import psislw
@@ -28,7 +29,6 @@ from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.guides.base import site_key
 from twodg_pyro.infer import fit
 from twodg_pyro.likelihoods import Categorical, Gaussian
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline import SharingConfig
 from twodg_pyro.sharing import build_sharing

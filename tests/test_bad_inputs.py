@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.cli import main
 from twodg_pyro.data import DatasetNotFoundError, DataSplit, make_loader
 from twodg_pyro.files.checkpoint import load_checkpoint
@@ -21,7 +22,6 @@ from twodg_pyro.infer import fit
 from twodg_pyro.infer.checkpoint import Checkpoint, restore_state
 from twodg_pyro.io import load_2dg
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline import config_from_dict, run
 from twodg_pyro.pipeline import runner as runner_mod

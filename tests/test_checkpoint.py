@@ -8,6 +8,7 @@ import pyro
 import pytest
 import torch
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import make_loader
 from twodg_pyro.files.atomic import atomic_torch_save
 from twodg_pyro.files.checkpoint import load_checkpoint
@@ -16,7 +17,6 @@ from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.infer import Callback, KLAnnealing, fit
 from twodg_pyro.infer.checkpoint import Checkpoint, restore_state, resume_fit
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.prediction import predict
 from twodg_pyro.sharing import MahalanobisHook, MergeHook, SharingStructure

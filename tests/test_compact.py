@@ -328,8 +328,8 @@ def test_float64_network_and_pretrained_prior(trained_mean_field, stage2_structu
     import copy
     import warnings
 
+    from twodg_pyro.bnn import BNNModel
     from twodg_pyro.io import UnavailablePrior
-    from twodg_pyro.model import BNNModel
     from twodg_pyro.priors import NormalPrior, PretrainedPrior
 
     model, _ = trained_mean_field

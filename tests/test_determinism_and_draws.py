@@ -8,10 +8,10 @@ import pyro
 import pytest
 import torch
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide, stochastic_draw
 from twodg_pyro.infer import fit
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))

@@ -23,6 +23,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.guides.rank1 import CauchyPrior, Rank1BNNModel, Rank1Guide
@@ -31,7 +32,6 @@ from twodg_pyro.guides.ssvi_subspace import SubspaceUpdate
 from twodg_pyro.infer import DecomposedELBO, fit
 from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.nn.sites import BayesianSite
 from twodg_pyro.pipeline import ConfigError, SharingConfig, config_from_dict, load_config, run
@@ -346,7 +346,7 @@ def test_distributed_backend_follows_the_run_device():
 
 
 def test_inputs_follow_the_network_dtype_and_device():
-    from twodg_pyro.model import match_input
+    from twodg_pyro.bnn import match_input
 
     like = torch.zeros(2, dtype=F64)
     assert match_input(torch.ones(3), like).dtype == F64

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from twodg_pyro import diagnostics as D
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
@@ -19,7 +20,6 @@ from twodg_pyro.guides.marginal_density import component_marginals, mixture_log_
 from twodg_pyro.infer import fit
 from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline import SharingConfig, config_from_dict
 from twodg_pyro.pipeline import run as run_pipeline

@@ -68,9 +68,9 @@ def _gmm_sets():
 
 def _stage3_objects(inputs: dict, tying: str = "stochastic", dtype=torch.float32):
     """Model and shared-GMM guide rebuilt from the saved network and structure."""
+    from twodg_pyro.bnn import BNNModel
     from twodg_pyro.guides import SharedGMMGuide
     from twodg_pyro.likelihoods import Categorical
-    from twodg_pyro.model import BNNModel
     from twodg_pyro.models import MLP
 
     net = MLP(64, (32,), 10)
@@ -258,10 +258,10 @@ def _worker(tmp: Path) -> None:  # pragma: no cover - runs in the launched proce
 @pytest.fixture(scope="module")
 def dist_run(tmp_path_factory):
     """Inputs, single-process references, and what each of the 2 ranks saw."""
+    from twodg_pyro.bnn import BNNModel
     from twodg_pyro.distributed.launch import run_local
     from twodg_pyro.guides import MeanFieldGuide
     from twodg_pyro.likelihoods import Categorical
-    from twodg_pyro.model import BNNModel
     from twodg_pyro.models import MLP
     from twodg_pyro.pipeline import SharingConfig
     from twodg_pyro.sharing import build_sharing

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.infer import DecomposedELBO
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.priors import LaplacePrior, NormalPrior
 
 

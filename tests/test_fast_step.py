@@ -14,11 +14,11 @@ import torch
 from pyro.infer.autoguide import AutoNormal
 from torch.utils.data import DataLoader, TensorDataset
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import load_digits_split
 from twodg_pyro.guides import MeanFieldGuide, Rank1BNNModel, Rank1Guide, SharedGMMGuide
 from twodg_pyro.infer import DecomposedELBO, fit
 from twodg_pyro.likelihoods import Categorical, Gaussian
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP, LeNet5
 from twodg_pyro.pipeline import config_from_dict, run
 from twodg_pyro.priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior

@@ -21,6 +21,7 @@ import pytest
 import torch
 from torch import nn
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.cli import main
 from twodg_pyro.files.atomic import safe_torch_load
 from twodg_pyro.files.payload import write_payload
@@ -32,7 +33,6 @@ from twodg_pyro.io.entropy import decode_index, rans_decode, rans_encode
 from twodg_pyro.io.model_file import load_model
 from twodg_pyro.io.network_size import MAX_NETWORK_VALUES
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import build_network
 from twodg_pyro.pipeline.saved_models import evaluate_model_file
 from twodg_pyro.sharing import SharingStructure, SiteLayout

@@ -10,6 +10,7 @@ import pyro.poutine as poutine
 import torch
 
 import twodg_pyro.guide as protocol
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.guide import BNNGuide, FastStepGuide, SharingGuide
 from twodg_pyro.guides import (
     MeanFieldGuide,
@@ -22,7 +23,6 @@ from twodg_pyro.guides import (
 )
 from twodg_pyro.guides.tying_guide import TyingGuide
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.sharing import SharingStructure, SiteLayout
 

@@ -4,12 +4,12 @@ import pytest
 import torch
 from torch import nn
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.infer import Callback, KLAnnealing, fit
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import classification_metrics
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.prediction import predict
 from twodg_pyro.priors import LaplacePrior

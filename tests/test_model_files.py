@@ -11,6 +11,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
 from twodg_pyro.evaluation import seeded_predict
@@ -37,7 +38,6 @@ from twodg_pyro.io import (
 )
 from twodg_pyro.io.model_format import guide_table
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.priors import (
     LaplacePrior,

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.infer import ScaleTrajectory, fit
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline import config_from_dict
 from twodg_pyro.pipeline.presets import preset

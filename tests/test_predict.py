@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.prediction import predict
 

@@ -13,6 +13,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import make_loader
 from twodg_pyro.evaluation import seeded_predict
 from twodg_pyro.guides import MeanFieldGuide
@@ -21,7 +22,6 @@ from twodg_pyro.infer.fast_step import site_priors
 from twodg_pyro.io import PriorNotStoredWarning, UnavailablePrior, load_model, save_model
 from twodg_pyro.io.specs import likelihood_spec, prior_spec, rebuild_likelihood, rebuild_prior
 from twodg_pyro.likelihoods import LIKELIHOODS, Categorical, Gaussian, Likelihood
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline.builders import build_prior
 from twodg_pyro.pipeline.config import PriorConfig
@@ -208,7 +208,8 @@ def test_a_subclass_without_its_own_kind_is_not_stored_as_its_parent():
 
 
 def test_a_kind_or_setting_taken_is_a_clear_error():
-    with pytest.raises(TypeError, match="'NormalPrior' is taken by twodg_pyro.priors.NormalPrior"):
+    taken = "'NormalPrior' is taken by twodg_pyro.priors.iid.NormalPrior"
+    with pytest.raises(TypeError, match=taken):
 
         class Mine(Prior):
             kind = "NormalPrior"
@@ -284,7 +285,7 @@ def test_likelihoods_round_trip_and_a_new_one_is_one_class():
 
 def test_the_rank1_model_lives_in_the_model_layer():
     import twodg_pyro.guides as guides
-    import twodg_pyro.rank1_model as rank1_model
+    import twodg_pyro.rank1_bnn as rank1_model
     from twodg_pyro.guides.rank1 import CauchyPrior as C
     from twodg_pyro.guides.rank1 import Rank1BNNModel, Rank1PriorKind, Routing
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.distributed import DataParallelStep, ShardedLoader, fit_distributed
 from twodg_pyro.guide import BNNGuide, FastStepGuide, GuideSample, SharingGuide
 from twodg_pyro.guides import (
@@ -21,7 +22,6 @@ from twodg_pyro.guides import (
 )
 from twodg_pyro.infer import DecomposedELBO, TrainingStep, fit, remap_optimizer_rows
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline.config import METHODS
 from twodg_pyro.pipeline.data_parallel import SUPPORTED_METHODS

@@ -16,6 +16,7 @@ import torch
 from pyro.infer import SVI, Predictive, Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoNormal
 
+from twodg_pyro.bnn import LOGITS_SITE, BNNModel
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.guides.rank1 import Rank1BNNModel, Rank1Guide
@@ -23,7 +24,6 @@ from twodg_pyro.guides.ssvi import SSVIGuide
 from twodg_pyro.infer import DecomposedELBO, fit
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import accuracy
-from twodg_pyro.model import LOGITS_SITE, BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.prediction import predict
 from twodg_pyro.sharing import SharingStructure, SiteLayout

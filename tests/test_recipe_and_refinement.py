@@ -10,6 +10,7 @@ from torch import nn
 
 from twodg_pyro.baselines import train_deterministic
 from twodg_pyro.baselines.deterministic import _epoch_lr
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
@@ -17,7 +18,6 @@ from twodg_pyro.infer import DecomposedELBO, fit
 from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import accuracy
-from twodg_pyro.model import BNNModel
 from twodg_pyro.pipeline import ConfigError, config_from_dict
 from twodg_pyro.pipeline.presets import PRESETS, preset
 from twodg_pyro.prediction import predict

@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.files.integrity import seal
 from twodg_pyro.guides import SharedGMMGuide
 from twodg_pyro.infer import DecomposedELBO
 from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.prediction import predict
 from twodg_pyro.priors import LaplacePrior, NormalPrior
 from twodg_pyro.sharing import SharingStructure, SiteLayout

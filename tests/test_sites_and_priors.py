@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.likelihoods import Categorical, Gaussian
-from twodg_pyro.model import BNNModel
 from twodg_pyro.nn import find_sites
 from twodg_pyro.priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, SitePrior, as_prior
 

@@ -10,6 +10,7 @@ import torch
 from pyro.distributions.kl import kl_divergence
 from torch import nn
 
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import make_loader
 from twodg_pyro.guides import SSVIGuide, SubspaceUpdate
 from twodg_pyro.guides.ssvi_subspace import folded_normal_moments, removal_scores
@@ -17,7 +18,6 @@ from twodg_pyro.infer import Callback, DecomposedELBO, TrainState, fit
 from twodg_pyro.infer.optim import build_optimizer
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import classification_metrics
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.nn.functional import inverse_softplus
 from twodg_pyro.pipeline import ConfigError, config_from_dict

@@ -18,6 +18,7 @@ from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
 from twodg_pyro.baselines import train_deterministic
+from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import DatasetNotFoundError, load_digits_split, make_loader
 from twodg_pyro.data.transforms import MNIST_MEAN, MNIST_STD
 from twodg_pyro.evaluation import seeded_predict
@@ -25,7 +26,6 @@ from twodg_pyro.guides import MeanFieldGuide, Rank1Guide, SSVIGuide
 from twodg_pyro.guides.rank1 import Rank1BNNModel
 from twodg_pyro.infer import fit
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.model import BNNModel
 from twodg_pyro.models import MLP
 from twodg_pyro.uncertainty import (
     BUILTIN_OOD_SETS,

@@ -28,10 +28,10 @@ from ._version import __version__ as __version__
 
 #: exported name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    "BNNModel": "twodg_pyro.model",
-    "NormalPrior": "twodg_pyro.priors",
-    "LaplacePrior": "twodg_pyro.priors",
-    "LayerwiseNormalPrior": "twodg_pyro.priors",
+    "BNNModel": "twodg_pyro.bnn",
+    "NormalPrior": "twodg_pyro.priors.iid",
+    "LaplacePrior": "twodg_pyro.priors.iid",
+    "LayerwiseNormalPrior": "twodg_pyro.priors.iid",
     "Categorical": "twodg_pyro.likelihoods",
     "Gaussian": "twodg_pyro.likelihoods",
     "MeanFieldGuide": "twodg_pyro.guides.mean_field",
@@ -74,6 +74,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from .bnn import BNNModel
     from .data import make_loader
     from .data.digits import load_digits_split
     from .evaluation import evaluate
@@ -83,7 +84,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .infer.trainer import fit
     from .io.model_file import load_model, save_model
     from .likelihoods import Categorical, Gaussian
-    from .model import BNNModel
     from .pipeline.config_sections import SharingConfig
     from .prediction import predict
     from .priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior

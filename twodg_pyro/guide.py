@@ -1,7 +1,7 @@
 r"""The guide protocol: what every BNN guide of this library offers, stated once.
 
 A guide :math:`q_\phi(w)` is a distribution over the Bayesian sites
-:math:`w = (w_s)_s` of a model (:class:`~twodg_pyro.model.BNNModel`: one site per weight
+:math:`w = (w_s)_s` of a model (:class:`~twodg_pyro.bnn.BNNModel`: one site per weight
 or bias tensor; :class:`~twodg_pyro.guides.Rank1BNNModel`: one per factor tensor).
 Training maximises the evidence lower bound (Eq. 10)
 

@@ -35,9 +35,9 @@ import torch
 from torch.func import vmap
 from tqdm.auto import tqdm
 
+from .bnn import input_mismatch, match_input, require_model
 from .guide import BNNGuide, check_guide_sites
 from .likelihoods import Categorical
-from .model import input_mismatch, match_input, require_model
 
 __all__ = ["Prediction", "predict", "deterministic_predict", "program_draws"]
 
@@ -107,7 +107,7 @@ def predict(
     """Bayesian model average of ``model``'s likelihood over ``num_samples`` guide draws.
 
     Args:
-        model: a :class:`~twodg_pyro.model.BNNModel`.
+        model: a :class:`~twodg_pyro.bnn.BNNModel`.
         guide: any guide with ``sample_weights(num_samples)``, or another Pyro guide
             (drawn from by running its program, :func:`program_draws`).
         data: inputs ``X``, a pair ``(X, y)``, or an iterable of ``(x, y)`` batches.

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from ..model import match_input
+from ..bnn import match_input
 from ..prediction import Prediction, _batches
 from .deterministic import train_deterministic
 

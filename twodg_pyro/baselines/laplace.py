@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
-from ..model import match_input
+from ..bnn import match_input
 from ..prediction import Prediction
 from .ensemble import batches, targets_of
 

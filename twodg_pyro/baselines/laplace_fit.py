@@ -10,7 +10,7 @@ import warnings
 import torch
 from torch import nn
 
-from ..model import match_input
+from ..bnn import match_input
 from .laplace import LaplacePosterior, check_laplace_settings
 
 __all__ = ["INSTALL_HINT", "MissingLaplaceError", "fit_laplace", "from_laplace", "require_laplace"]

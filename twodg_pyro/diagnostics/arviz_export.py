@@ -160,7 +160,7 @@ def to_inference_data(
     """Export ``num_samples`` guide draws and their predictions on ``data`` to ArviZ.
 
     Args:
-        model: the :class:`~twodg_pyro.model.BNNModel` (or
+        model: the :class:`~twodg_pyro.bnn.BNNModel` (or
             :class:`~twodg_pyro.guides.Rank1BNNModel`).
         guide: one of the library's guides (mean-field, shared-GMM in any tying, rank-1,
             SSVI); a Pyro autoguide is refused (``TypeError`` naming what to use).

@@ -1,4 +1,4 @@
-"""Variational families (guides) over the sample sites of a :class:`~twodg_pyro.model.BNNModel`.
+"""Variational families (guides) over the sample sites of a :class:`~twodg_pyro.bnn.BNNModel`.
 
 Every guide is a :class:`~twodg_pyro.guide.BNNGuide` (the protocol, stated in
 :mod:`twodg_pyro.guide`): mean-field, the shared-GMM guide of stage 3 with its three

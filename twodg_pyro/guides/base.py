@@ -15,8 +15,8 @@ from pyro.distributions.util import sum_rightmost
 from torch import nn
 from torch.distributions import Distribution, register_kl
 
+from ..bnn import require_model
 from ..guide import BNNGuide, FastStepGuide, GuideSample, MarginalDensity, kl_or_estimate
-from ..model import require_model
 from ..nn.sites import BayesianSite
 from ..pyro_params import params_are_local, plate_batch_shape
 
@@ -34,7 +34,7 @@ __all__ = [
 
 def check_model_argument(model, guide: str) -> None:
     """Raise ``TypeError`` unless ``model`` is a model whose sites a guide can cover (a
-    :class:`~twodg_pyro.model.BNNModel` or the rank-1 model), naming what it got;
+    :class:`~twodg_pyro.bnn.BNNModel` or the rank-1 model), naming what it got;
     ``guide``: the guide's class name, for the message."""
     require_model(model, guide, ("sites", "site_parameter"))
 

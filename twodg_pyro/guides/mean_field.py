@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..model import BNNModel
+from ..bnn import BNNModel
 from ..nn.functional import inverse_softplus
 from ..nn.sites import BayesianSite
 from .base import DiagonalNormalGuide, check_model_argument, site_key
@@ -64,7 +64,7 @@ class MeanFieldGuide(DiagonalNormalGuide):
     :class:`~twodg_pyro.guides.base.DiagonalNormalGuide`.
 
     Args:
-        model: the :class:`~twodg_pyro.model.BNNModel`.
+        model: the :class:`~twodg_pyro.bnn.BNNModel`.
         init_scale: ``"paper"`` for the App. I.4 initial :math:`\sigma`, or a positive
             float for a constant initial :math:`\sigma`.
         init_loc: optional ``{site: tensor}`` of initial means (default: the network's

@@ -63,7 +63,7 @@ from ..guide import GuideSample, kl_or_estimate
 from ..infer.callbacks import KLAnnealing
 from ..nn.functional import inverse_softplus
 from ..priors import CauchyPrior
-from ..rank1_model import (
+from ..rank1_bnn import (
     RANK1_PRIORS,
     ROUTINGS,
     Rank1BNNModel,
@@ -88,7 +88,7 @@ __all__ = [
 ]
 
 #: how the rank-1 factors' means start (the model's routings and priors:
-#: :mod:`twodg_pyro.rank1_model`, imported here with the model)
+#: :mod:`twodg_pyro.rank1_bnn`, imported here with the model)
 InitMean = Literal["random_sign", "ones"]
 INIT_MEANS: tuple[str, ...] = get_args(InitMean)
 

@@ -70,7 +70,7 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
     """Stage-3 guide: inliers drawn from the shared mixture, outliers from their own Normals.
 
     Args:
-        model: the :class:`~twodg_pyro.model.BNNModel` whose sites the guide covers.
+        model: the :class:`~twodg_pyro.bnn.BNNModel` whose sites the guide covers.
         structure: the :class:`~twodg_pyro.sharing.SharingStructure` from stages 1-2.
         tying: ``"representative"``, ``"stochastic"`` or ``"tied"``
             (:mod:`~twodg_pyro.guides.tyings`).

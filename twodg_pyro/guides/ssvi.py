@@ -43,8 +43,8 @@ import torch
 from pyro.distributions.kl import kl_divergence
 from torch import nn
 
+from ..bnn import BNNModel
 from ..guide import BNNGuide, GuideSample, MarginalDensity
-from ..model import BNNModel
 from ..nn.functional import inverse_softplus
 from ..nn.sites import BayesianSite
 from .base import (
@@ -79,7 +79,7 @@ class SSVIGuide(LocScaleParameters, BNNGuide):
     r"""Mean-field Normal over a sparse subspace of every site of a ``BNNModel``.
 
     Args:
-        model: the :class:`~twodg_pyro.model.BNNModel`.
+        model: the :class:`~twodg_pyro.bnn.BNNModel`.
         density: fraction of each site's coordinates that are active, in (0, 1]
             (``round(density * numel)``, at least 1).
         init_scale: ``"paper"`` (the mean-field guide's initial :math:`\sigma`) or a

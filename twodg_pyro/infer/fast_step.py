@@ -16,7 +16,7 @@ so the fast step does the same arithmetic directly:
    the values its program would sample, from the same random numbers by the same
    arithmetic (the mean-field guide: :math:`\mu + \epsilon\sigma` per site; the shared-GMM
    guide in every tying: its one flat draw of all weights, split into the sites);
-3. the network run on them (:meth:`~twodg_pyro.model.BNNModel.run_network`) and the
+3. the network run on them (:meth:`~twodg_pyro.bnn.BNNModel.run_network`) and the
    likelihood's log-density of the minibatch, scaled by :math:`N/B` as the data plate
    scales it;
 4. the KL terms by the guide's :meth:`~twodg_pyro.guide.FastStepGuide.fast_kl` (the
@@ -29,7 +29,7 @@ With ``fused_kl`` the shared-GMM guide sums its KL over all sites in one closed 
 (:mod:`~twodg_pyro.guides.fast_shared`): the same loss and gradients up to float
 rounding, not bit for bit, and several times less KL work per step.
 
-**When it applies** (:func:`unsupported`): a :class:`~twodg_pyro.model.BNNModel` whose
+**When it applies** (:func:`unsupported`): a :class:`~twodg_pyro.bnn.BNNModel` whose
 program and network call are the library's (not the rank-1 model), a ``Categorical`` or
 ``Gaussian`` likelihood, targets given, no Pyro handler active (it would see no
 sites), and a guide whose :meth:`~twodg_pyro.guide.FastStepGuide.fast_draw` accepts the
@@ -47,9 +47,9 @@ from collections.abc import Mapping
 import pyro.distributions as dist
 import torch
 
+from ..bnn import BNNModel
 from ..guide import BNNGuide, FastStepGuide
 from ..likelihoods import Categorical, Gaussian, check_labels
-from ..model import BNNModel
 from ..pyro_params import handlers_active
 
 __all__ = ["fast_particle_terms", "site_priors", "unsupported"]

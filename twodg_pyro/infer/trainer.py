@@ -153,7 +153,7 @@ def fit(
     """Train ``guide`` (and the model's deterministic parameters) by SVI.
 
     Args:
-        model: a :class:`~twodg_pyro.model.BNNModel` (``model(x, y)``), or a Pyro
+        model: a :class:`~twodg_pyro.bnn.BNNModel` (``model(x, y)``), or a Pyro
             handler around one (``poutine.scale(model, 0.5)`` tempers the joint density
             as in Pyro, ``poutine.condition(model, {site: value})``): the loss runs the
             handler, the optimiser, modes, callbacks and checkpoints see the model

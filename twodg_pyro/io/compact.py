@@ -2,7 +2,7 @@ r"""Compact model files (``.2dgz``): a trained 2DG BNN at the size its accountin
 
 :func:`export_compact` writes what prediction needs and nothing else, at a chosen
 precision; :func:`load_compact` gives back an ordinary
-:class:`~twodg_pyro.model.BNNModel` + :class:`~twodg_pyro.guides.SharedGMMGuide` pair
+:class:`~twodg_pyro.bnn.BNNModel` + :class:`~twodg_pyro.guides.SharedGMMGuide` pair
 (``predict``, ``twodg-pyro evaluate`` and ``diagnose`` take it like a full model file).
 :func:`export_int8_mean_field` writes the INT8-quantised mean-field baseline
 (:mod:`twodg_pyro.baselines.quantized`) in the same container, so both are compared as

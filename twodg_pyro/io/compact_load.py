@@ -139,7 +139,7 @@ def _check_coding(info, field: str, n_bytes: int, extra: tuple[str, ...] = ()) -
 
 
 def _rebuild_model(header: dict, net, prior, where: str, net_bytes):
-    from ..model import BNNModel
+    from ..bnn import BNNModel
     from .specs import PriorNotStoredWarning, UnavailablePrior, rebuild_likelihood, rebuild_prior
 
     _site_sizes(header)

@@ -64,7 +64,7 @@ def save_model(
 
     Args:
         path: the file (conventionally ``model_<method>.pt``).
-        model: the :class:`~twodg_pyro.model.BNNModel` (or
+        model: the :class:`~twodg_pyro.bnn.BNNModel` (or
             :class:`~twodg_pyro.guides.Rank1BNNModel`).
         guide: a mean-field, shared-GMM, rank-1 or SSVI guide, or one of a type
             registered with :func:`~twodg_pyro.io.model_format.register_guide_file`.

@@ -48,11 +48,11 @@ from typing import Any
 
 from torch import nn
 
+from ..bnn import BNNModel
 from ..files.payload import PayloadFormat, payload_section, write_payload
 from ..guides import MeanFieldGuide, Rank1BNNModel, Rank1Guide, SharedGMMGuide, SSVIGuide
 from ..guides.tyings import TYINGS
 from ..likelihoods import LIKELIHOODS
-from ..model import BNNModel
 from ..sharing.structure import SharingStructure
 from .specs import (
     exact_include,
@@ -234,7 +234,7 @@ def register_guide_file(
         read: ``read(model, header, payload) -> guide``: a guide of the saved shapes
             (its state is then loaded from ``guide/``); by default
             ``guide_cls(model, **header["guide"]["kwargs"])``.
-        model_cls: :class:`~twodg_pyro.model.BNNModel` or
+        model_cls: :class:`~twodg_pyro.bnn.BNNModel` or
             :class:`~twodg_pyro.guides.Rank1BNNModel` (the models a file rebuilds).
         layout: :data:`BNN_FILE` (:data:`SHARED_GMM_FILE` is the 2DG's own).
 

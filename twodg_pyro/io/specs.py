@@ -226,13 +226,13 @@ def module_of(site_name: str) -> str:
 
 
 def rebuild_bnn_model(net: nn.Module, prior, likelihood, site_names: list[str], where: str):
-    """A :class:`~twodg_pyro.model.BNNModel` over ``net`` whose Bayesian sites are exactly
+    """A :class:`~twodg_pyro.bnn.BNNModel` over ``net`` whose Bayesian sites are exactly
     ``site_names`` (the saved model's, whatever selection made them).
 
     Raises:
         ValueError: the network lacks one of the sites.
     """
-    from ..model import BNNModel
+    from ..bnn import BNNModel
 
     try:
         types = site_types(net, [module_of(n) for n in site_names])

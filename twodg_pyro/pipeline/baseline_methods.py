@@ -39,7 +39,7 @@ from ..metrics import classification_metrics
 from ..prediction import Prediction, deterministic_predict
 from .alternatives import size_mb
 from .artifacts import model_evaluation, model_file_name, network_spec
-from .builders import build_net, seed_everything, train_loader
+from .builders import build_net, eval_data, seed_everything, train_loader
 from .diagnostics_steps import StepWriter
 from .results import evaluation_of
 from .trained import Trained
@@ -119,10 +119,7 @@ def _val_data(split, device):
     val = split.val
     if val is None or len(val) == 0:
         return None
-    tensors = getattr(val, "tensors", None)
-    if tensors is not None:
-        return tensors[0].to(device), tensors[1].to(device)
-    return torch.utils.data.DataLoader(val, batch_size=512)
+    return eval_data(val, device)
 
 
 def run_deterministic_matched(ctx: RunContext, recipe: dict) -> dict:

@@ -10,9 +10,9 @@ import pyro
 import torch
 from torch import nn
 
+from ..bnn import BNNModel
 from ..data import DataSplit, load_dataset, make_loader
 from ..likelihoods import Categorical
-from ..model import BNNModel
 from ..priors import Prior, prior_class
 from .config import ConfigError, DataConfig, NetworkConfig, PriorConfig, torch_dtype
 
@@ -23,6 +23,8 @@ __all__ = [
     "build_prior",
     "build_model",
     "check_device",
+    "train_loader",
+    "eval_data",
 ]
 
 
@@ -82,6 +84,21 @@ def load_data(cfg: DataConfig, image: bool) -> DataSplit:
 def train_loader(split: DataSplit, cfg: DataConfig, seed: int):
     """Shuffled, seeded training batches."""
     return make_loader(split.train, cfg.batch_size, shuffle=True, seed=seed)
+
+
+#: examples per batch when a dataset that holds no tensors is evaluated
+EVAL_BATCH = 512
+
+
+def eval_data(dataset, device=None):
+    """A dataset to evaluate on: its ``(X, y)`` tensors when it holds them (a
+    ``TensorDataset``; moved to ``device`` when given), else its batches of
+    :data:`EVAL_BATCH` in order (moved when they are used)."""
+    tensors = getattr(dataset, "tensors", None)
+    if tensors is None:
+        return torch.utils.data.DataLoader(dataset, batch_size=EVAL_BATCH)
+    x, y = tensors[0], tensors[1]
+    return (x, y) if device is None else (x.to(device), y.to(device))
 
 
 def build_net(cfg: NetworkConfig, split: DataSplit) -> nn.Module:

@@ -21,10 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-import torch
-
 from ..distributed import env
-from ..evaluation import data_to_device
 from ..metrics import classification_metrics
 from ..prediction import deterministic_predict
 from . import artifacts
@@ -36,7 +33,14 @@ from .baseline_methods import (
     run_laplace,
     write_baseline_files,
 )
-from .builders import build_net, check_device, load_data, seed_everything, train_loader
+from .builders import (
+    build_net,
+    check_device,
+    eval_data,
+    load_data,
+    seed_everything,
+    train_loader,
+)
 from .checks import check_sharing_sizes, check_split
 from .config import RunConfig
 from .context import RunContext, deterministic_recipe
@@ -189,7 +193,7 @@ def _context(cfg, out_dir, resume, execution, folder) -> RunContext:
     if resume_from is not None:  # records of the methods finished before the checkpoint
         art.records = [dict(r) for r in checkpoints.load(resume_from).extra["records"]]
     art.split = split
-    art.eval_data = data_to_device(_eval_split(split), cfg.device)
+    art.eval_data = eval_data(split.test, cfg.device)
     return RunContext(
         cfg=cfg,
         art=art,
@@ -329,10 +333,3 @@ def scale_trajectory(history: list[dict], points: int = 11) -> list[dict]:
         }
         for i in picked
     ]
-
-
-def _eval_split(split):
-    tensors = split.test.tensors if hasattr(split.test, "tensors") else None
-    if tensors is not None:
-        return tensors[0], tensors[1]
-    return torch.utils.data.DataLoader(split.test, batch_size=512)

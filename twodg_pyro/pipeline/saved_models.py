@@ -11,6 +11,7 @@ import torch
 
 from ..evaluation import data_to_device
 from ..likelihoods import Categorical
+from .builders import eval_data
 from .diagnostics_steps import (
     KHAT_MAX_EXAMPLES,
     KHAT_SAMPLES,
@@ -170,9 +171,8 @@ def evaluate_model_file(
     dataset = getattr(split, split_name)
     if len(dataset) == 0:
         raise ValueError(f"the {split_name} split of {d['data']!r} is empty")
-    tensors = xy(dataset)
-    eval_data = data_to_device(tensors, device) if isinstance(tensors, tuple) else _loader(dataset)
-    metrics = evaluate(model, guide, eval_data, d["num_samples"], d["seed"], device=device)
+    data = eval_data(dataset, device)
+    metrics = evaluate(model, guide, data, d["num_samples"], d["seed"], device=device)
     result = {
         "model_file": str(model_file),
         "method": d["recorded"].get("method") or _method_of(guide),
@@ -183,15 +183,15 @@ def evaluate_model_file(
     }
     if uncertainty is not None:
         result["uncertainty"] = _uncertainty(
-            (model, guide), True, split, eval_data, uncertainty, d, device
+            (model, guide), True, split, data, uncertainty, d, device
         )
     return _with_recorded(result, d)
 
 
-def _uncertainty(trained, bayesian: bool, split, eval_data, settings, d: dict, device) -> dict:
+def _uncertainty(trained, bayesian: bool, split, data, settings, d: dict, device) -> dict:
     from .uncertainty_step import UncertaintySets
 
-    sets = UncertaintySets(split, eval_data, settings, d["seed"])
+    sets = UncertaintySets(split, data, settings, d["seed"])
     draws = settings.draws if settings.draws is not None else d["num_samples"]
     return sets.record(trained, bayesian, draws, device)
 
@@ -252,10 +252,9 @@ def _evaluate_baseline(
     dataset = getattr(split, split_name)
     if len(dataset) == 0:
         raise ValueError(f"the {split_name} split of {d['data']!r} is empty")
-    tensors = xy(dataset)
-    data = data_to_device(tensors, device) if isinstance(tensors, tuple) else _loader(dataset)
+    data = eval_data(dataset, device)
     samples = draw_probs(obj, data, d["num_samples"], d["seed"])
-    labels = tensors[1] if isinstance(tensors, tuple) else torch.cat([y for _, y in data])
+    labels = data[1] if isinstance(data, tuple) else torch.cat([y for _, y in data])
     result = {
         "model_file": str(model_file),
         "method": d["recorded"].get("method") or header.get("method"),
@@ -284,10 +283,6 @@ def _method_of(guide) -> str:
     from ..diagnostics import method_of
 
     return method_of(guide)
-
-
-def _loader(dataset):
-    return torch.utils.data.DataLoader(dataset, batch_size=512)
 
 
 def diagnose_model_file(
@@ -330,9 +325,9 @@ def diagnose_model_file(
     S, seed = d["num_samples"], d["seed"]
     out = Path(out_dir)
     writer = StepWriter(out, 7 + (method == "2dg"), progress=progress)
-    eval_data = data_to_device(xy(split.test), device)
+    test = data_to_device(xy(split.test), device)
     pred = writer.step(
-        "evaluate", lambda: seeded_predict(model, guide, eval_data, S, seed, device=device)
+        "evaluate", lambda: seeded_predict(model, guide, test, S, seed, device=device)
     )
     draws = draws_record(S, seed, len(split.test), "test")
     metrics = None if pred is None else classification_metrics(pred.mean, pred.targets)
@@ -349,7 +344,7 @@ def diagnose_model_file(
         method,
         model,
         guide,
-        eval_data,
+        test,
         S,
         seed,
         max_eval_examples,

@@ -44,8 +44,6 @@ A run's ``prior.kind`` names a registered prior too (:func:`prior_class`; the li
 are :data:`PRIOR_KINDS`, the names the settings file accepts).
 """
 
-from types import FunctionType
-
 from .base import (
     PRIOR_KINDS,
     PRIORS,
@@ -73,7 +71,3 @@ __all__ = [
     "PRIOR_KINDS",
     "PriorKind",
 ]
-
-for _name in __all__:  # documented, pickled and named in messages as twodg_pyro.priors.<name>
-    if isinstance(globals()[_name], (type, FunctionType)):
-        globals()[_name].__module__ = __name__

@@ -409,7 +409,7 @@ def build_sharing(
     """Build the sharing structure from a trained mean-field ``guide`` (module docstring).
 
     Args:
-        model: the :class:`~twodg_pyro.model.BNNModel`.
+        model: the :class:`~twodg_pyro.bnn.BNNModel`.
         guide: the trained :class:`~twodg_pyro.guides.MeanFieldGuide`.
         data: minibatches for the gradient rule.
         cfg: a :class:`~twodg_pyro.pipeline.config.SharingConfig`.

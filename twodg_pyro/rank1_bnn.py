@@ -14,8 +14,8 @@ import pyro.poutine as poutine
 import torch
 from torch import nn
 
+from .bnn import LOGITS_SITE, SiteTensors, match_input
 from .likelihoods import Categorical, Likelihood
-from .model import LOGITS_SITE, SiteTensors, match_input
 from .nn.rank1 import RANK1_LAYER_TYPES, Rank1Layer, find_rank1_layers, rank1_factors
 from .nn.sites import BayesianSite
 from .priors import CauchyPrior, NormalPrior, Prior, as_prior
@@ -65,7 +65,7 @@ def _check_components(components) -> int:
 class Rank1BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
     r"""Pyro model of a rank-1 BNN with ``M`` batch-ensemble components.
 
-    Same constructor surface as :class:`~twodg_pyro.model.BNNModel`; its sample sites are
+    Same constructor surface as :class:`~twodg_pyro.bnn.BNNModel`; its sample sites are
     the factor vectors (one site per factor tensor, shape ``(M, dim)``), not the weights.
 
     Args:
@@ -212,7 +212,7 @@ class Rank1BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
         r"""The model program: the factor sites, each counted :math:`1/M` (so that a stock
         ELBO's KL is the per-component average :math:`\frac1M\sum_m \mathrm{KL}(q_m\|p)`,
         as with :class:`~twodg_pyro.infer.DecomposedELBO`), the routed network, the
-        ``"logits"`` site (:data:`~twodg_pyro.model.LOGITS_SITE`) and the likelihood."""
+        ``"logits"`` site (:data:`~twodg_pyro.bnn.LOGITS_SITE`) and the likelihood."""
         local = params_are_local()
         if not local:
             self._param_statements()
