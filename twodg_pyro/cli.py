@@ -110,14 +110,9 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args, ctx: dict) -> int:
     if args.command in ("run", "train"):
         return _run_or_train(args, ctx)
-    if args.command == "evaluate":
-        return _evaluate(args)
-    if args.command == "diagnose":
-        return _diagnose(args)
-    if args.command == "export":
-        return _export(args)
-    if args.command == "report":
-        return _report(args)
+    jobs = {"evaluate": _evaluate, "diagnose": _diagnose, "export": _export, "report": _report}
+    if args.command in jobs:
+        return jobs[args.command](args)
     return EXIT_FAILURE  # pragma: no cover
 
 
@@ -269,9 +264,8 @@ def _evaluate(args) -> int:
             "ood_size": args.ood_size,
             "shift_size": args.shift_size,
             "draws": args.uncertainty_draws,
+            "ood_sets": args.ood_sets,
         }
-        if args.ood_sets is not None:
-            settings["ood_sets"] = args.ood_sets
         settings = {k: v for k, v in settings.items() if v is not None}
         uncertainty = config_from_dict(settings, UncertaintyConfig, prefix="uncertainty.")
 

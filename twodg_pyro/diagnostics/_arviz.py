@@ -101,23 +101,11 @@ def _dataset(variables: dict, coords: dict, dims: dict, attrs: dict, sampled: bo
     coords = {k: v for k, v in coords.items() if k in used}
     dims = {k: v for k, v in dims.items() if k in variables}
     if DATATREE:
-        return arviz_base.dict_to_dataset(
-            variables,
-            attrs=attrs,
-            coords=coords,
-            dims=dims,
-            sample_dims=list(SAMPLE_DIMS) if sampled else [],
-            index_origin=0,
-            check_conventions=False,
-        )
-    return az.dict_to_dataset(
-        variables,
-        attrs=attrs,
-        coords=coords,
-        dims=dims,
-        default_dims=None if sampled else [],
-        index_origin=0,
-    )
+        make = arviz_base.dict_to_dataset
+        extra = {"sample_dims": list(SAMPLE_DIMS) if sampled else [], "check_conventions": False}
+    else:
+        make, extra = az.dict_to_dataset, {"default_dims": None if sampled else []}
+    return make(variables, attrs=attrs, coords=coords, dims=dims, index_origin=0, **extra)
 
 
 def build_tree(
@@ -326,32 +314,29 @@ def _figure_of(result):
     return np.atleast_1d(result).ravel()[0].figure
 
 
-def plot_forest(tree, var_names: list[str], coords: dict | None = None):
-    """Forest plot (credible intervals) of posterior variables: a matplotlib figure."""
+def _plot(kind: str, tree, var_names: list[str], coords: dict | None, **legacy):
+    """``arviz_plots.plot_<kind>`` (matplotlib backend) on 1.x, ``az.plot_<kind>`` with
+    ``legacy`` options on 0.x: the figure."""
     with quiet():
         if DATATREE:
             import arviz_plots
 
-            pc = arviz_plots.plot_forest(
+            pc = getattr(arviz_plots, f"plot_{kind}")(
                 tree, var_names=var_names, coords=coords, backend="matplotlib"
             )
         else:
-            pc = az.plot_forest(tree, var_names=var_names, coords=coords, combined=True)
+            pc = getattr(az, f"plot_{kind}")(tree, var_names=var_names, coords=coords, **legacy)
     return _figure_of(pc)
+
+
+def plot_forest(tree, var_names: list[str], coords: dict | None = None):
+    """Forest plot (credible intervals) of posterior variables: a matplotlib figure."""
+    return _plot("forest", tree, var_names, coords, combined=True)
 
 
 def plot_pair(tree, var_names: list[str], coords: dict | None = None):
     """Pair plot (scatter matrix of the draws) of a few posterior values: a figure."""
-    with quiet():
-        if DATATREE:
-            import arviz_plots
-
-            pc = arviz_plots.plot_pair(
-                tree, var_names=var_names, coords=coords, backend="matplotlib"
-            )
-        else:
-            pc = az.plot_pair(tree, var_names=var_names, coords=coords, marginals=True)
-    return _figure_of(pc)
+    return _plot("pair", tree, var_names, coords, marginals=True)
 
 
 def plot_discrete_ppc(tree, var_name: str = "y", num_samples: int = 50, seed: int = 0):

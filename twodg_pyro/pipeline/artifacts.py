@@ -205,11 +205,9 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         writer.step(f"model_{method}", save)
 
     if skip_diagnostics is not None or not dcfg.enabled:
-        writer.close()
-        writer.files["diagnostics"] = str(out / "diagnostics.json")
         reason = skip_diagnostics or "diagnostics.enabled = false"
         write_report(writer, {"method": primary, "skipped": reason})
-        return {"files": dict(writer.files), "errors": dict(writer.errors)}
+        return writer.record()
 
     predictions = art.predictions
     report: dict = {"method": primary, "draws": draws, "methods": {}}
@@ -272,7 +270,5 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         writer.step(
             "merges", lambda: plot_merges(log, out / "merges.png", stage2=record.get("stage2"))
         )
-    writer.close()
-    writer.files["diagnostics"] = str(out / "diagnostics.json")
     write_report(writer, report)
-    return {"files": dict(writer.files), "errors": dict(writer.errors)}
+    return writer.record()

@@ -296,4 +296,4 @@ def write_baseline_files(art, cfg, out_dir) -> dict:
 
             writer.step(f"model_{method}", save)
     writer.close()
-    return {"files": dict(writer.files), "errors": dict(writer.errors)}
+    return writer.record()

@@ -92,6 +92,10 @@ class StepWriter:
     def close(self) -> None:
         self.bar.close()
 
+    def record(self) -> dict:
+        """``{"files": {name: path}, "errors": {name: message}}`` of the steps so far."""
+        return {"files": dict(self.files), "errors": dict(self.errors)}
+
 
 def diagnostics_budget(
     dcfg,
@@ -266,16 +270,10 @@ def khat_step(
     (1 step; a failure of the blocks is recorded as ``khat_blocks`` in the errors)."""
     from .. import diagnostics as D
 
+    draws = {"num_samples": khat_samples, "seed": seed, "max_examples": max_train_examples}
+
     def run():
-        vi = D.vi_diagnostics(
-            model,
-            guide,
-            train_data,
-            num_samples=khat_samples,
-            seed=seed,
-            max_examples=max_train_examples,
-            progress=writer.progress,
-        )
+        vi = D.vi_diagnostics(model, guide, train_data, **draws, progress=writer.progress)
         if not blocks:
             vi["blocks"] = {"skipped": "over the diagnostics budget (diagnostics.budget)"}
             return vi
@@ -284,10 +282,8 @@ def khat_step(
                 model,
                 guide,
                 train_data,
-                num_samples=khat_samples,
-                seed=seed,
+                **draws,
                 max_components=max_components,
-                max_examples=max_train_examples,
                 progress=writer.progress,
             )
         except Exception as e:  # noqa: BLE001 - reported; the joint k-hat still stands
@@ -332,11 +328,15 @@ def summary_and_reliability(writer: StepWriter, idata, pred, method: str, draws:
         writer.bar.update(1)
 
 
-def write_report(writer: StepWriter, report: dict) -> Path:
-    report = dict(report, files=dict(writer.files), errors=dict(writer.errors))
+def write_report(writer: StepWriter, report: dict) -> dict:
+    """Close ``writer`` and write ``diagnostics.json``: ``report`` with the steps' files
+    (this one among them) and errors; returns that content."""
+    writer.close()
     path = writer.out / "diagnostics.json"
+    writer.files["diagnostics"] = str(path)
+    report = {**report, **writer.record()}
     atomic_write_text(path, json.dumps(jsonable(report), indent=2, sort_keys=True))
-    return path
+    return report
 
 
 def compare_step(writer: StepWriter, idatas: dict) -> list | None:

@@ -326,6 +326,7 @@ def diagnose_model_file(
     out = Path(out_dir)
     writer = StepWriter(out, 7 + (method == "2dg"), progress=progress)
     test = data_to_device(xy(split.test), device)
+    train = data_to_device(xy(split.train), device)
     pred = writer.step(
         "evaluate", lambda: seeded_predict(model, guide, test, S, seed, device=device)
     )
@@ -350,23 +351,12 @@ def diagnose_model_file(
         max_eval_examples,
         DEFAULT_MAX_SITE_VALUES if max_site_values is None else max_site_values,
         metrics,
-        train_data=data_to_device(xy(split.train), device),
+        train_data=train,
         max_train_examples=max_train_examples,
     )
     report.update(section)
     summary_and_reliability(writer, idata, pred, method, draws)
-    report["vi"] = khat_step(
-        writer,
-        model,
-        guide,
-        data_to_device(xy(split.train), device),
-        khat_samples,
-        seed,
-        max_train_examples,
-    )
+    report["vi"] = khat_step(writer, model, guide, train, khat_samples, seed, max_train_examples)
     if method == "2dg":
         writer.step("sharing_plane", lambda: plot_sharing_plane(guide, out / "sharing_plane.png"))
-    writer.close()
-    writer.files["diagnostics"] = str(out / "diagnostics.json")
-    write_report(writer, report)
-    return jsonable(dict(report, files=dict(writer.files), errors=dict(writer.errors)))
+    return jsonable(write_report(writer, report))

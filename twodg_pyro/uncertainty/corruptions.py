@@ -82,10 +82,14 @@ SEVERITY_PARAMETERS: dict[str, tuple[float, ...]] = {
 Corruption = Callable[[torch.Tensor, int, torch.Generator], torch.Tensor]
 
 
-def _parameter(family: str, severity: int) -> float:
+def _check_severity(severity: int) -> int:
     if isinstance(severity, bool) or severity not in SEVERITIES:
         raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
-    return SEVERITY_PARAMETERS[family][int(severity) - 1]
+    return int(severity)
+
+
+def _parameter(family: str, severity: int) -> float:
+    return SEVERITY_PARAMETERS[family][_check_severity(severity) - 1]
 
 
 def gaussian_noise(u: torch.Tensor, severity: int, generator: torch.Generator) -> torch.Tensor:
@@ -233,8 +237,7 @@ def load_cifar10c(
         DatasetFormatError: an array of the wrong shape or type.
         ValueError: a severity outside 1..5.
     """
-    if isinstance(severity, bool) or severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
+    severity = _check_severity(severity)
     root = Path(root)
     expected = [f"{family}.npy", "labels.npy"]
     missing = [e for e in expected if not (root / e).is_file()]
@@ -261,7 +264,7 @@ def load_cifar10c(
             "(five severities of n images each)",
         )
     n = images.shape[0] // 5
-    block = slice((int(severity) - 1) * n, int(severity) * n)
+    block = slice((severity - 1) * n, severity * n)
     u = torch.from_numpy(np.array(images[block])).permute(0, 3, 1, 2).float() / 255.0
     like = torch.empty((1, 3, 32, 32))
     return from_pixels(u, pixel_mean, pixel_std, like), torch.from_numpy(

@@ -72,6 +72,13 @@ def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
+def _subset(t: torch.Tensor, n: int, seed: int) -> torch.Tensor:
+    """A subset of at most ``n`` rows of ``t`` drawn with ``seed``, kept in their order."""
+    if n >= t.shape[0]:
+        return t
+    return t[torch.randperm(t.shape[0], generator=_generator(seed))[:n].sort().values]
+
+
 def _transformed(
     op: Callable[[torch.Tensor], torch.Tensor],
     test_inputs: torch.Tensor,
@@ -209,9 +216,7 @@ def digits_upsampled(
     shape = image_shape_of(test_inputs, image_shape)
     images = np.asarray(load_digits().images, dtype=np.float32) / 16.0
     u = torch.from_numpy(images).unsqueeze(1).to(test_inputs.dtype)
-    n = min(test_inputs.shape[0], u.shape[0])
-    if n < u.shape[0]:
-        u = u[torch.randperm(u.shape[0], generator=_generator(seed))[:n].sort().values]
+    u = _subset(u, test_inputs.shape[0], seed)
     return from_pixels(resize_images(u, shape), pixel_mean, pixel_std, test_inputs)
 
 
@@ -351,9 +356,8 @@ def folder_ood_set(
             title, root, expected, url, missing=missing, hint=_HINTS[key].format(root=hint_root)
         )
     raw = _read_folder_images(key, root)
-    if max_examples is not None and int(max_examples) < raw.shape[0]:
-        keep = torch.randperm(raw.shape[0], generator=_generator(seed))[: int(max_examples)]
-        raw = raw[keep.sort().values]
+    if max_examples is not None:
+        raw = _subset(raw, int(max_examples), seed)
     u = resize_images(raw.to(dtype) / 255.0, shape)
     like = torch.empty((1, *shape), dtype=dtype)
     x = from_pixels(u, pixel_mean, pixel_std, like)

@@ -41,7 +41,11 @@ def _grid(n: int, width: float = 3.6, height: float = 2.8) -> tuple[Figure, list
     return fig, axes[:n]
 
 
-def _save(fig: Figure, path: str | os.PathLike) -> Path:
+def _save(fig: Figure, axes: list, title: str | None, path: str | os.PathLike) -> Path:
+    """The legend in the first panel, the title, and the figure written as a PNG."""
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
@@ -78,10 +82,7 @@ def plot_score_histograms(
         ax.set_title(name + ("" if auroc is None else f" (AUROC {auroc:.3f})"), fontsize=9)
         ax.set_xlabel({"entropy": "entropy (nats)", "mi": "MI (nats)"}.get(score, "1 - max p"))
         ax.set_ylabel("density")
-    axes[0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    return _save(fig, axes, title, path)
 
 
 def plot_shift(
@@ -130,7 +131,4 @@ def plot_shift(
         ax.set_xlabel("severity (0: clean)")
         ax.set_ylabel(metric)
         ax.set_xticks(range(0, 6))
-    axes[0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    return _save(fig, axes, title, path)
