@@ -19,6 +19,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
+from test_protocol_and_loop import toy_structure  # the small structure the tests share
 from torch import nn
 
 from twodg_pyro.bnn import BNNModel
@@ -35,7 +36,6 @@ from twodg_pyro.io.network_size import MAX_NETWORK_VALUES
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import build_network
 from twodg_pyro.pipeline.saved_models import evaluate_model_file
-from twodg_pyro.sharing import SharingStructure, SiteLayout
 
 SPEC = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [8], "num_classes": 10}}
 HUGE = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [200000, 200000]}}
@@ -69,38 +69,10 @@ def _model(spec: dict = SPEC, seed: int = 0) -> BNNModel:
     return BNNModel(net, prior=1.0, likelihood=Categorical(100))
 
 
-def _structure(model, K: int = 3, n_out: int = 4, n_ell: int = 3, seed: int = 0):
-    """``n_out`` outliers, ``n_ell`` ellipse weights over 2 components, the rest plain."""
-    gen = torch.Generator().manual_seed(seed)
-    sites, off = [], 0
-    for s in model.sites:
-        sites.append(SiteLayout(s.name, tuple(s.shape), off))
-        off += s.numel
-    perm = torch.randperm(off, generator=gen)
-    out, ell = perm[:n_out].sort().values, perm[n_out : n_out + n_ell].sort().values
-    plain = perm[n_out + n_ell :].sort().values
-    means = torch.stack([torch.linspace(-0.3, 0.3, K), torch.full((K,), 0.05)], 1)
-    return SharingStructure(
-        sites=sites,
-        coordinates="sigma",
-        means=means,
-        covariances=(torch.eye(2).expand(K, 2, 2) * 1e-3).clone(),
-        outlier_index=out,
-        outlier_loc=torch.randn(n_out, generator=gen) * 0.1,
-        outlier_scale=torch.full((n_out,), 0.05),
-        plain_index=plain,
-        plain_component=torch.randint(0, K, (plain.numel(),), generator=gen),
-        ellipse_index=ell,
-        ellipse_components=torch.stack([torch.arange(n_ell) % K, (torch.arange(n_ell) + 1) % K], 1),
-        ellipse_alphas=torch.tensor([[0.7, 0.3]]).expand(n_ell, 2).clone(),
-        inlier_points=torch.randn(plain.numel() + n_ell, 2, generator=gen) * 0.01,
-    )
-
-
 def _compact(tmp_path, tying: str = "stochastic", name: str = "good.2dgz"):
     model = _model()
     path = tmp_path / name
-    export_compact(path, model, SharedGMMGuide(model, _structure(model), tying=tying), SPEC)
+    export_compact(path, model, SharedGMMGuide(model, toy_structure(model), tying=tying), SPEC)
     return path
 
 
@@ -127,7 +99,7 @@ def _full_file(tmp_path, kind: str):
     model = _model()
     path = tmp_path / f"model_{kind}.pt"
     if kind == "2dg":
-        save_2dg(path, model, SharedGMMGuide(model, _structure(model)), network=SPEC)
+        save_2dg(path, model, SharedGMMGuide(model, toy_structure(model)), network=SPEC)
     else:
         save_model(path, model, MeanFieldGuide(model), network=SPEC)
     return path
@@ -184,7 +156,7 @@ def test_non_finite_outliers_int8_and_network_tensors_are_refused(tmp_path):
 
     bn = BNNModel(bn_net(), prior=1.0, likelihood=Categorical(10))
     path = tmp_path / "bn.2dgz"
-    export_compact(path, bn, SharedGMMGuide(bn, _structure(bn, n_out=2, n_ell=2)))
+    export_compact(path, bn, SharedGMMGuide(bn, toy_structure(bn, n_out=2, n_ell=2)))
     first = read_compact(path)[0]["net"][0]
     assert first[1] == "<f4"
     bad = _patched_floats(path, tmp_path / "bn_bad.2dgz", "net", "<f4", 0, float("nan"))

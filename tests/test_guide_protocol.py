@@ -8,6 +8,7 @@ import inspect
 
 import pyro.poutine as poutine
 import torch
+from test_protocol_and_loop import toy_structure  # the small structure the tests share
 
 import twodg_pyro.guide as protocol
 from twodg_pyro.bnn import BNNModel
@@ -24,7 +25,6 @@ from twodg_pyro.guides import (
 from twodg_pyro.guides.tying_guide import TyingGuide
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
-from twodg_pyro.sharing import SharingStructure, SiteLayout
 
 #: the core protocol, and what the base derives from it (the module docstring's lists)
 CORE = {
@@ -60,32 +60,6 @@ def _model():
     return BNNModel(MLP(6, (5,), 3), prior=1.0, likelihood=Categorical(100))
 
 
-def _structure(model, K=3, n_out=4, n_ell=3):
-    gen = torch.Generator().manual_seed(0)
-    sites, off = [], 0
-    for s in model.sites:
-        sites.append(SiteLayout(s.name, tuple(s.shape), off))
-        off += s.numel
-    perm = torch.randperm(off, generator=gen)
-    out, ell = perm[:n_out].sort().values, perm[n_out : n_out + n_ell].sort().values
-    plain = perm[n_out + n_ell :].sort().values
-    return SharingStructure(
-        sites=sites,
-        coordinates="sigma",
-        means=torch.stack([torch.linspace(-0.3, 0.3, K), torch.full((K,), 0.05)], 1),
-        covariances=torch.eye(2).expand(K, 2, 2) * 1e-3,
-        outlier_index=out,
-        outlier_loc=torch.randn(n_out, generator=gen) * 0.1,
-        outlier_scale=torch.full((n_out,), 0.05),
-        plain_index=plain,
-        plain_component=torch.randint(0, K, (plain.numel(),), generator=gen),
-        ellipse_index=ell,
-        ellipse_components=torch.stack([torch.arange(n_ell) % K, (torch.arange(n_ell) + 1) % K], 1),
-        ellipse_alphas=torch.tensor([[0.7, 0.3]]).expand(n_ell, 2).clone(),
-        inlier_points=torch.randn(plain.numel() + n_ell, 2, generator=gen) * 0.01,
-    )
-
-
 def test_the_core_protocol_is_small_and_stated_once():
     assert _public(BNNGuide) == CORE | DERIVED
     assert _public(FastStepGuide) == FAST_STEP
@@ -104,7 +78,7 @@ def test_only_the_shared_gmm_guide_has_a_sharing_structure():
         assert not isinstance(guide, SharingGuide)
         assert not any(hasattr(guide, m) for m in SHARING), type(guide).__name__
     for tying in ("representative", "stochastic", "tied"):
-        guide = SharedGMMGuide(model, _structure(model), tying)
+        guide = SharedGMMGuide(model, toy_structure(model), tying)
         assert isinstance(guide, SharingGuide) and isinstance(guide, FastStepGuide)
         assert guide.tying == tying and guide.structure().n_gaussians == 3
     assert isinstance(others[0], FastStepGuide) and not isinstance(others[1], FastStepGuide)

@@ -34,7 +34,7 @@ def _model(seed=0, n=100):
     return BNNModel(MLP(6, (5,), 3), prior=1.0, likelihood=Categorical(n))
 
 
-def _structure(model, K=3, n_out=4, n_ell=3, seed=0):
+def toy_structure(model, K=3, n_out=4, n_ell=3, seed=0):
     """A structure over ``model``'s weights: ``n_out`` outliers, ``n_ell`` ellipse weights
     over 2 components, the rest plain inliers spread over ``K`` components."""
     gen = torch.Generator().manual_seed(seed)
@@ -43,7 +43,7 @@ def _structure(model, K=3, n_out=4, n_ell=3, seed=0):
         sites.append(SiteLayout(s.name, tuple(s.shape), off))
         off += s.numel
     perm = torch.randperm(off, generator=gen)
-    out, ell, plain = perm[:n_out].sort().values, perm[n_out : n_out + n_ell].sort().values, None
+    out, ell = perm[:n_out].sort().values, perm[n_out : n_out + n_ell].sort().values
     plain = perm[n_out + n_ell :].sort().values
     means = torch.stack([torch.linspace(-0.3, 0.3, K), torch.full((K,), 0.05)], 1)
     covs = torch.eye(2).expand(K, 2, 2) * 1e-3
@@ -69,7 +69,7 @@ def _guides():
     model = _model()
     yield "mean_field", model, MeanFieldGuide(model)
     for tying in ("representative", "stochastic", "tied"):
-        yield tying, model, SharedGMMGuide(model, _structure(model), tying=tying)
+        yield tying, model, SharedGMMGuide(model, toy_structure(model), tying=tying)
     yield "ssvi", model, SSVIGuide(model, density=0.5)
     r1 = Rank1BNNModel(MLP(6, (5,), 3), likelihood=100, components=2)
     yield "rank1", r1, Rank1Guide(r1, init_scale=0.1)
@@ -131,7 +131,7 @@ def test_every_guide_states_the_protocol():
 
 def test_tyings_are_strategy_objects_with_their_trainable_count():
     model = _model()
-    s = _structure(model, K=3, n_out=4)
+    s = toy_structure(model, K=3, n_out=4)
     for name in ("representative", "stochastic", "tied"):
         rule = tying_named(name)
         guide = SharedGMMGuide(model, s, tying=name)
