@@ -1,7 +1,7 @@
 r"""What a model file says about its model, as JSON: the likelihood, the prior, the
 Bayesian sites, and how to rebuild each from it.
 
-Shared by the full model files (:mod:`~twodg_pyro.io.bnn_file`,
+Shared by the full model files (:mod:`~twodg_pyro.io.model_format`,
 :mod:`~twodg_pyro.io.model_file`) and the compact ones (:mod:`~twodg_pyro.io.compact`).
 
 **Likelihoods and priors** describe themselves: the spec of either is its class's

@@ -210,6 +210,7 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         return writer.record()
 
     predictions = art.predictions
+    train_data = data_to_device(xy(split.train), device)
     report: dict = {"method": primary, "draws": draws, "methods": {}}
     idatas = {}
     for method, (model, guide, _) in trained.items():
@@ -228,7 +229,7 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
             budget["n_eval_examples"],
             dcfg.max_site_values,
             metrics,
-            train_data=data_to_device(xy(split.train), device),
+            train_data=train_data,
             max_train_examples=budget["n_train_examples"],
         )
         if idata is not None:
@@ -247,7 +248,7 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         writer,
         model,
         guide,
-        data_to_device(xy(split.train), device),
+        train_data,
         budget["khat_samples"],
         cfg.seed,
         budget["n_train_examples"],
