@@ -164,6 +164,15 @@ def test_a_new_guide_type_is_one_registration(digits, loader, tmp_path, monkeypa
     known = r"\['mean_field', 'rank1', 'ssvi'\]"
     with pytest.raises(ValueError, match=f"method = 'tempered_mean_field' is not one of {known}"):
         load_model(path)
+    entry = register_guide_file(TemperedMeanField)  # the method the class declares
+    assert entry.method == "tempered_mean_field"
+    del model_format._GUIDE_FILES[TemperedMeanField]
+
+    class Nameless(MeanFieldGuide):
+        method = None
+
+    with pytest.raises(ValueError, match="Nameless declares no method"):
+        register_guide_file(Nameless)
 
 
 def test_library_priors_round_trip(digits, tmp_path):

@@ -34,8 +34,8 @@ structure, and ``site_names`` follows the network spec.
 
 **A method's file support** is one :class:`GuideFile` in a registry
 (:func:`register_guide_file`; the library's methods are registered at the end of this
-module): a new method is one call, e.g. ``register_guide_file(MyGuide, "my_method")``
-when ``MyGuide(model)`` has the shapes of every trained ``MyGuide``.
+module): a new method is one call, e.g. ``register_guide_file(MyGuide)`` (under the name
+``MyGuide.method``) when ``MyGuide(model)`` has the shapes of every trained ``MyGuide``.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def guide_table(guide, **kwargs) -> dict:
 
 def register_guide_file(
     guide_cls: type,
-    method: str,
+    method: str | None = None,
     write: Callable[[Any], tuple[dict, dict]] | None = None,
     read: Callable[[Any, dict, dict], Any] | None = None,
     *,
@@ -227,7 +227,8 @@ def register_guide_file(
     and read guides of type ``guide_cls`` (exactly: a subclass registers itself).
 
     Args:
-        method: the method's name (the header's ``method``).
+        method: the method's name (the header's ``method``); by default the class's
+            :attr:`~twodg_pyro.guide.BNNGuide.method`.
         write: ``write(guide) -> (fields, tensors)``: the header fields the guide adds
             (JSON) and its tensors keyed ``"<section>/<name>"``, written before
             ``guide/``; by default ``(guide_table(guide), {})``.
@@ -239,8 +240,11 @@ def register_guide_file(
         layout: :data:`BNN_FILE` (:data:`SHARED_GMM_FILE` is the 2DG's own).
 
     Raises:
-        ValueError: ``method`` is another guide class's.
+        ValueError: ``method`` is another guide class's, or none is given or declared.
     """
+    method = method or getattr(guide_cls, "method", None)
+    if not method:
+        raise ValueError(f"{guide_cls.__name__} declares no method: pass method=")
     owner = next((e.guide_cls for e in _GUIDE_FILES.values() if e.method == method), guide_cls)
     if owner is not guide_cls:
         raise ValueError(f"method {method!r} is {owner.__name__}'s, not {guide_cls.__name__}'s")
@@ -381,11 +385,9 @@ def _write_2dg(guide: SharedGMMGuide) -> tuple[dict, dict]:
     return {"tying": guide.tying, "coordinates": guide.coordinates}, tensors
 
 
-register_guide_file(MeanFieldGuide, "mean_field")
-register_guide_file(Rank1Guide, "rank1", model_cls=Rank1BNNModel)
+register_guide_file(MeanFieldGuide)
+register_guide_file(Rank1Guide, model_cls=Rank1BNNModel)
 register_guide_file(
-    SSVIGuide,
-    "ssvi",
-    lambda g: (guide_table(g, density=g.density, init_scale=g.init_scale), {}),
+    SSVIGuide, write=lambda g: (guide_table(g, density=g.density, init_scale=g.init_scale), {})
 )
-register_guide_file(SharedGMMGuide, "2dg", _write_2dg, _read_2dg, layout=SHARED_GMM_FILE)
+register_guide_file(SharedGMMGuide, write=_write_2dg, read=_read_2dg, layout=SHARED_GMM_FILE)
