@@ -40,12 +40,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..gmm._cells import CellLayout, PassResult, build_cells, default_cell_size, grid_shape
+from ..gmm._cells import PassResult
+from ..gmm._layout import CellLayout, build_cells, default_cell_size, grid_shape
 from ..gmm.initial import subsample_size
 from ..gmm.mixture import GaussianMixture2D
 from . import env
-
-__all__ = ["DistributedGaussianMixture2D"]
 
 
 class _GlobalPoints:

@@ -2,20 +2,19 @@
 
 * :mod:`.linalg2x2` - closed-form 2x2 SPD algebra and validation;
 * :mod:`.mixture` - :class:`GaussianMixture2D`, (mini-batch) EM for millions of points;
-* :mod:`.em` - its fit: full-data and online EM; :mod:`.initial` - its initialisation;
-* :mod:`.kmeans` - k-means++ seeding and Lloyd iterations (initialisation);
+* :mod:`.em` - its fit: full-data and online EM;
+* :mod:`.initial` - its initialisation: k-means++ seeding and Lloyd iterations;
 * :mod:`.wasserstein` - closed-form 2-Wasserstein distances;
 * :mod:`.merging` - the paper's and the moment-matching merge, merged to a fixed point;
 * :mod:`.mahalanobis` - Mahalanobis check and alpha-blending of ellipse points.
 """
 
-from .kmeans import kmeans_plusplus, lloyd, nearest_centre
+from .initial import kmeans_plusplus, lloyd, nearest_centre
 from .linalg2x2 import (
     check_spd,
     cholesky2x2,
     det2x2,
     eigvalsh2x2,
-    gaussian_log_prob,
     inv2x2,
     logdet2x2,
     sqrtm2x2,
@@ -25,6 +24,7 @@ from .mahalanobis import (
     CHI2_2DOF_95,
     EllipseAssignment,
     ellipse_assign,
+    gaussian_log_prob,
     mahalanobis_squared,
     mahalanobis_squared_own,
 )

@@ -31,35 +31,30 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ._cells import CellLayout, Components, Engine, PassResult, Plan, make_plan
+from ._cells import Engine, PassResult, Plan, make_plan
+from ._layout import CellLayout, Components
 
 __all__ = ["m_step", "run_em"]
 
 
-class FitProgress:
+class FitProgress(tqdm):
     """The fit's tqdm bar (``"GMM EM"``, on stderr): one tick per online-EM step and per
     full-data iteration; the postfix shows the phase, the mean log-likelihood per point in
     data units (the running batch mean during online EM), ``K`` and the components
     re-seeded so far. It only reads numbers the fit has computed anyway."""
 
     def __init__(self, enabled: bool, total: int, log_jac: float, k: int):
-        self.bar = tqdm(total=total, desc="GMM EM", unit="step", disable=not enabled, leave=False)
+        super().__init__(total=total, desc="GMM EM", unit="step", disable=not enabled, leave=False)
         self.log_jac, self.k = log_jac, k
 
     def add(self, steps: int) -> None:
-        if not self.bar.disable:
-            self.bar.total += steps
-            self.bar.refresh()
+        self.total += steps
+        self.refresh()
 
     def tick(self, phase: str, ll: float, reseeded: int) -> None:
-        if self.bar.disable:
-            return
         ll_data = f"{ll - self.log_jac:.5g}"
-        self.bar.set_postfix_str(f"{phase}, ll {ll_data}, K {self.k}, reseeded {reseeded}", False)
-        self.bar.update(1)
-
-    def close(self) -> None:
-        self.bar.close()
+        self.set_postfix_str(f"{phase}, ll {ll_data}, K {self.k}, reseeded {reseeded}", False)
+        self.update(1)
 
 
 @dataclass
@@ -153,14 +148,9 @@ def m_step(
         mu[dead] = z[rows].to(torch.float64)
         cov[dead] = base
         s = s.clone()
-        share = n0.sum() / k
-        md = mu[dead]
+        share = (n0.sum() / k).expand(n_dead)
         cb = base - reg * torch.eye(2, dtype=torch.float64, device=s.device)
-        s[dead, 0] = share
-        s[dead, 1:3] = share * md
-        s[dead, 3] = share * (cb[0, 0] + md[:, 0] ** 2)
-        s[dead, 4] = share * (cb[0, 1] + md[:, 0] * md[:, 1])
-        s[dead, 5] = share * (cb[1, 1] + md[:, 1] ** 2)
+        s[dead] = _stats_from_params(share, mu[dead], cb.expand(n_dead, 2, 2))
     w = s[:, 0] / s[:, 0].sum()
     return w, mu, cov, s, n_dead
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .linalg2x2 import check_spd, sqrtm2x2, trace2x2
+from .linalg2x2 import _shape, check_spd, sqrtm2x2, trace2x2
 from .wasserstein import pairwise_w2_squared
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "MERGE_TESTS",
     "MergeRule",
     "MergeTest",
+    "check_merge_settings",
     "remap_assignments",
 ]
 
@@ -125,17 +126,28 @@ class MergeResult:
     converged: bool = True
 
 
-def _check_threshold(name: str, v: float) -> float:
-    try:
-        f = float(v)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a number >= 0, got {v!r}") from exc
-    if math.isnan(f) or f < 0:
-        raise ValueError(f"{name} must be a number >= 0 (inf allowed), got {v!r}")
-    return f
+def check_merge_settings(
+    tau_d: float, tau_g: float, tau_v: float, rule: str, test: str
+) -> tuple[float, float, float]:
+    """Raise ``ValueError`` unless the thresholds are numbers ``>= 0`` (``inf`` allowed) and
+    ``rule``/``test`` are known; returns ``(tau_d, tau_g, tau_v)`` as floats."""
+    out = []
+    for name, v in (("tau_d", tau_d), ("tau_g", tau_g), ("tau_v", tau_v)):
+        try:
+            f = float(v)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} must be a number >= 0, got {v!r}") from exc
+        if math.isnan(f) or f < 0:
+            raise ValueError(f"{name} must be a number >= 0 (inf allowed), got {v!r}")
+        out.append(f)
+    if rule not in MERGE_RULES:
+        raise ValueError(f"rule must be one of {MERGE_RULES}, got {rule!r}")
+    if test not in MERGE_TESTS:
+        raise ValueError(f"test must be one of {MERGE_TESTS}, got {test!r}")
+    return out[0], out[1], out[2]
 
 
-def _check_vector(name: str, t: Tensor, shape: tuple[int, ...]) -> None:
+def _check_vector(name: str, t: Tensor, shape: tuple[int, ...], nonneg: bool = False) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if tuple(t.shape) != shape:
@@ -144,6 +156,9 @@ def _check_vector(name: str, t: Tensor, shape: tuple[int, ...]) -> None:
     if bool(bad.any()):
         i = int(torch.nonzero(bad.reshape(t.shape[0], -1).any(dim=1))[0, 0])
         raise ValueError(f"{name}[{i}] is not finite: {t[i].tolist()}")
+    if nonneg and bool((t < 0).any()):
+        i = int(torch.nonzero(t < 0)[0, 0])
+        raise ValueError(f"{name}[{i}] is negative: {float(t[i])}")
 
 
 class _State:
@@ -180,8 +195,9 @@ class _State:
         elig = self.eligible()
         rows = rows[elig[rows]]
         empty = torch.empty(0, dtype=torch.long, device=rows.device)
+        none = empty, empty, torch.empty(0, dtype=torch.float64, device=rows.device)
         if rows.numel() == 0 or not bool(elig.any()):
-            return empty, empty, torch.empty(0, dtype=torch.float64, device=rows.device)
+            return none
         cols = torch.nonzero(elig).flatten()
         cx = self.means[cols, 0]
         corder = torch.argsort(cx)
@@ -213,9 +229,7 @@ class _State:
             srcs.append(r[i])
             dsts.append(c[j])
             ds.append(d2[i, j])
-        if not srcs:
-            return empty, empty, torch.empty(0, dtype=torch.float64, device=rows.device)
-        return torch.cat(srcs), torch.cat(dsts), torch.cat(ds)
+        return (torch.cat(srcs), torch.cat(dsts), torch.cat(ds)) if srcs else none
 
     def merge(self, a: Tensor, b: Tensor) -> None:
         """Merge slots ``b`` into slots ``a`` (vectorised over pairs)."""
@@ -274,33 +288,19 @@ def merge_components(
         dtype of the inputs (computation is float64).
     """
     if not isinstance(means, Tensor) or means.dim() != 2 or means.shape[1] != 2:
-        shape = tuple(means.shape) if isinstance(means, Tensor) else type(means).__name__
-        raise ValueError(f"means must be a (K, 2) tensor, got {shape}")
+        raise ValueError(f"means must be a (K, 2) tensor, got {_shape(means)}")
     k0 = int(means.shape[0])
     _check_vector("means", means, (k0, 2))
     if not isinstance(covs, Tensor) or tuple(covs.shape) != (k0, 2, 2):
-        shape = tuple(covs.shape) if isinstance(covs, Tensor) else type(covs).__name__
-        raise ValueError(f"covs must have shape ({k0}, 2, 2), got {shape}")
+        raise ValueError(f"covs must have shape ({k0}, 2, 2), got {_shape(covs)}")
     check_spd(covs, "covs")
     counts = torch.as_tensor(counts, device=means.device)
-    _check_vector("counts", counts, (k0,))
-    if bool((counts < 0).any()):
-        i = int(torch.nonzero(counts < 0)[0, 0])
-        raise ValueError(f"counts[{i}] is negative: {float(counts[i])}")
-    tau_d = _check_threshold("tau_d", tau_d)
-    tau_g = _check_threshold("tau_g", tau_g)
-    tau_v = _check_threshold("tau_v", tau_v)
-    if rule not in MERGE_RULES:
-        raise ValueError(f"rule must be one of {MERGE_RULES}, got {rule!r}")
-    if test not in MERGE_TESTS:
-        raise ValueError(f"test must be one of {MERGE_TESTS}, got {test!r}")
+    _check_vector("counts", counts, (k0,), nonneg=True)
+    tau_d, tau_g, tau_v = check_merge_settings(tau_d, tau_g, tau_v, rule, test)
     if grads is not None:
         _check_vector("grads", grads, (k0, 2))
     if variances is not None:
-        _check_vector("variances", variances, (k0,))
-        if bool((variances < 0).any()):
-            i = int(torch.nonzero(variances < 0)[0, 0])
-            raise ValueError(f"variances[{i}] is negative: {float(variances[i])}")
+        _check_vector("variances", variances, (k0,), nonneg=True)
     if max_rounds is not None and (not isinstance(max_rounds, int) or max_rounds < 0):
         raise ValueError(f"max_rounds must be None or an integer >= 0, got {max_rounds!r}")
     if not isinstance(chunk_size, int) or chunk_size < 1:
@@ -354,21 +354,16 @@ def merge_components(
 
     compact = torch.cumsum(st.active.long(), 0) - 1
     act = st.active
-    merged_counts = st.counts[act]
-    if counts.is_floating_point():
-        merged_counts = merged_counts.to(counts.dtype)
-    else:
-        merged_counts = merged_counts.round().to(counts.dtype)
-    dtype = means.dtype
+    merged_counts = st.counts[act] if counts.is_floating_point() else st.counts[act].round()
     return MergeResult(
-        means=st.means[act].to(dtype),
+        means=st.means[act].to(means.dtype),
         covs=st.covs[act].to(covs.dtype),
-        counts=merged_counts,
+        counts=merged_counts.to(counts.dtype),
         mapping=compact[slot_of],
         n_rounds=n_rounds,
         n_merged=n_merged,
         grads=None if st.grads is None else st.grads[act].to(grads.dtype),
-        variances=st.var[act].to(dtype),
+        variances=st.var[act].to(means.dtype),
         converged=src.numel() == 0,
     )
 

@@ -22,18 +22,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._cells import (
-    CellLayout,
-    Components,
-    Engine,
-    PassResult,
-    Plan,
-    build_cells,
-    default_cell_size,
-    make_plan,
-)
+from ._cells import Engine, PassResult, make_plan
+from ._layout import CellLayout, Components, build_cells, default_cell_size
 from .em import m_step, run_em
 from .initial import initial_mixture
+from .linalg2x2 import _check_finite_rows
 
 __all__ = ["GaussianMixture2D", "NotFittedError", "as_points"]
 
@@ -69,14 +62,7 @@ def as_points(
     if not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64, torch.int16)):
         raise ValueError(f"{name} must be real-valued, got dtype {t.dtype}")
     t = t.to(device=device if device is not None else t.device, dtype=dtype or t.dtype)
-    bad = ~torch.isfinite(t)
-    n_bad = int(bad.sum())
-    if n_bad:
-        row = int(torch.nonzero(bad.any(dim=1))[0, 0])
-        raise ValueError(
-            f"{name} contains {n_bad} non-finite value(s) (NaN or inf); first at row {row}: "
-            f"{t[row].tolist()}"
-        )
+    _check_finite_rows(name, t)
     return t
 
 
@@ -212,14 +198,10 @@ class GaussianMixture2D:
     def _device_for(self, x: Any) -> torch.device:
         if self.device is not None:
             return torch.device(self.device)
-        if isinstance(x, Tensor):
-            return x.device
-        return torch.device("cpu")
+        return x.device if isinstance(x, Tensor) else torch.device("cpu")
 
     def _generator(self, device: torch.device) -> torch.Generator:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(self._seed())
-        return gen
+        return torch.Generator(device=device).manual_seed(self._seed())
 
     # ------------------------------------------------------------------ seams
     # The EM below is written once.  In one process the methods of this section are
@@ -319,10 +301,9 @@ class GaussianMixture2D:
     def _set_params(self, w: Tensor, mu: Tensor, cov: Tensor, loc: Tensor, scale: Tensor) -> None:
         self._w64, self._mu64, self._cov64 = w, mu, cov
         self._loc, self._scale = loc, scale
-        d = scale
         self.weights_ = w.to(self.dtype)
-        self.means_ = (mu * d + loc).to(self.dtype)
-        c = cov * (d[None, :, None] * d[None, None, :])
+        self.means_ = (mu * scale + loc).to(self.dtype)
+        c = cov * (scale[None, :, None] * scale[None, None, :])
         self.covariances_ = (0.5 * (c + c.transpose(1, 2))).to(self.dtype)
 
     def _initialise(self, z: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
@@ -388,12 +369,10 @@ class GaussianMixture2D:
     def predict_proba(self, X: Any) -> Tensor:
         """Responsibilities ``r_ik = pi_k N(x_i | k) / sum_j pi_j N(x_i | j)``; dense ``(N, K)``."""
         layout, comps, engine = self._prepare(X)
-        n_cells = layout.n_cells
-        plan = Plan([(torch.arange(n_cells, device=layout.feats.device), None)], 0.0)
         out = torch.empty(
             layout.n_points, self.n_components, dtype=self.dtype, device=layout.feats.device
         )
-        engine.run(layout, comps, plan, resp_out=out)
+        engine.run(layout, comps, make_plan(layout, comps, margin=math.inf), resp_out=out)
         return out
 
     def bic(self, X: Any) -> float:

@@ -25,23 +25,12 @@ from .linalg2x2 import check_spd
 __all__ = ["w2_squared", "pairwise_w2_squared"]
 
 
-def _parts(m: Tensor, s: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _parts(s: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``a, b, c`` of the symmetrised ``[[a, b], [b, c]]``, its trace and (clamped) det."""
     a = s[..., 0, 0]
     b = 0.5 * (s[..., 0, 1] + s[..., 1, 0])
     c = s[..., 1, 1]
     return a, b, c, a + c, (a * c - b * b).clamp_min(0.0)
-
-
-def _w2_from_parts(
-    dm2: Tensor,
-    pa: tuple[Tensor, Tensor, Tensor, Tensor, Tensor],
-    pb: tuple[Tensor, Tensor, Tensor, Tensor, Tensor],
-) -> Tensor:
-    a1, b1, c1, t1, d1 = pa
-    a2, b2, c2, t2, d2 = pb
-    tr_ab = a1 * a2 + 2.0 * (b1 * b2) + c1 * c2  # tr(S_a S_b) for symmetric S_a, S_b
-    fid = torch.sqrt((tr_ab + 2.0 * torch.sqrt(d1 * d2)).clamp_min(0.0))
-    return (dm2 + (t1 + t2) - 2.0 * fid).clamp_min(0.0)
 
 
 def w2_squared(m_a: Tensor, S_a: Tensor, m_b: Tensor, S_b: Tensor) -> Tensor:
@@ -58,7 +47,11 @@ def w2_squared(m_a: Tensor, S_a: Tensor, m_b: Tensor, S_b: Tensor) -> Tensor:
         if s.dim() < 2 or s.shape[-2:] != (2, 2):
             raise ValueError(f"{name} must have shape (..., 2, 2), got {tuple(s.shape)}")
     dm2 = (m_a - m_b).square().sum(dim=-1)
-    return _w2_from_parts(dm2, _parts(m_a, S_a), _parts(m_b, S_b))
+    a1, b1, c1, t1, d1 = _parts(S_a)
+    a2, b2, c2, t2, d2 = _parts(S_b)
+    tr_ab = a1 * a2 + 2.0 * (b1 * b2) + c1 * c2  # tr(S_a S_b) for symmetric S_a, S_b
+    fid = torch.sqrt((tr_ab + 2.0 * torch.sqrt(d1 * d2)).clamp_min(0.0))
+    return (dm2 + (t1 + t2) - 2.0 * fid).clamp_min(0.0)
 
 
 def pairwise_w2_squared(
@@ -92,12 +85,8 @@ def pairwise_w2_squared(
         check_spd(covs, "covs")
         if covs_b is not covs:
             check_spd(covs_b, "covs_b")
-    pb = tuple(p[None, :] for p in _parts(means_b, covs_b))
-    pa_all = _parts(means, covs)
     out = torch.empty(means.shape[0], means_b.shape[0], dtype=means.dtype, device=means.device)
     for s in range(0, means.shape[0], chunk_size):
         e = s + chunk_size
-        dm2 = (means[s:e, None, :] - means_b[None, :, :]).square().sum(dim=-1)
-        pa = tuple(p[s:e, None] for p in pa_all)
-        out[s:e] = _w2_from_parts(dm2, pa, pb)
+        out[s:e] = w2_squared(means[s:e, None], covs[s:e, None], means_b[None], covs_b[None])
     return out

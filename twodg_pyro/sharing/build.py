@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .outliers import mean_gradients, select_outliers
-from .refine import drop_small_components, hard_assign
-from .structure import COORDINATES, SharingStructure, SiteLayout
+from .outliers import check_finite, mean_gradients, select_outliers
+from .refine import drop_small_components, hard_assign, no_ellipses
+from .structure import COORDINATES, SharingStructure, SiteLayout, inlier_fields
 
 __all__ = [
     "WeightPoints",
@@ -58,10 +58,6 @@ __all__ = [
 
 #: ``step(name)`` returns a context manager around one named step (e.g. a timer)
 StepHook = Callable[[str], contextlib.AbstractContextManager]
-
-
-def _no_hook(name: str) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
 
 
 def weight_points(mus: torch.Tensor, sigmas: torch.Tensor, coordinates: str) -> torch.Tensor:
@@ -93,10 +89,6 @@ class WeightPoints:
     @property
     def n_w(self) -> int:
         return int(self.mus.numel())
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.mus.dtype
 
 
 @dataclass
@@ -134,13 +126,8 @@ def points_from_arrays(
         raise ValueError(
             f"{mus.numel()} means and {sigmas.numel()} scales for sites holding {n_sites} weights"
         )
-    for name, t in (("weight means", mus), ("weight scales", sigmas)):
-        bad = ~torch.isfinite(t)
-        if bad.any():
-            raise ValueError(
-                f"{name} have {int(bad.sum())} NaN/infinite value(s) (first at flat index "
-                f"{int(bad.nonzero()[0, 0])}): the mean-field BNN diverged"
-            )
+    check_finite("weight means", mus, ": the mean-field BNN diverged")
+    check_finite("weight scales", sigmas, ": the mean-field BNN diverged")
     return WeightPoints(mus, sigmas, weight_points(mus, sigmas, coordinates), sites, coordinates)
 
 
@@ -306,9 +293,7 @@ def blend_ellipses(inl: Inliers, cfg, progress: bool = False) -> tuple[Tensor, T
 
     dtype = inl.points.dtype
     if not cfg.use_ellipses:
-        k = min(cfg.k_nearest, int(inl.means.shape[0]))
-        mask = torch.zeros(inl.points.shape[0], dtype=torch.bool)
-        return mask, torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k, dtype=dtype)
+        return no_ellipses(int(inl.points.shape[0]), min(cfg.k_nearest, len(inl.means)), dtype)
     ell = ellipse_assign(
         inl.points,
         inl.means,
@@ -326,7 +311,6 @@ def assemble_structure(
 ) -> SharingStructure:
     """Step 9: the :class:`SharingStructure` (outliers keep their stage-1 ``(mu, sigma)``;
     the inliers' points are stored plain weights first, then ellipse weights)."""
-    mask, comps, alphas = ellipses
     out_idx = outlier.nonzero().squeeze(1)
     return SharingStructure(
         sites=wp.sites,
@@ -336,13 +320,8 @@ def assemble_structure(
         outlier_index=out_idx,
         outlier_loc=wp.mus[out_idx],
         outlier_scale=wp.sigmas[out_idx],
-        plain_index=inl.index[~mask],
-        plain_component=inl.assign[~mask],
-        ellipse_index=inl.index[mask],
-        ellipse_components=comps,
-        ellipse_alphas=alphas,
-        inlier_points=torch.cat([inl.points[~mask], inl.points[mask]]),
         info=info,
+        **inlier_fields(inl.index, inl.points, inl.assign, ellipses),
     )
 
 
@@ -366,7 +345,7 @@ def build_sharing_from_points(
     ``size_reduction``, ``merging``, ``ellipses`` and ``structure``. ``started`` is the
     ``time.perf_counter()`` the report's ``seconds`` counts from (default: now).
     """
-    step = step or _no_hook
+    step = step or (lambda name: contextlib.nullcontext())
     t0 = time.perf_counter() if started is None else started
     report: dict = {}
     with step("outliers"):
@@ -427,7 +406,7 @@ def build_sharing(
         ValueError: NaN weights, K larger than the number of inlier points, no inliers
             left, or a bad setting — each naming the value.
     """
-    step = step or _no_hook
+    step = step or (lambda name: contextlib.nullcontext())
     t0 = time.perf_counter()
     with step("points"):
         wp = gather_points(guide, cfg.coordinates)

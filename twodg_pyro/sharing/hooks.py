@@ -35,13 +35,10 @@ class _Scheduled(Callback):
         self.done = False
         self.log: list[dict] = []
 
-    def due(self, state) -> bool:
-        return not self.done and state.epoch % self.every == 0
-
     def on_epoch_end(self, state) -> None:
-        """Run :meth:`apply` when due; with ``until_fixed_point``, stop once it changes
-        nothing."""
-        if not self.due(state):
+        """Run :meth:`apply` every ``every`` epochs; with ``until_fixed_point``, stop once it
+        changes nothing."""
+        if self.done or state.epoch % self.every:
             return
         if self.apply(state) == 0 and self.until_fixed_point:
             self.done = True
@@ -85,18 +82,12 @@ class MergeHook(_Scheduled):
         until_fixed_point: bool = True,
     ):
         super().__init__(every, until_fixed_point)
-        if not (tau_d >= 0):
-            raise ValueError(f"tau_d must be >= 0, got {tau_d!r}")
-        from ..gmm.merging import MERGE_RULES, MERGE_TESTS
+        from ..gmm.merging import check_merge_settings
 
-        if rule not in MERGE_RULES:
-            raise ValueError(f"merge rule must be one of {list(MERGE_RULES)}, got {rule!r}")
-        if test not in MERGE_TESTS:
-            raise ValueError(f"merge test must be one of {list(MERGE_TESTS)}, got {test!r}")
-        if math.isfinite(tau_g) and data is None:
+        self.tau_d, self.tau_g, self.tau_v = check_merge_settings(tau_d, tau_g, tau_v, rule, test)
+        if math.isfinite(self.tau_g) and data is None:
             raise ValueError("a finite tau_g needs data to compute centre gradients")
-        self.tau_d, self.rule, self.test = float(tau_d), rule, test
-        self.tau_g, self.tau_v = float(tau_g), float(tau_v)
+        self.rule, self.test = rule, test
         self.data, self.grad_batches = data, int(grad_batches)
 
     def apply(self, state) -> int:
@@ -160,10 +151,6 @@ class MahalanobisHook(_Scheduled):
         reassign: bool = False,
     ):
         super().__init__(every, until_fixed_point)
-        if not (threshold > 0):
-            raise ValueError(f"Mahalanobis threshold must be positive, got {threshold!r}")
-        if int(k) < 1:
-            raise ValueError(f"k (nearest components) must be at least 1, got {k!r}")
         self.threshold, self.k = float(threshold), int(k)
         self.reassign = bool(reassign)
 

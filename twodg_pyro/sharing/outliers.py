@@ -65,12 +65,14 @@ class OutlierReport:
         }
 
 
-def _check_finite(name: str, t: torch.Tensor) -> None:
+def check_finite(name: str, t: torch.Tensor, hint: str = "") -> None:
+    """Raise ``ValueError`` naming the NaN/infinite entries of ``t`` (then ``hint``)."""
     bad = ~torch.isfinite(t)
     if bad.any():
         first = int(bad.nonzero()[0, 0])
         raise ValueError(
-            f"{name} has {int(bad.sum())} NaN or infinite value(s) (first at flat index {first})"
+            f"{name} has {int(bad.sum())} NaN or infinite value(s) (first at flat index "
+            f"{first}){hint}"
         )
 
 
@@ -102,7 +104,7 @@ def select_outliers(
         ValueError: on a bad threshold, a non-finite mean or gradient, or mismatched sizes.
     """
     mus = mus.detach().reshape(-1)
-    _check_finite("weight means", mus)
+    check_finite("weight means", mus)
     if rule == "absolute":
         if not (math.isfinite(tau_w) and tau_w > 0):
             raise ValueError(f"tau_w must be a positive number, got {tau_w!r}")
@@ -138,7 +140,7 @@ def select_outliers(
         grads = grads.detach().reshape(-1)
         if grads.shape != mus.shape:
             raise ValueError(f"grads has {grads.numel()} elements, the means have {mus.numel()}")
-        _check_finite("gradients", grads)
+        check_finite("gradients", grads)
         n_top = int(math.ceil(grad_percentile * mus.numel()))
         if n_top > 0:
             top = grads.abs().topk(n_top).indices

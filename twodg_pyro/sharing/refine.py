@@ -16,9 +16,11 @@ consistent one; the guide-refinement hooks apply them during stage 3.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from .structure import SharingStructure
+from .structure import SharingStructure, inlier_fields
 
 __all__ = [
     "hard_assign",
@@ -37,7 +39,7 @@ def hard_assign(
     chunk_size: int = 65536,
 ) -> torch.Tensor:
     r""":math:`\arg\max_k \log\pi_k + \log\mathcal N(x_i \mid m_k, S_k)` per point (chunked)."""
-    from ..gmm.linalg2x2 import gaussian_log_prob
+    from ..gmm import gaussian_log_prob
 
     log_pi = weights.clamp_min(1e-30).log()
     out = []
@@ -52,7 +54,6 @@ def reassign(
     covs: torch.Tensor,
     threshold: float = 5.991,
     k: int = 5,
-    use_ellipses: bool = True,
     keep_components: bool = False,
 ) -> SharingStructure:
     """Re-run the Mahalanobis check of every inlier, after re-running its hard assignment
@@ -77,14 +78,24 @@ def reassign(
         assign = torch.cat([s.plain_component.long(), current.long()])[order]
     else:
         assign = hard_assign(points, means, covs, _component_weights(s, K))
-    if use_ellipses and points.shape[0]:
+    if points.shape[0]:
         ell = ellipse_assign(points, means, covs, assign, threshold=threshold, k=k)
-        mask, comps, alphas = ell.mask, ell.components, ell.alphas
+        ellipses = ell.mask, ell.components, ell.alphas
     else:
-        mask = torch.zeros(points.shape[0], dtype=torch.bool)
-        comps = torch.zeros(0, min(k, K), dtype=torch.long)
-        alphas = torch.zeros(0, min(k, K), dtype=dtype)
-    return _rebuild(s, means, covs, idx, points, assign, mask, comps, alphas)
+        ellipses = no_ellipses(int(points.shape[0]), min(k, K), dtype)
+    return dataclasses.replace(
+        s,
+        means=means,
+        covariances=covs,
+        info=dict(s.info),
+        **inlier_fields(idx, points, assign, ellipses),
+    )
+
+
+def no_ellipses(n: int, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """``(mask, components, alphas)`` of ``n`` inliers none of which is an ellipse weight."""
+    mask = torch.zeros(n, dtype=torch.bool)
+    return mask, torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k, dtype=dtype)
 
 
 def _float_dtype(t: torch.Tensor) -> torch.dtype:
@@ -97,27 +108,6 @@ def _component_weights(s: SharingStructure, K: int) -> torch.Tensor:
     return counts / counts.sum().clamp_min(1e-30)
 
 
-def _rebuild(s, means, covs, idx, points, assign, mask, comps, alphas, outliers=None):
-    plain = ~mask
-    out_index, out_loc, out_scale = outliers or (s.outlier_index, s.outlier_loc, s.outlier_scale)
-    return SharingStructure(
-        sites=s.sites,
-        coordinates=s.coordinates,
-        means=means,
-        covariances=covs,
-        outlier_index=out_index,
-        outlier_loc=out_loc,
-        outlier_scale=out_scale,
-        plain_index=idx[plain],
-        plain_component=assign[plain],
-        ellipse_index=idx[mask],
-        ellipse_components=comps,
-        ellipse_alphas=alphas,
-        inlier_points=torch.cat([points[plain], points[mask]]),
-        info=dict(s.info),
-    )
-
-
 def apply_mapping(
     s: SharingStructure, mapping: torch.Tensor, means: torch.Tensor, covs: torch.Tensor
 ) -> SharingStructure:
@@ -128,20 +118,12 @@ def apply_mapping(
             f"merge mapping has {mapping.numel()} entries for {s.n_gaussians} components"
         )
     dtype = _float_dtype(means)
-    return SharingStructure(
-        sites=s.sites,
-        coordinates=s.coordinates,
+    return dataclasses.replace(
+        s,
         means=means.detach().cpu().to(dtype),
         covariances=covs.detach().cpu().to(dtype),
-        outlier_index=s.outlier_index,
-        outlier_loc=s.outlier_loc,
-        outlier_scale=s.outlier_scale,
-        plain_index=s.plain_index,
         plain_component=mapping[s.plain_component],
-        ellipse_index=s.ellipse_index,
         ellipse_components=mapping[s.ellipse_components] if s.n_ellipses else s.ellipse_components,
-        ellipse_alphas=s.ellipse_alphas,
-        inlier_points=s.inlier_points,
         info=dict(s.info),
     )
 

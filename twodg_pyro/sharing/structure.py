@@ -22,7 +22,8 @@ Saved as one file of plain tensors plus a JSON header, loadable with
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -38,6 +39,21 @@ COORDINATES: tuple[str, ...] = get_args(Coordinates)
 _KIND = "twodg_pyro.SharingStructure"
 
 
+def inlier_fields(index, points, component, ellipses) -> dict:
+    """The inlier fields of a :class:`SharingStructure` from the inliers' flat ``index``,
+    ``points`` and ``component`` and ``ellipses = (mask, components, alphas)``: plain weights
+    first, then ellipse weights."""
+    mask, comps, alphas = ellipses
+    return dict(
+        plain_index=index[~mask],
+        plain_component=component[~mask],
+        ellipse_index=index[mask],
+        ellipse_components=comps,
+        ellipse_alphas=alphas,
+        inlier_points=torch.cat([points[~mask], points[mask]]),
+    )
+
+
 @dataclass(frozen=True)
 class SiteLayout:
     """Name, shape and flat offset of one Bayesian site."""
@@ -48,10 +64,7 @@ class SiteLayout:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass
@@ -196,20 +209,6 @@ class SharingStructure:
             )
 
     # ------------------------------------------------------------------ I/O
-    _TENSORS = (
-        "means",
-        "covariances",
-        "outlier_index",
-        "outlier_loc",
-        "outlier_scale",
-        "plain_index",
-        "plain_component",
-        "ellipse_index",
-        "ellipse_components",
-        "ellipse_alphas",
-        "inlier_points",
-    )
-
     def to_payload(self) -> dict:
         """Plain tensors and a JSON header (no pickled objects)."""
         header = {
@@ -266,3 +265,9 @@ class SharingStructure:
             verify_checksum(payload, path)
             payload = {k: v for k, v in payload.items() if k != CHECKSUM_KEY}
         return cls.from_payload(payload)
+
+
+#: the tensor fields of a structure, in file order
+SharingStructure._TENSORS = tuple(
+    f.name for f in fields(SharingStructure) if f.name not in ("sites", "coordinates", "info")
+)
