@@ -22,7 +22,7 @@ from twodg_pyro.guides import (
     stochastic_draw,
     tyings,
 )
-from twodg_pyro.guides.tying_guide import TyingGuide
+from twodg_pyro.guides.assignment import TyingGuide
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
 

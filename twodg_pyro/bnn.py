@@ -105,10 +105,38 @@ def input_mismatch(net: nn.Module, x: torch.Tensor, error: Exception) -> ValueEr
     )
 
 
-class SiteTensors:
-    """What a model whose sites stand on network parameters derives from them: its
-    ``dtype``, ``device`` and the prior of each site.  The model provides ``sites``,
-    ``prior`` and ``site_parameter(i)`` (the network tensor behind the ``i``-th site)."""
+def _particle_dims(w: torch.Tensor, site: BayesianSite) -> tuple[int, ...]:
+    """The leading (particle) dimensions of a site's value, trailing 1s dropped."""
+    lead = list(w.shape[: w.dim() - len(site.shape)])
+    while lead and lead[-1] == 1:
+        lead.pop()
+    return tuple(lead)
+
+
+class SiteTensors(PyroParamsMixin, nn.Module):
+    """What the models share (:class:`BNNModel`, the rank-1 BNN): the network ``net`` and
+    the likelihood, and what their sites derive from the network's parameters.  A
+    subclass sets ``sites`` and ``prior`` and provides ``site_parameter(i)`` (the network
+    tensor behind the ``i``-th site)."""
+
+    def __init__(self, net: nn.Module, likelihood: Likelihood | int):
+        super().__init__()
+        if not isinstance(net, nn.Module):
+            raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
+        self.net = net
+        self.likelihood = (
+            likelihood if isinstance(likelihood, Likelihood) else Categorical(int(likelihood))
+        )
+
+    @property
+    def site_names(self) -> list[str]:
+        """Names of the Bayesian sample sites, in network order."""
+        return [s.name for s in self.sites]
+
+    @property
+    def num_weights(self) -> int:
+        """``n_w``: number of Bayesian scalars."""
+        return sum(s.numel for s in self.sites)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -125,8 +153,32 @@ class SiteTensors:
         site's), on the network's device and in its dtype."""
         return self.prior(site, self.site_parameter(self.sites.index(site)))
 
+    def deterministic_parameters(self) -> list[nn.Parameter]:
+        """Point-estimated parameters of the network (e.g. BatchNorm affine; the rank-1
+        BNN's shared weights)."""
+        return [p for p in self.net.parameters() if p.requires_grad]
 
-class BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
+    def pyro_parameters(self):
+        """The network's point-estimated parameters as ``("net.<name>", parameter)``: what
+        the program declares to Pyro (e.g. BatchNorm's affine parameters)."""
+        return ((f"net.{n}", p) for n, p in self.net.named_parameters() if p.requires_grad)
+
+    def _sample_sites(self) -> dict[str, torch.Tensor]:
+        """The program's sample statement of every site, from its prior."""
+        return {
+            site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
+            for i, site in enumerate(self.sites)
+        }
+
+    def _observe(self, output: torch.Tensor, y, particle_dims: int = 0) -> None:
+        """The program's end: the likelihood, and the ``"logits"`` site off the fast path."""
+        if params_are_local():  # the fast path: no bookkeeping site
+            self.likelihood(output, y)
+        else:
+            self.likelihood(output, y, particle_dims=particle_dims, outputs_site=LOGITS_SITE)
+
+
+class BNNModel(SiteTensors):
     """Pyro model ``p(w) p(y | f_w(x))`` around any torch network.
 
     Args:
@@ -157,21 +209,15 @@ class BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
         exclude: Sequence[str] = (),
         bias: bool = True,
     ):
-        super().__init__()
-        if not isinstance(net, nn.Module):
-            raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
+        super().__init__(net, likelihood)
         self.sites: list[BayesianSite] = find_sites(net, layer_types, include, exclude, bias)
         self.prior = as_prior(prior)
-        self.likelihood = (
-            likelihood if isinstance(likelihood, Likelihood) else Categorical(int(likelihood))
-        )
         # The Bayesian tensors stay in the network as frozen initial values: they are
         # never used by the model (functional_call overrides them) but keep `net`
         # runnable on its own and give guides their initial means.
         params = dict(net.named_parameters())
         for site in self.sites:
             params[site.name].requires_grad_(False)
-        self.net = net
         # (owning module, parameter name) of each site: the current parameter (its device
         # and dtype after .to(...)) is one dict lookup away at every step
         self._site_slots = [
@@ -179,16 +225,6 @@ class BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
         ]
 
     # ------------------------------------------------------------------ helpers
-    @property
-    def site_names(self) -> list[str]:
-        """Names of the Bayesian sample sites, in network order."""
-        return [s.name for s in self.sites]
-
-    @property
-    def num_weights(self) -> int:
-        """``n_w``: number of Bayesian scalar weights."""
-        return sum(s.numel for s in self.sites)
-
     def site_parameter(self, i: int) -> torch.Tensor:
         """The network's (frozen) parameter of the ``i``-th site: its device and dtype are
         those of the site's prior and of the guides built on the model."""
@@ -199,10 +235,6 @@ class BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
         """The network's current values of the Bayesian tensors (detached copies)."""
         params = dict(self.net.named_parameters())
         return {s.name: params[s.name].detach().clone() for s in self.sites}
-
-    def deterministic_parameters(self) -> list[nn.Parameter]:
-        """Point-estimated parameters of the network (e.g. BatchNorm affine)."""
-        return [p for p in self.net.parameters() if p.requires_grad]
 
     def network_forward(self, weights: Mapping[str, torch.Tensor], x: torch.Tensor):
         """Run the network with the given Bayesian tensors: :math:`f_w(x)`.
@@ -226,11 +258,6 @@ class BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
                 raise
             raise input_mismatch(self.net, x, e) from e
 
-    def pyro_parameters(self):
-        """The network's point-estimated parameters as ``("net.<name>", parameter)``: what
-        the program declares to Pyro (e.g. BatchNorm's affine parameters)."""
-        return ((f"net.{n}", p) for n, p in self.net.named_parameters() if p.requires_grad)
-
     def particle_shape(self, weights: Mapping[str, torch.Tensor]) -> tuple[int, ...] | None:
         """The leading particle shape of ``weights`` (``None``: one draw, no leading dims).
 
@@ -253,10 +280,8 @@ class BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
                     f"in the site's shape {tuple(site.shape)} (leading dimensions are "
                     "particles)"
                 )
-            this = list(w.shape[:extra])
-            while this and this[-1] == 1:
-                this.pop()
-            lead = tuple(this) if lead is None else torch.broadcast_shapes(lead, tuple(this))
+            this = _particle_dims(w, site)
+            lead = this if lead is None else torch.broadcast_shapes(lead, this)
         return None if lead is None else tuple(lead)
 
     def particle_forward(
@@ -274,10 +299,7 @@ class BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
         flat = {}
         for site in self.sites:
             w = weights[site.name]
-            core = list(w.shape[: w.dim() - len(site.shape)])
-            while core and core[-1] == 1:
-                core.pop()
-            w = w.reshape(*core, *site.shape).expand(*lead, *site.shape)
+            w = w.reshape(*_particle_dims(w, site), *site.shape).expand(*lead, *site.shape)
             flat[site.name] = w.reshape(n, *site.shape)
         if not lead:
             return self.network_forward({k: v[0] for k, v in flat.items()}, x)
@@ -299,22 +321,12 @@ class BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
 
     # ------------------------------------------------------------------ program
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        local = params_are_local()
-        if not local:
-            self._param_statements()
-        weights = {
-            site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
-            for i, site in enumerate(self.sites)
-        }
+        self._param_statements()
+        weights = self._sample_sites()
         lead = self.particle_shape(weights)
-        if lead is not None:
-            output = self.particle_forward(weights, x, lead)
-            n_lead = len(lead)
-        else:
-            n_lead = 0
+        if lead is None:
             output = self.run_network(weights, x)
-        if local:  # the fast path: no bookkeeping site
-            self.likelihood(output, y)
         else:
-            self.likelihood(output, y, particle_dims=n_lead, outputs_site=LOGITS_SITE)
+            output = self.particle_forward(weights, x, lead)
+        self._observe(output, y, 0 if lead is None else len(lead))
         return output

@@ -9,17 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, get_args
 
-import pyro
 import pyro.poutine as poutine
 import torch
 from torch import nn
 
-from .bnn import LOGITS_SITE, SiteTensors, match_input
-from .likelihoods import Categorical, Likelihood
+from .bnn import SiteTensors, match_input
+from .likelihoods import Likelihood
 from .nn.rank1 import RANK1_LAYER_TYPES, Rank1Layer, find_rank1_layers, rank1_factors
 from .nn.sites import BayesianSite
 from .priors import CauchyPrior, NormalPrior, Prior, as_prior
-from .pyro_params import PyroParamsMixin, params_are_local
 
 __all__ = ["RANK1_PRIORS", "ROUTINGS", "Rank1BNNModel", "Rank1PriorKind", "Routing", "rank1_prior"]
 
@@ -62,7 +60,7 @@ def _check_components(components) -> int:
     return components
 
 
-class Rank1BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
+class Rank1BNNModel(SiteTensors):
     r"""Pyro model of a rank-1 BNN with ``M`` batch-ensemble components.
 
     Same constructor surface as :class:`~twodg_pyro.bnn.BNNModel`; its sample sites are
@@ -96,19 +94,13 @@ class Rank1BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
         exclude: Sequence[str] = (),
         routing: str = "modulo",
     ):
-        super().__init__()
-        if not isinstance(net, nn.Module):
-            raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
+        super().__init__(net, likelihood)
         self.components = _check_components(components)
         if routing not in ROUTINGS:
             raise ValueError(f"unknown routing {routing!r}; use one of {list(ROUTINGS)}")
         self.routing = routing
         self.layers: list[Rank1Layer] = find_rank1_layers(net, layer_types, include, exclude)
         self.prior = _factor_prior(prior)
-        self.likelihood = (
-            likelihood if isinstance(likelihood, Likelihood) else Categorical(int(likelihood))
-        )
-        self.net = net
         params = dict(net.named_parameters())
         self.sites: list[BayesianSite] = []
         self._factor_sites: dict[str, tuple[str, str]] = {}
@@ -137,16 +129,6 @@ class Rank1BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
 
     # ------------------------------------------------------------------ helpers
     @property
-    def site_names(self) -> list[str]:
-        """Names of the factor sample sites, in network order (``r`` then ``s`` per layer)."""
-        return [s.name for s in self.sites]
-
-    @property
-    def num_weights(self) -> int:
-        """Number of random scalars, ``M * sum over layers of (in + out)``."""
-        return sum(s.numel for s in self.sites)
-
-    @property
     def factor_sites(self) -> dict[str, tuple[str, str]]:
         """``{module_name: (r_site, s_site)}`` for every rank-1 layer."""
         return dict(self._factor_sites)
@@ -155,10 +137,6 @@ class Rank1BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
     def output_components(self) -> int:
         """``M``: :meth:`network_forward` returns one output per component."""
         return self.components
-
-    def deterministic_parameters(self) -> list[nn.Parameter]:
-        """The shared weights :math:`W`, the biases and normalisation parameters."""
-        return [p for p in self.net.parameters() if p.requires_grad]
 
     def site_parameter(self, i: int) -> torch.Tensor:
         """The shared weight :math:`W` of the layer of the ``i``-th factor site: its device
@@ -196,31 +174,27 @@ class Rank1BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
         :meth:`~twodg_pyro.guides.Rank1Guide.sample_weights`); every example is evaluated
         under every component (the batch is tiled ``M`` times).
         """
-        m, b = self.components, x.shape[0]
-        tiled = x.repeat(m, *([1] * (x.dim() - 1)))
-        assignment = torch.arange(m, device=x.device).repeat_interleave(b)
-        out = self.routed_forward(weights, tiled, assignment)
-        return out.reshape(m, b, *out.shape[1:])
+        out = self.routed_forward(weights, self._tile(x), self._tiled_assignment(x))
+        return out.reshape(self.components, x.shape[0], *out.shape[1:])
+
+    def _tile(self, t: torch.Tensor) -> torch.Tensor:
+        """The batch ``t`` repeated ``M`` times."""
+        return t.repeat(self.components, *([1] * (t.dim() - 1)))
+
+    def _tiled_assignment(self, x: torch.Tensor) -> torch.Tensor:
+        """The component of each example of :meth:`_tile` ``(x)``."""
+        m = torch.arange(self.components, device=x.device)
+        return m.repeat_interleave(x.shape[0])
 
     # ------------------------------------------------------------------ program
-    def pyro_parameters(self):
-        """The network's point-estimated parameters (the shared weights :math:`W`, biases,
-        normalisation layers) as ``("net.<name>", parameter)``."""
-        return ((f"net.{n}", p) for n, p in self.net.named_parameters() if p.requires_grad)
-
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         r"""The model program: the factor sites, each counted :math:`1/M` (so that a stock
         ELBO's KL is the per-component average :math:`\frac1M\sum_m \mathrm{KL}(q_m\|p)`,
         as with :class:`~twodg_pyro.infer.DecomposedELBO`), the routed network, the
         ``"logits"`` site (:data:`~twodg_pyro.bnn.LOGITS_SITE`) and the likelihood."""
-        local = params_are_local()
-        if not local:
-            self._param_statements()
+        self._param_statements()
         with poutine.scale(scale=1.0 / self.components):
-            factors = {
-                site.name: pyro.sample(site.name, self.prior(site, self.site_parameter(i)))
-                for i, site in enumerate(self.sites)
-            }
+            factors = self._sample_sites()
         for site in self.sites:
             if factors[site.name].dim() != len(site.shape):
                 raise ValueError(
@@ -230,15 +204,10 @@ class Rank1BNNModel(SiteTensors, PyroParamsMixin, nn.Module):
                     "vectorize_particles=False, or twodg_pyro.prediction.predict"
                 )
         if self.routing == "tile":
-            m, b = self.components, x.shape[0]
-            x = x.repeat(m, *([1] * (x.dim() - 1)))
-            y = None if y is None else y.repeat(m, *([1] * (y.dim() - 1)))
-            assignment = torch.arange(m, device=x.device).repeat_interleave(b)
+            assignment = self._tiled_assignment(x)
+            x, y = self._tile(x), None if y is None else self._tile(y)
         else:
             assignment = self.route(x.shape[0], x.device)
         output = self.routed_forward(factors, x, assignment)
-        if local:  # the fast path: no bookkeeping site
-            self.likelihood(output, y)
-        else:
-            self.likelihood(output, y, outputs_site=LOGITS_SITE)
+        self._observe(output, y)
         return output

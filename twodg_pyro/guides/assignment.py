@@ -13,14 +13,19 @@ with gathers over these tables, and its KL terms need, per site, which entries o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
 from ..sharing.structure import SharingStructure, SiteLayout
 
-__all__ = ["AssignmentTables", "SiteIndex", "WeightKinds", "assignment_tables", "gather_rows"]
+__all__ = [
+    "SiteIndex",
+    "TyingGuide",
+    "WeightKinds",
+    "assignment_tables",
+    "gather_rows",
+]
 
 
 class WeightKinds(NamedTuple):
@@ -52,29 +57,21 @@ class SiteIndex(NamedTuple):
         return self.layout.offset
 
 
-@dataclass
-class AssignmentTables:
-    """The tensors a guide registers as buffers (in this order), and the per-site index.
-
-    Attributes:
-        buffers: ``[(name, tensor, persistent), ...]``: the index lists (the two
-            weight-sized ones in 32 bits when the network allows), the inlier points,
-            ``nat_index`` (the natural-order table index: plain weight -> its component
-            :math:`k`, the :math:`j`-th outlier -> :math:`K + j`, ellipse weight -> 0,
-            overwritten per draw) and ``site_counts`` (:math:`N_{k,s}`, ``(n_sites, K)``).
-        sites: ``{site name: SiteIndex}`` in the structure's site order.
-        kinds: the number of outliers, plain inliers and ellipse weights.
-    """
-
-    buffers: list[tuple[str, torch.Tensor, bool]]
-    sites: dict[str, SiteIndex]
-    kinds: WeightKinds
-
-
 def assignment_tables(
     s: SharingStructure, device: torch.device, dtype: torch.dtype
-) -> AssignmentTables:
-    """The index tables of ``s`` on ``device`` (floating tables in ``dtype``)."""
+) -> tuple[list[tuple[str, torch.Tensor, bool]], dict[str, SiteIndex], WeightKinds]:
+    """The index tables of ``s`` on ``device`` (floating tables in ``dtype``).
+
+    Returns:
+        ``(buffers, sites, kinds)``: the tensors a guide registers as buffers, in this
+        order, as ``[(name, tensor, persistent), ...]`` (the index lists, the two
+        weight-sized ones in 32 bits when the network allows; the inlier points;
+        ``nat_index``, the natural-order table index: plain weight -> its component
+        :math:`k`, the :math:`j`-th outlier -> :math:`K + j`, ellipse weight -> 0,
+        overwritten per draw; and ``site_counts``, :math:`N_{k,s}`, ``(n_sites, K)``);
+        ``{site name: SiteIndex}`` in the structure's site order; the number of outliers,
+        plain inliers and ellipse weights.
+    """
     n_w = s.num_weights
     K = s.n_gaussians
     buffers: list[tuple[str, torch.Tensor, bool]] = []
@@ -126,7 +123,7 @@ def assignment_tables(
             ranges.append(slice(int(torch.searchsorted(idx, lo)), int(torch.searchsorted(idx, hi))))
         sites[lay.name] = SiteIndex(lay, position, *ranges)
     kinds = WeightKinds(s.outlier_index.numel(), s.plain_index.numel(), s.ellipse_index.numel())
-    return AssignmentTables(buffers, sites, kinds)
+    return buffers, sites, kinds
 
 
 def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -141,3 +138,39 @@ def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
             torch.index_select(row, 0, index, out=dst)
         return out
     return torch.stack([row.index_select(0, index) for row in table])
+
+
+class TyingGuide(Protocol):
+    """The public members of :class:`~twodg_pyro.guides.SharedGMMGuide` that the tyings
+    (:mod:`~twodg_pyro.guides.tyings`) use, stated here so that they name the guide's shape
+    without importing the guide that imports them: the components (centres ``(K, 2)`` in
+    ``coordinates``, the parameters of their Cholesky factors, the factors and covariances
+    ``(K, 2, 2)``, member counts), the outliers' parameters and the assignment tables."""
+
+    coordinates: str
+    kinds: WeightKinds
+    centre_mu: torch.Tensor
+    chol_log_diag: torch.Tensor
+    chol_off: torch.Tensor
+    outlier_loc: torch.Tensor
+    outlier_rho: torch.Tensor
+    plain_index: torch.Tensor
+    plain_component: torch.Tensor
+    ellipse_index: torch.Tensor
+    ellipse_components: torch.Tensor
+    ellipse_alphas: torch.Tensor
+    nat_index: torch.Tensor
+    site_counts: torch.Tensor
+
+    @property
+    def n_components(self) -> int: ...
+
+    def centre_sigma(self) -> torch.Tensor: ...
+
+    def centres(self) -> torch.Tensor: ...
+
+    def cholesky(self) -> torch.Tensor: ...
+
+    def covariances(self) -> torch.Tensor: ...
+
+    def component_counts(self) -> torch.Tensor: ...

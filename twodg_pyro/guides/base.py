@@ -15,7 +15,6 @@ from pyro.distributions.util import sum_rightmost
 from torch import nn
 from torch.distributions import Distribution, register_kl
 
-from ..bnn import require_model
 from ..guide import BNNGuide, FastStepGuide, GuideSample, MarginalDensity, kl_or_estimate
 from ..nn.sites import BayesianSite
 from ..pyro_params import params_are_local, plate_batch_shape
@@ -24,19 +23,11 @@ __all__ = [
     "DiagonalNormalGuide",
     "GuideDraw",
     "LocScaleParameters",
-    "check_model_argument",
     "particle_batch_shape",
     "scalar_prior",
     "site_key",
     "standard_normal",
 ]
-
-
-def check_model_argument(model, guide: str) -> None:
-    """Raise ``TypeError`` unless ``model`` is a model whose sites a guide can cover (a
-    :class:`~twodg_pyro.bnn.BNNModel` or the rank-1 model), naming what it got;
-    ``guide``: the guide's class name, for the message."""
-    require_model(model, guide, ("sites", "site_parameter"))
 
 
 def normal_normal_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:
@@ -185,6 +176,29 @@ class LocScaleParameters:
             {"name": "scale", "params": list(self.rhos.values())},
         ]
 
+    def _coordinates(self, name: str, flat: torch.Tensor) -> torch.Tensor:
+        r"""The coordinates of draws ``(S, numel)`` of a site that its :math:`\mu` describe."""
+        return flat
+
+    def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
+        r"""The exact :math:`\log q(w) = \sum_s \sum_i \log\mathcal N(w_{s,i} \mid
+        \mu_{s,i}, \sigma_{s,i}^2)` (for rank-1: all ``M`` rows of every factor site; for
+        SSVI: the active coordinates :math:`i \in \Gamma` only, the inactive ones being
+        point masses at 0, whose density with respect to the counting measure is 1 -- the
+        VI diagnostics pair it with the prior restricted to the same subspace, as the SSVI
+        objective does)."""
+
+        def normals(weights, flat=None):
+            total = 0.0
+            for s in self.sites:
+                w = weights[s.name]
+                x = self._coordinates(s.name, w.reshape(w.shape[0], -1))
+                loc, scale = self.loc(s.name).reshape(-1), self.scale(s.name).reshape(-1)
+                total = total + dist.Normal(loc, scale, validate_args=False).log_prob(x).sum(-1)
+            return total.detach()
+
+        return MarginalDensity(normals, "exact")
+
 
 class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
     r"""A guide with an independent Normal over every scalar of every site.
@@ -262,14 +276,8 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
 
     def fast_kl(self, priors, values, fused: bool = False) -> dict[str, torch.Tensor]:
         r""":math:`\sum_s \sum_i \mathrm{KL}(\mathcal N(\mu_{s,i}, \sigma_{s,i}^2) \|
-        \mathcal N(m_{s,i}, s_{s,i}^2))` in closed form, with the arithmetic of
-        ``torch.distributions``' Normal-Normal KL and the sums of the traced ELBO:
-
-        .. math::
-            \tfrac12\big(r + (\mu - m)^2/s^2 - 1 - \log r\big), \qquad
-            r = (\sigma / s)^2.
-
-        (``fused`` changes nothing here: the terms are elementwise already.)"""
+        \mathcal N(m_{s,i}, s_{s,i}^2))` in closed form (:func:`normal_normal_kl`), summed
+        as the traced ELBO sums it (``fused`` changes nothing: the terms are elementwise)."""
         total = None
         for (loc, scale), (p_loc, p_scale) in self._fast:
             kl = normal_normal_kl(loc, scale, p_loc, p_scale).sum()
@@ -281,17 +289,3 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
     def site_parameters(self, name: str) -> dict[str, torch.Tensor]:
         r"""``{"loc": mu, "scale": sigma}`` of a site."""
         return {"loc": self.loc(name), "scale": self.scale(name)}
-
-    def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
-        r"""The exact :math:`\log q(w) = \sum_s \sum_i \log\mathcal N(w_{s,i} \mid
-        \mu_{s,i}, \sigma_{s,i}^2)` (for rank-1: all ``M`` rows of every factor site)."""
-
-        def diagonal(weights, flat=None):
-            total = 0.0
-            for s in self.sites:
-                w = weights[s.name]
-                log_q = self.site_distribution(s).base_dist.log_prob(w)
-                total = total + log_q.reshape(w.shape[0], -1).sum(-1)
-            return total.detach()
-
-        return MarginalDensity(diagonal, "exact")

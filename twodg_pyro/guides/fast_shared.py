@@ -3,22 +3,13 @@ its draw without its program, and its Eq. 10 KL terms either site by site as the
 ELBO sums them, or summed over all sites at once (``fused``).
 
 **Fused KL.**  When every site's prior is one Normal :math:`\mathcal N(p_s, s_s^2)` for all
-its weights (``NormalPrior``, ``LayerwiseNormalPrior``), the terms of
-:mod:`~twodg_pyro.guides.shared_gmm` become one closed form over a ``(n_sites, K)``
-table instead of a loop over the sites (each of which rebuilds the components' KL):
-
-.. math::
-    \mathrm{KL}_\text{in} = \sum_{s,k} c_{s,k}\,\kappa_{s,k}, \qquad
-    \mathrm{KL}_\text{out} = \sum_i \mathrm{KL}\big(\mathcal N(\mu_i, \sigma_i^2) \,\|\,
-        \mathcal N(p_{s(i)}, s_{s(i)}^2)\big),
-
-with :math:`c_{s,k} = N_{k,s}` and :math:`\kappa_{s,k} = \mathrm{KL}(\mathcal N(m_{k,0},
-m_{k,1}^2) \| p_s)` (``representative``), :math:`\mathbb E_{\mathcal N(m_k, S_k)}
-\mathrm{KL}(\mathcal N(\tilde\mu, \tilde\sigma^2) \| p_s)` (``stochastic``), or
-:math:`c_{s,k} = N_{k,s}/N_k`, :math:`\kappa_{s,k} = \mathrm{KL}(\mathcal N(m_{k,0},
-S_{k,00}) \| p_s)` (``tied``), where :math:`s(i)` is outlier :math:`i`'s site.  The same
-bound; summed in another order, so equal to the site-by-site terms up to float rounding
-(not bit for bit).  Any other prior takes the site-by-site terms.
+its weights (``NormalPrior``, ``LayerwiseNormalPrior``), the inliers' terms of every site
+are one closed form :math:`\sum_{s,k} c_{s,k}\,\kappa_{s,k}` over a ``(n_sites, K)`` table
+(the tying's :meth:`~twodg_pyro.guides.tyings.Tying.normal_kl_terms`) instead of a loop
+over the sites, and the outliers' :math:`\sum_i \mathrm{KL}(\mathcal N(\mu_i,
+\sigma_i^2) \| \mathcal N(p_{s(i)}, s_{s(i)}^2))`, :math:`s(i)` outlier :math:`i`'s site.
+The same bound; summed in another order, so equal to the site-by-site terms up to float
+rounding (not bit for bit).  Any other prior takes the site-by-site terms.
 """
 
 from __future__ import annotations
@@ -29,7 +20,6 @@ import torch.nn.functional as F
 
 from ..guide import FastStepGuide
 from .base import normal_normal_kl, scalar_prior
-from .stochastic_kl import expected_normal_kl
 
 __all__ = ["SharedGMMFastStep", "fused_kl"]
 
@@ -41,14 +31,11 @@ def _prior_table(guide, priors):
     cache = guide.__dict__.get("_fused_priors")
     if cache is not None and cache[0] is priors and cache[1] is guide._sites:
         return cache[2]
-    rows = [None] * len(guide._sites)
-    for site in guide.sites:
-        p = scalar_prior(priors[site.name])  # one Normal for all its weights, or None
-        if type(p) is not dist.Normal:
-            return None
-        rows[guide._sites[site.name].position] = (p.loc, p.scale)
-    p_loc = torch.stack([r[0] for r in rows]).unsqueeze(1)
-    p_scale = torch.stack([r[1] for r in rows]).unsqueeze(1)
+    rows = [scalar_prior(priors[s.name]) for s in guide.sites]  # in the tables' site order
+    if any(type(p) is not dist.Normal for p in rows):  # not one Normal for all its weights
+        return None
+    p_loc = torch.stack([p.loc for p in rows]).unsqueeze(1)
+    p_scale = torch.stack([p.scale for p in rows]).unsqueeze(1)
     out_site = torch.empty(guide.kinds.outliers, dtype=torch.long)
     for s in guide._sites.values():
         out_site[s.outliers] = s.position
@@ -70,20 +57,8 @@ def fused_kl(guide, priors) -> dict[str, torch.Tensor] | None:
     if guide.kinds.outliers:
         scale = F.softplus(guide.outlier_rho)
         kl_out = normal_normal_kl(guide.outlier_loc, scale, o_loc, o_scale).sum()
-    counts = guide.site_counts
-    tying = guide.tying
-    if tying == "representative":
-        kl_k = normal_normal_kl(guide.centre_mu, guide.centre_sigma(), p_loc, p_scale)
-    elif tying == "stochastic":
-        kl_k = expected_normal_kl(
-            guide.centres(), guide.covariances(), p_loc, p_scale, guide.coordinates
-        )
-    elif tying == "tied":
-        counts = counts / guide.component_counts().clamp_min(1e-12)
-        sd = guide.covariances()[:, 0, 0].clamp_min(1e-30).sqrt()
-        kl_k = normal_normal_kl(guide.centre_mu, sd, p_loc, p_scale)
-    else:
-        return None
+    prior = dist.Normal(p_loc, p_scale, validate_args=False)
+    counts, kl_k = guide.tying_rule.normal_kl_terms(guide, guide.site_counts, prior, guide._last)
     return {"kl_inlier": (counts * kl_k).sum(), "kl_outlier": kl_out}
 
 

@@ -1,44 +1,32 @@
-r"""The density :math:`\log q(w)` of a guide's joint draw of all Bayesian tensors.
+r"""The shared-GMM guide's density :math:`\log q(w)` of a joint draw of all Bayesian tensors.
 
 What the importance ratios of the VI diagnostics (:func:`~twodg_pyro.diagnostics.vi_diagnostics`,
 Pareto :math:`\hat k`) need: the log density of ``S`` draws ``{site: (S, *site.shape)}``
-under the guide, marginal over any auxiliary variable the guide draws on the way.
+under a guide, marginal over any auxiliary variable the guide draws on the way; each
+guide returns it from :meth:`~twodg_pyro.guide.BNNGuide.marginal_log_density`
+(:func:`guide_log_q`).  This module holds the mixture machinery of
+:class:`~twodg_pyro.guides.SharedGMMGuide`, whose outliers are
+:math:`\mathcal N(\mu_i, \sigma_i^2)` and whose inliers follow their tying
+(:mod:`~twodg_pyro.guides.tyings`):
 
-* :class:`~twodg_pyro.guides.MeanFieldGuide` and :class:`~twodg_pyro.guides.Rank1Guide`
-  (a diagonal Normal over every entry of every site; for rank-1 the ``(M, dim)`` factor
-  sites, all ``M`` rows): the exact Normal log density;
-* :class:`~twodg_pyro.guides.SSVIGuide`: the Normal log density of the *active*
-  coordinates (the inactive ones are point masses at 0, whose density with respect to
-  the counting measure is 1; the diagnostics pair it with the prior restricted to the
-  same subspace, as the SSVI objective does);
-* :class:`~twodg_pyro.guides.SharedGMMGuide`:
-
-  * ``representative``: exact.  Weights are independent under this guide; outliers are
-    :math:`\mathcal N(\mu_i, \sigma_i^2)`, a plain inlier of component :math:`c` is
-    :math:`\mathcal N(m_{c,0}, m_{c,1}^2)` (``log_sigma`` coordinates:
-    :math:`e^{m_{c,1}}`), an ellipse weight is the mixture
-    :math:`\sum_j \alpha_{ij}\,\mathcal N(m_{c_j,0}, m_{c_j,1}^2)`;
-  * ``stochastic``: weights are still independent, but the marginal
-    :math:`q_c(w) = \int \mathcal N(w \mid \tilde\mu, \tilde\sigma^2)\,
-    \mathcal N((\tilde\mu, \theta) \mid m_c, S_c)\, d\tilde\mu\, d\theta` (with
-    :math:`\tilde\sigma = |\theta|` or :math:`e^\theta`) has no closed form.  We
-    integrate :math:`\tilde\mu` out analytically (given :math:`\theta`, :math:`w` is
-    Normal with mean :math:`m_{c,0} + S_{c,01}/S_{c,11}(\theta - m_{c,1})` and variance
-    :math:`S_{c,00} - S_{c,01}^2/S_{c,11} + \tilde\sigma(\theta)^2`) and :math:`\theta`
-    by Gauss-Hermite quadrature with ``quadrature_nodes`` nodes (default 64): a
-    deterministic, near-exact marginal (method ``"quadrature"``); ellipse weights mix
-    these over their alphas;
-  * ``tied``: all weights of a component share one value per draw, so the joint
-    :math:`q(w)` has no density on :math:`\mathbb R^{n_w}`.  We use the product of the
-    exact per-weight marginals (:math:`\mathcal N(m_{c,0}, S_{c,00})`, mixtures for
-    ellipse weights) as a surrogate (method ``"marginal_product"``, not exact).
-
-Each guide returns its density from
-:meth:`~twodg_pyro.guide.BNNGuide.marginal_log_density`; this module holds the
-mixture machinery of the shared-GMM guide (the per-component marginals of its tyings,
-:mod:`~twodg_pyro.guides.tyings`, and the per-weight mixture tables) and
-:func:`guide_log_q`.  (This is the *marginal* density of a draw.  The site densities that
-make stock Pyro ELBOs right are the guides' own business, in their modules.)
+* ``representative``: exact.  Weights are independent; a plain inlier of component
+  :math:`c` is :math:`\mathcal N(m_{c,0}, m_{c,1}^2)` (``log_sigma`` coordinates:
+  :math:`e^{m_{c,1}}`), an ellipse weight is the mixture
+  :math:`\sum_j \alpha_{ij}\,\mathcal N(m_{c_j,0}, m_{c_j,1}^2)`;
+* ``stochastic``: weights are still independent, but the marginal
+  :math:`q_c(w) = \int \mathcal N(w \mid \tilde\mu, \tilde\sigma^2)\,
+  \mathcal N((\tilde\mu, \theta) \mid m_c, S_c)\, d\tilde\mu\, d\theta` (with
+  :math:`\tilde\sigma = |\theta|` or :math:`e^\theta`) has no closed form.  We
+  integrate :math:`\tilde\mu` out analytically (given :math:`\theta`, :math:`w` is
+  Normal with mean :math:`m_{c,0} + S_{c,01}/S_{c,11}(\theta - m_{c,1})` and variance
+  :math:`S_{c,00} - S_{c,01}^2/S_{c,11} + \tilde\sigma(\theta)^2`) and :math:`\theta`
+  by Gauss-Hermite quadrature with ``quadrature_nodes`` nodes (default 64): a
+  deterministic, near-exact marginal (method ``"quadrature"``); ellipse weights mix
+  these over their alphas;
+* ``tied``: all weights of a component share one value per draw, so the joint
+  :math:`q(w)` has no density on :math:`\mathbb R^{n_w}`.  We use the product of the
+  exact per-weight marginals (:math:`\mathcal N(m_{c,0}, S_{c,00})`, mixtures for
+  ellipse weights) as a surrogate (method ``"marginal_product"``, not exact).
 """
 
 from __future__ import annotations

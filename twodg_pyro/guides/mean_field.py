@@ -20,14 +20,12 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..bnn import BNNModel
-from ..nn.functional import inverse_softplus
+from ..bnn import BNNModel, require_model
+from ..nn.functional import _MIN_SCALE, inverse_softplus
 from ..nn.sites import BayesianSite
-from .base import DiagonalNormalGuide, check_model_argument, site_key
+from .base import DiagonalNormalGuide, site_key
 
 __all__ = ["MeanFieldGuide", "paper_initial_scales"]
-
-_MIN_SCALE = 1e-8
 
 
 def check_init_scale(init_scale: str | float) -> None:
@@ -55,6 +53,36 @@ def paper_initial_scales(site: BayesianSite, generator: torch.Generator | None =
         bound = 0.01 * math.sqrt(6.0 / (site.fan_in + fan_out))
         scales = (torch.rand(shape, generator=generator) * 2 - 1).abs() * bound
     return scales.clamp_min(_MIN_SCALE)
+
+
+def initial_means(model, init_loc: Mapping[str, torch.Tensor] | None) -> list[torch.Tensor]:
+    """Each site's initial mean in site order, on the device and in the dtype of its network
+    tensor (the guide follows the network); ``init_loc`` ``{site: tensor}``, by default the
+    network's values.
+
+    Raises:
+        TypeError, ValueError: ``init_loc`` is no dict, or lacks a site or a shape.
+    """
+    init_loc = init_loc if init_loc is not None else model.initial_values()
+    if not isinstance(init_loc, Mapping):
+        raise TypeError(f"init_loc must be a dict {{site: tensor}}, got {type(init_loc).__name__}")
+    missing = [s.name for s in model.sites if s.name not in init_loc]
+    if missing:
+        raise ValueError(
+            f"init_loc has no initial mean for site {missing[0]!r} "
+            f"({len(missing)} of {len(model.sites)} sites missing)"
+        )
+    out = []
+    for i, site in enumerate(model.sites):
+        like = model.site_parameter(i)
+        loc = init_loc[site.name].detach().to(device=like.device, dtype=like.dtype)
+        if loc.shape != site.shape:
+            raise ValueError(
+                f"initial mean of {site.name!r} has shape {tuple(loc.shape)}, "
+                f"the site has {tuple(site.shape)}"
+            )
+        out.append(loc)
+    return out
 
 
 class MeanFieldGuide(DiagonalNormalGuide):
@@ -85,37 +113,18 @@ class MeanFieldGuide(DiagonalNormalGuide):
         seed: int = 0,
     ):
         super().__init__()
-        check_model_argument(model, type(self).__name__)
+        require_model(model, type(self).__name__, ("sites", "site_parameter"))
         self.sites = list(model.sites)
         check_init_scale(init_scale)
-        init_loc = init_loc if init_loc is not None else model.initial_values()
-        if not isinstance(init_loc, Mapping):
-            raise TypeError(
-                f"init_loc must be a dict {{site: tensor}}, got {type(init_loc).__name__}"
-            )
-        missing = [s.name for s in self.sites if s.name not in init_loc]
-        if missing:
-            raise ValueError(
-                f"init_loc has no initial mean for site {missing[0]!r} "
-                f"({len(missing)} of {len(self.sites)} sites missing)"
-            )
         generator = torch.Generator().manual_seed(int(seed))
         locs, rhos = {}, {}
-        for i, site in enumerate(self.sites):
-            # the guide follows the network: its parameter's device and dtype
-            like = model.site_parameter(i)
-            loc = init_loc[site.name].detach().to(device=like.device, dtype=like.dtype).clone()
-            if loc.shape != site.shape:
-                raise ValueError(
-                    f"initial mean of {site.name!r} has shape {tuple(loc.shape)}, "
-                    f"the site has {tuple(site.shape)}"
-                )
+        for site, loc in zip(self.sites, initial_means(model, init_loc), strict=True):
             if init_scale == "paper":  # drawn in float32 on the CPU: the same on any device
-                scale = paper_initial_scales(site, generator).to(like.dtype)
+                scale = paper_initial_scales(site, generator).to(loc.dtype)
             else:
-                scale = torch.full(site.shape, float(init_scale), dtype=like.dtype)
-            locs[site_key(site.name)] = nn.Parameter(loc)
-            rhos[site_key(site.name)] = nn.Parameter(inverse_softplus(scale).to(like.device))
+                scale = torch.full(site.shape, float(init_scale), dtype=loc.dtype)
+            locs[site_key(site.name)] = nn.Parameter(loc.clone())
+            rhos[site_key(site.name)] = nn.Parameter(inverse_softplus(scale).to(loc.device))
         self.locs = nn.ParameterDict(locs)
         self.rhos = nn.ParameterDict(rhos)
 

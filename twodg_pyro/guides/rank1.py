@@ -31,23 +31,14 @@ of every ELBO -- :class:`~twodg_pyro.infer.DecomposedELBO` through
 :meth:`Rank1Guide.site_kl`, and stock ``Trace_ELBO``/``TraceMeanField_ELBO`` -- is this
 per-component average.
 
-**Priors** are centred at 1 (the factors multiply :math:`W`): ``Normal(1, scale)`` or
-``Cauchy(1, scale)`` (:func:`rank1_prior`).  The Normal has a closed-form KL against the
-Normal posterior; the Cauchy uses the ELBO's one-sample Monte Carlo estimate.
-
-**Initialisation.**  Posterior standard deviations start near zero (``init_scale=1e-3``,
-"deterministic initialisation").  Posterior means start at random signs :math:`\pm 1`
-(``init_mean="random_sign"``, as in the paper and BatchEnsemble), which makes the
-components differ from the first step; ``init_mean="ones"`` starts every component at
-the deterministic network.
-
-**Prediction** evaluates every test example under every component and every posterior
-sample and averages the predictive probabilities: :meth:`Rank1BNNModel.network_forward`
-returns the outputs of all ``M`` components and the model's ``output_components = M``
-tells :func:`twodg_pyro.prediction.predict` to average over them too.
-
-KL annealing over the first two thirds of training (as in the paper) is
-``KLAnnealing(round(2 * epochs / 3))`` (:func:`rank1_kl_annealing`).
+**Priors** are centred at 1 (the factors multiply :math:`W`, :func:`rank1_prior`): the
+Normal has a closed-form KL against the Normal posterior, the Cauchy the ELBO's
+one-sample Monte Carlo estimate.  **Initialisation**: posterior standard deviations near
+zero, means at random signs :math:`\pm 1` (as in the paper and BatchEnsemble, so that the
+components differ from the first step).  **Prediction** averages the predictive
+probabilities over every component (``output_components = M``) and posterior sample.
+KL annealing over the first two thirds of training, as in the paper, is
+:func:`rank1_kl_annealing`.
 """
 
 from __future__ import annotations
@@ -71,7 +62,7 @@ from ..rank1_bnn import (
     Routing,
     rank1_prior,
 )
-from .base import DiagonalNormalGuide, site_key, standard_normal
+from .base import DiagonalNormalGuide, site_key
 
 __all__ = [
     "CauchyPrior",
@@ -179,11 +170,7 @@ class Rank1Guide(DiagonalNormalGuide):
 
     # ------------------------------------------------------------------ BNNGuide API
     def draw(self, num_samples: int | None = None) -> GuideSample:
-        """Factor draws: ``(M, dim)`` per site, or ``(num_samples, M, dim)``."""
-        # loc + scale * eps in two roundings, not DiagonalNormalGuide's fused addcmul:
-        # keeps the factor draws bit for bit what they have always been
-        out = {}
-        for site in self.sites:
-            loc, scale = self.loc(site.name), self.scale(site.name)
-            out[site.name] = loc + scale * standard_normal(loc, num_samples)
-        return GuideSample(out)
+        """Factor draws: ``(M, dim)`` per site, or ``(num_samples, M, dim)``, in two
+        roundings (:meth:`normal_draws` with ``rsample``), not the fused ``addcmul`` of
+        :meth:`DiagonalNormalGuide.draw`: the factor draws stay what they have always been."""
+        return GuideSample(self.normal_draws(num_samples)[0])

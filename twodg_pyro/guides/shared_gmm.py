@@ -1,63 +1,36 @@
 r"""The shared-GMM guide of stage 3 (Eqs. 8-10).
 
-Outliers keep their own Normal, :math:`w_i \sim \mathcal N(\mu_i, \sigma_i^2)`.  Every
-inlier is tied to a component :math:`c` of the 2-D mixture (an ellipse weight first
-draws :math:`c` from its blending weights :math:`\alpha_i`); how it is drawn from the
-component :math:`\mathcal N(m_c, S_c)` over the :math:`(\mu, \sigma)` plane is the
-*tying*:
+Outliers keep their own Normal, :math:`w_i \sim \mathcal N(\mu_i, \sigma_i^2)`, with the
+KL term :math:`\sum_{i \in s}\mathrm{KL}(\mathcal N(\mu_i, \sigma_i^2) \| p_s)` (closed
+form for a Normal prior, else the one-draw estimate at the drawn weights).  Every inlier
+is tied to a component :math:`c` of the 2-D mixture :math:`\mathcal N(m_c, S_c)` over the
+:math:`(\mu, \sigma)` plane (an ellipse weight first draws :math:`c` from its blending
+weights :math:`\alpha_i`); how it is drawn from its component, and the inliers' KL term,
+is the *tying* (``representative``, ``stochastic`` or ``tied``): a strategy object of
+:mod:`~twodg_pyro.guides.tyings`, with its draw, KL, site density, trainable count and
+marginal; the guide holds what they share.
 
-``representative`` (default)
-    the centre is a shared :math:`(\mu, \sigma)` pair:
-    :math:`w_i \sim \mathcal N(m_{c,0}, m_{c,1}^2)`, independently per weight.
-``stochastic``
-    :math:`(\tilde\mu_i, \tilde\sigma_i) \sim \mathcal N(m_c, S_c)` per weight
-    (:math:`\tilde\sigma` kept positive), then
-    :math:`w_i \sim \mathcal N(\tilde\mu_i, \tilde\sigma_i^2)`.
-``tied``
-    one draw :math:`z_k \sim \mathcal N(m_k, S_k)` per component and forward pass,
-    shared by all its weights: :math:`w_i = z_{c,0}`.
-
-The KL terms of Eq. 10 match the tying (:meth:`SharedGMMGuide.site_kl`), with
-:math:`N_{k,s} = \sum_{i \in s} r_{ik}` (1 for a plain inlier's component,
-:math:`\alpha_{ik}` for an ellipse weight):
-
-* representative: :math:`\sum_k N_{k,s}\,\mathrm{KL}(\mathcal N(m_{k,0}, m_{k,1}^2) \| p_s)`;
-* stochastic: :math:`\sum_k N_{k,s}\,\mathbb E_{\mathcal N(m_k, S_k)}
-  \mathrm{KL}(\mathcal N(\tilde\mu, \tilde\sigma^2) \| p_s)`, exact for a Normal prior
-  (:mod:`~twodg_pyro.guides.stochastic_kl`: the Monte Carlo estimate's gradient has
-  infinite variance), otherwise estimated at the drawn :math:`(\tilde\mu_i, \tilde\sigma_i)`
-  of each weight;
-* tied: :math:`\sum_k \frac{N_{k,s}}{N_k}\,\mathrm{KL}(\mathcal N(m_{k,0}, S_{k,00}) \| p_s)`,
-  which sums over sites to :math:`\sum_k \mathrm{KL}(q(z_k) \| p)` when all sites share
-  the prior;
-* outliers: :math:`\sum_{i \in s}\mathrm{KL}(\mathcal N(\mu_i, \sigma_i^2) \| p_s)`.
-
-Closed form for a Normal prior that is the same for every weight of a site; a
-Monte Carlo estimate :math:`\log q(w) - \log p(w)` at the drawn weights otherwise.
-
-Each tying is a strategy object (:mod:`~twodg_pyro.guides.tyings`: its draw, KL, site
-density, trainable count and marginal); the guide holds what they share.  Drawing is
-vectorised: the guide draws the flat vector of all :math:`n_w` weights with gathers over
-index tensors built once (:mod:`~twodg_pyro.guides.assignment`), then hands each site
-its view.  Gradients reach the component centres, the Cholesky factors of :math:`S_k`
-(stochastic, tied) and the outlier parameters.
+Drawing is vectorised: the guide draws the flat vector of all :math:`n_w` weights with
+gathers over index tensors built once (:mod:`~twodg_pyro.guides.assignment`), then hands
+each site its view.  Gradients reach the component centres, the Cholesky factors of
+:math:`S_k` (stochastic, tied) and the outlier parameters.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from ..bnn import require_model
 from ..guide import BNNGuide, GuideSample, MarginalDensity
-from ..nn.functional import inverse_softplus
 from ..sharing.structure import SharingStructure
-from .assignment import SiteIndex, WeightKinds, assignment_tables
-from .base import GuideDraw, check_model_argument, particle_batch_shape, scalar_prior
+from .assignment import assignment_tables
+from .base import GuideDraw, particle_batch_shape, scalar_prior
 from .fast_shared import SharedGMMFastStep
 from .marginal_density import shared_mixture_log_q
 from .shared_mixture import SharedMixture
@@ -92,7 +65,7 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
 
     def __init__(self, model, structure: SharingStructure, tying: str = "representative"):
         super().__init__()
-        check_model_argument(model, type(self).__name__)
+        require_model(model, type(self).__name__, ("sites", "site_parameter"))
         if not isinstance(structure, SharingStructure):
             raise TypeError(
                 f"{type(self).__name__} needs a SharingStructure (build_sharing's, or "
@@ -109,13 +82,7 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         self.coordinates = structure.coordinates
         self._info = dict(structure.info)
         # the guide follows the network's device and dtype, whatever the structure's
-        device, dtype = model.device, model.dtype
-        self.outlier_loc = nn.Parameter(
-            structure.outlier_loc.detach().to(device=device, dtype=dtype).clone()
-        )
-        self.outlier_rho = nn.Parameter(
-            inverse_softplus(structure.outlier_scale.detach().to(device=device, dtype=dtype))
-        )
+        self._set_outliers(structure, model.device, model.dtype)
         self._set_components(structure.means, structure.covariances)
         self._set_assignments(structure)
         #: the latest differentiable draw (its program's): what site_kl and log_density use
@@ -128,11 +95,11 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
 
     # ------------------------------------------------------------------ parameters
     def _set_assignments(self, s: SharingStructure) -> None:
-        tables = assignment_tables(s, self.outlier_loc.device, self.outlier_loc.dtype)
-        for name, tensor, persistent in tables.buffers:
+        buffers, self._sites, self.kinds = assignment_tables(
+            s, self.outlier_loc.device, self.outlier_loc.dtype
+        )
+        for name, tensor, persistent in buffers:
             self.register_buffer(name, tensor, persistent=persistent)
-        self._sites: dict[str, SiteIndex] = tables.sites
-        self.kinds: WeightKinds = tables.kinds
 
     # ------------------------------------------------------------------ drawing
     def _ellipse_components(self, S: int) -> torch.Tensor | None:
@@ -154,13 +121,13 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         """
         out_scale = F.softplus(self.outlier_rho)
         chosen = self._ellipse_components(S)
-        flat, ell, values, parts = self.tying_rule.draw(self, S, chosen, out_scale, fast)
+        draw, ell = self.tying_rule.draw(self, S, chosen, out_scale, fast)
         if ell is not None:
             if torch.is_grad_enabled():
-                flat = flat.index_copy(1, self.ellipse_index, ell)
+                draw.flat = draw.flat.index_copy(1, self.ellipse_index, ell)
             else:
-                flat.index_copy_(1, self.ellipse_index, ell)
-        return SharedDraw(flat, chosen, values, parts)
+                draw.flat.index_copy_(1, self.ellipse_index, ell)
+        return draw
 
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         lead = flat.shape[:-1]
@@ -210,22 +177,15 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         self._last = last = self._draw(n)
         flat = last.flat
         weights = self._split(flat.reshape(*batch, flat.shape[-1]) if batch else flat[0])
-        densities = {}
 
-        def site_density(name: str):
-            def density():
-                if "per_site" not in densities:
-                    log_q = self.log_density(last)  # (n, n_w)
-                    densities["per_site"] = {
-                        k: v.reshape(*batch, -1).sum(-1) for k, v in self._split(log_q).items()
-                    }
-                return densities["per_site"][name].reshape(batch)
-
-            return density
+        @functools.cache
+        def per_site() -> dict[str, torch.Tensor]:  # every site's density, on the first ask
+            log_q = self.log_density(last)  # (n, n_w)
+            return {k: v.reshape(*batch, -1).sum(-1) for k, v in self._split(log_q).items()}
 
         return {
             s.name: pyro.sample(
-                s.name, GuideDraw(weights[s.name], site_density(s.name), event_dim=len(s.shape))
+                s.name, GuideDraw(weights[s.name], lambda n=s.name: per_site()[n], s.event_dim)
             )
             for s in self.sites
         }

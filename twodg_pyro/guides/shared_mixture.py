@@ -34,12 +34,26 @@ def _chol_params(covs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([l00.log(), l11.log()], 1), l10
 
 
+def _cholesky(log_diag: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
+    """``(K, 2, 2)`` lower factors from their log diagonals ``(K, 2)`` and off-diagonals."""
+    d = log_diag.exp()
+    zero = torch.zeros_like(off)
+    return torch.stack([torch.stack([d[:, 0], zero], 1), torch.stack([off, d[:, 1]], 1)], 1)
+
+
 class SharedMixture:
     """The components and sharing structure of :class:`~twodg_pyro.guides.SharedGMMGuide`
     (see the module docstring): with the guide's ``tying``, the
     :class:`~twodg_pyro.guide.SharingGuide` extension of the guide protocol."""
 
     # ------------------------------------------------------------------ parameters
+    def _set_outliers(self, s: SharingStructure, device, dtype) -> None:
+        loc, scale = (
+            t.detach().to(device=device, dtype=dtype) for t in (s.outlier_loc, s.outlier_scale)
+        )
+        self.outlier_loc = nn.Parameter(loc.clone())
+        self.outlier_rho = nn.Parameter(inverse_softplus(scale))
+
     def _set_components(
         self, means: torch.Tensor, covs: torch.Tensor, point_covs: torch.Tensor | None = None
     ) -> None:
@@ -88,11 +102,7 @@ class SharedMixture:
 
     def cholesky(self) -> torch.Tensor:
         """Lower Cholesky factors :math:`L_k` of :math:`S_k`, ``(K, 2, 2)``."""
-        d = self.chol_log_diag.exp()
-        zero = torch.zeros_like(self.chol_off)
-        row0 = torch.stack([d[:, 0], zero], 1)
-        row1 = torch.stack([self.chol_off, d[:, 1]], 1)
-        return torch.stack([row0, row1], 1)
+        return _cholesky(self.chol_log_diag, self.chol_off)
 
     def covariances(self) -> torch.Tensor:
         r""":math:`S_k = L_k L_k^\top`, ``(K, 2, 2)``."""
@@ -188,10 +198,7 @@ class SharedMixture:
         state_dict.pop(prefix + "inverse_order", None)
         # files written before the points' spread was kept apart: the saved covariances
         if prefix + "point_covs" not in state_dict and prefix + "chol_log_diag" in state_dict:
-            d = state_dict[prefix + "chol_log_diag"].exp()
-            off = state_dict[prefix + "chol_off"]
-            L = torch.zeros(d.shape[0], 2, 2, dtype=d.dtype, device=d.device)
-            L[:, 0, 0], L[:, 1, 0], L[:, 1, 1] = d[:, 0], off, d[:, 1]
+            L = _cholesky(state_dict[prefix + "chol_log_diag"], state_dict[prefix + "chol_off"])
             state_dict[prefix + "point_covs"] = L @ L.transpose(-1, -2)
         # files written before the points followed their components: the points are where
         # they were, relative to the saved centres
@@ -225,13 +232,7 @@ class SharedMixture:
                 f"{self.coordinates!r}"
             )
         if not torch.equal(structure.outlier_index, self.outlier_index.cpu()):
-            dev, dtype = self.outlier_loc.device, self.outlier_loc.dtype
-            self.outlier_loc = nn.Parameter(
-                structure.outlier_loc.detach().to(device=dev, dtype=dtype).clone()
-            )
-            self.outlier_rho = nn.Parameter(
-                inverse_softplus(structure.outlier_scale.detach().to(device=dev, dtype=dtype))
-            )
+            self._set_outliers(structure, self.outlier_loc.device, self.outlier_loc.dtype)
         if components:
             self._set_components(structure.means, structure.covariances, point_covariances)
         elif structure.n_gaussians != self.n_components:

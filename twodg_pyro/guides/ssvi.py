@@ -43,18 +43,17 @@ import torch
 from pyro.distributions.kl import kl_divergence
 from torch import nn
 
-from ..bnn import BNNModel
-from ..guide import BNNGuide, GuideSample, MarginalDensity
+from ..bnn import BNNModel, require_model
+from ..guide import BNNGuide, GuideSample
 from ..nn.functional import inverse_softplus
 from ..nn.sites import BayesianSite
 from .base import (
     GuideDraw,
     LocScaleParameters,
-    check_model_argument,
     particle_batch_shape,
     site_key,
 )
-from .mean_field import check_init_scale, paper_initial_scales
+from .mean_field import check_init_scale, initial_means, paper_initial_scales
 
 __all__ = ["SSVIGuide"]
 
@@ -102,7 +101,7 @@ class SSVIGuide(LocScaleParameters, BNNGuide):
         seed: int = 0,
     ):
         super().__init__()
-        check_model_argument(model, type(self).__name__)
+        require_model(model, type(self).__name__, ("sites", "site_parameter"))
         self.density = _check_density(density)
         check_init_scale(init_scale)
         self.init_scale = init_scale
@@ -110,23 +109,15 @@ class SSVIGuide(LocScaleParameters, BNNGuide):
         # the model's prior, for the density that stock Pyro ELBOs read (site_log_density)
         self._prior = model.prior
         self._generator = torch.Generator().manual_seed(int(seed))
-        init_loc = init_loc if init_loc is not None else model.initial_values()
         locs, rhos = {}, {}
-        for i, site in enumerate(self.sites):
+        for site, full_loc in zip(self.sites, initial_means(model, init_loc), strict=True):
             key = site_key(site.name)
             k = min(site.numel, max(1, int(round(self.density * site.numel))))
             idx = torch.randperm(site.numel, generator=self._generator)[:k].sort().values
-            like = model.site_parameter(i)  # the guide follows the network's device and dtype
-            full_loc = init_loc[site.name].detach().to(device=like.device, dtype=like.dtype)
-            if full_loc.shape != site.shape:
-                raise ValueError(
-                    f"initial mean of {site.name!r} has shape {tuple(full_loc.shape)}, "
-                    f"the site has {tuple(site.shape)}"
-                )
-            device = like.device
+            device = full_loc.device
             self.register_buffer(f"index__{key}", idx.to(device))
             locs[key] = nn.Parameter(full_loc.reshape(-1)[idx.to(device)].clone())
-            scales = self._initial_scales(site, idx).to(like.dtype)
+            scales = self._initial_scales(site, idx).to(full_loc.dtype)
             rhos[key] = nn.Parameter(inverse_softplus(scales).to(device))
         self.locs = nn.ParameterDict(locs)
         self.rhos = nn.ParameterDict(rhos)
@@ -239,19 +230,12 @@ class SSVIGuide(LocScaleParameters, BNNGuide):
         return out
 
     def site_log_density(self, name: str, active: torch.Tensor) -> torch.Tensor:
-        r"""The site's guide density for stock Pyro ELBOs, at the active values ``active``
-        (``(..., |Gamma|)``):
-
-        .. math::
-            \sum_{i \in \Gamma} \log \mathcal N(\theta_i \mid \mu_i, \sigma_i^2)
-            + \sum_{i \notin \Gamma} \log p(\theta_i = 0).
-
-        The second sum is the point masses of :math:`q_\Gamma` measured against the
-        subspace-restricted prior :math:`p_\Gamma`, as in the paper: a stock ELBO
-        subtracts the model's full prior :math:`\log p(\theta)`, in which the inactive
-        coordinates (exactly 0) contribute :math:`\log p(0)`, so that
-        :math:`\log q - \log p = \sum_{i \in \Gamma} \log q(\theta_i) - \log p(\theta_i)`,
-        the integrand of :meth:`site_kl`."""
+        r"""The site's guide density for stock Pyro ELBOs at the active values ``active``
+        ``(..., |Gamma|)``: :math:`\sum_{i \in \Gamma} \log \mathcal N(\theta_i \mid \mu_i,
+        \sigma_i^2) + \sum_{i \notin \Gamma} \log p(\theta_i = 0)`, the point masses
+        measured against the subspace-restricted prior (module docstring): the full prior
+        of a stock ELBO's :math:`\log q - \log p` gives the inactive coordinates (exactly 0)
+        :math:`\log p(0)`, which cancels, leaving the integrand of :meth:`site_kl`."""
         site = self.site(name)
         log_q = self.active_distribution(name).log_prob(active).sum(-1)
         prior = _unwrap(self._prior(site, self.loc(name)))
@@ -291,22 +275,8 @@ class SSVIGuide(LocScaleParameters, BNNGuide):
             }
         )
 
-    def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
-        r"""The Normal log density of the *active* coordinates,
-        :math:`\sum_{i \in \Gamma} \log \mathcal N(\theta_i \mid \mu_i, \sigma_i^2)`: the
-        inactive ones are point masses at 0, whose density with respect to the counting
-        measure is 1 (the VI diagnostics pair it with the prior restricted to the same
-        subspace, as the SSVI objective does)."""
-
-        def subspace(weights, flat=None):
-            total = 0.0
-            for s in self.sites:
-                w = weights[s.name]
-                active = w.reshape(w.shape[0], -1)[:, self.active_indices(s.name)]
-                total = total + self.active_distribution(s.name).log_prob(active).sum(-1)
-            return total.detach()
-
-        return MarginalDensity(subspace, "exact")
+    def _coordinates(self, name: str, flat: torch.Tensor) -> torch.Tensor:
+        return flat[:, self.active_indices(name)]
 
     def site_parameters(self, name: str) -> dict[str, torch.Tensor]:
         """``loc`` and ``scale`` (0 off the subspace) and the ``active`` mask of a site."""

@@ -50,8 +50,7 @@ __all__ = [
     "AdditionCriterion",
     "RemovalCriterion",
     "SubspaceUpdate",
-    "check_addition",
-    "check_removal",
+    "check_criterion",
     "folded_normal_moments",
     "removal_scores",
 ]
@@ -63,21 +62,12 @@ AdditionCriterion = Literal["gradient", "random"]
 ADDITION_CRITERIA: tuple[str, ...] = get_args(AdditionCriterion)
 
 
-def check_removal(criterion: str) -> str:
-    """``criterion`` if it is a known removal criterion, else a clear ``ValueError``."""
-    if criterion not in REMOVAL_CRITERIA:
-        raise ValueError(
-            f"unknown removal criterion {criterion!r}; known: {list(REMOVAL_CRITERIA)}"
-        )
-    return criterion
-
-
-def check_addition(criterion: str) -> str:
-    """``criterion`` if it is a known addition criterion, else a clear ``ValueError``."""
-    if criterion not in ADDITION_CRITERIA:
-        raise ValueError(
-            f"unknown addition criterion {criterion!r}; known: {list(ADDITION_CRITERIA)}"
-        )
+def check_criterion(criterion: str, kind: str = "removal") -> str:
+    """``criterion`` if it is a known ``kind`` (``"removal"`` or ``"addition"``)
+    criterion, else a clear ``ValueError``."""
+    known = REMOVAL_CRITERIA if kind == "removal" else ADDITION_CRITERIA
+    if criterion not in known:
+        raise ValueError(f"unknown {kind} criterion {criterion!r}; known: {list(known)}")
     return criterion
 
 
@@ -102,16 +92,13 @@ def folded_normal_moments(
 
 
 def removal_scores(loc: torch.Tensor, scale: torch.Tensor, criterion: str) -> torch.Tensor:
-    r"""Keep-scores of coordinates with posterior :math:`\mathcal N(\mu, \sigma^2)`; the
-    lowest are removed first.
-
-    ``"mu"``: :math:`|\mu|`; ``"snr"``: :math:`|\mu|/\sigma`; ``"snr_abs_theta"``:
-    :math:`\mathbb E|\theta| / \operatorname{std}|\theta|` (folded-normal moments).
+    r"""Keep-scores (module docstring) of coordinates with posterior
+    :math:`\mathcal N(\mu, \sigma^2)`; the lowest are removed first.
 
     Raises:
         ValueError: for an unknown criterion, naming it.
     """
-    check_removal(criterion)
+    check_criterion(criterion)
     loc, scale = loc.detach(), scale.detach()
     if criterion == "mu":
         return loc.abs()
@@ -153,8 +140,8 @@ class SubspaceUpdate(Callback):
         grad_batches: int = 1,
         seed: int = 0,
     ):
-        self.removal = check_removal(removal)
-        self.addition = check_addition(addition)
+        self.removal = check_criterion(removal)
+        self.addition = check_criterion(addition, "addition")
         if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
             raise ValueError(f"update_every must be an integer >= 1, got {update_every!r}")
         if not (0.0 <= float(move_fraction) <= 1.0):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 if TYPE_CHECKING:
-    from .tying_guide import TyingGuide
+    from .assignment import TyingGuide
 
 __all__ = [
     "DRAW_BLOCK",

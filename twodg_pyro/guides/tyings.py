@@ -46,7 +46,7 @@ quadrature for ``stochastic`` and a product-of-marginals surrogate for ``tied``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal, NamedTuple, get_args
+from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
 import pyro.distributions as dist
 import torch
@@ -60,8 +60,7 @@ from .stochastic_draw import Conditional, StochasticParts, draw_stochastic
 from .stochastic_kl import expected_normal_kl
 
 if TYPE_CHECKING:
-    from .assignment import SiteIndex
-    from .tying_guide import TyingGuide
+    from .assignment import SiteIndex, TyingGuide
 
 __all__ = [
     "TYINGS",
@@ -73,7 +72,6 @@ __all__ = [
     "Tied",
     "Tying",
     "TyingName",
-    "TyingDraw",
     "normal_kl",
     "tying_named",
 ]
@@ -90,17 +88,6 @@ def normal_kl(loc: torch.Tensor, scale: torch.Tensor, prior: dist.Distribution) 
 
 
 # ------------------------------------------------------------------------ draws
-class TyingDraw(NamedTuple):
-    """What a tying's :meth:`Tying.draw` returns: the flat weights ``(S, n_w)`` (ellipse
-    weights not yet placed), the ellipse weights ``(S, n_e)`` (``None``: none), and what
-    the KL needs of the draw."""
-
-    flat: torch.Tensor
-    ellipse: torch.Tensor | None
-    component_values: torch.Tensor | None = None
-    stochastic: StochasticParts | None = None
-
-
 @dataclass
 class SharedDraw:
     """One draw of the shared-GMM guide and what its KL and densities need of it.
@@ -145,8 +132,9 @@ class Tying:
 
     def draw(
         self, guide: TyingGuide, S: int, chosen, out_scale: torch.Tensor, fast: bool
-    ) -> TyingDraw:
-        """``S`` draws of every weight (``chosen``: the ellipse weights' components)."""
+    ) -> tuple[SharedDraw, torch.Tensor | None]:
+        """``S`` draws of every weight (``chosen``: the ellipse weights' components): the
+        draw, its ellipse weights not yet placed, and those ``(S, n_e)`` (``None``: none)."""
         raise NotImplementedError
 
     def log_density(self, guide: TyingGuide, draw: SharedDraw) -> torch.Tensor:
@@ -156,7 +144,8 @@ class Tying:
     def inlier_kl(
         self, guide: TyingGuide, draw: SharedDraw, site: SiteIndex, prior, log_p_at, prior_at
     ) -> torch.Tensor:
-        """:math:`\\mathrm{KL}_{\\text{in},s}` of one site.
+        """:math:`\\mathrm{KL}_{\\text{in},s}` of one site: :meth:`normal_kl_terms` for a
+        Normal prior, else the tying's per-weight or Monte Carlo terms.
 
         Args:
             prior: the site's prior as one scalar distribution (``None``: it differs
@@ -166,6 +155,22 @@ class Tying:
             prior_at: ``prior_at(flat_index)``: a per-weight Normal prior's entries at
                 those indices as a Normal, or ``None``.
         """
+        if isinstance(prior, dist.Normal):
+            counts = guide.site_counts[site.position]
+            counts, kl_k = self.normal_kl_terms(guide, counts, prior, draw)
+            return (counts * kl_k).sum()
+        return self._other_kl(guide, draw, site, prior, log_p_at, prior_at)
+
+    def normal_kl_terms(
+        self, guide: TyingGuide, counts: torch.Tensor, prior: dist.Normal, draw: SharedDraw
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(c, kappa)``, the inliers' KL to the Normal ``prior`` being ``(c * kappa).sum()``
+        (module docstring; ``counts``: :math:`N_{k,s}` of one site ``(K,)``, or of every
+        site ``(n_sites, K)`` against a prior of batch shape ``(n_sites, 1)``)."""
+        raise NotImplementedError
+
+    def _other_kl(self, guide, draw, site, prior, log_p_at, prior_at) -> torch.Tensor:
+        """:meth:`inlier_kl` for a prior that is not one Normal."""
         raise NotImplementedError
 
     def component_marginals(self, guide: TyingGuide, nodes: int) -> ComponentMarginals:
@@ -201,7 +206,7 @@ class Representative(Tying):
         scale = torch.cat([guide.centre_sigma(), out_scale])
         return loc.index_select(0, guide.nat_index), scale.index_select(0, guide.nat_index)
 
-    def draw(self, guide, S, chosen, out_scale, fast) -> TyingDraw:
+    def draw(self, guide, S, chosen, out_scale, fast):
         n_w = guide.nat_index.numel()
         dev = guide.centre_mu.device
         loc, scale = self.normals(guide, out_scale)
@@ -215,7 +220,7 @@ class Representative(Tying):
                 guide.centre_sigma().index_select(0, c),
                 torch.randn(c.numel(), device=dev, dtype=loc.dtype),
             ).view(chosen.shape)
-        return TyingDraw(flat, ell)
+        return SharedDraw(flat, chosen), ell
 
     def log_density(self, guide, draw) -> torch.Tensor:
         r""":math:`\log\mathcal N(w_i; \mu_i, \sigma_i^2)` with the parameters of the
@@ -234,10 +239,10 @@ class Representative(Tying):
             )
         return dist.Normal(loc, scale, validate_args=False).log_prob(flat)
 
-    def inlier_kl(self, guide, draw, site, prior, log_p_at, prior_at) -> torch.Tensor:
-        if isinstance(prior, dist.Normal):
-            kl_k = normal_kl(guide.centre_mu, guide.centre_sigma(), prior)
-            return (guide.site_counts[site.position] * kl_k).sum()
+    def normal_kl_terms(self, guide, counts, prior, draw):
+        return counts, normal_kl(guide.centre_mu, guide.centre_sigma(), prior)
+
+    def _other_kl(self, guide, draw, site, prior, log_p_at, prior_at) -> torch.Tensor:
         if prior_at is not None:  # per-weight Normal prior: the same bound, weight by weight
             return self._per_weight_kl(guide, site, prior_at)
         comps = guide.plain_component[site.plain]
@@ -281,9 +286,9 @@ class Stochastic(Tying):
     name = "stochastic"
     trains_covariances = True
 
-    def draw(self, guide, S, chosen, out_scale, fast) -> TyingDraw:
+    def draw(self, guide, S, chosen, out_scale, fast):
         flat, ell, parts = draw_stochastic(guide, S, chosen, out_scale, fast)
-        return TyingDraw(flat, ell, stochastic=parts)
+        return SharedDraw(flat, chosen, stochastic=parts), ell
 
     def conditional(self, guide, draw: SharedDraw) -> Conditional:
         r"""``(c, v, sigma~)``, each ``(S, n_w)``, of ``draw``: the mean and variance of
@@ -321,9 +326,10 @@ class Stochastic(Tying):
         mu = torch.where(pos, mu, c)
         return dist.Normal(mu, sig, validate_args=False).log_prob(flat)
 
-    def inlier_kl(self, guide, draw, site, prior, log_p_at, prior_at) -> torch.Tensor:
-        if isinstance(prior, dist.Normal):  # the exact expectation over (mu~, sigma~)
-            return (guide.site_counts[site.position] * self.expected_kl(guide, draw, prior)).sum()
+    def normal_kl_terms(self, guide, counts, prior, draw):
+        return counts, self.expected_kl(guide, draw, prior)  # exact, over (mu~, sigma~)
+
+    def _other_kl(self, guide, draw, site, prior, log_p_at, prior_at) -> torch.Tensor:
         idx = self._inlier_indices(guide, site)
         loc, scale = self._loc_scale(guide, draw, idx)
         return self._estimate(draw, idx, loc, scale, prior, log_p_at)
@@ -370,7 +376,7 @@ class Tied(Tying):
     name = "tied"
     trains_covariances = True
 
-    def draw(self, guide, S, chosen, out_scale, fast) -> TyingDraw:
+    def draw(self, guide, S, chosen, out_scale, fast):
         dev = guide.centre_mu.device
         L = guide.cholesky()
         z = guide.centres() + (
@@ -385,7 +391,7 @@ class Tied(Tying):
         table = torch.cat([z0, w_out], 1)
         flat = gather_rows(table, guide.nat_index)
         ell = z0.gather(1, chosen) if chosen is not None else None
-        return TyingDraw(flat, ell, component_values=z0)
+        return SharedDraw(flat, chosen, component_values=z0), ell
 
     def log_density(self, guide, draw) -> torch.Tensor:
         """None: raises :class:`~twodg_pyro.guide.NoSiteDensityError`."""
@@ -398,18 +404,24 @@ class Tied(Tying):
             "guide's own KL terms (guide.site_kl); Predictive and poutine.trace work"
         )
 
-    def inlier_kl(self, guide, draw, site, prior, log_p_at, prior_at) -> torch.Tensor:
+    @staticmethod
+    def _sd(guide) -> torch.Tensor:
+        """The sd :math:`\\sqrt{S_{k,00}}` of each component's :math:`z_{k,0}`."""
+        return guide.covariances()[:, 0, 0].clamp_min(1e-30).sqrt()
+
+    def normal_kl_terms(self, guide, counts, prior, draw):
         """One term per component, shared among the sites it spans."""
+        frac = counts / guide.component_counts().clamp_min(1e-12)
+        return frac, normal_kl(guide.centre_mu, self._sd(guide), prior)
+
+    def _other_kl(self, guide, draw, site, prior, log_p_at, prior_at) -> torch.Tensor:
         if prior is None:
             raise ValueError(
                 f"tied tying needs a prior that is the same for every weight of site "
                 f"{site.layout.name!r}; got a per-weight prior"
             )
-        counts = guide.site_counts[site.position]
-        frac = counts / guide.component_counts().clamp_min(1e-12)
-        sd = guide.covariances()[:, 0, 0].clamp_min(1e-30).sqrt()
-        if isinstance(prior, dist.Normal):
-            return (frac * normal_kl(guide.centre_mu, sd, prior)).sum()
+        frac = guide.site_counts[site.position] / guide.component_counts().clamp_min(1e-12)
+        sd = self._sd(guide)
         z0 = draw.component_values[0]
         log_q = dist.Normal(guide.centre_mu, sd, validate_args=False).log_prob(z0)
         return (frac * (log_q - prior.log_prob(z0))).sum()

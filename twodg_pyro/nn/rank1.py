@@ -28,7 +28,6 @@ selected modules for the rank-1 forward inside a ``with`` block only.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -38,6 +37,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .sites import _matches
 
 __all__ = [
     "RANK1_LAYER_TYPES",
@@ -100,9 +101,7 @@ def find_rank1_layers(
         if not isinstance(module, layer_types) or not isinstance(module, RANK1_LAYER_TYPES):
             continue
         wname = f"{name}.weight" if name else "weight"
-        if include is not None and not any(fnmatch.fnmatchcase(wname, p) for p in include):
-            continue
-        if any(fnmatch.fnmatchcase(wname, p) for p in exclude):
+        if (include is not None and not _matches(wname, include)) or _matches(wname, exclude):
             continue
         if isinstance(module, nn.Linear):
             n_in, n_out = module.in_features, module.out_features
