@@ -17,7 +17,8 @@ The guides' marginal densities that :math:`\\log q` needs are in
 """
 
 from ..guides.marginal_density import guide_log_q
-from ._arviz import ARVIZ_MAJOR, ARVIZ_VERSION, DATATREE, group, group_names
+from ._arviz import ARVIZ_MAJOR, ARVIZ_VERSION, DATATREE, group, group_names, loo_data, summary
+from ._draws import log_prior
 from .arviz_export import (
     DEFAULT_MAX_SITE_VALUES,
     SHARING_GROUP,
@@ -34,15 +35,13 @@ from .arviz_stats import (
     khat_threshold,
     load_inference_data,
     loo,
-    loo_data,
     save_inference_data,
     stacking_weights,
-    summary,
 )
 from .blocks import Block, block_khat, default_blocks
 from .plots import plot_elbo_terms, plot_merges, plot_reliability, plot_sharing_plane
 from .posterior_plots import plot_class_ppc, plot_component_forest, plot_weight_pairs
-from .vi import khat_assessment, log_prior, vi_diagnostics
+from .vi import khat_assessment, vi_diagnostics
 
 __all__ = [
     "ARVIZ_MAJOR",

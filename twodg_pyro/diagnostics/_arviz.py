@@ -5,17 +5,7 @@ run's draws in an :class:`xarray.DataTree`; ArviZ 0.x (0.23, the last of its lin
 all that Python 3.11 can install) in an ``arviz.InferenceData``.  Both are called a
 *tree* below.  Every function here takes and returns the same Python types on both
 majors (NumPy arrays, :class:`xarray.Dataset`, pandas frames, matplotlib figures), so
-the rest of :mod:`twodg_pyro.diagnostics` never branches on the version:
-
-* :func:`build_tree`, :func:`group`, :func:`group_names`, :func:`set_attrs` -- the tree;
-* :func:`psislw` -- Pareto-smoothed importance sampling of log ratios (rows that cannot
-  be fitted are handled here, identically on both majors);
-* :func:`elpd_loo`, :func:`elpd_fields`, :func:`compare_table` -- PSIS-LOO and the
-  comparison table (``arviz_stats.loo`` / ``compare`` on 1.x, ``az.loo`` /
-  ``az.compare`` on 0.x);
-* :func:`summary`, :func:`to_netcdf`, :func:`from_netcdf`;
-* :func:`plot_forest`, :func:`plot_pair`, :func:`plot_discrete_ppc` -- matplotlib figures
-  (``arviz_plots`` with its matplotlib backend on 1.x, ``az.plot_*`` on 0.x).
+the rest of :mod:`twodg_pyro.diagnostics` never branches on the version.
 """
 
 from __future__ import annotations
@@ -28,6 +18,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import xarray as xr
+from scipy.special import log_softmax
 
 
 def _major() -> int:
@@ -56,28 +47,6 @@ else:
         warnings.simplefilter("ignore", FutureWarning)
         import arviz as az
     ARVIZ_VERSION = az.__version__
-
-__all__ = [
-    "ARVIZ_MAJOR",
-    "ARVIZ_VERSION",
-    "DATATREE",
-    "SAMPLE_DIMS",
-    "build_tree",
-    "compare_table",
-    "elpd_fields",
-    "elpd_loo",
-    "from_netcdf",
-    "group",
-    "group_names",
-    "plot_discrete_ppc",
-    "plot_forest",
-    "plot_pair",
-    "psislw",
-    "quiet",
-    "set_attrs",
-    "summary",
-    "to_netcdf",
-]
 
 
 @contextmanager
@@ -118,8 +87,8 @@ def build_tree(
 ):
     """A tree of ``groups`` (``{group: {variable: array}}``); the groups in ``sampled``
     have leading ``(chain, draw)`` axes, the others none.  ``coords`` are shared (a
-    group's entry in ``group_coords`` overrides them), ``attrs`` go on every group and on
-    the root."""
+    group's entry in ``group_coords`` overrides them), ``attrs`` go on every group (ArviZ
+    readers look at the group's) and on the root."""
     group_coords = group_coords or {}
     with quiet():
         data = {
@@ -133,7 +102,6 @@ def build_tree(
             tree.attrs = dict(attrs)
         else:
             tree = az.InferenceData(attrs=dict(attrs), warn_on_custom_groups=False, **data)
-    set_attrs(tree, attrs)
     return tree
 
 
@@ -149,22 +117,7 @@ def group(tree, name: str) -> xr.Dataset | None:
     return tree[name].to_dataset() if DATATREE else getattr(tree, name)
 
 
-def set_attrs(tree, attrs: dict) -> None:
-    """Put ``attrs`` on every group of the tree (ArviZ readers look at the group's)."""
-    for name in group_names(tree):
-        (tree[name] if DATATREE else getattr(tree, name)).attrs.update(attrs)
-
-
 # ---------------------------------------------------------------------------- PSIS
-def _tail_length(n: int) -> int:
-    return math.ceil(min(0.2 * n, 3 * math.sqrt(n)))
-
-
-def _raw(log_ratios: np.ndarray) -> np.ndarray:
-    m = log_ratios.max(-1, keepdims=True)
-    return log_ratios - m - np.log(np.exp(log_ratios - m).sum(-1, keepdims=True))
-
-
 def _psis_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if DATATREE:
         return array_stats.psislw(-rows, r_eff=1.0, axis=-1)  # it smooths the negated input
@@ -189,11 +142,11 @@ def psislw(log_ratios) -> tuple[np.ndarray, np.ndarray]:
     r = np.asarray(log_ratios, dtype=np.float64)
     flat = r.reshape(-1, r.shape[-1])
     n = flat.shape[1]
-    lw, khat = _raw(flat), np.full(flat.shape[0], np.nan)
+    lw, khat = log_softmax(flat, axis=-1), np.full(flat.shape[0], np.nan)
     varying = ~np.all(flat == flat[:, :1], axis=1)
     if n < 1 or not varying.any():
         pass
-    elif _tail_length(n) < 5:
+    elif math.ceil(min(0.2 * n, 3 * math.sqrt(n))) < 5:  # PSIS's tail length
         khat[varying] = np.inf
     else:
         rows = np.flatnonzero(varying)
@@ -212,11 +165,12 @@ def psislw(log_ratios) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------- PSIS-LOO
-def elpd_loo(tree, var_name: str = "y"):
-    """ArviZ's PSIS-LOO object (1.x ``ELPDDataLOO``, 0.x ``ELPDData``) of ``var_name`` in
-    the ``log_likelihood`` group, ``reff = 1`` (independent draws), with the pointwise
-    values, and the :math:`\\hat k` of :func:`psislw` (NaN for an observation whose
-    log-likelihood is the same in every draw)."""
+def loo_data(tree, var_name: str = "y"):
+    """ArviZ's own PSIS-LOO object (1.x ``ELPDDataLOO``, 0.x ``ELPDData``) of ``var_name``
+    in the tree's ``log_likelihood`` group (``reff = 1``: independent draws; pointwise),
+    with the :math:`\\hat k` of :func:`psislw` (NaN for an observation whose
+    log-likelihood is the same in every draw), for ``compare`` and ArviZ's plots
+    (``plot_khat``)."""
     ll = group(tree, "log_likelihood")[var_name]
     obs_dims = [d for d in ll.dims if d not in SAMPLE_DIMS]
     ll = ll.transpose(*obs_dims, *SAMPLE_DIMS)
@@ -272,9 +226,13 @@ def compare_table(elpds: dict):
         return az.compare(elpds, ic="loo", method="pseudo-BMA")
 
 
-# ---------------------------------------------------------------------------- summaries, files
+# ---------------------------------------------------------------------------- summaries, file
 def summary(tree, var_names: list[str] | None = None, **kwargs):
-    """``arviz_stats.summary`` / ``az.summary`` (a pandas ``DataFrame`` of plain numbers)."""
+    """ArviZ's posterior summary of the tree (``arviz_stats.summary`` / ``az.summary``: a
+    pandas ``DataFrame`` of plain numbers, one row per value, ``mean``, ``sd``, the
+    credible interval and, with the default ``kind``, ``ess_bulk``, ``ess_tail``,
+    ``r_hat`` (NaN: one chain)).  ``kwargs`` go to ArviZ (``kind="stats"``: moments and
+    interval only, fast)."""
     with quiet():
         if DATATREE:
             kwargs.setdefault("round_to", "none")
@@ -282,26 +240,12 @@ def summary(tree, var_names: list[str] | None = None, **kwargs):
         return az.summary(tree, var_names=var_names, **kwargs)
 
 
-def to_netcdf(tree, path: str, engine: str) -> None:
-    """Write the tree to one netCDF4 file (one HDF5 group per tree group)."""
-    try:
-        tree.to_netcdf(path, engine=engine)
-    except ImportError as e:  # ArviZ 1.x does not depend on a netCDF4 writer
-        raise ImportError(
-            f"writing a netCDF4 file needs h5netcdf and h5py (pip install h5netcdf h5py): {e}"
-        ) from e
-
-
 def from_netcdf(path: str, engine: str):
-    """Read a file of :func:`to_netcdf` fully into memory."""
+    """Read a netCDF4 file of a tree fully into memory."""
     with quiet():
-        tree = (
-            xr.open_datatree(path, engine=engine)
-            if DATATREE
-            else az.from_netcdf(path, engine=engine)
-        )
-    if DATATREE:
-        return tree.load()
+        if DATATREE:
+            return xr.open_datatree(path, engine=engine).load()
+        tree = az.from_netcdf(path, engine=engine)
     for name in tree.groups():
         getattr(tree, name).load()
     return tree
@@ -314,9 +258,9 @@ def _figure_of(result):
     return np.atleast_1d(result).ravel()[0].figure
 
 
-def _plot(kind: str, tree, var_names: list[str], coords: dict | None, **legacy):
-    """``arviz_plots.plot_<kind>`` (matplotlib backend) on 1.x, ``az.plot_<kind>`` with
-    ``legacy`` options on 0.x: the figure."""
+def plot(kind: str, tree, var_names: list[str], coords: dict | None = None, **legacy):
+    """The matplotlib figure of ``arviz_plots.plot_<kind>`` (matplotlib backend) on 1.x,
+    of ``az.plot_<kind>`` with the ``legacy`` options on 0.x (``forest``, ``pair``, ...)."""
     with quiet():
         if DATATREE:
             import arviz_plots
@@ -327,16 +271,6 @@ def _plot(kind: str, tree, var_names: list[str], coords: dict | None, **legacy):
         else:
             pc = getattr(az, f"plot_{kind}")(tree, var_names=var_names, coords=coords, **legacy)
     return _figure_of(pc)
-
-
-def plot_forest(tree, var_names: list[str], coords: dict | None = None):
-    """Forest plot (credible intervals) of posterior variables: a matplotlib figure."""
-    return _plot("forest", tree, var_names, coords, combined=True)
-
-
-def plot_pair(tree, var_names: list[str], coords: dict | None = None):
-    """Pair plot (scatter matrix of the draws) of a few posterior values: a figure."""
-    return _plot("pair", tree, var_names, coords, marginals=True)
 
 
 def plot_discrete_ppc(tree, var_name: str = "y", num_samples: int = 50, seed: int = 0):

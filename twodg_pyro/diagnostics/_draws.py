@@ -1,6 +1,6 @@
-r"""What the ArviZ export and the VI diagnostics share: the data batches and the per-draw
-log-likelihood, computed stably (the draws are the guide's,
-:meth:`~twodg_pyro.guide.BNNGuide.draw`, those of a seeded prediction).
+r"""What the ArviZ export and the VI diagnostics share: the data batches, the per-draw
+log-likelihood, computed stably, and the model's joint log density (the draws are the
+guide's, :meth:`~twodg_pyro.guide.BNNGuide.draw`, those of a seeded prediction).
 
 **Log-likelihood, stably.**  A confident prediction's log-likelihood is a tiny
 negative number, :math:`\log p_y = -\log(1 + \sum_{j \ne y} e^{f_j - f_y})`.  Computed as
@@ -25,6 +25,21 @@ rows of the factor sites), and its predictive is the equal-weight mixture of the
 components, :math:`p(y \mid x, w) = \frac1M \sum_m p(y \mid x, w_m)` (what
 :func:`~twodg_pyro.prediction.predict` averages); its log is a log-sum-exp over the
 components, also in float64.
+
+**The joint density** of guide draws, :math:`\log p(w, \mathcal D) = \log p(w) +
+\log p(\mathcal D \mid w)`: the numerator of the importance ratios :math:`p/q` of the VI
+diagnostics (:mod:`.vi`, :mod:`.blocks`) and the ``log_p`` of the export's
+``sample_stats`` (:mod:`.arviz_export`).
+
+* :math:`\log p(w)`: the model's prior at every site (:func:`log_prior`); for an
+  :class:`~twodg_pyro.guides.SSVIGuide` the prior restricted to its active subspace
+  :math:`\Gamma`, :math:`p_\Gamma(w) = \prod_{i \in \Gamma} p(w_i)` (its :math:`q` is a
+  point mass at 0 elsewhere), as the SSVI objective's KL does.
+* :math:`\log p(\mathcal D \mid w)`: the float64 log-likelihood above, summed over the
+  ``n`` examples given and scaled by :math:`N / n`, with :math:`N` the model's data-set
+  size (the scale of the model's own ELBO): exact on the whole training set, an unbiased
+  estimate on a subset.  A rank-1 BNN's likelihood is the equal-weight mixture of its
+  ``M`` components.
 """
 
 from __future__ import annotations
@@ -34,40 +49,17 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+from pyro.infer.autoguide import AutoGuide
 from torch.func import vmap
 
-from ..evaluation import SAMPLE_CHUNK, seeded
+from ..evaluation import SAMPLE_CHUNK
 from ..guide import BNNGuide
-from ._arviz import quiet
-
-__all__ = [
-    "SAMPLE_CHUNK",
-    "batches",
-    "categorical_log_prob",
-    "check_guide",
-    "chunks",
-    "count_examples",
-    "forward",
-    "log_likelihood",
-    "n_examples",
-    "quiet",
-    "seeded",
-    "subset",
-    "to_numpy",
-]
+from ..likelihoods import Categorical
 
 
 def check_guide(guide, what: str) -> None:
-    """Refuse a guide ``what`` cannot use, in one line saying what to use instead.
-
-    Raises:
-        TypeError: a Pyro autoguide (``AutoNormal``, ``AutoLowRankMultivariateNormal``,
-            ...) or any guide without ``sample_weights`` and ``sites``.
-    """
-    try:
-        from pyro.infer.autoguide import AutoGuide
-    except ImportError:  # pragma: no cover
-        AutoGuide = ()  # noqa: N806
+    """Refuse (``TypeError``) a guide ``what`` cannot use -- a Pyro autoguide, or anything
+    but a :class:`~twodg_pyro.guide.BNNGuide` -- in one line saying what to use instead."""
     if isinstance(guide, AutoGuide):
         raise TypeError(
             f"{what} does not take a Pyro autoguide ({type(guide).__name__}): it reads a "
@@ -188,8 +180,6 @@ def log_likelihood(
     r"""Per-example :math:`\log p(y \mid f)` in float64 of network ``outputs`` with
     ``particle_dims`` leading dimensions (draws, and a rank-1 BNN's components):
     ``(*particles, B)``."""
-    from ..likelihoods import Categorical
-
     if isinstance(likelihood, Categorical):
         return categorical_log_prob(outputs, y)
     f = outputs.to(torch.float64)
@@ -198,11 +188,7 @@ def log_likelihood(
 
 
 def chunks(total: int, size: int = SAMPLE_CHUNK) -> Iterator[int]:
-    done = 0
-    while done < total:
-        s = min(size, total - done)
-        yield s
-        done += s
+    return (min(size, total - done) for done in range(0, total, size))
 
 
 def subset(n: int, k: int, seed: int, salt: int = 0) -> torch.Tensor:
@@ -213,3 +199,48 @@ def subset(n: int, k: int, seed: int, salt: int = 0) -> torch.Tensor:
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
+
+
+# ---------------------------------------------------------------------------- the joint density
+def log_prior(model, guide, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    r""":math:`\log p(w)` per draw ``(S,)`` for draws ``{site: (S, *shape)}``; for an
+    :class:`~twodg_pyro.guides.SSVIGuide` the prior restricted to its active subspace."""
+    from ..guides.ssvi import SSVIGuide, _unwrap
+
+    total = 0.0
+    for site in model.sites:
+        d = model.prior_distribution(site)
+        w = weights[site.name]
+        if isinstance(guide, SSVIGuide):
+            elementwise = _unwrap(d).log_prob(w).expand(w.shape).reshape(w.shape[0], -1)
+            total = total + elementwise[:, guide.active_indices(site.name)].sum(-1)
+        else:
+            total = total + d.log_prob(w)
+    return total
+
+
+def target(model, guide) -> str:
+    """The joint density the ratios' numerator is, in words."""
+    from ..guides.ssvi import SSVIGuide
+
+    if int(model.output_components) > 1:
+        return "p(w) prod_n (1/M) sum_m p(y_n | x_n, w_m): the M-component ensemble"
+    if isinstance(guide, SSVIGuide):
+        return "p_Gamma(w) prod_n p(y_n | x_n, w): the prior restricted to the active subspace"
+    return "p(w) prod_n p(y_n | x_n, w)"
+
+
+def likelihood_scale(model, batch_list) -> float:
+    """:math:`N / n`: the model's data-set size over the examples in ``batch_list``."""
+    return float(model.likelihood.dataset_size) / n_examples(batch_list)
+
+
+def log_joint(
+    model, guide, weights: dict[str, torch.Tensor], batch_list, device, scale: float, ll=None
+) -> torch.Tensor:
+    r""":math:`\log p(w) + s \sum_n \log p(y_n \mid x_n, w)` per draw, float64 ``(S,)``
+    (``ll``: the per-example log-likelihood ``(S, n)`` of these draws, when known)."""
+    if ll is None:
+        ll, _ = forward(model, weights, batch_list, device, outputs=False)
+    prior = log_prior(model, guide, weights).to(torch.float64)
+    return prior + float(scale) * ll.to(prior.device).sum(1)

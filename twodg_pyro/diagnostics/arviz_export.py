@@ -44,14 +44,14 @@ Groups (``N`` exported examples, ``C`` classes):
     :func:`~twodg_pyro.guides.marginal_density.guide_log_q`; attributes ``log_q_method``
     and ``log_q_exact``: the ``tied`` tying's is a surrogate), ``log_prior``
     :math:`\log p(w^{(s)})` and ``log_p`` :math:`\log p(w^{(s)}) + \frac{N}{n}\sum_n \log
-    p(y_n \mid x_n, w^{(s)})`, the model's joint density (:mod:`._joint`) over
+    p(y_n \mid x_n, w^{(s)})`, the model's joint density (:mod:`._draws`) over
     ``train_data`` when given, else over the exported examples (attributes
     ``log_p_data``, ``log_p_examples``, ``loglik_scale``).  ``log_p - log_q`` are the
     importance ratios of the PSIS diagnostic of VI; with the exported examples being the
     training set, ``arviz_stats.loo_approximate_posterior(tree, log_p, log_q)`` is the
     approximate-posterior PSIS-LOO of Magnusson et al. (2019).
 ``sharing`` (shared-GMM guides)
-    the sharing structure (:func:`._sharing_group.sharing_group`): the component
+    the sharing structure (:func:`._sites.sharing_group`): the component
     parameters ``centre``, ``covariance``, ``component_count``; each weight's assignment
     ``<site>.kind`` (0 outlier, 1 plain inlier, 2 ellipse weight) and ``<site>.component``
     at the exported coordinates; the outlier set ``outlier_loc``/``outlier_scale`` (its
@@ -79,43 +79,39 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyro
 import torch
 from tqdm.auto import tqdm
 
+from .._version import __version__
+from ..evaluation import SAMPLE_CHUNK, seeded
 from ..guide import SharingGuide
 from ..guides.marginal_density import LOG_Q_METHODS, log_q_fn
+from ..likelihoods import Categorical
 from ..prediction import _device_of
 from . import _arviz as A
 from ._draws import (
-    SAMPLE_CHUNK,
     batches,
     check_guide,
     chunks,
     count_examples,
     forward,
+    likelihood_scale,
+    log_prior,
     n_examples,
-    seeded,
     to_numpy,
 )
-from ._joint import likelihood_scale, log_prior
-from ._sharing_group import (
+from ._sites import (
     KIND_CODES,
     component_representatives,
+    gather_flat,
     guide_constants,
+    method_of,
     sharing_group,
+    site_dims,
+    take,
+    thinned_coordinates,
 )
-from ._sites import gather_flat, method_of, site_dims, take, thinned_coordinates
-
-__all__ = [
-    "DEFAULT_MAX_SITE_VALUES",
-    "LOG_LIKELIHOOD_GRID",
-    "SHARING_GROUP",
-    "method_of",
-    "site_dims",
-    "thinned_coordinates",
-    "to_datatree",
-    "to_inference_data",
-]
 
 #: Values per site exported by default (see "Thinning" in the module docstring).
 DEFAULT_MAX_SITE_VALUES = 10_000
@@ -124,12 +120,6 @@ SHARING_GROUP = "sharing"
 #: The grid (nats) the exported log-likelihood is stored on: 2**-50, about 8.9e-16.
 LOG_LIKELIHOOD_GRID = 2.0**-50
 _SAMPLED = {"posterior", "posterior_predictive", "log_likelihood", "sample_stats"}
-
-
-def _is_categorical(model) -> bool:
-    from ..likelihoods import Categorical
-
-    return isinstance(model.likelihood, Categorical)
 
 
 def _netcdf_attr(v):
@@ -213,7 +203,7 @@ def to_inference_data(
     log_q, q_method = log_q_fn(guide, quadrature_nodes)
     labels = torch.cat([yb.cpu() for _, yb in data_batches])
     components = int(model.output_components)
-    is_cat = _is_categorical(model)
+    is_cat = isinstance(model.likelihood, Categorical)
     grids = {
         s.name: thinned_coordinates(s.shape, max_site_values, seed, salt=i)
         for i, s in enumerate(guide.sites)
@@ -226,7 +216,7 @@ def to_inference_data(
     stats: dict[str, list[torch.Tensor]] = {"log_p": [], "log_q": [], "log_prior": []}
     bar = tqdm(total=S, desc="export", unit="draw", disable=not progress, leave=False)
     with bar, seeded(seed, device):
-        for s in chunks(S, SAMPLE_CHUNK):
+        for s in chunks(S):
             sample = guide.draw(s)
             weights = sample.weights
             for site in guide.sites:
@@ -287,47 +277,16 @@ def to_inference_data(
     ll = _on_grid(torch.cat(ll_draws).to(torch.float64))
     groups["log_likelihood"] = {"y": to_numpy(ll)[None]}
     groups["observed_data"] = {"y": to_numpy(labels)}
-    constant = {"example_index": to_numpy(example_index)}
     dims["example_index"] = ["obs"]
-    constant.update(guide_constants(guide, grids, dims))
-    groups["constant_data"] = constant
+    constant = guide_constants(guide, grids, dims)
+    groups["constant_data"] = {"example_index": to_numpy(example_index), **constant}
     groups["sample_stats"] = {k: to_numpy(torch.cat(v))[None] for k, v in stats.items()}
     if structure is not None:
         groups[SHARING_GROUP] = sharing_group(
             guide, structure, grids, dims, coords, max_site_values, seed
         )
 
-    meta = _metadata(guide, method, seed, S, labels, n_total, max_site_values, thinned)
-    meta.update(
-        log_q_method=q_method,
-        log_q_exact=LOG_Q_METHODS.get(q_method, False),
-        log_p_data="exported examples" if p_batches is data_batches else "train_data",
-        log_p_examples=n_examples(p_batches),
-        loglik_scale=scale,
-    )
-    if structure is not None:
-        meta.update(
-            tying=guide.tying,
-            coordinates=structure.coordinates,
-            counts=json.dumps(structure.counts()),
-            weight_kind_codes=json.dumps(KIND_CODES),
-        )
-    if components > 1:
-        meta["output_components"] = components
-    attrs = {k: _netcdf_attr(v) for k, v in meta.items()}
-    return A.build_tree(groups, _SAMPLED, coords, dims, attrs, group_coords)
-
-
-#: ArviZ 1.x's name for what the function returns.
-to_datatree = to_inference_data
-
-
-def _metadata(guide, method, seed, S, labels, n_total, max_site_values, thinned) -> dict:
-    import pyro
-
-    from .._version import __version__
-
-    return {
+    meta = {
         "inference_library": "pyro",
         "inference_library_version": pyro.__version__,
         "creation_library": "twodg_pyro",
@@ -344,7 +303,27 @@ def _metadata(guide, method, seed, S, labels, n_total, max_site_values, thinned)
         "max_site_values": -1 if max_site_values is None else int(max_site_values),
         "thinned_sites": json.dumps(thinned),
         "sites": json.dumps([s.name for s in guide.sites]),
+        "log_q_method": q_method,
+        "log_q_exact": LOG_Q_METHODS.get(q_method, False),
+        "log_p_data": "exported examples" if p_batches is data_batches else "train_data",
+        "log_p_examples": n_examples(p_batches),
+        "loglik_scale": scale,
     }
+    if structure is not None:
+        meta.update(
+            tying=guide.tying,
+            coordinates=structure.coordinates,
+            counts=json.dumps(structure.counts()),
+            weight_kind_codes=json.dumps(KIND_CODES),
+        )
+    if components > 1:
+        meta["output_components"] = components
+    attrs = {k: _netcdf_attr(v) for k, v in meta.items()}
+    return A.build_tree(groups, _SAMPLED, coords, dims, attrs, group_coords)
+
+
+#: ArviZ 1.x's name for what the function returns.
+to_datatree = to_inference_data
 
 
 def _on_grid(ll: torch.Tensor) -> torch.Tensor:

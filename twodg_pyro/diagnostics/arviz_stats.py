@@ -39,20 +39,7 @@ import numpy as np
 
 from ..files.atomic import atomic_write
 from . import _arviz as A
-
-__all__ = [
-    "NETCDF_ENGINE",
-    "class_probabilities",
-    "compare",
-    "khat_threshold",
-    "load_inference_data",
-    "loo",
-    "loo_data",
-    "psislw",
-    "save_inference_data",
-    "stacking_weights",
-    "summary",
-]
+from ._arviz import loo_data
 
 #: netCDF backend of :func:`save_inference_data` (netCDF4/HDF5: a tree's groups need it).
 NETCDF_ENGINE = "h5netcdf"
@@ -90,13 +77,6 @@ def psislw(log_ratios, reff: float = 1.0) -> tuple[np.ndarray, float]:
 
 
 # ---------------------------------------------------------------------------- PSIS-LOO
-def loo_data(tree):
-    """ArviZ's own PSIS-LOO object of the tree's ``log_likelihood`` ``y`` (1.x
-    ``ELPDDataLOO``, 0.x ``ELPDData``; ``reff = 1``, pointwise), for ``compare`` and
-    ArviZ's plots (``plot_khat``)."""
-    return A.elpd_loo(tree)
-
-
 def loo(tree, pointwise: bool = False) -> dict:
     r"""PSIS-LOO of the tree (module docstring), as plain numbers.
 
@@ -194,14 +174,6 @@ def compare(trees: dict):
     return table
 
 
-def summary(tree, var_names: list[str] | None = None, **kwargs):
-    """ArviZ's posterior summary of the tree (``arviz_stats.summary`` / ``az.summary``: a
-    pandas ``DataFrame``, one row per value, ``mean``, ``sd``, the credible interval and,
-    with the default ``kind``, ``ess_bulk``, ``ess_tail``, ``r_hat`` (NaN: one chain)).
-    ``kwargs`` go to ArviZ (``kind="stats"``: moments and interval only, fast)."""
-    return A.summary(tree, var_names=var_names, **kwargs)
-
-
 # ---------------------------------------------------------------------------- files
 def save_inference_data(tree, path: str | os.PathLike) -> Path:
     """Write an exported tree as netCDF4 (``h5netcdf``) atomically: a temporary file in
@@ -211,8 +183,13 @@ def save_inference_data(tree, path: str | os.PathLike) -> Path:
     # h5py crashes the process when the disk fills mid-write: refuse before writing when
     # the free space cannot hold the data (plus room for the file's own structure)
     size = sum(int(A.group(tree, name).nbytes) for name in A.group_names(tree))
-    write = lambda tmp: A.to_netcdf(tree, str(tmp), NETCDF_ENGINE)  # noqa: E731
-    atomic_write(path, write, size_hint=size + 256 * 1024)
+    write = lambda tmp: tree.to_netcdf(str(tmp), engine=NETCDF_ENGINE)  # noqa: E731
+    try:
+        atomic_write(path, write, size_hint=size + 256 * 1024)
+    except ImportError as e:  # ArviZ 1.x does not depend on a netCDF4 writer
+        raise ImportError(
+            f"writing a netCDF4 file needs h5netcdf and h5py (pip install h5netcdf h5py): {e}"
+        ) from e
     return path
 
 

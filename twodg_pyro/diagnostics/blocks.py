@@ -22,7 +22,7 @@ marginal density (:func:`~twodg_pyro.guides.marginal_density.guide_log_q`) serve
 ``tied`` tying shares one value :math:`z_k` per component *across layers*: its layer
 blocks have no conditional density and are skipped (``skipped`` says why), its
 component block is :math:`z_{k,0}` itself (one dimension, :math:`q = \mathcal N(m_{k,0},
-S_{k,00})`), its outlier block is exact.  :math:`\log p` is :mod:`._joint`'s (prior plus
+S_{k,00})`), its outlier block is exact.  :math:`\log p` is :mod:`._draws`' (prior plus
 the float64 log-likelihood of the training data, scaled by :math:`N/n` on a subset).
 
 Each block's :math:`\hat k` is read against :func:`~.arviz_stats.khat_threshold`
@@ -41,15 +41,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..evaluation import seeded
 from ..guide import SharingGuide
 from ..guides.marginal_density import component_marginals, log_q_fn
-from ._draws import SAMPLE_CHUNK, chunks, n_examples, seeded
-from ._joint import likelihood_scale, log_joint
+from ._draws import chunks, likelihood_scale, log_joint, n_examples
 from ._sites import gather_flat
-from .arviz_stats import khat_threshold, psislw
-from .vi import khat_assessment, khat_inputs
-
-__all__ = ["Block", "DEFAULT_MAX_COMPONENTS", "block_khat", "default_blocks"]
+from .arviz_stats import khat_threshold
+from .vi import khat_inputs, khat_row
 
 #: Component blocks of :func:`default_blocks`: the largest components, by plain inliers.
 DEFAULT_MAX_COMPONENTS = 8
@@ -167,13 +165,13 @@ def block_khat(
 
     mean = {s.name: 0.0 for s in guide.sites}  # pass 1: the reference point
     with seeded(seed, device):
-        for s in chunks(S, SAMPLE_CHUNK):
+        for s in chunks(S):
             w = guide.draw(s).weights
             mean = {k: mean[k] + w[k].sum(0) / S for k in mean}
     ratios: dict[str, list[torch.Tensor]] = {b.name: [] for b in active}
     bar = tqdm(total=S, desc="block k-hat", unit="draw", disable=not progress, leave=False)
     with bar, seeded(seed, device):  # pass 2: the same draws, one hybrid per block
-        for s in chunks(S, SAMPLE_CHUNK):
+        for s in chunks(S):
             w = guide.draw(s).weights
             for b in active:
                 h = _hybrid(mean, w, guide.sites, b.index)
@@ -207,16 +205,7 @@ def block_khat(
                 {**row, "skipped": f"{int((~np.isfinite(log_r)).sum())} log ratios not finite"}
             )
             continue
-        lw, khat = psislw(log_r)
-        rows.append(
-            {
-                **row,
-                "khat": khat,
-                "khat_assessment": khat_assessment(khat, S),
-                "ess": float(1.0 / np.exp(np.logaddexp.reduce(2 * lw))),
-                "log_ratio_sd": float(log_r.std()),
-            }
-        )
+        rows.append({**row, **khat_row(log_r)})
     return {
         "blocks": rows,
         "khat_threshold": threshold,

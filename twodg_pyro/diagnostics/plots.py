@@ -33,8 +33,6 @@ from matplotlib.ticker import MaxNLocator
 from ..files.atomic import atomic_write
 from ..guide import SharingGuide
 
-__all__ = ["plot_sharing_plane", "plot_reliability", "plot_elbo_terms", "plot_merges"]
-
 _ELBO_TERMS = ("loss", "nll", "kl", "kl_inlier", "kl_outlier")
 
 
@@ -188,9 +186,7 @@ def plot_reliability(
     """
     from ..metrics import ece, reliability_bins
 
-    probs = torch.as_tensor(np.asarray(probs) if not torch.is_tensor(probs) else probs).float()
-    labels = torch.as_tensor(np.asarray(labels) if not torch.is_tensor(labels) else labels).long()
-    probs, labels = probs.cpu(), labels.cpu()
+    probs, labels = torch.as_tensor(probs).float().cpu(), torch.as_tensor(labels).long().cpu()
     bins = {k: v.numpy() for k, v in reliability_bins(probs, labels, n_bins).items()}
     value = ece(probs, labels, n_bins)
     edges = np.linspace(0.0, 1.0, n_bins + 1)
@@ -319,9 +315,7 @@ def plot_merges(
     ):
         if key in stage2:
             steps.append((label, int(stage2[key])))
-    merged = False
-    if len(steps) == 3 and steps[2][1] < steps[1][1]:
-        merged = True
+    merged = len(steps) == 3 and steps[2][1] < steps[1][1]
     for entry in log or []:
         if not steps:
             steps.append(("stage 3 start", int(entry["before"])))

@@ -16,8 +16,6 @@ from pathlib import Path
 from ..files.atomic import atomic_write
 from . import _arviz as A
 
-__all__ = ["plot_class_ppc", "plot_component_forest", "plot_weight_pairs", "weight_coords"]
-
 
 def _save(fig, path: str | os.PathLike) -> Path:
     import matplotlib.pyplot as plt
@@ -40,7 +38,7 @@ def plot_component_forest(tree, path: str | os.PathLike) -> Path:
         raise ValueError(
             "the tree has no posterior component_value: export a shared-GMM (2DG) guide"
         )
-    return _save(A.plot_forest(tree, ["component_value"]), path)
+    return _save(A.plot("forest", tree, ["component_value"], combined=True), path)
 
 
 def weight_coords(tree, var_name: str, n: int = 3) -> dict:
@@ -67,7 +65,7 @@ def plot_weight_pairs(
     if var_name not in post:
         raise ValueError(f"no posterior variable {var_name!r}; the tree has {list(post.data_vars)}")
     coords = weight_coords(tree, var_name) if coords is None else coords
-    return _save(A.plot_pair(tree, [var_name], coords), path)
+    return _save(A.plot("pair", tree, [var_name], coords, marginals=True), path)
 
 
 def plot_class_ppc(tree, path: str | os.PathLike, num_samples: int = 50, seed: int = 0) -> Path:

@@ -9,11 +9,12 @@ thousands of weights this :math:`\hat k` is all but always above 0.7 and does no
 where the approximation fails: :mod:`twodg_pyro.diagnostics.blocks` asks per layer, for
 the outliers and per mixture component.
 
-* :math:`\log p(w, \mathcal D) = \log p(w) + \log p(\mathcal D \mid w)`, the
-  log-likelihood summed over the training data given (by default all of it); on a
-  subset of ``n`` examples it is scaled by ``N / n`` with ``N`` the model's data-set
-  size (an unbiased but noisier estimate, which inflates :math:`\hat k`).  The
-  log-likelihood is computed in float64 (:mod:`twodg_pyro.diagnostics._draws`).
+* :math:`\log p(w, \mathcal D) = \log p(w) + \log p(\mathcal D \mid w)`: the joint
+  density of :mod:`twodg_pyro.diagnostics._draws` (the float64 log-likelihood summed
+  over the training data given, by default all of it; on a subset of ``n`` examples
+  scaled by ``N / n``, an unbiased but noisier estimate, which inflates :math:`\hat k`;
+  SSVI's prior restricted to its active subspace :math:`\Gamma`, where its :math:`q`
+  lives).
 * :math:`\log q(w)`: :func:`twodg_pyro.guides.marginal_density.guide_log_q` (exact for
   mean-field, rank-1, SSVI and the ``representative`` tying, Gauss-Hermite quadrature
   for ``stochastic``, a product-of-marginals surrogate for ``tied``, which has no joint
@@ -24,9 +25,6 @@ the outliers and per mixture component.
   the predictive that :func:`~twodg_pyro.prediction.predict` averages (training routes each
   example to one component instead, so this target is the ensemble's model, not the
   training objective's).
-* SSVI: :math:`q` is a point mass at 0 outside its active subspace :math:`\Gamma`, so the
-  ratio uses the prior restricted to :math:`\Gamma`,
-  :math:`p_\Gamma(w) = \prod_{i \in \Gamma} p(w_i)`, as the SSVI objective's KL does.
 """
 
 from __future__ import annotations
@@ -37,23 +35,22 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..evaluation import seeded
 from ..guides.marginal_density import LOG_Q_METHODS, log_q_fn
 from ..prediction import _device_of
-from ._draws import SAMPLE_CHUNK, batches, check_guide, chunks, n_examples, seeded
-from ._joint import likelihood_scale, log_joint, log_prior, target
+from ._draws import (
+    batches,
+    check_guide,
+    chunks,
+    likelihood_scale,
+    log_joint,
+    n_examples,
+    target,
+)
 from .arviz_stats import khat_threshold, psislw
 
-__all__ = [
-    "KHAT_GOOD",
-    "KHAT_OK",
-    "MIN_KHAT_SAMPLES",
-    "khat_assessment",
-    "log_prior",
-    "vi_diagnostics",
-]
-
-#: Yao et al.'s thresholds at S = 100 draws: below 0.5 good, below 0.7 ok.
-KHAT_GOOD, KHAT_OK = 0.5, 0.7
+#: Yao et al.'s ceiling of a usable k-hat (0.5, "good", is the threshold at S = 100 draws).
+KHAT_OK = 0.7
 #: PSIS fits the largest ceil(min(S / 5, 3 sqrt(S))) ratios; ArviZ needs more than 4.
 MIN_KHAT_SAMPLES = 30
 
@@ -62,10 +59,7 @@ def khat_inputs(model, guide, who: str, num_samples, train_data, batch_size, max
     """What every k-hat of ``guide`` starts from: ``(S, device, batches)`` -- the draws
     checked (at least :data:`MIN_KHAT_SAMPLES`), the guide's device, and the seeded
     training batches (a subset of at most ``max_examples``); the model in eval mode.
-
-    Raises:
-        ValueError: too few draws (named), or no training data.
-    """
+    ``ValueError`` for too few draws or no training data."""
     check_guide(guide, who)
     S = int(num_samples)
     if S < MIN_KHAT_SAMPLES:
@@ -79,6 +73,18 @@ def khat_inputs(model, guide, who: str, num_samples, train_data, batch_size, max
     if not data:
         raise ValueError("no training data (empty data set)")
     return S, device, data
+
+
+def khat_row(log_r: np.ndarray) -> dict:
+    """``khat``, ``khat_assessment``, ``ess`` (of the smoothed normalised weights) and
+    ``log_ratio_sd`` of the log importance ratios of ``S`` draws."""
+    lw, khat = psislw(log_r)
+    return {
+        "khat": khat,
+        "khat_assessment": khat_assessment(khat, log_r.size),
+        "ess": float(1.0 / np.exp(np.logaddexp.reduce(2 * lw))),
+        "log_ratio_sd": float(log_r.std()),
+    }
 
 
 def khat_assessment(khat: float, num_samples: int) -> str:
@@ -133,13 +139,12 @@ def vi_diagnostics(
     S, device, data = khat_inputs(
         model, guide, "vi_diagnostics", num_samples, train_data, batch_size, max_examples, seed
     )
-    n = n_examples(data)
     scale = likelihood_scale(model, data)
     log_q, method = log_q_fn(guide, quadrature_nodes)
     ratios = []
     bar = tqdm(total=S, desc="k-hat", unit="draw", disable=not progress, leave=False)
     with bar, seeded(seed, device):
-        for s in chunks(S, SAMPLE_CHUNK):
+        for s in chunks(S):
             weights = guide.draw(s).weights
             log_p = log_joint(model, guide, weights, data, device, scale)
             ratios.append((log_p - log_q(weights).to(torch.float64)).cpu())
@@ -149,20 +154,15 @@ def vi_diagnostics(
         raise FloatingPointError(
             f"{int((~np.isfinite(log_r)).sum())} of {S} log importance ratios are not finite"
         )
-    lw, khat = psislw(log_r, reff=1.0)
-    lse = float(np.logaddexp.reduce(log_r))
     return {
-        "khat": khat,
-        "khat_assessment": khat_assessment(khat, S),
+        **khat_row(log_r),
         "khat_threshold": khat_threshold(S),
         "log_q_method": method,
         "exact": LOG_Q_METHODS.get(method, False),
         "target": target(model, guide),
         "elbo": float(log_r.mean()),
-        "log_evidence_is": lse - math.log(S),
-        "ess": float(1.0 / np.exp(np.logaddexp.reduce(2 * lw))),
-        "log_ratio_sd": float(log_r.std()),
+        "log_evidence_is": float(np.logaddexp.reduce(log_r)) - math.log(S),
         "num_samples": S,
-        "n_examples": n,
+        "n_examples": n_examples(data),
         "loglik_scale": float(scale),
     }

@@ -16,8 +16,6 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["Stat", "check_inputs", "from_pixels", "image_shape_of", "stat", "to_pixels"]
-
 #: A normalisation statistic: one number, one per channel, or one per input feature.
 Stat = float | Sequence[float] | torch.Tensor
 
@@ -35,8 +33,10 @@ def check_inputs(x: torch.Tensor, name: str = "test_inputs") -> None:
 
 
 def image_shape_of(x: torch.Tensor, image_shape: Sequence[int] | None) -> tuple[int, int, int]:
-    """``(C, H, W)`` of one input: ``image_shape`` if given (it must hold as many values
-    as one input), else the shape of ``x[0]``, which must then be an image."""
+    """``(C, H, W)`` of one input of the inputs ``x`` (checked by :func:`check_inputs`):
+    ``image_shape`` if given (it must hold as many values as one input), else the shape of
+    ``x[0]``, which must then be an image."""
+    check_inputs(x)
     if image_shape is not None:
         shape = tuple(int(v) for v in image_shape)
         if len(shape) != 3 or math.prod(shape) != math.prod(x.shape[1:]):

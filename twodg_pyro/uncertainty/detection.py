@@ -32,8 +32,6 @@ import numpy as np
 import torch
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
-__all__ = ["as_scores", "fpr_at_tpr", "ood_labels", "ood_metrics"]
-
 ArrayLike = torch.Tensor | np.ndarray | list[float] | tuple[float, ...]
 
 

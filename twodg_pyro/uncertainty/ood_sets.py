@@ -49,21 +49,7 @@ import torch.nn.functional as F
 from ..data.errors import DatasetFormatError, DatasetNotFoundError
 from ..data.readers import read_cifar_batch, read_idx
 from ..data.transforms import MNIST_MEAN, MNIST_STD
-from ._pixels import Stat, check_inputs, from_pixels, image_shape_of, stat, to_pixels
-
-__all__ = [
-    "BUILTIN_OOD_SETS",
-    "FOLDER_OOD_SETS",
-    "builtin_ood_sets",
-    "digits_upsampled",
-    "folder_ood_set",
-    "gaussian_blobs",
-    "inverted",
-    "resize_images",
-    "rotated90",
-    "uniform_noise",
-    "vflip",
-]
+from ._pixels import Stat, from_pixels, image_shape_of, stat, to_pixels
 
 OODSet = Callable[..., torch.Tensor]
 
@@ -86,7 +72,6 @@ def _transformed(
     pixel_std: Stat,
     image_shape: Sequence[int] | None,
 ) -> torch.Tensor:
-    check_inputs(test_inputs)
     u = to_pixels(test_inputs, pixel_mean, pixel_std, image_shape)
     return from_pixels(op(u), pixel_mean, pixel_std, test_inputs)
 
@@ -99,7 +84,6 @@ def rotated90(
     image_shape: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """The test images rotated by 90 degrees counter-clockwise (square images only)."""
-    check_inputs(test_inputs)
     shape = image_shape_of(test_inputs, image_shape)
     if shape[1] != shape[2]:
         raise ValueError(f"rotated90 needs square images, got H x W = {shape[1]} x {shape[2]}")
@@ -142,7 +126,6 @@ def uniform_noise(
     r"""``N`` images of i.i.d. uniform noise with the in-distribution pixel mean and std:
     :math:`u = m + s\,v`, :math:`v \sim \mathcal U(-\sqrt3, \sqrt3)` (mean 0, variance 1),
     so the normalised inputs are :math:`v` itself.  Not clamped to :math:`[0, 1]`."""
-    check_inputs(test_inputs)
     shape = image_shape_of(test_inputs, image_shape)
     v = torch.rand((test_inputs.shape[0], *shape), generator=_generator(seed), dtype=torch.float64)
     v = ((2.0 * v - 1.0) * math.sqrt(3.0)).to(test_inputs.dtype)
@@ -162,7 +145,6 @@ def gaussian_blobs(
     :math:`\exp(-\lVert p - c\rVert^2 / 2\sigma^2)` with centres uniform over the image
     and :math:`\sigma` uniform in :math:`[1, 4]` px at 28 px (scaled with the side), the
     same on every channel: smooth blobs, digit-like in brightness, never strokes."""
-    check_inputs(test_inputs)
     c, h, w = image_shape_of(test_inputs, image_shape)
     n, g = test_inputs.shape[0], _generator(seed)
     k = 4
@@ -212,7 +194,6 @@ def digits_upsampled(
     ``seed`` when ``N < 1797``."""
     from sklearn.datasets import load_digits
 
-    check_inputs(test_inputs)
     shape = image_shape_of(test_inputs, image_shape)
     images = np.asarray(load_digits().images, dtype=np.float32) / 16.0
     u = torch.from_numpy(images).unsqueeze(1).to(test_inputs.dtype)
@@ -318,15 +299,10 @@ def folder_ood_set(
     """The test split of a data set in a torchvision-format folder as OOD inputs.
 
     Read with the library's checked readers (``download=False`` semantics: nothing is
-    ever fetched), scaled to [0, 1], converted to ``shape = (C, H, W)`` by
-    :func:`resize_images`, normalised with ``pixel_mean`` / ``pixel_std``.
-
-    Expected under ``root`` (the folders torchvision uses):
-
-    * ``fashion_mnist``: ``FashionMNIST/raw/t10k-images-idx3-ubyte``;
-    * ``kmnist``: ``KMNIST/raw/t10k-images-idx3-ubyte``;
-    * ``svhn``: ``test_32x32.mat``;
-    * ``cifar100``: ``cifar-100-python/test``.
+    ever fetched) from the file under ``root`` that :data:`FOLDER_OOD_SETS` names (where
+    torchvision puts it: ``FashionMNIST/raw/t10k-images-idx3-ubyte``,
+    ``cifar-100-python/test``, ...), scaled to [0, 1], converted to ``shape = (C, H, W)``
+    by :func:`resize_images`, normalised with ``pixel_mean`` / ``pixel_std``.
 
     Args:
         name: one of :data:`FOLDER_OOD_SETS` (case, ``-`` and ``_`` ignored: ``CIFAR-100``).

@@ -25,8 +25,6 @@ from matplotlib.figure import Figure
 
 from ..files.atomic import atomic_write
 
-__all__ = ["plot_score_histograms", "plot_shift"]
-
 _AUROC_KEY = {"entropy": "entropy_auroc", "mi": "mi_auroc", "maxprob": "maxprob_auroc"}
 
 

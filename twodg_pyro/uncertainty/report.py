@@ -46,8 +46,6 @@ from .ood_sets import builtin_ood_sets
 from .scores import as_samples, uncertainty_scores
 from .selective import selective_metrics
 
-__all__ = ["evaluate_uncertainty", "evaluate_uncertainty_net", "uncertainty_report"]
-
 #: ``predict_fn(X) -> (S, N, C)`` per-draw class probabilities.
 PredictFn = Callable[[torch.Tensor], torch.Tensor]
 

@@ -27,21 +27,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = [
-    "SCORES",
-    "as_samples",
-    "entropy",
-    "expected_entropy",
-    "max_prob_score",
-    "mutual_information",
-    "predictive_entropy",
-    "uncertainty_scores",
-]
-
 _EPS = 1e-12
-
-#: The names of :func:`uncertainty_scores`.
-SCORES = ("entropy", "maxprob", "mi", "expected_entropy")
 
 
 def as_samples(probs: torch.Tensor, name: str = "probs") -> torch.Tensor:
@@ -82,35 +68,28 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
 
 def predictive_entropy(probs: torch.Tensor) -> torch.Tensor:
     r""":math:`\mathrm H[\bar p_n]` of ``(S, N, C)`` draws or ``(N, C)`` means: ``(N,)``."""
-    samples = as_samples(probs)
-    return entropy(samples.double().mean(0)).to(samples.dtype)
+    return uncertainty_scores(probs)["entropy"]
 
 
 def expected_entropy(probs: torch.Tensor) -> torch.Tensor:
     r""":math:`\frac1S \sum_s \mathrm H[p_{s,n}]` of ``(S, N, C)`` draws: ``(N,)``."""
-    samples = as_samples(probs)
-    return entropy(samples).mean(0).to(samples.dtype)
+    return uncertainty_scores(probs)["expected_entropy"]
 
 
 def mutual_information(probs: torch.Tensor) -> torch.Tensor:
     r""":math:`\mathrm H[\bar p_n] - \frac1S\sum_s \mathrm H[p_{s,n}]`, clamped at 0:
     ``(N,)``; exactly 0 for one draw (``(N, C)`` means, or ``S = 1``)."""
-    samples = as_samples(probs)
-    if samples.shape[0] == 1:
-        return torch.zeros(samples.shape[1], dtype=samples.dtype)
-    d = samples.double()
-    mi = entropy(d.mean(0)) - entropy(d).mean(0)
-    return mi.clamp_min(0.0).to(samples.dtype)
+    return uncertainty_scores(probs)["mi"]
 
 
 def max_prob_score(probs: torch.Tensor) -> torch.Tensor:
     r""":math:`1 - \max_c \bar p_{n,c}` of ``(S, N, C)`` draws or ``(N, C)`` means: ``(N,)``."""
-    samples = as_samples(probs)
-    return (1.0 - samples.double().mean(0).max(-1).values).to(samples.dtype)
+    return uncertainty_scores(probs)["maxprob"]
 
 
 def uncertainty_scores(probs: torch.Tensor) -> dict[str, torch.Tensor]:
-    """All scores of :data:`SCORES` at once (one pass over the draws): ``{name: (N,)}``."""
+    """All scores at once (one pass over the draws): ``{name: (N,)}`` for ``entropy``,
+    ``maxprob``, ``mi`` and ``expected_entropy``."""
     samples = as_samples(probs)
     d = samples.double()
     mean = d.mean(0)

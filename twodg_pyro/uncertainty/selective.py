@@ -29,8 +29,6 @@ import torch
 
 from .detection import ArrayLike, as_scores
 
-__all__ = ["aurc", "optimal_aurc", "risk_coverage_curve", "selective_metrics"]
-
 
 def _errors(confidence: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     conf = as_scores(confidence, "confidence")
