@@ -31,7 +31,7 @@ from twodg_pyro.data import (
     make_loader,
     stratified_split,
 )
-from twodg_pyro.data.vision import (
+from twodg_pyro.data.transforms import (
     CIFAR100_MEAN,
     CIFAR100_STD,
     FASHION_MNIST_MEAN,

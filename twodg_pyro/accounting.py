@@ -21,8 +21,6 @@ import math
 
 from .guide import require_sharing
 
-__all__ = ["compression_report", "index_bits"]
-
 
 def index_bits(n_components: int) -> tuple[int, int]:
     """``(container_bits, packed_bits)`` for one component index among ``n_components``."""
@@ -53,8 +51,6 @@ def compression_report(guide, model) -> dict:
         "n_ellipses": s.n_ellipses,
         "n_gaussians": s.n_gaussians,
         "trainable_params": guide_trainable + deterministic,
-        # floating-point numbers stored: the trainable ones, nothing per weight (the
-        # per-weight index is counted in bytes in size_mb_with_index)
         "stored_params": guide_trainable + deterministic,
         "guide_trainable_params": guide_trainable,
         "mean_field_params": 2 * n_w,

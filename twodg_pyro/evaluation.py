@@ -35,16 +35,8 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = [
-    "SAMPLE_CHUNK",
-    "data_to_device",
-    "draws_record",
-    "draws_sentence",
-    "evaluate",
-    "n_examples",
-    "seeded",
-    "seeded_predict",
-]
+from .metrics import check_labels, classification_metrics
+from .prediction import _cuda_devices, _device_of, predict
 
 #: Draws taken from the guide at once; part of what fixes the draws of a seed.
 SAMPLE_CHUNK = 10
@@ -70,44 +62,21 @@ def data_to_device(data, device):
 def seeded(seed: int, device: torch.device | str | None = None) -> Iterator[None]:
     """Run the block with torch's random state (CPU, and ``device``'s GPU) set to
     ``seed``; the caller's state is restored on exit."""
-    device = torch.device("cpu") if device is None else torch.device(device)
-    devices = []
-    if device.type == "cuda" and torch.cuda.is_available():
-        devices = [device.index if device.index is not None else torch.cuda.current_device()]
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=_cuda_devices(device)):
         torch.manual_seed(int(seed))
         yield
 
 
-def seeded_predict(
-    model,
-    guide,
-    data,
-    num_samples: int = 30,
-    seed: int = 0,
-    *,
-    batch_size: int = 512,
-    device=None,
-    keep_samples: bool = False,
-    progress: bool = False,
-):
+def seeded_predict(model, guide, data, num_samples: int = 30, seed: int = 0, *, device=None, **kw):
     """:func:`~twodg_pyro.prediction.predict` with ``num_samples`` draws seeded by ``seed``
     (:func:`seeded`; ``sample_chunk`` = :data:`SAMPLE_CHUNK`): the draws every evaluation
-    of the library uses.  Returns the :class:`~twodg_pyro.prediction.Prediction`."""
-    from .prediction import _device_of, predict
-
+    of the library uses.  ``device`` and the keyword arguments ``kw`` (``batch_size``,
+    ``keep_samples``, ``progress``) are ``predict``'s.  Returns the
+    :class:`~twodg_pyro.prediction.Prediction`."""
     where = device if device is not None else _device_of(guide)  # None: the CPU
     with seeded(seed, where):
         return predict(
-            model,
-            guide,
-            data,
-            num_samples,
-            batch_size=batch_size,
-            sample_chunk=SAMPLE_CHUNK,
-            keep_samples=keep_samples,
-            device=device,
-            progress=progress,
+            model, guide, data, num_samples, sample_chunk=SAMPLE_CHUNK, device=device, **kw
         )
 
 
@@ -131,19 +100,10 @@ def draws_sentence(draws: dict) -> str:
     )
 
 
-def evaluate(
-    model,
-    guide,
-    data,
-    num_samples: int = 30,
-    seed: int = 0,
-    *,
-    batch_size: int = 512,
-    device=None,
-    progress: bool = False,
-) -> dict:
+def evaluate(model, guide, data, num_samples: int = 30, seed: int = 0, **kw) -> dict:
     """Accuracy, NLL, ECE and Brier of the Bayesian model average over the seeded draws
-    (:func:`seeded_predict`) on labelled ``data``, plus ``num_samples``, ``seed`` and
+    (:func:`seeded_predict`, which takes the keyword arguments ``kw``: ``batch_size``,
+    ``device``, ``progress``) on labelled ``data``, plus ``num_samples``, ``seed`` and
     ``n_examples``.
 
     Raises:
@@ -151,20 +111,9 @@ def evaluate(
             ``[0, C)`` (checked before predicting for ``(X, y)`` tensors, the first bad
             one named), and what :func:`~twodg_pyro.prediction.predict` refuses.
     """
-    from .metrics import check_labels, classification_metrics
-
     if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[1]):
         check_labels(data[1])  # dtype and sign now; the classes' range once C is known
-    pred = seeded_predict(
-        model,
-        guide,
-        data,
-        num_samples,
-        seed,
-        batch_size=batch_size,
-        device=device,
-        progress=progress,
-    )
+    pred = seeded_predict(model, guide, data, num_samples, seed, **kw)
     if pred.targets is None:
         raise ValueError("evaluate needs labelled data: pass (X, y) or batches of (x, y)")
     return {

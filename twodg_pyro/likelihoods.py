@@ -15,6 +15,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 
+from .metrics import check_labels as check_class_labels
 from .priors.base import public_settings, register_class
 
 __all__ = ["LIKELIHOODS", "Likelihood", "Categorical", "Gaussian"]
@@ -54,14 +55,6 @@ class Likelihood(ABC):
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
         """Distribution of the targets given the network ``output`` (batch first)."""
 
-    @abstractmethod
-    def predictive(self, outputs: torch.Tensor) -> torch.Tensor:
-        """Bayesian model average from per-sample outputs ``(S, B, ...)``.
-
-        Classification averages *probabilities* (never logits); regression returns the
-        mean prediction.
-        """
-
     def batched_distribution(self, output: torch.Tensor, particle_dims: int) -> dist.Distribution:
         """The distribution for ``output`` with ``particle_dims`` leading particle
         dimensions (``(*particles, B, ...)``); the default suits any likelihood whose event
@@ -82,10 +75,7 @@ class Likelihood(ABC):
         batch = output.shape[particle_dims]
         # The DataLoader already drew the minibatch: the plate only needs the ratio N/B.
         subsample = torch.arange(batch, device=output.device)
-        if particle_dims:
-            d = self.batched_distribution(output, particle_dims)
-        else:
-            d = self.distribution(output)
+        d = self.batched_distribution(output, particle_dims)
         with pyro.plate("data", size=self.dataset_size, subsample=subsample):
             if outputs_site is not None:
                 pyro.deterministic(outputs_site, output, event_dim=output.dim() - particle_dims - 1)
@@ -119,26 +109,16 @@ class Likelihood(ABC):
 
 
 def check_labels(output: torch.Tensor, y: torch.Tensor, particle_dims: int = 0) -> None:
-    """Raise ``ValueError`` naming the first bad label: not an integer, a shape that does
-    not match the outputs (with ``particle_dims`` leading particle dimensions, the labels
-    may leave them out), or a class outside ``[0, C)`` for ``C`` outputs."""
-    if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
-        raise ValueError(f"class labels must be integers, got dtype {y.dtype}")
+    """Raise ``ValueError`` naming the first bad label: not an integer or a class outside
+    ``[0, C)`` for ``C`` outputs (:func:`~twodg_pyro.metrics.check_labels`), or a shape
+    that does not match the outputs (with ``particle_dims`` leading particle dimensions,
+    the labels may leave them out)."""
+    check_class_labels(y, output.shape[-1])
     expected = tuple(output.shape[:-1])
     if tuple(y.shape) != expected and tuple(y.shape) != expected[particle_dims:]:
         raise ValueError(
             f"labels of shape {tuple(y.shape)} do not match network outputs of shape "
             f"{tuple(output.shape)} (expected labels of shape {expected[particle_dims:]})"
-        )
-    n_classes = output.shape[-1]
-    bad = (y < 0) | (y >= n_classes)
-    if bad.any():
-        flat = bad.reshape(-1)
-        first = int(flat.nonzero()[0, 0])
-        raise ValueError(
-            f"label {int(y.reshape(-1)[first])} is out of range [0, {n_classes}) for a network "
-            f"with {n_classes} outputs ({int(flat.sum())} bad label(s) in the minibatch, "
-            f"first at position {first})"
         )
 
 
@@ -160,9 +140,6 @@ class Categorical(Likelihood):
         if y is not None:
             check_labels(output, y, particle_dims)
         return super().__call__(output, y, particle_dims, outputs_site)
-
-    def predictive(self, outputs: torch.Tensor) -> torch.Tensor:
-        return outputs.softmax(-1).mean(0)
 
 
 class Gaussian(Likelihood):
@@ -191,6 +168,3 @@ class Gaussian(Likelihood):
             core = 1
         d = dist.Normal(output, self.scale, validate_args=False)
         return d.to_event(core - 1) if core > 1 else d
-
-    def predictive(self, outputs: torch.Tensor) -> torch.Tensor:
-        return outputs.mean(0)

@@ -13,16 +13,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = [
-    "accuracy",
-    "brier",
-    "check_labels",
-    "classification_metrics",
-    "ece",
-    "nll",
-    "reliability_bins",
-]
-
 _EPS = 1e-12
 
 

@@ -58,6 +58,7 @@ class Prediction:
 
 
 def _batches(data, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """``(x, y)`` batches (``y``: ``None`` unlabelled); a ``ValueError`` when there are none."""
     if isinstance(data, torch.Tensor):
         return [(xb, None) for xb in data.split(batch_size)]
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor):
@@ -68,7 +69,24 @@ def _batches(data, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor | N
             out.append((batch, None))
         else:
             out.append((batch[0], batch[1] if len(batch) > 1 else None))
+    if not out:
+        raise ValueError("no data to predict on (empty data set)")
     return out
+
+
+def _targets(batches: list[tuple[torch.Tensor, torch.Tensor | None]]) -> torch.Tensor | None:
+    """The labels of :func:`_batches`' output on the CPU, ``None`` when a batch has none."""
+    if all(yb is not None for _, yb in batches):
+        return torch.cat([yb.cpu() for _, yb in batches])
+    return None
+
+
+def _cuda_devices(device: torch.device | str | None) -> list[int]:
+    """``device``'s GPU for ``torch.random.fork_rng`` (``[]`` off CUDA)."""
+    device = torch.device("cpu" if device is None else device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]
 
 
 def _read_batches(data, batch_size: int, device) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -80,15 +98,7 @@ def _read_batches(data, batch_size: int, device) -> list[tuple[torch.Tensor, tor
     set draw from it as well.  Read unforked, ``(X, y)`` tensors and a loader over the same
     examples would be predicted with different weights.
     """
-    if isinstance(data, torch.Tensor) or (
-        isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor)
-    ):
-        return _batches(data, batch_size)  # tensors: nothing random to read
-    devices = []
-    if device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available():
-        index = torch.device(device).index
-        devices = [index if index is not None else torch.cuda.current_device()]
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=_cuda_devices(device)):
         return _batches(data, batch_size)
 
 
@@ -136,16 +146,11 @@ def predict(
     if device is None:  # where the guide lives (inputs from a CPU DataLoader are moved there)
         device = _device_of(guide) or _device_of(model)
     batches = _read_batches(data, int(batch_size), device)
-    if not batches:
-        raise ValueError("no data to predict on (empty data set)")
     check_finite_inputs(batches)
     lik = model.likelihood
     components = int(model.output_components)
 
-    def one(weights, x):
-        return model.network_forward(weights, x)
-
-    batched = vmap(one, in_dims=(0, None), randomness="different")
+    batched = vmap(model.network_forward, in_dims=(0, None), randomness="different")
     sums: list[torch.Tensor | None] = [None] * len(batches)
     per_sample: list[list[torch.Tensor]] = [[] for _ in batches]
     done = 0
@@ -169,7 +174,7 @@ def predict(
                 outputs = _run(model, batched, weights, xb)  # (s, B, ...), or (s, K, B, ...)
                 if components > 1:
                     outputs = outputs.flatten(0, 1)
-                preds = _per_sample_predictions(lik, outputs)
+                preds = outputs.softmax(-1) if isinstance(lik, Categorical) else outputs
                 total = preds.sum(0)
                 sums[i] = total if sums[i] is None else sums[i] + total
                 if keep_samples:
@@ -180,13 +185,10 @@ def predict(
                 bar.update(1)
             done += s
     mean = torch.cat([(t / (num_samples * components)).cpu() for t in sums])
-    targets = None
-    if all(yb is not None for _, yb in batches):
-        targets = torch.cat([yb.cpu() for _, yb in batches])
     samples = None
     if keep_samples:
         samples = torch.cat([torch.cat(chunks, 0) for chunks in per_sample], 1)
-    return Prediction(mean=mean, targets=targets, samples=samples)
+    return Prediction(mean=mean, targets=_targets(batches), samples=samples)
 
 
 def check_finite_inputs(batches: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
@@ -284,13 +286,6 @@ def _first_tensor(module) -> torch.Tensor | None:
     return None
 
 
-def _per_sample_predictions(likelihood, outputs: torch.Tensor) -> torch.Tensor:
-    """Per-sample predictions whose mean is the model average (probabilities or means)."""
-    if isinstance(likelihood, Categorical):
-        return outputs.softmax(-1)
-    return outputs
-
-
 @torch.no_grad()
 def deterministic_predict(net: torch.nn.Module, data, batch_size: int = 512) -> Prediction:
     """Softmax predictions of a plain network (the deterministic baseline); inputs go to
@@ -301,7 +296,4 @@ def deterministic_predict(net: torch.nn.Module, data, batch_size: int = 512) -> 
     probs = torch.cat(
         [net(xb if like is None else match_input(xb, like)).softmax(-1).cpu() for xb, _ in batches]
     )
-    targets = None
-    if all(yb is not None for _, yb in batches):
-        targets = torch.cat([yb.cpu() for _, yb in batches])
-    return Prediction(mean=probs, targets=targets)
+    return Prediction(mean=probs, targets=_targets(batches))

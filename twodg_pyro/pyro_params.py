@@ -46,15 +46,6 @@ import torch
 from pyro.distributions import constraints
 from pyro.poutine.runtime import _PYRO_STACK, effectful, get_plates
 
-__all__ = [
-    "PyroParamsMixin",
-    "local_params",
-    "params_are_local",
-    "handlers_active",
-    "plate_batch_shape",
-    "sync_param_store",
-]
-
 _LOCAL: ContextVar[bool] = ContextVar("twodg_pyro_local_params", default=False)
 #: tensors put in the param store by this library's modules: id -> tensor (weakly held)
 _OWNED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -100,20 +91,6 @@ def _full_names(prefix: str, named: Iterable[tuple[str, torch.Tensor]]):
     return [(f"{prefix}.{name}", p) for name, p in named if p.requires_grad]
 
 
-def sync_param_store(prefix: str, named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
-    """Put the trainable parameters ``named`` in Pyro's (global) param store as
-    ``"<prefix>.<name>"``, the same tensor objects, following the rules of this module
-    (a foreign tensor's values are adopted; another module's tensor is replaced).
-
-    Returns:
-        The full names whose values were taken from the store.
-
-    Raises:
-        ValueError: the store holds a foreign tensor of another shape under a name.
-    """
-    return _sync(prefix, _full_names(prefix, named))
-
-
 def _sync(prefix: str, full_named: list[tuple[str, torch.Tensor]]) -> list[str]:
     store = pyro.get_param_store()
     adopted = []
@@ -147,30 +124,9 @@ def _sync(prefix: str, full_named: list[tuple[str, torch.Tensor]]) -> list[str]:
             "this library (e.g. pyro.get_param_store().load); call pyro.clear_param_store() "
             "first to keep the module's own values",
             UserWarning,
-            stacklevel=4,
+            stacklevel=3,
         )
     return adopted
-
-
-def param_statements(prefix: str, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """One ``pyro.param`` statement per trainable parameter, at the start of a program.
-
-    Global mode: the store holds the parameters (:func:`sync_param_store`) and each
-    statement returns the parameter itself.  ``module_local_params=True``: the
-    statements are emitted for the handlers only (``SVI`` collects them), the store is
-    untouched."""
-    full_named = _full_names(prefix, named)
-    if not pyro.settings.get("module_local_params"):
-        _sync(prefix, full_named)
-        for full, _ in full_named:
-            pyro.param(full)
-        return
-    for full, p in full_named:
-        if "unconstrained" not in p.__dict__:
-            p.unconstrained = weakref.ref(p)
-        effectful(type="param")(lambda *_, _p=p, **__: _p)(
-            full, p, constraint=constraints.real, name=full
-        )
 
 
 class PyroParamsMixin:
@@ -197,14 +153,39 @@ class PyroParamsMixin:
         return ((n, p) for n, p in self.named_parameters() if p.requires_grad)
 
     def sync_param_store(self) -> list[str]:
-        """Put this module's parameters in Pyro's param store (what running its program in
-        global mode does), first adopting values stored there by other means, e.g. by
-        ``pyro.get_param_store().load(path)``.  Returns the names adopted."""
-        return sync_param_store(self.pyro_name, self.pyro_parameters())
+        """Put this module's trainable parameters in Pyro's (global) param store as
+        ``"<pyro_name>.<name>"``, the same tensor objects (what running its program in
+        global mode does), following the rules of this module: values stored there by
+        other means (e.g. ``pyro.get_param_store().load(path)``) are adopted first, another
+        module's tensor is replaced.  Returns the full names adopted.
+
+        Raises:
+            ValueError: the store holds a foreign tensor of another shape under a name.
+        """
+        return _sync(self.pyro_name, _full_names(self.pyro_name, self.pyro_parameters()))
 
     def _param_statements(self) -> None:
-        if not _LOCAL.get():
-            param_statements(self.pyro_name, self.pyro_parameters())
+        """One ``pyro.param`` statement per trainable parameter, at the start of a program
+        (none inside :func:`local_params`).
+
+        Global mode: the store holds the parameters (:meth:`sync_param_store`) and each
+        statement returns the parameter itself.  ``module_local_params=True``: the
+        statements are emitted for the handlers only (``SVI`` collects them), the store
+        is untouched."""
+        if _LOCAL.get():
+            return
+        full_named = _full_names(self.pyro_name, self.pyro_parameters())
+        if not pyro.settings.get("module_local_params"):
+            _sync(self.pyro_name, full_named)
+            for full, _ in full_named:
+                pyro.param(full)
+            return
+        for full, p in full_named:
+            if "unconstrained" not in p.__dict__:
+                p.unconstrained = weakref.ref(p)
+            effectful(type="param")(lambda *_, _p=p, **__: _p)(
+                full, p, constraint=constraints.real, name=full
+            )
 
     def __getstate__(self):
         # Pyro's store marks parameters with a weak reference, which cannot be pickled

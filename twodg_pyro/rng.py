@@ -14,8 +14,6 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "loader_generators", "restore_rng"]
-
 
 def loader_generators(sources: Iterable) -> list[torch.Generator]:
     """Generators of data loaders (``loader.generator``) or generators given directly."""

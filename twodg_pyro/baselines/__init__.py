@@ -4,7 +4,7 @@ ensembles, post-hoc Laplace (laplace-torch, optional) and the INT8-quantised mea
 BNN."""
 
 from .deterministic import train_deterministic
-from .draws import draw_probs
+from .draws import DrawBaseline, draw_probs
 from .early_stopping import train_early_stopped
 from .ensemble import Ensemble, train_ensemble
 from .laplace import LaplacePosterior
@@ -12,6 +12,7 @@ from .laplace_fit import MissingLaplaceError, fit_laplace
 from .quantized import dequantize, quantize_mean_field, quantized_size_mb
 
 __all__ = [
+    "DrawBaseline",
     "Ensemble",
     "LaplacePosterior",
     "MissingLaplaceError",

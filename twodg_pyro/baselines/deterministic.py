@@ -25,11 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-__all__ = ["train_deterministic", "OPTIMIZERS", "Optimizer"]
-
 #: the recipes :func:`train_deterministic` knows
 Optimizer = Literal["adam", "sgd"]
-OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 
 
 def _epoch_lr(
@@ -86,8 +83,8 @@ def train_deterministic(
         raise ValueError(f"epochs must be >= 0, got {epochs!r}")
     if not (weight_decay >= 0):
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {optimizer!r}")
+    if optimizer not in get_args(Optimizer):
+        raise ValueError(f"optimizer must be one of {list(get_args(Optimizer))}, got {optimizer!r}")
     if not (gamma > 0):
         raise ValueError(f"gamma must be positive, got {gamma!r}")
     if optimizer == "adam":

@@ -7,9 +7,44 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..prediction import deterministic_predict
+from ..prediction import Prediction, _batches, _targets, deterministic_predict
 
-__all__ = ["draw_probs"]
+
+class DrawBaseline(nn.Module):
+    """A baseline predicting by the average of its draws' class probabilities (an
+    :class:`~twodg_pyro.baselines.Ensemble`'s members, a
+    :class:`~twodg_pyro.baselines.LaplacePosterior`'s seeded draws); a subclass gives
+    ``_draws(batches, num_samples, seed)``, the ``(S, N, C)`` probabilities on the CPU."""
+
+    @torch.no_grad()
+    def sample_probs(
+        self, x, num_samples: int | None = 30, seed: int | None = 0, batch_size: int = 512
+    ) -> torch.Tensor:
+        """Per-draw class probabilities ``(S, N, C)`` on inputs ``x`` (a tensor, a pair
+        ``(X, y)`` or batches), on the CPU: ``num_samples`` draws seeded with ``seed`` (the
+        same draws for every batch and batching; an ensemble ignores both: its draws are
+        its ``M`` members, nothing is random)."""
+        self.eval()
+        return self._draws(_batches(x, int(batch_size)), num_samples, seed)
+
+    @torch.no_grad()
+    def predict(
+        self,
+        data,
+        num_samples: int | None = 30,
+        seed: int | None = 0,
+        batch_size: int = 512,
+        keep_samples: bool = False,
+    ) -> Prediction:
+        """The average of :meth:`sample_probs` on ``data`` (inputs, ``(X, y)`` or batches):
+        a :class:`~twodg_pyro.prediction.Prediction` (``samples``: the per-draw
+        probabilities when ``keep_samples``)."""
+        self.eval()
+        parts = _batches(data, int(batch_size))
+        probs = self._draws(parts, num_samples, seed)
+        return Prediction(
+            mean=probs.mean(0), targets=_targets(parts), samples=probs if keep_samples else None
+        )
 
 
 def draw_probs(obj, x, num_samples: int = 30, seed: int = 0) -> torch.Tensor:

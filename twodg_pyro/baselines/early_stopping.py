@@ -19,8 +19,6 @@ from ..metrics import nll
 from ..prediction import deterministic_predict
 from .deterministic import train_deterministic
 
-__all__ = ["train_early_stopped", "validation_nll"]
-
 
 def validation_nll(net: nn.Module, val_data) -> float:
     """The mean NLL of ``net``'s softmax on labelled ``val_data`` (``(X, y)`` or batches)."""

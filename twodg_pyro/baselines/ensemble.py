@@ -22,35 +22,12 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from ..bnn import match_input
-from ..prediction import Prediction, _batches
+from ..prediction import deterministic_predict
 from .deterministic import train_deterministic
-
-__all__ = ["Ensemble", "batches", "train_ensemble"]
-
-
-def batches(data, batch_size: int = 512) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """``(x, y)`` batches of inputs ``X``, a pair ``(X, y)`` or an iterable of batches
-    (``y`` is ``None`` for unlabelled inputs), as :func:`~twodg_pyro.prediction.predict`
-    reads them.
-
-    Raises:
-        ValueError: no batches (an empty data set).
-    """
-    out = _batches(data, int(batch_size))
-    if not out:
-        raise ValueError("no data to predict on (empty data set)")
-    return out
+from .draws import DrawBaseline
 
 
-def targets_of(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> torch.Tensor | None:
-    """The labels of :func:`batches`' output, ``None`` when any batch has none."""
-    if all(y is not None for _, y in parts):
-        return torch.cat([y.cpu() for _, y in parts])
-    return None
-
-
-class Ensemble(nn.Module):
+class Ensemble(DrawBaseline):
     """``M`` trained networks of one architecture, predicting by their average softmax.
 
     Args:
@@ -87,42 +64,8 @@ class Ensemble(nn.Module):
         """Floating-point numbers of all members (trained and stored: ``M`` networks)."""
         return sum(p.numel() for p in self.parameters())
 
-    @torch.no_grad()
-    def sample_probs(
-        self, x, num_samples: int | None = None, seed: int | None = None, batch_size: int = 512
-    ) -> torch.Tensor:
-        """Every member's class probabilities ``(M, N, C)`` on inputs ``x`` (a tensor, a
-        pair ``(X, y)`` or batches), on the CPU.  ``num_samples`` and ``seed`` are ignored
-        (the draws are the ``M`` members, nothing is random)."""
-        return self._member_probs(batches(x, batch_size))
-
-    def _member_probs(self, parts) -> torch.Tensor:
-        self.eval()
-        out = []
-        for member in self.members:
-            like = next(member.parameters())
-            out.append(
-                torch.cat([member(match_input(xb, like)).softmax(-1).cpu() for xb, _ in parts])
-            )
-        return torch.stack(out)
-
-    @torch.no_grad()
-    def predict(
-        self,
-        data,
-        num_samples: int | None = None,
-        seed: int | None = None,
-        batch_size: int = 512,
-        keep_samples: bool = False,
-    ) -> Prediction:
-        """The average of the members' softmax on ``data`` (inputs, ``(X, y)`` or
-        batches): a :class:`~twodg_pyro.prediction.Prediction` (``samples``: the members'
-        probabilities when ``keep_samples``)."""
-        parts = batches(data, batch_size)
-        probs = self._member_probs(parts)
-        return Prediction(
-            mean=probs.mean(0), targets=targets_of(parts), samples=probs if keep_samples else None
-        )
+    def _draws(self, parts, num_samples, seed) -> torch.Tensor:
+        return torch.stack([deterministic_predict(m, parts).mean for m in self.members])
 
 
 def train_ensemble(

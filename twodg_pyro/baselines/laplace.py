@@ -44,39 +44,22 @@ from torch import nn
 from torch.func import functional_call, jvp, vmap
 
 from ..bnn import match_input
-from ..prediction import Prediction
-from .ensemble import batches, targets_of
-
-__all__ = [
-    "HESSIANS",
-    "LaplaceHessian",
-    "LaplacePosterior",
-    "LaplacePredictive",
-    "LaplaceSubset",
-    "PREDICTIVES",
-    "PRIOR_STRUCTURES",
-    "PriorStructure",
-    "SUBSETS",
-    "check_laplace_settings",
-]
+from .draws import DrawBaseline
 
 #: which weights the approximation covers
 LaplaceSubset = Literal["last_layer", "all"]
-SUBSETS: tuple[str, ...] = get_args(LaplaceSubset)
 #: the structure of the Hessian (GGN) approximation
 LaplaceHessian = Literal["kron", "diag"]
-HESSIANS: tuple[str, ...] = get_args(LaplaceHessian)
 #: the Monte Carlo predictive: linearised (``glm``) or the network with drawn weights
 LaplacePredictive = Literal["glm", "nn"]
-PREDICTIVES: tuple[str, ...] = get_args(LaplacePredictive)
 #: the prior precision fitted by marginal likelihood: one number, or one per tensor
 PriorStructure = Literal["scalar", "layerwise"]
-PRIOR_STRUCTURES: tuple[str, ...] = get_args(PriorStructure)
 
 _DRAW_CHUNK = 10
 
 
-def _one_of(name: str, value, options: tuple[str, ...]) -> None:
+def _one_of(name: str, value, literal) -> None:
+    options = get_args(literal)
     if not (isinstance(value, str) and value in options):
         raise ValueError(f"{name} = {value!r}: must be one of {list(options)}")
 
@@ -95,10 +78,10 @@ def check_laplace_settings(
             ``prior_structure``, or a layer-wise prior for a last-layer approximation
             (laplace-torch has only a scalar one there).
     """
-    _one_of("subset", subset, SUBSETS)
-    _one_of("hessian", hessian, HESSIANS)
-    _one_of("pred_type", pred_type, PREDICTIVES)
-    _one_of("prior_structure", prior_structure, PRIOR_STRUCTURES)
+    _one_of("subset", subset, LaplaceSubset)
+    _one_of("hessian", hessian, LaplaceHessian)
+    _one_of("pred_type", pred_type, LaplacePredictive)
+    _one_of("prior_structure", prior_structure, PriorStructure)
     if (subset, prior_structure) == ("last_layer", "layerwise"):
         raise ValueError(
             "prior_structure = 'layerwise' with subset = 'last_layer': laplace-torch's "
@@ -118,7 +101,7 @@ def _symeig(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.nan_to_num(eigval.clamp(min=0.0)), torch.nan_to_num(vec)
 
 
-class LaplacePosterior(nn.Module):
+class LaplacePosterior(DrawBaseline):
     r"""A Laplace approximation :math:`\mathcal N(\theta_\text{MAP}, P^{-1})` over some of a
     network's parameters, as plain tensors.
 
@@ -232,16 +215,9 @@ class LaplacePosterior(nn.Module):
         """The diagonal of the posterior precision ``(P,)``."""
         if self.hessian == "diag":
             prior = self.prior_precision
-            if prior.numel() == 1:
-                prior = prior * torch.ones_like(self.diag_h)
-            else:
-                sizes = [math.prod(s) for s in self.shapes]
-                prior = torch.cat(
-                    [
-                        d * torch.ones(n, dtype=prior.dtype, device=prior.device)
-                        for d, n in zip(prior, sizes, strict=True)
-                    ]
-                )
+            if prior.numel() > 1:
+                sizes = torch.tensor([math.prod(s) for s in self.shapes], device=prior.device)
+                prior = prior.repeat_interleave(sizes)
             return self.h_factor * self.diag_h + prior
         out = []
         for i, block in enumerate(self.factors):
@@ -330,15 +306,7 @@ class LaplacePosterior(nn.Module):
         jv = vmap(lambda t: jvp(f, (primal,), (t,))[1], randomness="different")(tangents)
         return f_mu.unsqueeze(0) + jv
 
-    @torch.no_grad()
-    def sample_probs(self, x, num_samples: int = 30, seed: int = 0, batch_size: int = 512):
-        """Per-draw class probabilities ``(S, N, C)`` on inputs ``x`` (a tensor, a pair
-        ``(X, y)`` or batches), on the CPU: ``num_samples`` draws seeded with ``seed``
-        (the same draws for every batch and batching)."""
-        return self._probs(batches(x, batch_size), num_samples, seed)
-
-    def _probs(self, parts, num_samples: int, seed: int) -> torch.Tensor:
-        self.eval()
+    def _draws(self, parts, num_samples: int, seed: int) -> torch.Tensor:
         draws = self.sample_params(num_samples, seed)
         rows = []
         with warnings.catch_warnings():  # torch's forward AD, at its first use
@@ -348,20 +316,3 @@ class LaplacePosterior(nn.Module):
                 chunks = [self._logits(d, xb).softmax(-1).cpu() for d in draws.split(_DRAW_CHUNK)]
                 rows.append(torch.cat(chunks, 0))
         return torch.cat(rows, 1)
-
-    @torch.no_grad()
-    def predict(
-        self,
-        data,
-        num_samples: int = 30,
-        seed: int = 0,
-        batch_size: int = 512,
-        keep_samples: bool = False,
-    ) -> Prediction:
-        """The Monte Carlo predictive on ``data``: a :class:`~twodg_pyro.prediction.Prediction`
-        whose ``mean`` averages :meth:`sample_probs` (``samples`` with ``keep_samples``)."""
-        parts = batches(data, batch_size)
-        probs = self._probs(parts, num_samples, seed)
-        return Prediction(
-            mean=probs.mean(0), targets=targets_of(parts), samples=probs if keep_samples else None
-        )

@@ -13,10 +13,6 @@ from torch import nn
 from ..bnn import match_input
 from .laplace import LaplacePosterior, check_laplace_settings
 
-__all__ = ["INSTALL_HINT", "MissingLaplaceError", "fit_laplace", "from_laplace", "require_laplace"]
-
-INSTALL_HINT = "pip install laplace-torch (or pip install -e '.[laplace]')"
-
 
 class MissingLaplaceError(ImportError, ValueError):
     """laplace-torch is not installed (a user error: the message says how to install it)."""
@@ -37,7 +33,7 @@ def require_laplace():
     except ImportError as e:
         raise MissingLaplaceError(
             f"the Laplace baseline needs the laplace-torch package, which is not installed "
-            f"({e}): {INSTALL_HINT}"
+            f"({e}): pip install laplace-torch (or pip install -e '.[laplace]')"
         ) from e
     return laplace
 

@@ -22,8 +22,6 @@ import math
 
 import torch
 
-__all__ = ["quantize_mean_field", "quantized_size_mb", "dequantize"]
-
 
 def _quantize_mu(mu: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric ``bits``-bit codes of ``mu`` (``int8`` at 8 bits, else ``int16``) and

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .digits import DIGITS_SIZE, DataSplit, load_digits_split, stratified_split
+from .digits import DataSplit, load_digits_split, stratified_split
 from .errors import DatasetFormatError, DatasetNotFoundError
-from .vision import (
+from .transforms import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     CIFAR100_MEAN,
@@ -27,12 +27,8 @@ from .vision import (
     cifar_train_transform,
     imagenet_eval_transform,
     imagenet_train_transform,
-    load_cifar10,
-    load_cifar100,
-    load_fashion_mnist,
-    load_imagenet,
-    load_mnist,
 )
+from .vision import load_cifar10, load_cifar100, load_fashion_mnist, load_imagenet, load_mnist
 
 __all__ = [
     "CIFAR10_MEAN",
@@ -41,7 +37,6 @@ __all__ = [
     "CIFAR100_STD",
     "DATASETS",
     "DEFAULT_ROOT",
-    "DIGITS_SIZE",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "DataSplit",

@@ -16,11 +16,6 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset, TensorDataset
 
-__all__ = ["DIGITS_SIZE", "DataSplit", "load_digits_split", "stratified_split"]
-
-#: Number of images in the sklearn digits data set.
-DIGITS_SIZE = 1797
-
 
 @dataclass
 class DataSplit:

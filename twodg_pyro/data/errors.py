@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-__all__ = ["DatasetFormatError", "DatasetNotFoundError"]
-
 
 class DatasetNotFoundError(FileNotFoundError):
     """A data set's files are missing from the folder they were looked for in.

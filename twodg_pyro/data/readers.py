@@ -20,8 +20,7 @@ from torchvision.datasets.utils import check_integrity
 from torchvision.datasets.vision import VisionDataset
 
 from .errors import DatasetFormatError
-
-__all__ = ["CIFAR10_CLASSES", "read_cifar_batch", "read_idx", "read_idx_pair"]
+from .transforms import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
 
 PathLike = str | os.PathLike[str]
 
@@ -113,20 +112,25 @@ def read_idx_pair(
             label_path,
             f"holds {labels.shape[0]} labels, but '{image_path}' holds {images.shape[0]} images",
         )
-    if labels.size and int(labels.max()) >= num_classes:
-        i = int(np.argmax(labels >= num_classes))
-        raise DatasetFormatError(
-            label_path,
-            f"holds label {int(labels[i])} at index {i} "
-            f"({int((labels >= num_classes).sum())} bad label(s)); labels must be in "
-            f"[0, {num_classes})",
-        )
+    _check_label_range(label_path, labels, num_classes)
     return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
+
+
+def _check_label_range(path: Path, labels, num_classes: int) -> None:
+    labels = np.asarray(labels)
+    bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
+    if bad.size:
+        raise DatasetFormatError(
+            path,
+            f"holds label {int(labels[bad[0]])} at index {bad[0]} ({bad.size} bad label(s)); "
+            f"labels must be in [0, {num_classes})",
+        )
 
 
 class _CheckedIdxMixin:
     """Reads a torchvision MNIST-family data set with :func:`read_idx_pair` (checked) and
-    keeps torchvision's folder layout (``ROOT/<torchvision class name>/raw``)."""
+    keeps torchvision's folder layout (``ROOT/<torchvision class name>/raw``, and its
+    legacy ``processed`` files, read by torchvision)."""
 
     _folder: str = "MNIST"
 
@@ -140,26 +144,6 @@ class _CheckedIdxMixin:
 
     def _load_data(self):
         return read_idx_pair(self.raw_folder, "train" if self.train else "t10k")
-
-    def _load_legacy_data(self):
-        path = os.path.join(
-            self.processed_folder, self.training_file if self.train else self.test_file
-        )
-        try:
-            data = torch.load(path, weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any failure on foreign bytes
-            raise DatasetFormatError(path, f"cannot be read: {type(e).__name__}: {e}") from e
-        ok = (
-            isinstance(data, (tuple, list))
-            and len(data) == 2
-            and all(torch.is_tensor(t) for t in data)
-            and data[0].dim() == 3
-            and data[1].dim() == 1
-            and data[0].shape[0] == data[1].shape[0]
-        )
-        if not ok:
-            raise DatasetFormatError(path, "is not an (images N x H x W, labels N) pair")
-        return data[0], data[1].long()
 
 
 def _checked_mnist_class(cls: type[datasets.MNIST]) -> type[datasets.MNIST]:
@@ -242,13 +226,7 @@ def read_cifar_batch(path: PathLike, num_classes: int) -> tuple[np.ndarray, list
         raise DatasetFormatError(
             path, f"holds {data.shape[0]} images but {len(labels)} labels ('{key}')"
         )
-    bad = [i for i, v in enumerate(labels) if not 0 <= v < num_classes]
-    if bad:
-        raise DatasetFormatError(
-            path,
-            f"holds label {labels[bad[0]]} at index {bad[0]} ({len(bad)} bad label(s)); "
-            f"labels must be in [0, {num_classes})",
-        )
+    _check_label_range(path, labels, num_classes)
     return data, labels
 
 
@@ -264,6 +242,7 @@ class _LocalCIFAR10(datasets.CIFAR10):
 
     default_classes: Sequence[str] = CIFAR10_CLASSES
     num_classes: int = 10
+    title, mean, std = "CIFAR-10", CIFAR10_MEAN, CIFAR10_STD
 
     def __init__(self, root: str, train: bool, transform: Callable | None, verify: bool) -> None:
         self._verify = verify
@@ -303,8 +282,10 @@ class _LocalCIFAR10(datasets.CIFAR10):
 
 class _LocalCIFAR100(_LocalCIFAR10):
     base_folder = datasets.CIFAR100.base_folder
+    filename = datasets.CIFAR100.filename
     train_list = datasets.CIFAR100.train_list
     test_list = datasets.CIFAR100.test_list
     meta = datasets.CIFAR100.meta
     default_classes = tuple(str(i) for i in range(100))
     num_classes = 100
+    title, mean, std = "CIFAR-100", CIFAR100_MEAN, CIFAR100_STD

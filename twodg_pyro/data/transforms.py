@@ -6,23 +6,6 @@ from collections.abc import Callable, Sequence
 
 from torchvision import transforms
 
-__all__ = [
-    "CIFAR10_MEAN",
-    "CIFAR10_STD",
-    "CIFAR100_MEAN",
-    "CIFAR100_STD",
-    "FASHION_MNIST_MEAN",
-    "FASHION_MNIST_STD",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "MNIST_MEAN",
-    "MNIST_STD",
-    "cifar_eval_transform",
-    "cifar_train_transform",
-    "imagenet_eval_transform",
-    "imagenet_train_transform",
-]
-
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)

@@ -40,12 +40,10 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Subset
 from torchvision import datasets
 from torchvision.datasets.vision import StandardTransform
 
@@ -53,10 +51,6 @@ from .digits import DataSplit, stratified_split
 from .errors import DatasetFormatError, DatasetNotFoundError
 from .readers import _checked_mnist_class, _LocalCIFAR10, _LocalCIFAR100
 from .transforms import (
-    CIFAR10_MEAN,
-    CIFAR10_STD,
-    CIFAR100_MEAN,
-    CIFAR100_STD,
     FASHION_MNIST_MEAN,
     FASHION_MNIST_STD,
     IMAGENET_MEAN,
@@ -70,31 +64,7 @@ from .transforms import (
     imagenet_train_transform,
 )
 
-__all__ = [
-    "CIFAR10_MEAN",
-    "CIFAR10_STD",
-    "CIFAR100_MEAN",
-    "CIFAR100_STD",
-    "FASHION_MNIST_MEAN",
-    "FASHION_MNIST_STD",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "MNIST_MEAN",
-    "MNIST_STD",
-    "cifar_eval_transform",
-    "cifar_train_transform",
-    "imagenet_eval_transform",
-    "imagenet_train_transform",
-    "load_cifar10",
-    "load_cifar100",
-    "load_fashion_mnist",
-    "load_imagenet",
-    "load_mnist",
-]
-
 PathLike = str | os.PathLike[str]
-
-#: Per-channel statistics of the training sets, used by ``Normalize``.
 
 MNIST_URL = "http://yann.lecun.com/exdb/mnist/"
 FASHION_MNIST_URL = "https://github.com/zalandoresearch/fashion-mnist"
@@ -132,49 +102,39 @@ def _with_transform(ds: Any, transform: Callable | None) -> Any:
     return new
 
 
-def _carve_val(
-    train_ds: Dataset,
-    eval_ds: Dataset,
-    targets: Sequence[int] | np.ndarray | Any,
-    val_fraction: float,
-    seed: int,
-) -> tuple[Subset, Subset]:
-    """Split the training set into (train Subset of ``train_ds``, val Subset of ``eval_ds``)."""
-    train_idx, val_idx = stratified_split(targets, val_fraction, seed)
-    return Subset(train_ds, train_idx.tolist()), Subset(eval_ds, val_idx.tolist())
+def _split(name, full, val_view, test, input_shape, mean, std, val_fraction, seed) -> DataSplit:
+    """The :class:`DataSplit` of ``full`` (train: a stratified share of it, val: the rest
+    seen through ``val_view``, ``full`` with the evaluation transform) and ``test``."""
+    train_idx, val_idx = stratified_split(full.targets, val_fraction, seed)
+    return DataSplit(
+        train=Subset(full, train_idx.tolist()),
+        val=Subset(val_view, val_idx.tolist()),
+        test=test,
+        num_classes=len(full.classes),
+        input_shape=input_shape,
+        name=name,
+        info={"mean": mean, "std": std, "classes": list(full.classes), "seed": seed},
+    )
 
 
 # --------------------------------------------------------------------------- MNIST family
-@dataclass(frozen=True)
-class _MnistVariant:
-    """One member of the MNIST family: its torchvision class and its statistics.
-
-    Every member has the same four idx files, in ``ROOT/<class name>/raw``.
-    """
-
-    cls: type[datasets.MNIST]
-    name: str  # DataSplit.name
-    title: str  # in error messages
-    url: str
-    mean: Sequence[float]
-    std: Sequence[float]
-
-
-_MNIST = _MnistVariant(datasets.MNIST, "mnist", "MNIST", MNIST_URL, MNIST_MEAN, MNIST_STD)
-_FASHION_MNIST = _MnistVariant(
-    datasets.FashionMNIST,
-    "fashion_mnist",
-    "Fashion-MNIST",
-    FASHION_MNIST_URL,
-    FASHION_MNIST_MEAN,
-    FASHION_MNIST_STD,
-)
+#: the MNIST family: torchvision class -> (title, url, mean, std)
+_MNIST_FAMILY = {
+    datasets.MNIST: ("MNIST", MNIST_URL, MNIST_MEAN, MNIST_STD),
+    datasets.FashionMNIST: (
+        "Fashion-MNIST",
+        FASHION_MNIST_URL,
+        FASHION_MNIST_MEAN,
+        FASHION_MNIST_STD,
+    ),
+}
 
 
 def _load_mnist_like(
-    variant: _MnistVariant, root: PathLike, val_fraction: float, seed: int, normalize: bool
+    cls: type[datasets.MNIST], root: PathLike, val_fraction: float, seed: int, normalize: bool
 ) -> DataSplit:
-    cls, mean, std = variant.cls, variant.mean, variant.std
+    """An MNIST-family member: the four idx files in ``ROOT/<torchvision class name>/raw``."""
+    title, url, mean, std = _MNIST_FAMILY[cls]
     root = Path(root)
     folder = cls.__name__  # torchvision looks in ROOT/<class name>/raw
     expected = [f"{folder}/raw/{f}" for f in _MNIST_FILES]
@@ -182,26 +142,18 @@ def _load_mnist_like(
     has_legacy = (legacy / "training.pt").is_file() and (legacy / "test.pt").is_file()
     if not has_legacy:
         _require(
-            variant.title,
+            title,
             root,
             expected,
-            variant.url,
+            url,
             hint=f"Put the four files, decompressed (gunzip), in '{root / folder / 'raw'}'.",
         )
     tf = _mnist_transform(mean, std, normalize)
     reader = _checked_mnist_class(cls)
     full = reader(str(root), train=True, transform=tf, download=False)
     test = reader(str(root), train=False, transform=tf, download=False)
-    train, val = _carve_val(full, full, full.targets, val_fraction, seed)
-    return DataSplit(
-        train=train,
-        val=val,
-        test=test,
-        num_classes=10,
-        input_shape=(1, 28, 28),
-        name=variant.name,
-        info={"mean": mean, "std": std, "classes": list(full.classes), "seed": seed},
-    )
+    name = title.lower().replace("-", "_")
+    return _split(name, full, full, test, (1, 28, 28), mean, std, val_fraction, seed)
 
 
 def load_mnist(
@@ -219,70 +171,27 @@ def load_mnist(
         DatasetNotFoundError: if any of the four files is missing.
         DatasetFormatError: a file that is not a valid idx file (named).
     """
-    return _load_mnist_like(_MNIST, root, val_fraction, seed, normalize)
+    return _load_mnist_like(datasets.MNIST, root, val_fraction, seed, normalize)
 
 
 def load_fashion_mnist(
     root: PathLike, val_fraction: float = 0.1, seed: int = 0, normalize: bool = True
 ) -> DataSplit:
-    """Load Fashion-MNIST from ``root/FashionMNIST/raw/`` (same file names as MNIST).
-
-    Args:
-        root: folder holding the ``FashionMNIST`` sub-folder.
-        val_fraction: fraction of the 60,000 training images held out for validation.
-        seed: seed of the stratified validation split.
-        normalize: normalise with the Fashion-MNIST mean/std (else pixels are in [0, 1]).
-
-    Raises:
-        DatasetNotFoundError: if any of the four files is missing.
-        DatasetFormatError: a file that is not a valid idx file (named).
-    """
-    return _load_mnist_like(_FASHION_MNIST, root, val_fraction, seed, normalize)
+    """Load Fashion-MNIST from ``root/FashionMNIST/raw/``: the file names, arguments and
+    errors of :func:`load_mnist` (``normalize``: with the Fashion-MNIST mean/std)."""
+    return _load_mnist_like(datasets.FashionMNIST, root, val_fraction, seed, normalize)
 
 
 # --------------------------------------------------------------------------- CIFAR
-@dataclass(frozen=True)
-class _CifarVariant:
-    """CIFAR-10 or CIFAR-100: the local reader (file names, folder), archive and statistics."""
-
-    cls: type[_LocalCIFAR10]
-    name: str  # DataSplit.name
-    title: str  # in error messages
-    num_classes: int
-    archive: str  # the official python-version archive
-    mean: Sequence[float]
-    std: Sequence[float]
-
-
-_CIFAR10 = _CifarVariant(
-    _LocalCIFAR10,
-    "cifar10",
-    "CIFAR-10",
-    10,
-    datasets.CIFAR10.filename,
-    CIFAR10_MEAN,
-    CIFAR10_STD,
-)
-_CIFAR100 = _CifarVariant(
-    _LocalCIFAR100,
-    "cifar100",
-    "CIFAR-100",
-    100,
-    datasets.CIFAR100.filename,
-    CIFAR100_MEAN,
-    CIFAR100_STD,
-)
-
-
 def _load_cifar(
-    variant: _CifarVariant,
+    cls: type[_LocalCIFAR10],
     root: PathLike,
     val_fraction: float,
     seed: int,
     augment: bool,
     verify_checksums: bool,
 ) -> DataSplit:
-    cls, title, mean, std = variant.cls, variant.title, variant.mean, variant.std
+    title, mean, std = cls.title, cls.mean, cls.std
     root = Path(root)
     files = [f for f, _ in cls.train_list + cls.test_list]
     expected = [f"{cls.base_folder}/{f}" for f in files]
@@ -291,7 +200,7 @@ def _load_cifar(
         root,
         expected,
         CIFAR_URL,
-        hint=f"Download the python version ({variant.archive}) and unpack it there (tar xzf).",
+        hint=f"Download the python version ({cls.filename}) and unpack it there (tar xzf).",
     )
     eval_tf = cifar_eval_transform(mean, std)
     train_tf = cifar_train_transform(mean, std) if augment else eval_tf
@@ -305,16 +214,8 @@ def _load_cifar(
             root / cls.base_folder,
             f"({title}) failed the MD5 check against the official files: {err}",
         ) from err
-    train, val = _carve_val(full, _with_transform(full, eval_tf), full.targets, val_fraction, seed)
-    return DataSplit(
-        train=train,
-        val=val,
-        test=test,
-        num_classes=variant.num_classes,
-        input_shape=(3, 32, 32),
-        name=variant.name,
-        info={"mean": mean, "std": std, "classes": list(full.classes), "seed": seed},
-    )
+    name, view = title.lower().replace("-", ""), _with_transform(full, eval_tf)
+    return _split(name, full, view, test, (3, 32, 32), mean, std, val_fraction, seed)
 
 
 def load_cifar10(
@@ -339,7 +240,7 @@ def load_cifar10(
         DatasetFormatError: a batch file that is not a valid CIFAR batch, or one that
             fails the MD5 check (with ``verify_checksums``).
     """
-    return _load_cifar(_CIFAR10, root, val_fraction, seed, augment, verify_checksums)
+    return _load_cifar(_LocalCIFAR10, root, val_fraction, seed, augment, verify_checksums)
 
 
 def load_cifar100(
@@ -349,21 +250,9 @@ def load_cifar100(
     augment: bool = True,
     verify_checksums: bool = False,
 ) -> DataSplit:
-    """Load CIFAR-100 (fine labels) from ``root/cifar-100-python/{train,test}``.
-
-    Args:
-        root: folder holding ``cifar-100-python`` (the unpacked python version).
-        val_fraction: fraction of the 50,000 training images held out for validation.
-        seed: seed of the stratified validation split.
-        augment: apply the paper's training augmentation to ``train``.
-        verify_checksums: also check the official MD5 sums of the files.
-
-    Raises:
-        DatasetNotFoundError: if ``train`` or ``test`` is missing.
-        DatasetFormatError: a file that is not a valid CIFAR batch, or one that fails the
-            MD5 check (with ``verify_checksums``).
-    """
-    return _load_cifar(_CIFAR100, root, val_fraction, seed, augment, verify_checksums)
+    """Load CIFAR-100 (fine labels) from ``root/cifar-100-python/{train,test}``: the
+    arguments and errors of :func:`load_cifar10`."""
+    return _load_cifar(_LocalCIFAR100, root, val_fraction, seed, augment, verify_checksums)
 
 
 # --------------------------------------------------------------------------- ImageNet
@@ -417,18 +306,7 @@ def load_imagenet(
             f"ImageNet class folders differ between '{root / 'train'}' ({len(full.classes)}) "
             f"and '{root / 'val'}' ({len(test.classes)})"
         )
-    train, val = _carve_val(full, _with_transform(full, eval_tf), full.targets, val_fraction, seed)
-    return DataSplit(
-        train=train,
-        val=val,
-        test=test,
-        num_classes=len(full.classes),
-        input_shape=(3, image_size, image_size),
-        name="imagenet",
-        info={
-            "mean": IMAGENET_MEAN,
-            "std": IMAGENET_STD,
-            "classes": list(full.classes),
-            "seed": seed,
-        },
+    view, shape = _with_transform(full, eval_tf), (3, image_size, image_size)
+    return _split(
+        "imagenet", full, view, test, shape, IMAGENET_MEAN, IMAGENET_STD, val_fraction, seed
     )

@@ -15,7 +15,7 @@ the pipeline: the whole main job under ``torchrun`` is
 :func:`twodg_pyro.pipeline.run_distributed` (:mod:`twodg_pyro.pipeline.data_parallel`).
 """
 
-from .data import ShardedLoader, local_batch_size, shard_loader
+from .data import ShardedLoader, local_batch_size
 from .env import (
     DEFAULT_TIMEOUT_S,
     DistInfo,
@@ -59,6 +59,5 @@ __all__ = [
     "local_batch_size",
     "on_main",
     "setup",
-    "shard_loader",
     "sharded_predict",
 ]

@@ -9,8 +9,6 @@ from torch.utils.data.distributed import DistributedSampler
 
 from . import env
 
-__all__ = ["ShardedLoader", "local_batch_size", "shard_loader"]
-
 
 def local_batch_size(batch_size: int, world_size: int | None = None) -> int:
     """Per-rank batch of a configured global ``batch_size``; it must divide evenly."""
@@ -45,11 +43,8 @@ class ShardedLoader:
         shuffle: bool = True,
         drop_last: bool = False,
         num_workers: int = 0,
-        world_size: int | None = None,
-        rank: int | None = None,
     ):
-        world = env.get_world_size() if world_size is None else int(world_size)
-        rank = env.get_rank() if rank is None else int(rank)
+        world, rank = env.get_world_size(), env.get_rank()
         self.global_batch_size = int(batch_size)
         self.batch_size = local_batch_size(batch_size, world)
         if len(dataset) < world:
@@ -73,8 +68,3 @@ class ShardedLoader:
 
     def __len__(self) -> int:
         return len(self.loader)
-
-
-def shard_loader(dataset: Dataset, batch_size: int, seed: int = 0, **kwargs) -> ShardedLoader:
-    """This rank's :class:`ShardedLoader` for a global ``batch_size``."""
-    return ShardedLoader(dataset, batch_size, seed=seed, **kwargs)

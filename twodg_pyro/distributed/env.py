@@ -21,29 +21,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "DistInfo",
-    "DistributedSetupError",
-    "all_gather_rows",
-    "all_reduce_sum",
-    "barrier",
-    "broadcast_object",
-    "broadcast_tensor",
-    "check_same_across_ranks",
-    "cleanup",
-    "env_rank",
-    "env_world_size",
-    "get_info",
-    "get_rank",
-    "get_world_size",
-    "is_distributed",
-    "is_main",
-    "on_main",
-    "same_across_ranks",
-    "setup",
-]
-
 #: Default time any collective may wait for the slowest rank (also the join timeout).
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -72,14 +49,6 @@ class DistInfo:
     local_rank: int
     backend: str | None
     device: torch.device
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
 
 
 def _env_int(name: str, default: int | None = None) -> int | None:
@@ -304,22 +273,14 @@ def all_gather_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _disagreeing_ranks(values: torch.Tensor, rtol: float) -> tuple[list[int], torch.Tensor]:
-    v = values.detach().to(torch.float64).reshape(-1)
-    rows = all_gather_rows(v[None])
-    ref = rows[0]
-    bad = [
-        r
-        for r in range(rows.shape[0])
-        if not torch.allclose(rows[r], ref, rtol=rtol, atol=0.0, equal_nan=True)
-    ]
-    return bad, rows
+    rows = all_gather_rows(values.detach().to(torch.float64).reshape(1, -1))
+    close = [torch.allclose(row, rows[0], rtol=rtol, atol=0.0, equal_nan=True) for row in rows]
+    return [r for r, ok in enumerate(close) if not ok], rows
 
 
 def same_across_ranks(values: torch.Tensor, rtol: float = 1e-6) -> bool:
     """Whether the small float vector ``values`` (same length everywhere) agrees on all
     ranks; the same answer on every rank."""
-    if not is_distributed():
-        return True
     return not _disagreeing_ranks(values, rtol)[0]
 
 
@@ -328,15 +289,12 @@ def check_same_across_ranks(values: torch.Tensor, what: str, rtol: float = 1e-6)
 
     ``values`` must have the same length on every rank (e.g. counts and checksums).
     """
-    if not is_distributed():
-        return
     bad, rows = _disagreeing_ranks(values, rtol)
-    ref = rows[0]
     if bad:
         raise RuntimeError(
-            f"{what} differs between processes: rank 0 has {ref.tolist()}, rank(s) {bad} have "
-            f"{[rows[r].tolist() for r in bad]}; the ranks diverged (a step that should be "
-            "identical on every rank is not deterministic)"
+            f"{what} differs between processes: rank 0 has {rows[0].tolist()}, rank(s) {bad} "
+            f"have {[rows[r].tolist() for r in bad]}; the ranks diverged (a step that should "
+            "be identical on every rank is not deterministic)"
         )
 
 

@@ -18,8 +18,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-__all__ = ["RankResult", "free_port", "run_local"]
-
 
 @dataclass
 class RankResult:
@@ -45,17 +43,15 @@ def run_local(
     timeout_s: float = 120.0,
     env: dict[str, str] | None = None,
     grace_s: float = 10.0,
-    python: str | None = None,
 ) -> list[RankResult]:
     """Run ``python *argv`` as ranks ``0..nprocs-1`` of one group and wait for all.
 
     Args:
-        argv: arguments after the interpreter (e.g. ``["-m", "pkg.worker", "--x"]``).
+        argv: arguments after this interpreter (e.g. ``["-m", "pkg.worker", "--x"]``).
         nprocs: world size.
         timeout_s: deadline for the whole group; every rank still running is killed.
         env: extra environment variables (win over the defaults set here).
         grace_s: how long the others may still run once a rank has failed.
-        python: interpreter (default: this one).
     """
     if int(nprocs) < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs!r}")
@@ -75,9 +71,7 @@ def run_local(
         e.update(env or {})
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         files.append((out, err))
-        procs.append(
-            subprocess.Popen([python or sys.executable, *argv], env=e, stdout=out, stderr=err)
-        )
+        procs.append(subprocess.Popen([sys.executable, *argv], env=e, stdout=out, stderr=err))
     deadline = time.monotonic() + float(timeout_s)
     failed_at = None
     timed_out = [False] * len(procs)

@@ -19,14 +19,6 @@ from ..evaluation import data_to_device, n_examples
 from ..prediction import Prediction
 from . import env
 
-__all__ = [
-    "agree_on_structure",
-    "ddp_network",
-    "default_backend",
-    "sharded_predict",
-    "structure_checksum",
-]
-
 
 def default_backend(device: str) -> str:
     """The process-group backend for a run on ``device``: ``"nccl"`` when it is a CUDA

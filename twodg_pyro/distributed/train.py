@@ -67,20 +67,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
 from ..infer.callbacks import Callback
-from ..infer.elbo import DecomposedELBO
 from ..infer.state import TrainState
 from ..infer.trainer import TrainingStep, fit
 from . import env
 from .data import ShardedLoader
-
-__all__ = [
-    "DataParallelStep",
-    "ELBOTermsModule",
-    "MainOnly",
-    "average_buffers",
-    "fit_distributed",
-    "state_checksum",
-]
 
 _NOISE = ("independent", "shared")
 _DDP_ARGS = inspect.signature(DDP.__init__).parameters
@@ -159,12 +149,13 @@ def average_buffers(module: nn.Module) -> None:
                 b.copy_(env.all_reduce_sum(b) / world)
 
 
-class MainOnly(Callback):
+class MainOnly:
     """Run ``callback`` on rank 0 only (a checkpoint writer, a logger, ...).
 
-    Each call is a barrier that carries rank 0's outcome: an exception on rank 0 is
-    raised on every rank, and ``on_epoch_end``'s request to stop reaches every rank.
-    Attributes not defined here are the wrapped callback's.
+    Each call of the four ``on_*`` methods is a barrier that carries rank 0's outcome: an
+    exception on rank 0 is raised on every rank, and ``on_epoch_end``'s request to stop
+    reaches every rank.  Every other attribute (``state_dict``, ``last_checkpoint``, ...)
+    is the wrapped callback's.
     """
 
     def __init__(self, callback: Callback):
@@ -190,15 +181,6 @@ class MainOnly(Callback):
 
     def on_train_end(self, state) -> None:
         self._call("on_train_end", state)
-
-    def last_checkpoint(self) -> str | None:
-        return self.callback.last_checkpoint()
-
-    def state_dict(self) -> dict:
-        return self.callback.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.callback.load_state_dict(state)
 
 
 class DataParallelStep(TrainingStep):
@@ -309,17 +291,11 @@ def fit_distributed(
     epochs: int,
     *,
     batch_size: int | None = None,
-    lr: float | Mapping[str, float] = 1e-3,
-    elbo: DecomposedELBO | None = None,
-    callbacks: Sequence[Callback] = (),
     device: torch.device | str | None = None,
-    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
-    clip_norm: float | None = None,
-    progress: bool = True,
     seed: int = 0,
     noise: str = "independent",
     ddp_options: Mapping | None = None,
-    state: TrainState | None = None,
+    **fit_kwargs,
 ) -> TrainState:
     """Train ``guide`` (and the model's deterministic parameters) by SVI on every rank:
     :func:`~twodg_pyro.infer.fit` with a :class:`DataParallelStep`.
@@ -336,10 +312,11 @@ def fit_distributed(
         epochs: total number of epochs (a resumed ``state`` continues up to it).
         batch_size: the global batch (all ranks together) when ``data`` is a Dataset;
             it must be a multiple of the world size.
-        lr, elbo, device, optimizer, clip_norm, progress, state: as ``fit``.
-        callbacks: as ``fit``; they run on every rank (under a seed common to all ranks)
-            and must leave every rank in the same state: wrap a callback that writes
-            files in :class:`MainOnly`.
+        device: as ``fit``, and the GPU DDP uses.
+        fit_kwargs: ``fit``'s ``lr``, ``elbo``, ``optimizer``, ``clip_norm``, ``progress``,
+            ``state`` and ``callbacks``.  The callbacks run on every rank (under a seed
+            common to all ranks) and must leave every rank in the same state: wrap a
+            callback that writes files in :class:`MainOnly`.
         seed: seeds the shuffling, the guide's noise and the callbacks' randomness.
         noise: ``"independent"`` (each rank its own weight draw) or ``"shared"`` (every
             rank the same draw per step: the result is that of one process on the
@@ -367,26 +344,14 @@ def fit_distributed(
         if batch_size is None:
             raise ValueError("batch_size (the global batch) is required when data is a Dataset")
         loader = ShardedLoader(data, batch_size, seed=seed)
-    return fit(
-        model,
-        guide,
-        loader,
-        epochs,
-        lr=lr,
-        elbo=elbo,
-        callbacks=callbacks,
-        device=device,
-        optimizer=optimizer,
-        clip_norm=clip_norm,
-        progress=progress,
-        state=state,
-        step=step,
-    )
+    return fit(model, guide, loader, epochs, device=device, step=step, **fit_kwargs)
 
 
 def _raise_non_finite(state, keys, local, glob, rank) -> None:
     bad_local = {
-        k: float(v) for k, v in zip(["loss", *keys], local.tolist(), strict=True) if not _finite(v)
+        k: float(v)
+        for k, v in zip(["loss", *keys], local.tolist(), strict=True)
+        if not math.isfinite(v)
     }
     raise FloatingPointError(
         f"loss is not finite at epoch {state.epoch}, step {state.step} (rank {rank}); "
@@ -394,7 +359,3 @@ def _raise_non_finite(state, keys, local, glob, rank) -> None:
         f"non-finite terms on this rank: {bad_local or 'none (another rank)'}; "
         f"last good epoch: {state.epoch - 1}"
     )
-
-
-def _finite(v: float) -> bool:
-    return math.isfinite(v)

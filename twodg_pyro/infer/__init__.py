@@ -1,8 +1,8 @@
 """Inference: the decomposed ELBO, the SVI training loop, its state, optimiser, callbacks
 and checkpoints."""
 
-from .callbacks import Callback, EarlyStopping, History, KLAnnealing, ScaleTrajectory
-from .elbo import DecomposedELBO, site_kl
+from .callbacks import Callback, EarlyStopping, KLAnnealing, ScaleTrajectory
+from .elbo import DecomposedELBO
 from .optim import build_optimizer, guide_param_groups, remap_optimizer_rows
 from .state import TrainState
 from .trainer import TrainingStep, fit
@@ -11,7 +11,6 @@ __all__ = [
     "Callback",
     "DecomposedELBO",
     "EarlyStopping",
-    "History",
     "KLAnnealing",
     "ScaleTrajectory",
     "TrainState",
@@ -20,5 +19,4 @@ __all__ = [
     "fit",
     "guide_param_groups",
     "remap_optimizer_rows",
-    "site_kl",
 ]

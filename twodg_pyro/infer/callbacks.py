@@ -15,15 +15,6 @@ import torch
 
 from .state import TrainState
 
-__all__ = [
-    "Callback",
-    "KLAnnealing",
-    "EarlyStopping",
-    "History",
-    "ScaleTrajectory",
-    "scale_summary",
-]
-
 
 class Callback:
     """Base class: override any of the four methods."""
@@ -103,16 +94,6 @@ class EarlyStopping(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.best, self.bad_epochs = float(state["best"]), int(state["bad_epochs"])
-
-
-class History(Callback):
-    """Keeps a copy of every epoch's record (the trainer's ``state.history`` already does)."""
-
-    def __init__(self):
-        self.records: list[dict] = []
-
-    def on_epoch_end(self, state: TrainState) -> None:
-        self.records.append(dict(state.history[-1]))
 
 
 def scale_summary(mu: torch.Tensor, sigma: torch.Tensor) -> dict[str, float]:

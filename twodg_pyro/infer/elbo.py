@@ -58,13 +58,6 @@ from ..guide import BNNGuide, kl_or_estimate
 from ..pyro_params import handlers_active, local_params, params_are_local
 from .fast_step import fast_particle_terms, site_priors, unsupported
 
-__all__ = ["DecomposedELBO", "site_kl"]
-
-
-#: :math:`\mathrm{KL}(q \| p)` of a site, closed form if registered, else the one-draw
-#: estimate (:func:`twodg_pyro.guide.kl_or_estimate`)
-site_kl = kl_or_estimate
-
 
 def _same_weighting(a: dict, b: dict) -> bool:
     """Whether two trace sites carry the same scale and mask (a model site and its guide
@@ -137,7 +130,6 @@ class DecomposedELBO(ELBO):
         self.beta = float(beta)
         self.fast_step = bool(fast_step)
         self.fused_kl = bool(fused_kl)
-        self.last_terms: dict[str, float] = {}
         self.step_path: str | None = None
         self.fallback_reason: str | None = None
 
@@ -252,9 +244,7 @@ class DecomposedELBO(ELBO):
         ``pyro.param`` statements are emitted when a Pyro handler is active (``SVI``'s
         parameter capture), skipped otherwise (a module loss with a torch optimiser)."""
         with local_params(params_are_local() or not handlers_active()):
-            terms = self._terms(model, guide, args, kwargs)
-        self.last_terms = {k: torch_item(v) for k, v in terms.items()}
-        return self.combine(terms)
+            return self.combine(self._terms(model, guide, args, kwargs))
 
     def loss(self, model, guide, *args, **kwargs) -> float:
         with torch.no_grad():

@@ -52,8 +52,6 @@ from ..guide import BNNGuide, FastStepGuide
 from ..likelihoods import Categorical, Gaussian, check_labels
 from ..pyro_params import handlers_active
 
-__all__ = ["fast_particle_terms", "site_priors", "unsupported"]
-
 #: likelihoods whose program is ``Likelihood.__call__`` (plus Categorical's label check)
 _LIKELIHOODS = (Categorical, Gaussian)
 #: model -> (key, {site: prior}) of a settled prior

@@ -1,5 +1,5 @@
-r"""The optimiser of the training loop: named parameter groups, learning rates per group,
-gradient clipping, and carrying optimiser state across a change of the guide's parameters.
+r"""The optimiser of the training loop: named parameter groups, learning rates per group
+and carrying optimiser state across a change of the guide's parameters.
 
 A guide's parameters come in named groups (``loc``, ``scale``, ``centre``, ...:
 :meth:`~twodg_pyro.guides.BNNGuide.param_groups`) so that each gets its own learning
@@ -24,15 +24,6 @@ import torch
 from torch import nn
 
 from ..guide import BNNGuide
-
-__all__ = [
-    "build_optimizer",
-    "clip_gradients",
-    "guide_param_groups",
-    "prepare_guide",
-    "remap_optimizer_rows",
-    "to_device",
-]
 
 
 def _check_lr(name: str, lr: float) -> float:
@@ -134,13 +125,6 @@ def build_optimizer(
             if p in old.state:
                 opt.state[p] = old.state[p]
     return opt
-
-
-def clip_gradients(optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
-    """Clip the gradient norm of all of ``optimizer``'s parameters (``None``: nothing)."""
-    if clip_norm is not None:
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        torch.nn.utils.clip_grad_norm_(params, clip_norm)
 
 
 def remap_optimizer_rows(

@@ -11,8 +11,6 @@ from torch import nn
 from .elbo import DecomposedELBO
 from .optim import build_optimizer
 
-__all__ = ["TrainState", "start_state"]
-
 
 @dataclass
 class TrainState:
@@ -34,7 +32,6 @@ class TrainState:
     step: int = 0
     history: list[dict] = field(default_factory=list)
     stop: bool = False
-    extras: dict = field(default_factory=dict)
     program: Callable | None = None
 
     @property

@@ -33,10 +33,8 @@ from tqdm.auto import tqdm
 from ..guide import check_guide_sites
 from .callbacks import Callback
 from .elbo import DecomposedELBO
-from .optim import clip_gradients, prepare_guide, to_device
+from .optim import prepare_guide, to_device
 from .state import TrainState, start_state
-
-__all__ = ["TrainingStep", "fit"]
 
 
 class TrainingStep:
@@ -120,12 +118,8 @@ class TrainingStep:
 
 
 def _model_module(program: Callable) -> nn.Module:
-    """The model module of what :func:`fit` was given: the model itself, or the model
-    inside Pyro handlers (``poutine.scale(model, 0.5)``: ``poutine.unwrap``).
-
-    Raises:
-        TypeError: no model module inside, saying what fit accepts.
-    """
+    """The model module of what :func:`fit` was given: the model, or the model inside Pyro
+    handlers (``poutine.scale(model, 0.5)``: ``poutine.unwrap``)."""
     inner = poutine.unwrap(program) if callable(program) else program
     if isinstance(inner, nn.Module) and hasattr(inner, "deterministic_parameters"):
         return inner
@@ -219,7 +213,9 @@ def fit(
                 loss, terms = step.loss_terms(state, x, y)
                 step.add(state, loss, terms, callbacks)
                 loss.backward()
-                clip_gradients(state.optimizer, clip_norm)
+                if clip_norm is not None:
+                    params = [p for g in state.optimizer.param_groups for p in g["params"]]
+                    torch.nn.utils.clip_grad_norm_(params, clip_norm)
                 state.optimizer.step()
                 state.step += 1
             record = step.epoch_means()

@@ -10,8 +10,6 @@ import pyro.distributions as dist
 from ..nn.sites import BayesianSite
 from .base import Prior, _positive
 
-__all__ = ["CauchyPrior", "LaplacePrior", "LayerwiseNormalPrior", "NormalPrior"]
-
 
 class NormalPrior(Prior):
     r"""I.i.d. Normal prior :math:`w_i \sim \mathcal N(\text{loc}, \text{scale}^2)`."""

@@ -12,8 +12,6 @@ from torch import nn
 from ..nn.sites import BayesianSite
 from .base import Prior, _positive
 
-__all__ = ["PretrainedPrior"]
-
 
 class PretrainedPrior(Prior):
     r"""Empirical-Bayes prior centred at given (e.g. pretrained) weights:

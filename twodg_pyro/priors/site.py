@@ -12,8 +12,6 @@ from ..nn.sites import BayesianSite
 from .base import Prior
 from .iid import NormalPrior
 
-__all__ = ["SitePrior", "as_prior"]
-
 
 class SitePrior(Prior):
     """A user-supplied prior: one distribution for all sites, a mapping from site name
