@@ -5,15 +5,16 @@ non-Bayesian baselines' files (:func:`save_baseline` / :func:`load_baseline`).  
 plumbing below them (atomic writes, safe loading, checksums, checkpoints) is
 :mod:`twodg_pyro.files`."""
 
-from .baseline_file import load_baseline, save_baseline
 from .compact import export_compact, load_compact
 from .model_file import (
     load_2dg,
+    load_baseline,
     load_model,
     load_model_file,
     read_model_header,
     register_guide_file,
     save_2dg,
+    save_baseline,
     save_model,
 )
 from .specs import PriorNotStoredWarning, UnavailablePrior

@@ -13,24 +13,13 @@ __all__ = ["pack_bits", "read_varints", "unpack_bits", "write_varints"]
 
 def write_varints(values: np.ndarray) -> bytes:
     """Non-negative integers as unsigned LEB128 varints (7 bits per byte, low first)."""
-    v = np.asarray(values, dtype=np.uint64).reshape(-1)
-    if v.size == 0:
-        return b""
-    nbytes = np.ones(v.size, dtype=np.int64)
-    rest = v >> np.uint64(7)
-    while rest.any():
-        nbytes += rest > 0
-        rest >>= np.uint64(7)
-    out = np.empty(int(nbytes.sum()), dtype=np.uint8)
-    starts = np.concatenate([[0], np.cumsum(nbytes)[:-1]])
-    rest = v.copy()
-    for j in range(int(nbytes.max())):
-        live = nbytes > j
-        more = nbytes > j + 1
-        byte = (rest[live] & np.uint64(0x7F)).astype(np.uint8) | np.where(more[live], 0x80, 0)
-        out[starts[live] + j] = byte.astype(np.uint8)
-        rest >>= np.uint64(7)
-    return out.tobytes()
+    out = bytearray()
+    for v in np.asarray(values, dtype=np.uint64).reshape(-1).tolist():
+        while v > 0x7F:
+            out.append(v & 0x7F | 0x80)
+            v >>= 7
+        out.append(v)
+    return bytes(out)
 
 
 def read_varints(buf: bytes | memoryview, pos: int, count: int) -> tuple[np.ndarray, int]:

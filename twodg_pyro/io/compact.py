@@ -27,15 +27,11 @@ What a compact 2DG file stores
   default) or :math:`s = \max|\mu| / 127` (INT8, exactly the baseline's), and
   :math:`b`-bit codes uniform in :math:`\log\sigma` between the layer's outliers'
   extremes (:func:`~twodg_pyro.baselines.quantized.dequantize`; 16 bits by default, down
-  to the baseline's 1-8).  The outliers are the weights the method singles out (largest
-  :math:`|\mu|` and gradients) and are about 1% of them: at INT8 and 8 or 4 bits they
-  changed the predicted class of test points of a noisy ResNet-20, at 16 bits they did
-  not, for 1.5-3 bytes per outlier;
+  to the baseline's 1-8; why 16: :func:`export_compact`);
 * **ellipses** (in weight order): the :math:`k` components of each ellipse weight and
   its blending weights as :math:`k - 1` cumulative sums :math:`\sum_{j \le l} \alpha_j`
   quantised to ``alpha_bits`` bits (so the decoded :math:`\alpha` are non-negative and
-  sum to one exactly); each of the two tables bit-packed (components at
-  :math:`\lceil\log_2 K\rceil` bits) or rANS-coded column by column, whichever is smaller;
+  sum to one exactly), bit-packed or rANS-coded, whichever is smaller;
 * **net**: the network's deterministic tensors (BatchNorm parameters and statistics),
   at their own dtype; the Bayesian tensors are not stored (the guide draws them).
 
@@ -62,10 +58,10 @@ import numpy as np
 import torch
 
 from ..guide import require_sharing
-from .bits import pack_bits
 from .compact_format import (
     _FLOAT_DTYPES,
     _MU_DTYPES,
+    _SECTIONS,
     COMPACT_FORMAT_VERSION,
     COMPACT_MAGIC,
     KIND_2DG,
@@ -75,7 +71,7 @@ from .compact_format import (
     _float_bytes,
     _model_header,
     _net_section,
-    _quantise_site,
+    _quantise_sites,
     _site_counts,
     _symbols,
     _write_container,
@@ -184,30 +180,10 @@ def export_compact(
     code = encode_index(sym, sizes, K + 2, index_coding)
     encode_seconds = time.perf_counter() - t0
 
-    # outliers: per layer with outliers, INT8 means and b-bit sigmas
-    out_idx = s.outlier_index.numpy()
-    per_site = _site_counts(out_idx, ends)
-    params, qs, codes = [], [], []
-    start = 0
-    for n in per_site:
-        if n:
-            q, c, p = _quantise_site(
-                s.outlier_loc[start : start + n],
-                s.outlier_scale[start : start + n],
-                outlier_sigma_bits,
-                outlier_mu_bits,
-            )
-            params.append(p)
-            qs.append(q)
-            codes.append(c)
-        start += n
-    outlier_bytes = b""
-    if qs:
-        outlier_bytes = (
-            torch.stack(params).numpy().astype("<f4").tobytes()
-            + torch.cat(qs).numpy().astype(_MU_DTYPES[outlier_mu_bits]).tobytes()
-            + pack_bits(torch.cat(codes).numpy(), outlier_sigma_bits)
-        )
+    # outliers: per layer with outliers, INT8 or 16-bit means and b-bit sigmas
+    counts = _site_counts(s.outlier_index.numpy(), ends).tolist()
+    pairs = zip(s.outlier_loc.split(counts), s.outlier_scale.split(counts), strict=True)
+    outlier_bytes = b"".join(_quantise_sites(pairs, outlier_sigma_bits, outlier_mu_bits))
 
     # ellipses: component lists and cumulative alphas, packed or rANS-coded by column
     k = int(s.ellipse_components.shape[1]) if s.n_ellipses else 0
@@ -252,15 +228,8 @@ def export_compact(
         "net": net_spec,
         "info": s.info,
     }
-    sections = [
-        ("centres", centre_bytes),
-        ("covariances", cov_bytes),
-        ("index", code.data),
-        ("outliers", outlier_bytes),
-        ("ellipses", ellipse_bytes),
-        ("net", net_bytes),
-    ]
-    report = _write_container(path, header, sections)
+    parts = (centre_bytes, cov_bytes, code.data, outlier_bytes, ellipse_bytes, net_bytes)
+    report = _write_container(path, header, list(zip(_SECTIONS[KIND_2DG], parts, strict=True)))
     ctx = np.repeat(np.arange(len(sizes)), sizes)
     report.update(
         n_weights=n_w,
@@ -294,15 +263,9 @@ def export_int8_mean_field(
     """
     if sigma_bits not in (1, 2, 4, 8):
         raise ValueError(f"sigma_bits must be 1, 2, 4 or 8, got {sigma_bits!r}")
-    params, qs, codes = [], [], []
-    for site in guide.sites:
-        q, c, p = _quantise_site(
-            guide.loc(site.name).reshape(-1), guide.scale(site.name).reshape(-1), sigma_bits
-        )
-        params.append(p)
-        qs.append(q)
-        codes.append(c)
+    pairs = [(guide.loc(x.name).reshape(-1), guide.scale(x.name).reshape(-1)) for x in guide.sites]
     net_bytes, net_spec = _net_section(model)
+    parts = (*_quantise_sites(pairs, sigma_bits), net_bytes)
     header = {
         "kind": KIND_INT8,
         "format_version": COMPACT_FORMAT_VERSION,
@@ -311,13 +274,7 @@ def export_int8_mean_field(
         "sigma_bits": sigma_bits,
         "net": net_spec,
     }
-    sections = [
-        ("params", torch.stack(params).numpy().astype("<f4").tobytes()),
-        ("mu", torch.cat(qs).numpy().astype(np.int8).tobytes()),
-        ("sigma", pack_bits(torch.cat(codes).numpy(), sigma_bits)),
-        ("net", net_bytes),
-    ]
-    return _write_container(path, header, sections)
+    return _write_container(path, header, list(zip(_SECTIONS[KIND_INT8], parts, strict=True)))
 
 
 # ---------------------------------------------------------------------------- files

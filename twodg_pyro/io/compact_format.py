@@ -83,7 +83,10 @@ _PREFIX = struct.Struct("<8sHI")  # magic, version, header length
 _PAYLOAD_LEN = struct.Struct("<Q")
 _DIGEST = 32
 _MAX_HEADER = 4 << 20  # decompressed header bound (a crafted file cannot exhaust memory)
-_SECTIONS_2DG = ("centres", "covariances", "index", "outliers", "ellipses", "net")
+_SECTIONS = {  # the sections of each kind of file, in order
+    KIND_2DG: ("centres", "covariances", "index", "outliers", "ellipses", "net"),
+    KIND_INT8: ("params", "mu", "sigma", "net"),
+}
 _FLOAT_DTYPES = {"float16": np.dtype("<f2"), "float32": np.dtype("<f4")}
 _TENSOR_DTYPES = {
     torch.float32: "<f4",
@@ -220,8 +223,6 @@ def compact_summary(path: str | Path) -> dict:
 def _float_bytes(values: torch.Tensor, dtype: str) -> tuple[bytes, str]:
     """``values`` at ``dtype``; ``float16`` falls back to ``float32`` for an array it
     cannot hold (non-zero magnitudes outside ``[6.1e-5, 65504]``)."""
-    if dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"precision must be 'float16' or 'float32', got {dtype!r}")
     a = values.detach().cpu().double().numpy()
     if not np.isfinite(a).all():
         raise ValueError("cannot store non-finite centres or covariances")
@@ -259,29 +260,38 @@ def _net_section(model) -> tuple[bytes, list]:
     return b"".join(chunks), spec
 
 
-def _net_shapes(spec, n_bytes: int) -> dict[str, tuple[int, ...]]:
-    """``{name: shape}`` of the header's net tensors (``[name, dtype code, shape]`` each),
-    checked against the ``n_bytes`` of the net section before anything is read."""
-    shapes, total = {}, 0
-    for item in spec if isinstance(spec, list) else [spec]:
+def _shapes(items: list, what: str, n: int) -> list[list[int]]:
+    """The shapes of the header's ``[name, shape]`` (``n = 2``) or ``[name, dtype code,
+    shape]`` (``n = 3``) ``items``, each checked."""
+    form = "[name, shape]" if n == 2 else "[name, dtype, shape]"
+    for item in items:
         if not (
             isinstance(item, list)
-            and len(item) == 3
+            and len(item) == n
             and isinstance(item[0], str)
-            and item[1] in _TENSOR_DTYPES.values()
-            and isinstance(item[2], list)
-            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in item[2])
+            and (n == 2 or item[1] in _TENSOR_DTYPES.values())
+            and isinstance(item[-1], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in item[-1])
         ):
-            raise ValueError(f"the header's net tensor {item!r:.80} is not [name, dtype, shape]")
-        shapes[item[0]] = tuple(item[2])
-        total += math.prod(item[2]) * np.dtype(item[1]).itemsize
+            raise ValueError(
+                f"the header's {what} {item!r:.80} is not {form} with a shape of "
+                "non-negative integers"
+            )
+    return [item[-1] for item in items]
+
+
+def _net_shapes(spec, n_bytes: int) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` of the header's net tensors, checked against the ``n_bytes`` of
+    the net section before anything is read."""
+    items = spec if isinstance(spec, list) else [spec]
+    _shapes(items, "net tensor", 3)
+    total = sum(math.prod(shape) * np.dtype(code).itemsize for _, code, shape in items)
     if total != n_bytes:
         raise ValueError(f"the header's net tensors take {total} bytes, its net section {n_bytes}")
-    return shapes
+    return {name: tuple(shape) for name, _, shape in items}
 
 
 def _load_net(net, buf, spec: list, site_names: list[str]) -> None:
-    _net_shapes(spec, len(buf))
     state, pos = {}, 0
     for name, code, shape in spec:
         dt = np.dtype(code)
@@ -307,21 +317,51 @@ def _load_net(net, buf, spec: list, site_names: list[str]) -> None:
 _MU_DTYPES = {8: np.dtype(np.int8), 16: np.dtype("<i2")}
 
 
-def _quantise_site(mu: torch.Tensor, sigma: torch.Tensor, bits: int, mu_bits: int = 8):
-    r"""The quantised baseline's scheme for one tensor: symmetric ``mu_bits``-bit means
-    (``int8``: exactly :func:`~twodg_pyro.baselines.quantized.quantize_mean_field`'s), and
-    ``bits``-bit codes of :math:`\log\sigma`; returns ``(q, codes, [scale, lo, step])``."""
+def _quantise_sites(pairs, bits: int, mu_bits: int = 8) -> tuple[bytes, bytes, bytes]:
+    r"""The quantised baseline's scheme for every non-empty tensor of ``pairs`` (``(mu,
+    sigma)`` each): symmetric ``mu_bits``-bit means (``int8``: exactly
+    :func:`~twodg_pyro.baselines.quantized.quantize_mean_field`'s) and ``bits``-bit codes
+    of :math:`\log\sigma`; returns the bytes of the ``float32`` rows ``[scale, lo, step]``,
+    of the means and of the packed codes."""
     from ..baselines.quantized import _quantize_mu, _quantize_sigma
 
-    q, scale = _quantize_mu(mu.detach().float().cpu(), mu_bits)
-    code, lo_step = _quantize_sigma(sigma.detach().float().cpu(), bits)
-    return q, code, torch.stack([scale, lo_step[0], lo_step[1]]).float()
+    params, qs, codes = [], [], []
+    for mu, sigma in pairs:
+        if mu.numel():
+            q, scale = _quantize_mu(mu.detach().float().cpu(), mu_bits)
+            code, lo_step = _quantize_sigma(sigma.detach().float().cpu(), bits)
+            params.append(torch.stack([scale, lo_step[0], lo_step[1]]).float())
+            qs.append(q)
+            codes.append(code)
+    if not params:
+        return b"", b"", b""
+    return (
+        torch.stack(params).numpy().astype("<f4").tobytes(),
+        torch.cat(qs).numpy().astype(_MU_DTYPES[mu_bits]).tobytes(),
+        pack_bits(torch.cat(codes).numpy(), bits),
+    )
 
 
-def _dequantise(q: torch.Tensor, code: torch.Tensor, params: torch.Tensor):
+def _dequantise_sites(buf, counts, bits: int, mu_bits: int, what: str, unit: str):
+    """Inverse of :func:`_quantise_sites` (its bytes back to back in ``buf``) for tensors
+    of ``counts`` values: ``(means, scales)``, flat."""
     from ..baselines.quantized import dequantize
 
-    return dequantize(q, params[0], code, params[1:3])
+    counts = [int(n) for n in counts if n]
+    n, mu_dt = sum(counts), _MU_DTYPES[mu_bits]
+    q_at = 12 * len(counts)
+    code_at = q_at + n * mu_dt.itemsize
+    need = code_at + math.ceil(n * bits / 8)
+    if len(buf) != need:
+        raise ValueError(f"the {what} holds {len(buf)} bytes, {n} {unit} need {need}")
+    if not n:
+        return torch.zeros(0), torch.ones(0)
+    params = torch.tensor(np.frombuffer(bytes(buf[:q_at]), dtype="<f4").reshape(-1, 3))
+    q = torch.from_numpy(np.frombuffer(bytes(buf[q_at:code_at]), dtype=mu_dt).astype(np.int16))
+    codes = torch.from_numpy(unpack_bits(buf[code_at:], n, bits))
+    rows = zip(q.split(counts), params, codes.split(counts), strict=True)
+    loc, scale = zip(*(dequantize(qi, p[0], c, p[1:3]) for qi, p, c in rows), strict=True)
+    return torch.cat(loc), torch.cat(scale)
 
 
 def _check_bits(name: str, bits: int, lo: int, hi: int) -> int:
@@ -350,9 +390,9 @@ def _encode_columns(values: np.ndarray, alphabet: int, bits: int) -> tuple[bytes
     """A small ``(n, c)`` table of codes: bit-packed row-major at ``bits`` bits, or rANS by
     column (column-major, one table per column or one for all), whichever is smaller."""
     n, c = values.shape
-    packed = pack_bits(values.reshape(-1), bits) if c else b""
     if c == 0:
         return b"", {"coding": "packed", "bytes": 0}
+    packed = pack_bits(values.reshape(-1), bits)
     code = encode_index(values.T.reshape(-1), [n] * c, alphabet, "auto")
     if len(code.data) < len(packed):
         info = {"coding": code.mode, "lanes": code.lanes, "words": code.n_words}

@@ -11,20 +11,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .bits import unpack_bits
 from .compact_format import (
     _FLOAT_DTYPES,
     _MU_DTYPES,
-    _SECTIONS_2DG,
+    _SECTIONS,
     COMPACT_FORMAT_VERSION,
     KIND_2DG,
-    KIND_INT8,
     _check_bits,
     _decode_columns,
-    _dequantise,
+    _dequantise_sites,
     _load_net,
     _net_shapes,
     _read_floats,
+    _shapes,
     _site_counts,
     read_compact,
 )
@@ -48,21 +47,7 @@ def _site_sizes(header: dict) -> list[int]:
     sites = header.get("sites")
     if not isinstance(sites, list) or not sites:
         raise ValueError(f"the header's sites {sites!r:.60} are not a list of [name, shape]")
-    sizes = []
-    for item in sites:
-        if not (
-            isinstance(item, list)
-            and len(item) == 2
-            and isinstance(item[0], str)
-            and isinstance(item[1], list)
-            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in item[1])
-        ):
-            raise ValueError(
-                f"the header's site {item!r:.80} is not [name, shape] with a shape of "
-                "non-negative integers"
-            )
-        sizes.append(math.prod(item[1]))
-    return sizes
+    return [math.prod(shape) for shape in _shapes(sites, "site", 2)]
 
 
 def _check_2dg(header: dict, sec: dict) -> tuple[int, int, list[int]]:
@@ -140,18 +125,19 @@ def _check_coding(info, field: str, n_bytes: int, extra: tuple[str, ...] = ()) -
 
 def _rebuild_model(header: dict, net, prior, where: str, net_bytes):
     from ..bnn import BNNModel
-    from .specs import PriorNotStoredWarning, UnavailablePrior, rebuild_likelihood, rebuild_prior
-
-    _site_sizes(header)
+    from .specs import (
+        PriorNotStoredWarning,
+        UnavailablePrior,
+        rebuild_likelihood,
+        rebuild_prior,
+        saved_dtype,
+    )
 
     net_shapes = _net_shapes(header.get("net"), len(net_bytes))
     if net is None:  # what the file describes: its sites (the index) and its net section
         tensors = {n: tuple(sh) for n, sh in header["sites"]} | net_shapes
         net = build_file_network(header.get("network"), where, tensors)
-    dtype = header.get("dtype", "float32")
-    if dtype not in ("float32", "float64", "float16", "bfloat16"):
-        raise ValueError(f"unknown network dtype {dtype!r} in the header")
-    net = net.to(getattr(torch, dtype))
+    net = net.to(saved_dtype(header, {}, where))
     lik = rebuild_likelihood(header["likelihood"])
     prior_spec = header.get("prior") or {}
     if prior is None and prior_spec.get("kind") == "PretrainedPrior":
@@ -222,35 +208,12 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
             raise ValueError("covariances are stored but the header says they are not")
         covs = torch.zeros(K, 2, 2)
     # outliers
-    bits = int(header["outlier_sigma_bits"])
-    mu_dt = _MU_DTYPES[int(header["outlier_mu_bits"])]
-    per_site = _site_counts(outl, ends)
-    n_sites_out, n_out = int((per_site > 0).sum()), int(outl.size)
-    buf = sec["outliers"]
-    p_end, q_end = 12 * n_sites_out, 12 * n_sites_out + n_out * mu_dt.itemsize
-    need = q_end + math.ceil(n_out * bits / 8)
-    if len(buf) != need:
-        raise ValueError(
-            f"the outlier section holds {len(buf)} bytes, {n_out} outliers need {need}"
-        )
-    loc = torch.zeros(n_out)
-    scale = torch.ones(n_out)
-    if n_out:
-        params = np.frombuffer(bytes(buf[:p_end]), dtype="<f4").reshape(-1, 3)
-        q = np.frombuffer(bytes(buf[p_end:q_end]), dtype=mu_dt).astype(np.int16)
-        codes = unpack_bits(buf[q_end:], n_out, bits)
-        start, row = 0, 0
-        for n in per_site:
-            if n:
-                mu, sg = _dequantise(
-                    torch.from_numpy(q[start : start + n].copy()),
-                    torch.from_numpy(codes[start : start + n]),
-                    torch.from_numpy(params[row].copy()),
-                )
-                loc[start : start + n], scale[start : start + n] = mu, sg
-                row += 1
-            start += n
-        _finite(torch.cat([loc, scale.log()]), "outlier means and scales")
+    counts = _site_counts(outl, ends)
+    bits, mu_bits = int(header["outlier_sigma_bits"]), int(header["outlier_mu_bits"])
+    loc, scale = _dequantise_sites(
+        sec["outliers"], counts, bits, mu_bits, "outlier section", "outliers"
+    )
+    _finite(torch.cat([loc, scale.log()]), "outlier means and scales")
     # ellipses
     k, n_e = int(header["ellipse_k"]), int(ell.size)
     cb, ab = int(header["component_bits"]), int(header["alpha_bits"])
@@ -314,36 +277,28 @@ def _load_int8(header: dict, sec: dict, net, prior, where: str):
     from ..guides.mean_field import MeanFieldGuide
     from ..nn.functional import inverse_softplus
 
-    _check_bits("sigma_bits", header.get("sigma_bits"), 1, 8)
-    if sum(_site_sizes(header)) != len(sec["mu"]):
+    bits = _check_bits("sigma_bits", header.get("sigma_bits"), 1, 8)
+    sizes = _site_sizes(header)
+    if sum(sizes) != len(sec["mu"]):
         raise ValueError(
-            f"the header's sites hold {sum(_site_sizes(header))} weights, its mu section "
+            f"the header's sites hold {sum(sizes)} weights, its mu section "
             f"{len(sec['mu'])} (one byte each)"
         )
     model = _rebuild_model(header, net, prior, where, sec["net"])
-    bits = int(header["sigma_bits"])
-    n_w, n_sites = model.num_weights, len(model.sites)
-    if n_w != header["n_weights"]:
-        raise ValueError(f"the network has {n_w} weights, the header says {header['n_weights']}")
-    if len(sec["params"]) != 12 * n_sites or len(sec["mu"]) != n_w:
+    if model.num_weights != header["n_weights"]:
+        raise ValueError(
+            f"the network has {model.num_weights} weights, the header says {header['n_weights']}"
+        )
+    if len(sec["params"]) != 12 * np.count_nonzero(sizes):
         raise ValueError("the INT8 sections do not match the network's sites")
-    params = np.frombuffer(bytes(sec["params"]), dtype="<f4").reshape(n_sites, 3)
-    q = np.frombuffer(bytes(sec["mu"]), dtype=np.int8)
-    codes = unpack_bits(sec["sigma"], n_w, bits)
+    buf = b"".join(bytes(sec[name]) for name in ("params", "mu", "sigma"))
+    loc, scale = _dequantise_sites(buf, sizes, bits, 8, "INT8 sections", "weights")
     guide = MeanFieldGuide(model)
-    start = 0
     with torch.no_grad():
-        for i, site in enumerate(model.sites):
-            n = site.numel
-            mu, sg = _dequantise(
-                torch.from_numpy(q[start : start + n].copy()),
-                torch.from_numpy(codes[start : start + n]),
-                torch.from_numpy(params[i].copy()),
-            )
+        for site, mu, sg in zip(model.sites, loc.split(sizes), scale.split(sizes), strict=True):
             _finite(torch.cat([mu, sg.log()]), f"the means and scales of site {site.name!r}")
             guide.loc(site.name).copy_(mu.view(site.shape))
             guide.rhos[site_key(site.name)].copy_(inverse_softplus(sg).view(site.shape))
-            start += n
     return model, guide
 
 
@@ -364,13 +319,9 @@ def load_compact(path: str | Path, net=None, prior=None, device="cpu"):
     where = str(path)
     header, sec = read_compact(path)
     kind = header.get("kind")
-    expected = {
-        KIND_2DG: _SECTIONS_2DG,
-        KIND_INT8: ("params", "mu", "sigma", "net"),
-    }
-    if kind not in expected:
+    if kind not in _SECTIONS:
         raise ValueError(f"{where!r} is a compact file of unknown kind {kind!r}")
-    if header.get("format_version") != COMPACT_FORMAT_VERSION or list(sec) != list(expected[kind]):
+    if header.get("format_version") != COMPACT_FORMAT_VERSION or list(sec) != list(_SECTIONS[kind]):
         raise ValueError(
             f"{where!r}: header version {header.get('format_version')!r} / sections "
             f"{list(sec)} do not match this version of the format"

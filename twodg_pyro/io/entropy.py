@@ -132,11 +132,6 @@ def quantise_frequencies(counts: np.ndarray, scale_bits: int) -> np.ndarray:
     return f
 
 
-def _coded_bits(counts: np.ndarray, freqs: np.ndarray, scale_bits: int) -> float:
-    m = counts > 0
-    return float((counts[m] * (scale_bits - np.log2(freqs[m]))).sum())
-
-
 def encode_table(freqs: np.ndarray, scale_bits: int) -> bytes:
     """``M`` (one byte), presence bitmap, varints ``f - 1`` of all present symbols but the
     last (see the module docstring)."""
@@ -182,13 +177,14 @@ def choose_table(counts: np.ndarray) -> tuple[np.ndarray, int, int, float]:
         ``(freqs, scale_bits, table_bytes, coded_bits)``.
     """
     counts = np.asarray(counts, dtype=np.int64)
-    n_present = int((counts > 0).sum())
+    present = counts > 0
+    n_present = int(present.sum())
     lo = max(0, math.ceil(math.log2(max(n_present, 1))))
     best = None
     for m in range(lo, _MAX_SCALE_BITS + 1):
         f = quantise_frequencies(counts, m)
         tb = len(encode_table(f, m))
-        bits = _coded_bits(counts, f, m)
+        bits = float((counts[present] * (m - np.log2(f[present]))).sum())
         cost = 8 * tb + bits
         if best is None or cost < best[0]:
             best = (cost, f, m, tb, bits)
@@ -199,11 +195,6 @@ def choose_table(counts: np.ndarray) -> tuple[np.ndarray, int, int, float]:
 
 
 # ------------------------------------------------------------------ rANS
-def default_lanes(n: int) -> int:
-    """Lanes for ``n`` symbols: about one per 2048 symbols, 1 to 4096."""
-    return int(min(_MAX_LANES, max(1, n // _SYMBOLS_PER_LANE)))
-
-
 def _context_arrays(freqs: np.ndarray, scale_bits: np.ndarray):
     freqs = np.asarray(freqs, dtype=np.int64)
     cum = np.concatenate([np.zeros((freqs.shape[0], 1), np.int64), freqs.cumsum(1)[:, :-1]], 1)
@@ -395,7 +386,7 @@ def encode_index(
 
     Args:
         mode: ``"global"``, ``"per_site"`` or ``"auto"`` (encode both, keep the smaller).
-        lanes: interleaved lanes (default :func:`default_lanes`).
+        lanes: interleaved lanes (default: one per 2048 symbols, 1 to 4096).
     """
     sym = np.asarray(symbols, dtype=np.int64).reshape(-1)
     if sym.size != int(sum(segments)):
@@ -404,7 +395,9 @@ def encode_index(
         raise ValueError(f"symbols must lie in [0, {alphabet})")
     if mode not in ("auto", "global", "per_site"):
         raise ValueError(f"index coding must be 'auto', 'global' or 'per_site', got {mode!r}")
-    lanes = default_lanes(sym.size) if lanes is None else int(lanes)
+    if lanes is None:
+        lanes = min(_MAX_LANES, max(1, sym.size // _SYMBOLS_PER_LANE))
+    lanes = int(lanes)
     modes = ["global", "per_site"] if mode == "auto" else [mode]
     codes = {m: _encode_mode(sym, segments, alphabet, m, lanes) for m in modes}
     best = min(codes.values(), key=lambda c: len(c.data))

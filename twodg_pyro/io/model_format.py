@@ -32,6 +32,25 @@ A 2DG BNN's file keeps the layout it has always had (``kind =
 field; the guide's fields are ``tying`` and ``coordinates``, its section the sharing
 structure, and ``site_names`` follows the network spec.
 
+**A baseline's file** (``kind = "twodg_pyro.Baseline"``, format version 1,
+:data:`BASELINE_FORMAT`): a deep ensemble, a post-hoc Laplace approximation (nothing of
+laplace-torch is pickled: its network plus the fitted precision factors, rebuilt as a
+:class:`~twodg_pyro.baselines.LaplacePosterior`) or one deterministic network:
+
+* ``header``: ``kind``, ``format_version``, ``method`` (the results row:
+  ``"ensemble"``, ``"laplace"``, ``"deterministic_matched"``, ...), ``baseline``
+  (``"ensemble"``, ``"laplace"`` or ``"network"``), the network spec (``{"name",
+  "kwargs"}`` for :func:`twodg_pyro.models.build_network`, or ``None``: pass ``net=``),
+  the network's ``dtype``, optionally ``evaluation`` (the run's seed, draws, data and
+  metrics); an ensemble's ``members``; a Laplace approximation's ``laplace`` table
+  (``subset``, ``hessian``, ``pred_type``, ``param_names``, ``block_sizes``,
+  ``h_factor``);
+* ``member/<m>/<name>``: member ``m``'s ``state_dict`` (ensemble);
+* ``net/<name>``: the network's ``state_dict`` (Laplace: the MAP; network);
+* ``laplace/prior_precision``, ``laplace/kfac/<i>/<j>`` (Kronecker factor ``j`` of
+  covered tensor ``i``) or ``laplace/diag``;
+* ``checksum``.
+
 **A method's file support** is one :class:`GuideFile` in a registry
 (:func:`register_guide_file`; the library's methods are registered at the end of this
 module): a new method is one call, e.g. ``register_guide_file(MyGuide)`` (under the name
@@ -106,10 +125,21 @@ def check_spec_fields(header: dict, where: str) -> None:
         raise header_error(header, where, "evaluation", "is not a table")
 
 
-def _check_model_fields(header: dict, where: str) -> None:
+def _check_model_fields(header: dict, where: str, layout: ModelFileLayout) -> None:
     def bad(field: str, what: str) -> ValueError:
         return header_error(header, where, field, what)
 
+    if layout is SHARED_GMM_FILE:
+        if header.get("tying") not in TYINGS:
+            raise bad("tying", f"is not one of {list(TYINGS)}")
+    else:
+        methods = [e.method for e in _GUIDE_FILES.values() if e.layout is BNN_FILE]
+        if header.get("method") not in methods:
+            raise bad("method", f"is not one of {methods}")
+        for field in ("guide", "model"):
+            spec = header.get(field)
+            if not isinstance(spec, dict) or not isinstance(spec.get("class"), str):
+                raise ValueError(f"{where!r}: the header's {field} is not a table with a class")
     lik = header.get("likelihood")
     if not isinstance(lik, dict) or lik.get("kind") not in LIKELIHOODS:
         raise bad("likelihood", "is not a Categorical or Gaussian likelihood")
@@ -129,34 +159,17 @@ def _check_model_fields(header: dict, where: str) -> None:
     check_spec_fields(header, where)
 
 
-def _check_bnn_fields(header: dict, where: str) -> None:
-    methods = [e.method for e in _GUIDE_FILES.values() if e.layout is BNN_FILE]
-    if header.get("method") not in methods:
-        raise header_error(header, where, "method", f"is not one of {methods}")
-    for field in ("guide", "model"):
-        spec = header.get(field)
-        if not isinstance(spec, dict) or not isinstance(spec.get("class"), str):
-            raise ValueError(f"{where!r}: the header's {field} is not a table with a class")
-
-
-def _check_2dg_fields(header: dict, where: str) -> None:
-    if header.get("tying") not in TYINGS:
-        raise header_error(header, where, "tying", f"is not one of {list(TYINGS)}")
-
-
 # ---------------------------------------------------------------------------- file kinds
 @dataclass(frozen=True)
 class ModelFileLayout:
     """A kind of BNN model file: its container format, its header's fields after
     ``kind`` and ``format_version`` in the order written, the method of all its files
-    (``None``: the header's ``method``), what a loading error names as not fitting, and
-    ``check(header, where)``, which refuses its own fields when missing or malformed."""
+    (``None``: the header's ``method``) and what a loading error names as not fitting."""
 
     fmt: PayloadFormat
     fields: tuple[str, ...]
     method: str | None
     misfit: str
-    check: Callable[[dict, str], None]
 
 
 #: The file of every method but the 2DG (a newly registered one's too).
@@ -165,7 +178,6 @@ BNN_FILE = ModelFileLayout(
     ("method", _GUIDE_FIELDS, "model", "site_names", "likelihood", "prior", "network", "dtype"),
     method=None,
     misfit="{method} guide",
-    check=_check_bnn_fields,
 )
 #: A 2DG BNN's file: format version 2 (with a content checksum; 1, without, is refused).
 SHARED_GMM_FILE = ModelFileLayout(
@@ -178,9 +190,8 @@ SHARED_GMM_FILE = ModelFileLayout(
     (_GUIDE_FIELDS, "likelihood", "prior", "network", "site_names", "dtype"),
     method="2dg",
     misfit="sharing structure or guide",
-    check=_check_2dg_fields,
 )
-#: The baselines' files (:mod:`twodg_pyro.io.baseline_file`).
+#: The baselines' files (:func:`~twodg_pyro.io.save_baseline`).
 BASELINE_FORMAT = PayloadFormat(
     kind="twodg_pyro.Baseline",
     version=1,
@@ -252,13 +263,12 @@ def register_guide_file(
     def construct(model, header: dict, payload: dict):
         return guide_cls(model, **header["guide"].get("kwargs", {}))
 
-    entry = GuideFile(guide_cls, method, write or _bare, read or construct, model_cls, layout)
+    def bare(guide) -> tuple[dict, dict]:
+        return guide_table(guide), {}
+
+    entry = GuideFile(guide_cls, method, write or bare, read or construct, model_cls, layout)
     _GUIDE_FILES[guide_cls] = entry
     return entry
-
-
-def _bare(guide) -> tuple[dict, dict]:
-    return guide_table(guide), {}
 
 
 def _guide_file(guide) -> GuideFile:
@@ -355,8 +365,7 @@ def model_from_payload(payload: dict, header: dict, where: str, net=None, prior=
     """:func:`~twodg_pyro.io.load_model` of a BNN's file already read and verified
     (:func:`~twodg_pyro.files.payload.read_payload` with its layout's ``fmt``)."""
     layout = _LAYOUTS[header["kind"]]
-    layout.check(header, where)
-    _check_model_fields(header, where)
+    _check_model_fields(header, where, layout)
     method = layout.method or header["method"]
     entry = next(e for e in _GUIDE_FILES.values() if e.method == method)
     net, lik, prior = rebuild_parts(payload, header, where, net, prior)

@@ -24,7 +24,7 @@ registered (a user's prior whose class is not defined) loads the same way.
 
 from __future__ import annotations
 
-import fnmatch
+import glob
 import warnings
 
 import torch
@@ -164,26 +164,14 @@ def rebuild_prior(spec: dict | None, net: nn.Module, where: str, tensors=None, w
 
 
 # ---------------------------------------------------------------------------- sites
-def _escape(name: str) -> str:
-    """A glob that matches exactly ``name`` (fnmatch's ``[``, ``*``, ``?`` escaped)."""
-    return "".join(f"[{c}]" if c in "[]*?" else c for c in name)
-
-
 def site_types(net: nn.Module, module_names) -> tuple[type[nn.Module], ...]:
     """The classes of ``net``'s modules ``module_names`` (the layer types to select)."""
-    types = []
-    for name in module_names:
-        t = type(net.get_submodule(name))
-        if t not in types:
-            types.append(t)
-    return tuple(types)
+    return tuple(dict.fromkeys(type(net.get_submodule(name)) for name in module_names))
 
 
 def exact_include(names) -> list[str]:
     """Globs that select exactly the parameters ``names``."""
-    out = [_escape(n) for n in names]
-    assert all(fnmatch.fnmatchcase(n, g) for n, g in zip(names, out, strict=True))
-    return out
+    return [glob.escape(n) for n in names]
 
 
 # ---------------------------------------------------------------------------- rebuilding
@@ -220,11 +208,6 @@ def rebuild_network(header: dict, net: nn.Module | None, net_state: dict, where:
     return net
 
 
-def module_of(site_name: str) -> str:
-    """The owning module's name of a parameter name (``"layers.0.weight"`` -> ``"layers.0"``)."""
-    return site_name.rsplit(".", 1)[0] if "." in site_name else ""
-
-
 def rebuild_bnn_model(net: nn.Module, prior, likelihood, site_names: list[str], where: str):
     """A :class:`~twodg_pyro.bnn.BNNModel` over ``net`` whose Bayesian sites are exactly
     ``site_names`` (the saved model's, whatever selection made them).
@@ -235,7 +218,7 @@ def rebuild_bnn_model(net: nn.Module, prior, likelihood, site_names: list[str], 
     from ..bnn import BNNModel
 
     try:
-        types = site_types(net, [module_of(n) for n in site_names])
+        types = site_types(net, [n.rpartition(".")[0] for n in site_names])
         model = BNNModel(
             net,
             prior=prior,

@@ -215,7 +215,7 @@ def _with_recorded(result: dict, d: dict, seeded: bool = True) -> dict:
 def _baseline_header(model_file) -> dict | None:
     """The header of a baseline's model file, ``None`` for any other file."""
     from ..io import read_model_header
-    from ..io.baseline_file import BASELINE_FILE_KIND
+    from ..io.model_file import BASELINE_FILE_KIND
 
     try:
         header = read_model_header(model_file)
