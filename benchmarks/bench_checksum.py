@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleaved, record  # noqa: E402
 
 from twodg_pyro.bnn import BNNModel  # noqa: E402
-from twodg_pyro.files import checkpoint as ckpt_mod  # noqa: E402
 from twodg_pyro.files.atomic import atomic_torch_save, safe_torch_load  # noqa: E402
 from twodg_pyro.files.integrity import CHECKSUM_KEY, content_digest  # noqa: E402
 from twodg_pyro.files.payload import read_payload, write_payload  # noqa: E402
 from twodg_pyro.guides import MeanFieldGuide  # noqa: E402
 from twodg_pyro.infer import DecomposedELBO  # noqa: E402
+from twodg_pyro.infer import checkpoint as ckpt_mod  # noqa: E402
 from twodg_pyro.infer.checkpoint import checkpoint_payload  # noqa: E402
 from twodg_pyro.infer.state import start_state  # noqa: E402
 from twodg_pyro.likelihoods import Categorical  # noqa: E402

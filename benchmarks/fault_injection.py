@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import record  # noqa: E402
 
-from twodg_pyro.files.checkpoint import load_checkpoint  # noqa: E402
+from twodg_pyro.infer.checkpoint import load_checkpoint  # noqa: E402
 from twodg_pyro.io import load_2dg  # noqa: E402
 from twodg_pyro.pipeline import config_from_dict, run  # noqa: E402
 

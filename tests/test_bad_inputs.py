@@ -15,11 +15,10 @@ from torch.utils.data import TensorDataset
 from twodg_pyro.bnn import BNNModel
 from twodg_pyro.cli import main
 from twodg_pyro.data import DatasetNotFoundError, DataSplit, make_loader
-from twodg_pyro.files.checkpoint import load_checkpoint
 from twodg_pyro.files.integrity import seal
 from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.infer import fit
-from twodg_pyro.infer.checkpoint import Checkpoint, restore_state
+from twodg_pyro.infer.checkpoint import Checkpoint, load_checkpoint, restore_state
 from twodg_pyro.io import load_2dg
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP

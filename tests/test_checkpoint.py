@@ -11,11 +11,10 @@ import torch
 from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import make_loader
 from twodg_pyro.files.atomic import atomic_torch_save
-from twodg_pyro.files.checkpoint import load_checkpoint
 from twodg_pyro.gmm import check_spd
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
 from twodg_pyro.infer import Callback, KLAnnealing, fit
-from twodg_pyro.infer.checkpoint import Checkpoint, restore_state, resume_fit
+from twodg_pyro.infer.checkpoint import Checkpoint, load_checkpoint, restore_state, resume_fit
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
 from twodg_pyro.prediction import predict

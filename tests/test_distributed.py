@@ -386,7 +386,7 @@ def test_only_rank_zero_writes_checkpoints_and_results(dist_run):
     h0, h1 = (o["hooks"] for o in dist_run["ranks"])
     assert h0["files"] == ["checkpoints", "checkpoints/stage3.pt", "results.json", "results.md"]
     assert h1["files"] == []
-    from twodg_pyro.files.checkpoint import load_checkpoint
+    from twodg_pyro.infer.checkpoint import load_checkpoint
 
     ck = load_checkpoint(dist_run["tmp"] / "rank0" / "checkpoints" / "stage3.pt")
     assert ck.epoch == 3 and ck.header["guide_class"] == "SharedGMMGuide"
@@ -525,7 +525,7 @@ def test_pipeline_on_two_ranks_writes_one_set_of_results(tmp_path):
     orchestration (:func:`~twodg_pyro.pipeline.run` with a ``DataParallel`` execution):
     every method runs on both ranks; rank 0 alone prints and writes the files."""
     from twodg_pyro.distributed.launch import run_local
-    from twodg_pyro.files.checkpoint import load_checkpoint
+    from twodg_pyro.infer.checkpoint import load_checkpoint
 
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY_RUN)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from twodg_pyro.files.checkpoint import load_checkpoint
 from twodg_pyro.files.integrity import (
     CHECKSUM_KEY,
     ChecksumError,
@@ -22,6 +21,7 @@ from twodg_pyro.files.integrity import (
     seal,
     verify_checksum,
 )
+from twodg_pyro.infer.checkpoint import load_checkpoint
 from twodg_pyro.io import load_2dg, load_model
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from twodg_pyro.files.checkpoint import load_checkpoint
 from twodg_pyro.infer import checkpoint as ckpt_mod
+from twodg_pyro.infer.checkpoint import load_checkpoint
 from twodg_pyro.pipeline import config_from_dict, run
 
 TINY = {

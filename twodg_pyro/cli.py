@@ -179,7 +179,7 @@ def _interrupted(args, ctx: dict) -> str:
             continue
         where = str(path)
         try:
-            from .files.checkpoint import load_checkpoint
+            from .infer.checkpoint import load_checkpoint
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

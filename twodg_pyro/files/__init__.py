@@ -1,8 +1,8 @@
 """File plumbing at the bottom of the library, knowing no guide: atomic writes and loading
 without executing code (:mod:`.atomic`), content checksums and finiteness checks
-(:mod:`.integrity`), the JSON-header-plus-tensors container of every model file
-(:mod:`.payload`) and the training checkpoint file (:mod:`.checkpoint`).  It imports
-nothing of the library except the architectures of :mod:`twodg_pyro.models`."""
+(:mod:`.integrity`) and the JSON-header-plus-tensors container of every model file and
+checkpoint (:mod:`.payload`).  It imports nothing of the library except the
+architectures of :mod:`twodg_pyro.models`."""
 
 from .atomic import (
     NoSpaceError,
@@ -11,24 +11,20 @@ from .atomic import (
     atomic_write_text,
     safe_torch_load,
 )
-from .checkpoint import CheckpointData, load_checkpoint, write_checkpoint
 from .integrity import ChecksumError, content_digest, seal, verify_checksum
 from .payload import PayloadFormat, read_payload, write_payload
 
 __all__ = [
     "ChecksumError",
-    "CheckpointData",
     "NoSpaceError",
     "PayloadFormat",
     "atomic_torch_save",
     "atomic_write",
     "atomic_write_text",
     "content_digest",
-    "load_checkpoint",
     "read_payload",
     "safe_torch_load",
     "seal",
     "verify_checksum",
-    "write_checkpoint",
     "write_payload",
 ]

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import errno
 import os
-import pickle
 import re
 import shutil
 import stat
 import tempfile
 import warnings
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,9 +78,7 @@ def _check_destination(path: Path) -> None:
     pipe, a socket): ``os.replace`` would put a file in its place."""
     try:
         mode = path.stat().st_mode
-    except FileNotFoundError:
-        return
-    except OSError:  # e.g. a dangling link, or no permission: the write names it
+    except OSError:  # missing, a dangling link, or no permission: the write names it
         return
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, f"{str(path)!r} is a folder, not a file")
@@ -177,14 +173,9 @@ def safe_torch_load(path: str | Path, map_location="cpu"):
         with warnings.catch_warnings():  # e.g. about the pickle protocol of a foreign file
             warnings.simplefilter("ignore", UserWarning)
             return torch.load(path, map_location=map_location, weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, OSError) as e:
+    except Exception as e:  # any failure of the restricted unpickler, on any bytes
         raise ValueError(
             f"{str(path)!r} is not a readable twodg_pyro file (truncated, corrupted, or it "
             f"holds objects other than plain tensors and data): {type(e).__name__}: "
             f"{_load_error(e)}"
-        ) from e
-    except Exception as e:  # any other failure of the restricted unpickler on foreign bytes
-        raise ValueError(
-            f"{str(path)!r} is not a readable twodg_pyro file (corrupted or foreign): "
-            f"{type(e).__name__}: {e}"
         ) from e

@@ -3,7 +3,7 @@
 A file's *content digest* is a SHA-256 over a canonical encoding of everything the
 file holds: every tensor (dtype, shape and raw bytes), every string (the JSON
 header included), number, list and dictionary key, in a fixed order.  Model files
-(:mod:`~twodg_pyro.io.model_format`) and checkpoints (:mod:`~twodg_pyro.files.checkpoint`)
+(:mod:`~twodg_pyro.io.model_format`) and checkpoints (:mod:`~twodg_pyro.infer.checkpoint`)
 store it under the top-level key :data:`CHECKSUM_KEY` (``"sha256:<64 hex digits>"``)
 when written (:func:`seal`) and verify it when read (:func:`verify_checksum`): a
 changed byte anywhere in the content is a ``ValueError`` naming the file, not a model
@@ -45,7 +45,6 @@ __all__ = [
     "bytes_digest",
     "check_finite",
     "content_digest",
-    "non_finite_tensors",
     "seal",
     "verify_checksum",
 ]
@@ -66,10 +65,8 @@ def _length(n: int) -> bytes:
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview | bytes:
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.is_sparse or t.layout != torch.strided:
+    t = t.detach().cpu()
+    if t.layout != torch.strided:  # sparse
         t = t.to_dense()
     if t.numel() == 0:
         return b""
@@ -111,10 +108,7 @@ def _chunks(obj: Any) -> Iterator[bytes | memoryview]:
     elif isinstance(obj, np.generic):
         yield from _chunks(obj.item())
     elif isinstance(obj, Mapping):
-        items = []
-        for k, v in obj.items():
-            key = b"".join(bytes(c) for c in _chunks(k))
-            items.append((key, v))
+        items = [(b"".join(bytes(c) for c in _chunks(k)), v) for k, v in obj.items()]
         items.sort(key=lambda kv: kv[0])
         yield b"M" + _length(len(items))
         for key, v in items:
@@ -206,9 +200,8 @@ def verify_checksum(payload: Mapping, where: str | Path, required: bool = True) 
     return True
 
 
-def non_finite_tensors(obj: Any, prefix: str = "") -> list[tuple[str, int, int, float]]:
-    """``[(name, n_bad, numel, first bad value), ...]`` for the floating-point tensors in
-    ``obj`` (nested dicts/lists) holding NaN or inf."""
+def _non_finite(obj: Any, prefix: str = "") -> list[tuple[str, int, int, float]]:
+    """``[(name, n_bad, numel, first bad value), ...]`` of the tensors holding NaN/inf."""
     out: list[tuple[str, int, int, float]] = []
     if torch.is_tensor(obj):
         if (obj.is_floating_point() or obj.is_complex()) and obj.numel():
@@ -222,10 +215,10 @@ def non_finite_tensors(obj: Any, prefix: str = "") -> list[tuple[str, int, int, 
                 out.append((prefix or "<tensor>", n, t.numel(), float(t[bad][0].real)))
     elif isinstance(obj, Mapping):
         for k, v in obj.items():
-            out += non_finite_tensors(v, f"{prefix}{k}" if not prefix else f"{prefix}/{k}")
+            out += _non_finite(v, f"{prefix}/{k}" if prefix else str(k))
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            out += non_finite_tensors(v, f"{prefix}[{i}]")
+            out += _non_finite(v, f"{prefix}[{i}]")
     return out
 
 
@@ -236,7 +229,7 @@ def check_finite(obj: Any, where: str | Path, what: str = "parameters") -> None:
         ValueError: naming the file, the first tensors with non-finite values and how
             many values are bad.
     """
-    bad = non_finite_tensors(obj)
+    bad = _non_finite(obj)
     if not bad:
         return
     total = sum(b[1] for b in bad)

@@ -1,17 +1,12 @@
-"""Reading the library's tensor files: a JSON ``header`` plus named tensor sections.
+"""The library's tensor files: a JSON ``header`` plus named tensor sections.
 
 Model files (:mod:`twodg_pyro.io.model_format`) and training checkpoints
-(:mod:`twodg_pyro.files.checkpoint`) share one layout: a dictionary of plain data whose
+(:mod:`twodg_pyro.infer.checkpoint`) share one layout: a dictionary of plain data whose
 ``"header"`` entry is a JSON string naming the file's ``kind`` and ``format_version``,
 whose other entries are keyed ``"<section>/<name>"`` (``"guide/locs.w"``, ...), and
 whose ``"checksum"`` is a content checksum (SHA-256 over every tensor and the header,
-:mod:`twodg_pyro.files.integrity`).
-
-:func:`write_payload` seals and writes such a file atomically; :func:`read_payload`
-loads one without executing code, verifies its checksum, checks its header and refuses
-NaN/inf in its parameters; :func:`payload_section` takes one section out of it.  A file
-of another format version (1, written before checksums, included) is refused, with what
-to do.
+:mod:`twodg_pyro.files.integrity`): :func:`write_payload` writes one,
+:func:`read_payload` reads and checks one, :func:`payload_section` takes a section out.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ from .integrity import CHECKSUM_KEY, check_finite, seal, verify_checksum
 
 __all__ = ["PayloadFormat", "payload_section", "read_payload", "write_payload"]
 
-_MODEL_FILE = "a twodg_pyro model file"
 _RETRAIN = (
     "an earlier twodg_pyro wrote it; re-save it with a twodg_pyro that still reads it "
     "(loading and saving it writes the current version), or retrain the model"
@@ -40,10 +34,8 @@ class PayloadFormat:
     Attributes:
         kind: the header's ``kind``.
         version: the ``format_version`` this version of the library reads (the only one).
-        noun: what the file should be, e.g. ``"a twodg_pyro checkpoint"``
-            (``"<path> is not <noun> (no header)"``).
-        header_noun: its header, e.g. ``"the checkpoint header"``.
-        kind_noun: what the file should be when its ``kind`` is wrong.
+        kind_noun: what the file should be, e.g. ``"a twodg_pyro checkpoint"``
+            (``"<path> is not <kind_noun> (no header)"``).
         version_noun: its version, e.g. ``"checkpoint format version"``.
         older: what to do with a file of an earlier format version.
         finite_prefixes: the sections (key prefixes) whose floating-point tensors must
@@ -52,9 +44,7 @@ class PayloadFormat:
 
     kind: str
     version: int
-    noun: str = _MODEL_FILE
-    header_noun: str = "the model file's header"
-    kind_noun: str = _MODEL_FILE
+    kind_noun: str = "a twodg_pyro model file"
     version_noun: str = "format version"
     older: str = _RETRAIN
     finite_prefixes: tuple[str, ...] = ()
@@ -84,11 +74,11 @@ def read_payload(path: str | Path, fmt: PayloadFormat, loaded=None) -> tuple[dic
     if isinstance(payload, dict) and CHECKSUM_KEY in payload:
         checked = verify_checksum(payload, where)  # first: a damaged header is "corrupted"
     if not isinstance(payload, dict) or not isinstance(payload.get("header"), str):
-        raise ValueError(f"{where!r} is not {fmt.noun} (no header)")
+        raise ValueError(f"{where!r} is not {fmt.kind_noun} (no header)")
     try:
         header = json.loads(payload["header"])
     except (json.JSONDecodeError, RecursionError) as e:  # (nested too deep)
-        raise ValueError(f"{where!r}: {fmt.header_noun} is not valid JSON: {e}") from e
+        raise ValueError(f"{where!r}: its header is not valid JSON: {e}") from e
     if not isinstance(header, dict) or header.get("kind") != fmt.kind:
         kind = header.get("kind") if isinstance(header, dict) else None
         raise ValueError(f"{where!r} is not {fmt.kind_noun} (kind {kind!r})")

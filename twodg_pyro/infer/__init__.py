@@ -2,6 +2,7 @@
 and checkpoints."""
 
 from .callbacks import Callback, EarlyStopping, KLAnnealing, ScaleTrajectory
+from .checkpoint import Checkpoint, CheckpointData, load_checkpoint, restore_state, resume_fit
 from .elbo import DecomposedELBO
 from .optim import build_optimizer, guide_param_groups, remap_optimizer_rows
 from .state import TrainState
@@ -9,6 +10,8 @@ from .trainer import TrainingStep, fit
 
 __all__ = [
     "Callback",
+    "Checkpoint",
+    "CheckpointData",
     "DecomposedELBO",
     "EarlyStopping",
     "KLAnnealing",
@@ -18,5 +21,8 @@ __all__ = [
     "build_optimizer",
     "fit",
     "guide_param_groups",
+    "load_checkpoint",
     "remap_optimizer_rows",
+    "restore_state",
+    "resume_fit",
 ]

@@ -1,6 +1,7 @@
 """Checkpoints of a pipeline run, and resuming a killed run (``--resume RUN_DIR``).
 
-With ``checkpoint_every = E > 0`` a run writes, in ``RUN_DIR/checkpoints/``:
+With ``checkpoint_every = E > 0`` a run writes, in ``RUN_DIR/checkpoints/`` (each file
+replaced atomically; the file format: :mod:`twodg_pyro.infer.checkpoint`):
 
 * ``config.json``: the run's settings (written when the run starts; ``--resume`` reads
   it);
@@ -10,8 +11,6 @@ With ``checkpoint_every = E > 0`` a run writes, in ``RUN_DIR/checkpoints/``:
 * ``stage3.pt``: the shared-GMM BNN being trained (every ``E`` epochs and after the
   last), with its current sharing structure, the hook states, the stage-2 report and
   the records of the methods already finished (deterministic, mean-field).
-
-Every file is replaced atomically (:func:`~twodg_pyro.files.atomic.atomic_torch_save`).
 
 Resuming continues from the latest checkpoint: a ``stage3.pt`` continues stage 3; a
 ``stage1.pt`` continues stage 1 and then runs stages 2 and 3 from it.  What is
@@ -31,10 +30,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..files.checkpoint import CheckpointData, load_checkpoint
-from ..infer.checkpoint import Checkpoint
+from ..files.atomic import atomic_write_text
+from ..infer.checkpoint import Checkpoint, CheckpointData, load_checkpoint
 from .config import ConfigError, RunConfig, config_from_dict
-from .results import atomic_write_text
+from .presets import merge_settings
 
 __all__ = ["RunCheckpoints", "load_run_config", "STAGES"]
 
@@ -44,10 +43,6 @@ STAGES = ("stage3", "stage1")
 #: after its results (a run saved on a GPU resumes on the CPU and back); the fast step
 #: computes the traced step's loss and gradients.
 _IGNORED = ("progress", "device", "checkpoint_every", "diagnostics", "fast_step")
-
-
-def _config_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -71,7 +66,7 @@ def load_run_config(run_dir: str | Path, overrides: dict | None = None) -> RunCo
         FileNotFoundError: ``run_dir`` has no ``checkpoints/config.json``.
         ConfigError: the stored settings are unreadable.
     """
-    path = _config_dir(run_dir) / "config.json"
+    path = Path(run_dir) / "checkpoints" / "config.json"
     if not path.is_file():
         raise FileNotFoundError(
             f"cannot resume {str(run_dir)!r}: no {path.name} in {str(path.parent)!r} (was the "
@@ -81,8 +76,6 @@ def load_run_config(run_dir: str | Path, overrides: dict | None = None) -> RunCo
         values = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{str(path)!r} is not valid JSON: {e}") from e
-    from .config import merge_settings
-
     return config_from_dict(merge_settings(values, overrides or {}))
 
 
@@ -91,8 +84,14 @@ def _with_defaults(values: dict) -> dict:
     that a checkpoint of an older version compares equal), or as they are if unreadable."""
     try:
         return config_from_dict(values).to_dict()
-    except (ConfigError, TypeError, ValueError):
+    except (TypeError, ValueError):  # ConfigError included
         return values
+
+
+def _refuse_other_settings(stored: dict, cfg: RunConfig, what: str) -> None:
+    diff = _differences(stored, cfg.to_dict())
+    if diff:
+        raise ConfigError(f"{what} with other settings: " + "; ".join(diff))
 
 
 class RunCheckpoints:
@@ -109,7 +108,7 @@ class RunCheckpoints:
     def __init__(self, run_dir: str | Path | None, cfg: RunConfig, resume: bool = False):
         self.cfg = cfg
         self.every = int(getattr(cfg, "checkpoint_every", 0) or 0)
-        self.dir = _config_dir(run_dir) if run_dir is not None else None
+        self.dir = Path(run_dir) / "checkpoints" if run_dir is not None else None
         self.resume = bool(resume)
         if self.resume and self.dir is None:
             raise ValueError("resuming needs the run folder")
@@ -124,22 +123,13 @@ class RunCheckpoints:
 
     def start(self) -> None:
         """Called once the run's inputs are validated: a fresh run clears old checkpoints
-        and writes ``config.json``; a resumed run checks the settings and removes
-        temporary files a killed writer left behind."""
+        and writes ``config.json``; a resumed run checks the settings (the
+        :class:`~twodg_pyro.pipeline.run_folder.RunFolder` removed temporary files)."""
         if self.dir is None:
             return
         if self.resume:
-            if not self.dir.is_dir():
-                raise FileNotFoundError(f"cannot resume: no checkpoint folder {str(self.dir)!r}")
-            for tmp in self.dir.glob(".*.tmp"):
-                tmp.unlink(missing_ok=True)
             stored = load_run_config(self.dir.parent).to_dict()
-            diff = _differences(stored, self.cfg.to_dict())
-            if diff:
-                raise ConfigError(
-                    f"cannot resume {str(self.dir.parent)!r} with other settings: "
-                    + "; ".join(diff)
-                )
+            _refuse_other_settings(stored, self.cfg, f"cannot resume {str(self.dir.parent)!r}")
             return
         if not self.enabled:
             return
@@ -158,12 +148,8 @@ class RunCheckpoints:
             path = self.path(stage)
             ckpt = load_checkpoint(path, stage=stage) if path.is_file() else None
             if ckpt is not None and ckpt.config is not None:
-                diff = _differences(_with_defaults(ckpt.config), self.cfg.to_dict())
-                if diff:
-                    raise ValueError(
-                        f"checkpoint {str(path)!r} belongs to a run with other settings: "
-                        + "; ".join(diff)
-                    )
+                what = f"checkpoint {str(path)!r} belongs to a run"
+                _refuse_other_settings(_with_defaults(ckpt.config), self.cfg, what)
             self._loaded[stage] = ckpt
         return self._loaded[stage]
 
@@ -179,15 +165,8 @@ class RunCheckpoints:
         checkpoints are off."""
         if not self.enabled:
             return None
-        cb = Checkpoint(
-            self.path(stage),
-            every=self.every,
-            stage=stage,
-            callbacks=callbacks,
-            generators=generators,
-            config=self.cfg.to_dict(),
-            extra=extra,
-        )
+        config = self.cfg.to_dict()
+        cb = Checkpoint(self.path(stage), self.every, stage, callbacks, generators, config, extra)
         ckpt = self._loaded.get(stage)
         cb.last_saved = (str(self.path(stage)), ckpt.epoch) if ckpt is not None else None
         return cb

@@ -10,10 +10,9 @@ A run writes its results, model file, diagnostics and checkpoints into one folde
   ``fcntl.flock`` for the whole run and records the owner's pid, host, start time and
   command.  A second run into the same folder is refused, naming the owner.  The
   kernel releases the lock when its process dies (also on ``kill -9``), so a killed
-  run never blocks the folder: the next run takes it over.  Where ``flock`` is not
-  available the recorded pid and host decide: a lock of a process that no longer runs
-  on this host (or whose pid now belongs to a process started later) is stale and taken
-  over; a lock from another host is refused with instructions.
+  run never blocks the folder: the next run takes it over.  Where there are no file
+  locks (a file system mounted without them, or no ``fcntl`` as on Windows) the run
+  goes ahead with a warning that a second run into the folder is not detected.
 * **No silent overwrite.**  A fresh run into a folder holding an earlier run's results
   or checkpoints (:data:`RUN_OUTPUTS`) is refused unless it resumes (``--resume``) or
   replaces them (``--overwrite``).  With ``overwrite`` the earlier run's files are
@@ -26,13 +25,20 @@ A run writes its results, model file, diagnostics and checkpoints into one folde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # no file locks on this platform (Windows)
+    fcntl = None
 
 __all__ = [
     "LOCK_NAME",
@@ -85,13 +91,6 @@ class RunFolderLocked(RunFolderError):
 
 
 # ---------------------------------------------------------------------- writability
-def _nearest_existing(path: Path) -> Path:
-    p = path
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
 def _probe(folder: Path) -> None:
     """Create and remove a temporary file in ``folder`` (raises ``OSError`` if it cannot)."""
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".twodg-probe.", suffix=".probe")
@@ -114,7 +113,7 @@ def check_output_folder(path: str | Path, what: str = "output folder") -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise RunFolderError(f"{what} {str(path)!r} is a file, not a folder")
-    base = _nearest_existing(path.absolute())
+    base = next(p for p in (path.absolute(), *path.absolute().parents) if p.exists())
     if not base.is_dir():
         raise RunFolderError(
             f"{what} {str(path)!r} cannot be created: {str(base)!r} is a file, not a folder"
@@ -175,150 +174,25 @@ def previous_outputs(path: str | Path) -> list[str]:
 def _clean_temporaries(folder: Path) -> list[str]:
     """Remove ``.*.tmp`` files (interrupted atomic writes) in ``folder`` and
     ``folder/checkpoints``; returns their names."""
-    removed = []
-    for sub in (folder, folder / "checkpoints"):
-        if not sub.is_dir():
-            continue
-        for tmp in sub.glob(".*.tmp"):
-            if tmp.is_file():
-                tmp.unlink(missing_ok=True)
-                removed.append(str(tmp.relative_to(folder)))
-    return removed
+    found = [p for sub in (folder, folder / "checkpoints") for p in sub.glob(".*.tmp")]
+    removed = [p for p in found if p.is_file()]
+    for tmp in removed:
+        tmp.unlink(missing_ok=True)
+    return [str(p.relative_to(folder)) for p in removed]
 
 
-# ---------------------------------------------------------------------- the lock
-def _proc_start(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot, Linux), else ``None``."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    try:  # the command name (field 2) may hold spaces and parentheses
-        return int(stat[stat.rindex(")") + 2 :].split()[19])
-    except (ValueError, IndexError):
-        return None
-
-
-def _alive(pid: int, start: int | None) -> bool:
-    """Is process ``pid`` (started at ``start``, when known) still running here?"""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        pass
-    except OSError:
-        return False
-    if start is not None:
-        now = _proc_start(pid)
-        if now is not None and now != start:
-            return False  # the pid was reused by a later process
-    return True
-
-
-def _owner_record() -> dict:
-    pid = os.getpid()
-    return {
-        "pid": pid,
-        "host": socket.gethostname(),
-        "start": _proc_start(pid),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": " ".join(sys.argv)[:500],
-    }
-
-
-def _read_owner(lock: Path) -> dict | None:
+def _read_owner(lock: Path) -> str:
+    """The owner recorded in the lock file, for the message."""
     try:
         info = json.loads(lock.read_text())
     except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
-
-
-def _owner_text(info: dict | None) -> str:
-    if not info:
+        info = None
+    if not isinstance(info, dict):
         return "an unknown process"
     return (
         f"pid {info.get('pid')} on host {info.get('host')!r} since {info.get('started')} "
         f"({str(info.get('command', ''))[:120]!r})"
     )
-
-
-class _Lock:
-    """An exclusive lock on one file: ``flock`` where the platform and file system
-    have it, else a pid/host record with dead-owner detection."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.fd: int | None = None
-        self.record_only = False
-
-    def acquire(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not on Linux/macOS
-            fcntl = None
-        for _ in range(20):  # retried only when the file was replaced under us
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                if fcntl is not None:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        raise self._locked(_read_owner(self.path)) from None
-                    except OSError:  # no flock on this file system: pid/host record
-                        self._acquire_by_record(fd)
-                else:  # pragma: no cover
-                    self._acquire_by_record(fd)
-                # the file we locked must still be the lock file (not removed meanwhile)
-                try:
-                    same = os.path.samestat(os.fstat(fd), os.stat(self.path))
-                except FileNotFoundError:
-                    same = False
-                if not same:
-                    os.close(fd)
-                    continue
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, json.dumps(_owner_record()).encode(), 0)
-                os.fsync(fd)
-                self.fd = fd
-                return
-            except BaseException:
-                if self.fd != fd:
-                    os.close(fd)
-                raise
-        raise RunFolderLocked(f"cannot take the lock {str(self.path)!r}: it keeps changing")
-
-    def _acquire_by_record(self, fd: int) -> None:
-        self.record_only = True
-        owner = _read_owner(self.path)
-        if owner and owner.get("pid") is not None:
-            here = owner.get("host") == socket.gethostname()
-            if not here or _alive(owner.get("pid"), owner.get("start")):
-                raise self._locked(owner, other_host=not here)
-
-    def _locked(self, owner: dict | None, other_host: bool = False) -> RunFolderLocked:
-        folder = str(self.path.parent)
-        hint = (
-            "if that run is gone, delete the lock file"
-            if other_host
-            else "wait for it to finish or stop it"
-        )
-        return RunFolderLocked(
-            f"another run is writing to {folder!r}: {_owner_text(owner)} holds "
-            f"{str(self.path)!r}; {hint}, or choose another output folder"
-        )
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        fd, self.fd = self.fd, None
-        try:
-            self.path.unlink(missing_ok=True)  # while still holding it
-        finally:
-            os.close(fd)
 
 
 # ---------------------------------------------------------------------- the folder
@@ -352,14 +226,15 @@ class RunFolder:
                 "resume and overwrite exclude each other: resuming keeps the folder's "
                 "checkpoints, overwriting removes them"
             )
-        self._lock = _Lock(self.path / LOCK_NAME)
+        self._lock_file = self.path / LOCK_NAME
+        self._fd: int | None = None  # the locked lock file
         self.previous: list[str] = []
         self.removed_temporaries: list[str] = []
         self._created = False
 
     @property
     def held(self) -> bool:
-        return self._lock.fd is not None
+        return self._fd is not None
 
     def acquire(self) -> RunFolder:
         """Check the folder, take its lock, refuse an earlier run's files (unless resuming
@@ -374,9 +249,7 @@ class RunFolder:
                 f"output folder {where!r} cannot be created: {_describe(e)}"
             ) from e
         try:
-            self._lock.acquire()
-        except RunFolderError:
-            raise
+            self._lock()
         except OSError as e:
             raise RunFolderError(f"output folder {where!r} is not writable: {_describe(e)}") from e
         try:
@@ -393,31 +266,77 @@ class RunFolder:
                 )
             self.removed_temporaries = _clean_temporaries(self.path)
         except BaseException:
-            self._lock.release()
+            self.release()
             raise
         return self
+
+    def _lock(self) -> None:
+        """``flock`` the lock file (the kernel releases it when this process dies) and
+        record the owner in it."""
+        for _ in range(20):  # retried only when the file was replaced under us
+            fd = os.open(self._lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                try:
+                    if fcntl is None:
+                        raise OSError("this platform has no fcntl.flock")
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise RunFolderLocked(
+                        f"another run is writing to {str(self.path)!r}: "
+                        f"{_read_owner(self._lock_file)} holds {str(self._lock_file)!r}; wait "
+                        "for it to finish or stop it, or choose another output folder"
+                    ) from None
+                except OSError as e:  # a file system without locks (e.g. NFS mounted nolock)
+                    warnings.warn(
+                        f"cannot lock {str(self._lock_file)!r} ({_describe(e)}): a second run "
+                        f"into {str(self.path)!r} will not be detected",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
+                try:  # the file locked must still be the lock file (not removed meanwhile)
+                    same = os.path.samestat(os.fstat(fd), os.stat(self._lock_file))
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    owner = {
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                        "command": " ".join(sys.argv)[:500],
+                    }
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, json.dumps(owner).encode(), 0)
+                    self._fd = fd
+                    return
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        raise RunFolderLocked(f"cannot take the lock {str(self._lock_file)!r}: it keeps changing")
 
     def clear_previous(self) -> list[str]:
         """With ``overwrite``: remove the earlier run's files (:data:`RUN_OUTPUTS`);
         returns what was removed.  Call it once the new run's inputs are validated."""
         if not (self.overwrite and self.held):
             return []
-        removed = []
-        for name in previous_outputs(self.path):
+        removed = previous_outputs(self.path)
+        for name in removed:
             (self.path / name).unlink(missing_ok=True)
-            removed.append(name)
         return removed
 
     def release(self) -> None:
         """Give the lock back (idempotent); a folder this run created and left empty (it
         failed before writing anything) is removed again."""
-        held = self.held
-        self._lock.release()
-        if held and self._created:
-            try:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            self._lock_file.unlink(missing_ok=True)  # while still holding it
+        finally:
+            os.close(fd)
+        if self._created:
+            with contextlib.suppress(OSError):
                 self.path.rmdir()  # only when empty
-            except OSError:
-                pass
 
     def __enter__(self) -> RunFolder:
         return self.acquire()
