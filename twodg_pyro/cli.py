@@ -58,12 +58,11 @@ def _one_line(e: BaseException | str) -> str:
     return text or type(e).__name__
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors the user can act on (exit code 2): ``ValueError`` covers settings
-    (``ConfigError``), damaged or foreign files (checksums, formats), data that do not
-    fit and output folders that cannot take a run; ``OSError`` unreadable or unwritable
-    paths and a full disk; ``FloatingPointError`` a diverged training (NaN/inf loss)."""
-    return (ValueError, OSError, FloatingPointError)
+#: Errors the user can act on (exit code 2): ``ValueError`` covers settings
+#: (``ConfigError``), damaged or foreign files (checksums, formats), data that do not fit
+#: and output folders that cannot take a run; ``OSError`` unreadable or unwritable paths
+#: and a full disk; ``FloatingPointError`` a diverged training (NaN/inf loss).
+USER_ERRORS = (ValueError, OSError, FloatingPointError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,41 +87,32 @@ def main(argv: list[str] | None = None) -> int:
         if not debug:
             warnings.showwarning = warn_one_line
         try:
-            return _dispatch(args, ctx)
-        except KeyboardInterrupt:
+            return _COMMANDS[args.command](args, ctx)
+        except (KeyboardInterrupt, Exception) as e:  # one line; the traceback with --debug
             if debug:
                 traceback.print_exc()
-            say(_interrupted(args, ctx))
-            return EXIT_INTERRUPTED
-        except _user_errors() as e:
-            if debug:
-                traceback.print_exc()
-            say(f"error: {_one_line(e)}")
-            return EXIT_USER_ERROR
-        except Exception as e:  # noqa: BLE001 - one line; the traceback with --debug
-            if debug:
-                traceback.print_exc()
+            if isinstance(e, KeyboardInterrupt):
+                say(_interrupted(args, ctx))
+                return EXIT_INTERRUPTED
+            if isinstance(e, USER_ERRORS):
+                say(f"error: {_one_line(e)}")
+                return EXIT_USER_ERROR
             hint = "" if debug else " (an unexpected failure; --debug shows the traceback)"
             say(f"error: {type(e).__name__}: {_one_line(e)}{hint}")
             return EXIT_FAILURE
 
 
-def _dispatch(args, ctx: dict) -> int:
-    if args.command in ("run", "train"):
-        return _run_or_train(args, ctx)
-    jobs = {"evaluate": _evaluate, "diagnose": _diagnose, "export": _export, "report": _report}
-    if args.command in jobs:
-        return jobs[args.command](args)
-    return EXIT_FAILURE  # pragma: no cover
-
-
 def _run_or_train(args, ctx: dict) -> int:
     from .distributed import env_rank, env_world_size
-    from .pipeline import config_from_dict, load_config
+    from .pipeline import config_from_dict, load_config, run_distributed
     from .pipeline import run as run_pipeline
+    from .pipeline.config import merge_settings
+    from .pipeline.presets import preset
+    from .pipeline.resume import load_run_config
 
     over = _overrides(args)
     resume = getattr(args, "resume", None)
+    name = getattr(args, "preset", None)
     if resume and args.overwrite:
         raise ValueError(
             "--resume and --overwrite exclude each other: resuming keeps the run's "
@@ -131,32 +121,21 @@ def _run_or_train(args, ctx: dict) -> int:
     if resume and env_world_size() > 1:
         raise ValueError("--resume runs in one process; start it without torchrun")
     if resume:
-        from .pipeline.resume import load_run_config
-
         if args.out and Path(args.out).resolve() != Path(resume).resolve():
             raise ValueError(f"--out {args.out!r} and --resume {resume!r} differ")
         # the stored settings; a --config given too must agree with them
-        cfg = load_config(args.config, over) if args.config else None
-        cfg = cfg or load_run_config(resume, over)
-        ctx.update(out=Path(resume), cfg=cfg)
-        run_pipeline(cfg, Path(resume), resume=True)
-        print(f"wrote {Path(resume) / 'results.json'}")
-        return 0
-    from .pipeline.config import merge_settings
-    from .pipeline.presets import preset
-
-    name = getattr(args, "preset", None)
-    if args.command == "train" and not (args.config or name):
+        cfg = load_config(args.config, over) if args.config else load_run_config(resume, over)
+    elif args.command == "train" and not (args.config or name):
         raise ValueError("train needs --preset NAME or --config FILE (or --resume RUN_DIR)")
-    if args.config:  # on top of the preset, if one is named
+    elif args.config:  # on top of the preset, if one is named
         cfg = load_config(args.config, over, base=preset(name) if name else None)
     else:  # a preset; the main job is the digits preset
         cfg = config_from_dict(merge_settings(preset(name or "digits"), over))
-    out = Path(args.out or f"runs/{args.command}")
+    out = Path(resume or args.out or f"runs/{args.command}")
     ctx.update(out=out, cfg=cfg)
-    if env_world_size() > 1:  # started by torchrun: every stage on all processes
-        from .pipeline import run_distributed
-
+    if resume:
+        run_pipeline(cfg, out, resume=True)
+    elif env_world_size() > 1:  # started by torchrun: every stage on all processes
         run_distributed(cfg, out, overwrite=args.overwrite)
     else:
         run_pipeline(cfg, out, overwrite=args.overwrite)
@@ -228,7 +207,7 @@ def _check_count(flag: str, value: int, low: int, why: str = "") -> None:
         raise ConfigError(f"{flag} {value}: must be below 2**63")
 
 
-def _report(args) -> int:
+def _report(args, ctx: dict) -> int:
     from .pipeline import read_results
     from .pipeline.results import atomic_write_text, format_results
 
@@ -239,7 +218,7 @@ def _report(args) -> int:
     return 0
 
 
-def _evaluate(args) -> int:
+def _evaluate(args, ctx: dict) -> int:
     import json
 
     from .pipeline.builders import check_device
@@ -257,16 +236,9 @@ def _evaluate(args) -> int:
     if args.uncertainty:
         from .pipeline.config import UncertaintyConfig, config_from_dict
 
-        settings = {
-            "enabled": True,
-            "folder_sets": args.folder_sets,
-            "folder_root": args.folder_root,
-            "ood_size": args.ood_size,
-            "shift_size": args.shift_size,
-            "draws": args.uncertainty_draws,
-            "ood_sets": args.ood_sets,
-        }
-        settings = {k: v for k, v in settings.items() if v is not None}
+        keys = ("folder_sets", "folder_root", "ood_size", "shift_size", "ood_sets")
+        settings = {k: getattr(args, k) for k in keys} | {"draws": args.uncertainty_draws}
+        settings = {"enabled": True} | {k: v for k, v in settings.items() if v is not None}
         uncertainty = config_from_dict(settings, UncertaintyConfig, prefix="uncertainty.")
 
     def evaluate(model_file) -> dict:
@@ -293,7 +265,7 @@ def _evaluate(args) -> int:
     return 0
 
 
-def _export(args) -> int:
+def _export(args, ctx: dict) -> int:
     from .io.compact import FAITHFUL_OPTIONS, export_compact_file, resolve_model_file
     from .pipeline.run_folder import check_output_file
 
@@ -324,7 +296,7 @@ def _export(args) -> int:
     return 0
 
 
-def _diagnose(args) -> int:
+def _diagnose(args, ctx: dict) -> int:
     from .diagnostics.vi import MIN_KHAT_SAMPLES
     from .pipeline.builders import check_device
     from .pipeline.run_folder import check_output_folder
@@ -400,6 +372,15 @@ def _num(value, spec: str) -> str:
     except (TypeError, ValueError):
         return str(value)
 
+
+_COMMANDS = {
+    "run": _run_or_train,
+    "train": _run_or_train,
+    "evaluate": _evaluate,
+    "diagnose": _diagnose,
+    "export": _export,
+    "report": _report,
+}
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

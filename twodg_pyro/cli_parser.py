@@ -48,7 +48,16 @@ def _debug(p: argparse.ArgumentParser, top: bool = False) -> None:
     )
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _run_args(p: argparse.ArgumentParser, config_help: str) -> None:
+    """The options of ``run`` and ``train``."""
+    p.add_argument("--config", default=None, help=config_help)
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue a killed run from the checkpoints in RUN_DIR (written with "
+        "checkpoint_every > 0); its stored settings are used",
+    )
     p.add_argument("--out", default=None, help="output folder (default: runs/<command>)")
     p.add_argument("--seed", type=int, default=None, help="seed of the whole pipeline")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:<index>")
@@ -64,16 +73,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="write the results and the model file only: no InferenceData, k-hat, "
         "PSIS-LOO or figures (the setting diagnostics.enabled = false)",
     )
-    _debug(p)
 
 
-_RESUME_HELP = (
-    "continue a killed run from the checkpoints in RUN_DIR (written with checkpoint_every > 0); "
-    "its stored settings are used"
-)
-
-
-def _data_args(p: argparse.ArgumentParser) -> None:
+def _model_args(p: argparse.ArgumentParser, model_help: str, out_help: str, seed_of: str):
+    """The options of ``evaluate`` and ``diagnose``."""
+    p.add_argument(
+        "model_file",
+        help="a model file written by run/train (model_<method>.pt) or export (.2dgz)" + model_help,
+    )
     p.add_argument(
         "--data",
         default=None,
@@ -86,6 +93,14 @@ def _data_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="posterior draws N_s (default: the run's, from the model file; else 30)",
     )
+    p.add_argument("--out", default=None, help=out_help)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help=f"seed of {seed_of} (default: the run's, from the model file; else 0)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,12 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _debug(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("run", help="the main job: every method on the bundled digits")
-    p.add_argument("--config", default=None, help="optional config file (TOML/JSON/YAML)")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        _debug(p)
+        return p
+
+    p = command("run", "the main job: every method on the bundled digits")
+    _run_args(p, "optional config file (TOML/JSON/YAML)")
     p.add_argument("--methods", nargs="+", default=None, help="subset of methods to run")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
-    _common(p)
-    p = sub.add_parser("train", help="run a preset and/or the configuration in a config file")
+    p = command("train", "run a preset and/or the configuration in a config file")
+    _run_args(p, "config file (TOML, JSON or YAML)")
     p.add_argument(
         "--preset",
         default=None,
@@ -108,36 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
         "cifar10-resnet18); a --config file given too overrides them",
     )
     p.add_argument("--root", default=None, help="data folder (sets data.root)")
-    p.add_argument("--config", default=None, help="config file (TOML, JSON or YAML)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR", help=_RESUME_HELP)
-    _common(p)
-    p = sub.add_parser("evaluate", help="metrics of a saved model file (any method)")
-    p.add_argument(
-        "model_file",
-        help="a model file written by run/train (model_<method>.pt) or export (.2dgz), or "
-        "a run folder: then every model file in it, by file name",
+    p = command("evaluate", "metrics of a saved model file (any method)")
+    _model_args(
+        p,
+        ", or a run folder: then every model file in it, by file name",
+        "also write the metrics as JSON to this file",
+        "the posterior draws",
     )
-    _data_args(p)
     p.add_argument("--split", choices=["test", "val"], default="test", help="default: test")
-    p.add_argument("--out", default=None, help="also write the metrics as JSON to this file")
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="seed of the posterior draws (default: the run's, from the model file; else 0)",
-    )
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
     _uncertainty_args(p)
-    _debug(p)
-    p = sub.add_parser(
-        "diagnose", help="ArviZ diagnostics and figures of a saved model file (any method)"
-    )
-    p.add_argument(
-        "model_file",
-        help="a model file written by run/train (model_<method>.pt) or export (.2dgz)",
-    )
-    _data_args(p)
-    p.add_argument("--out", default=None, help="output folder (default: runs/diagnose)")
+    p = command("diagnose", "ArviZ diagnostics and figures of a saved model file (any method)")
+    _model_args(p, "", "output folder (default: runs/diagnose)", "the draws and subsets")
     p.add_argument("--khat-samples", type=int, default=100, help="draws for k-hat (100)")
     p.add_argument(
         "--max-examples",
@@ -153,16 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="values of each Pyro site exported per draw; a larger site is exported on a "
         "seeded sub-grid (10000)",
     )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        help="seed of the draws and subsets (default: the run's, from the model file; else 0)",
-    )
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:<index>")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    _debug(p)
-    p = sub.add_parser("export", help="write the compact model file (.2dgz) of a 2DG BNN")
+    p = command("export", "write the compact model file (.2dgz) of a 2DG BNN")
     p.add_argument("source", metavar="RUN_OR_MODEL_FILE", help="a run folder or its model_2dg.pt")
     p.add_argument(
         "--out", default=None, help="the compact file (default: model_2dg.2dgz beside the source)"
@@ -210,10 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="predict as the full file does: float32 centres, 16-bit outliers and alphas "
         "(overrides --precision and the bit widths)",
     )
-    _debug(p)
-    p = sub.add_parser("report", help="rebuild the results table of a run folder")
+    p = command("report", "rebuild the results table of a run folder")
     p.add_argument("run_dir")
-    _debug(p)
     return parser
 
 

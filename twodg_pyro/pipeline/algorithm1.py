@@ -24,20 +24,20 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..accounting import compression_report
-from ..distributed import env
+from ..distributed import MainOnly, env
 from ..evaluation import seeded_predict
 from ..guides import MeanFieldGuide, SharedGMMGuide
 from ..infer import DecomposedELBO, KLAnnealing, ScaleTrajectory
 from ..infer.checkpoint import restore_state
 from ..metrics import classification_metrics
+from ..prediction import deterministic_predict
 from ..sharing import MahalanobisHook, MergeHook, SharingStructure, build_sharing
 from .builders import build_model, train_loader
-from .config import RunConfig
-from .execution import LOCAL, Execution, main_only
+from .execution import LOCAL, Execution
 from .results import kl_weight_field
-from .resume import RunCheckpoints
 from .trained import RunArtifacts, Trained
 
 __all__ = [
@@ -52,24 +52,41 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------- runtime
-@dataclass(frozen=True)
+@dataclass
 class Runtime:
-    """How the stages of one run train: the settings, the run's checkpoint folder
-    (``None``: no checkpoints) and where the SVI loops run (``execution``: one process,
-    or every rank).  Every stage takes it first, in place of these as parameters.
+    """How the stages of one run train: the settings (a
+    :class:`~twodg_pyro.pipeline.config.RunConfig`), the run's checkpoint folder (a
+    :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`; ``None``: no checkpoints) and
+    where the SVI loops run (``execution``: one process, or every rank).  Every stage
+    takes it first, in place of these as parameters.
 
-    With ``checkpoints`` (a :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`) a stage
-    writes its checkpoints on rank 0 and continues from one when resuming.
+    With ``checkpoints`` a stage writes its checkpoints on rank 0 and continues from one
+    when resuming.
     """
 
-    cfg: RunConfig
-    checkpoints: RunCheckpoints | None = None
+    cfg: Any
+    checkpoints: Any = None
     execution: Execution = LOCAL
 
     @property
     def progress(self) -> bool:
         """Progress bars: when the settings ask for them, on rank 0."""
         return bool(self.cfg.progress) and env.is_main()
+
+    def predict(self, model, guide, eval_data):
+        """The run's prediction of ``eval_data``: ``num_samples`` draws seeded with the
+        run's seed (:mod:`twodg_pyro.evaluation`); a plain network (``guide`` ``None``):
+        one forward pass."""
+        cfg = self.cfg
+
+        def fn(d):
+            if guide is None:
+                return deterministic_predict(model, d)
+            return seeded_predict(
+                model, guide, d, cfg.num_samples, cfg.seed, progress=self.progress
+            )
+
+        return self.execution.predict(fn, eval_data, cfg.device)
 
 
 # ---------------------------------------------------------------------------- stage 1
@@ -125,7 +142,7 @@ def stage2_sharing(rt: Runtime, model, guide, loader) -> tuple[SharingStructure,
 
 
 # ---------------------------------------------------------------------------- stage 3
-def stage3_hooks(cfg: RunConfig, loader) -> list:
+def stage3_hooks(cfg, loader) -> list:
     """The stage-3 refinement hooks that ``cfg`` asks for (merging, Mahalanobis
     reassignment), each on its own schedule; ``loader`` feeds the merge's gradient test."""
     hooks = []
@@ -215,7 +232,7 @@ def train_svi(
         seed=cfg.seed,
         lr=lr,
         elbo=DecomposedELBO(beta=kl_weight, fast_step=cfg.fast_step, fused_kl=cfg.fused_kl),
-        callbacks=list(callbacks) + main_only(ckpt),
+        callbacks=list(callbacks) + ([] if ckpt is None else [MainOnly(ckpt)]),
         device=cfg.device,
         progress=rt.progress,
         state=state,
@@ -231,7 +248,7 @@ def run_2dg(rt: Runtime, split, stage1: Trained, art: RunArtifacts, eval_data) -
     When resuming from a stage-3 checkpoint (``rt.checkpoints``), stage 2 is not rerun:
     its structure and report come from the checkpoint.
     """
-    cfg, execution, progress = rt.cfg, rt.execution, rt.progress
+    cfg = rt.cfg
     model, mf_guide = stage1.model, stage1.guide
     loader = train_loader(split, cfg.data, cfg.seed)
     t0 = time.perf_counter()
@@ -248,11 +265,7 @@ def run_2dg(rt: Runtime, split, stage1: Trained, art: RunArtifacts, eval_data) -
     trained, hooks = stage3_shared_gmm(rt, model, structure, loader, extra)
     seconds = time.perf_counter() - t0
     guide, state = trained.guide, trained.state
-    pred = execution.predict(  # the run's seeded draws (twodg_pyro.evaluation)
-        lambda d: seeded_predict(model, guide, d, cfg.num_samples, cfg.seed, progress=progress),
-        eval_data,
-        cfg.device,
-    )
+    pred = rt.predict(model, guide, eval_data)
     art.predictions["2dg"] = pred
     record = {
         "method": "2dg",
@@ -267,7 +280,7 @@ def run_2dg(rt: Runtime, split, stage1: Trained, art: RunArtifacts, eval_data) -
         **kl_weight_field(cfg.stage3.kl_weight),
         "train_seconds": seconds,
         "final_elbo_terms": state.history[-1] if state.history else {},
-        **execution.record_fields(),
+        **rt.execution.record_fields(),
     }
     art.trained["2dg"] = trained
     return record

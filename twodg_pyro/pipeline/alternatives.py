@@ -15,48 +15,26 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..evaluation import seeded_predict
 from ..guides.rank1 import Rank1BNNModel, Rank1Guide, rank1_kl_annealing, rank1_prior
 from ..guides.ssvi import SSVIGuide
 from ..guides.ssvi_subspace import SubspaceUpdate
 from ..infer import DecomposedELBO, KLAnnealing, fit
 from ..likelihoods import Categorical
-from ..metrics import classification_metrics
 from .builders import build_model, build_net, seed_everything, train_loader
-from .config import RunConfig
+from .results import size_mb
 from .trained import Trained
 
-__all__ = ["run_rank1", "run_ssvi", "size_mb"]
-
-
-def size_mb(n_params: int, bytes_per_param: int = 4) -> float:
-    """Storage of ``n_params`` float32 numbers in MB (:math:`10^6` bytes)."""
-    return n_params * bytes_per_param / 1e6
+__all__ = ["run_rank1", "run_ssvi"]
 
 
 def _train_and_evaluate(
-    cfg: RunConfig,
-    model,
-    guide,
-    loader,
-    eval_data,
-    *,
-    method: str,
-    epochs: int,
-    lr: float,
-    callbacks: list,
-    extra: Callable[[int, int], dict],
-    art=None,
+    ctx, model, guide, loader, method: str, epochs: int, lr: float, callbacks: list, extra: Callable
 ) -> dict:
-    """Fit ``guide`` (timed), predict ``eval_data`` (the run's seeded draws) and return
-    the method's record; with ``art`` (the run's
-    :class:`~twodg_pyro.pipeline.trained.RunArtifacts`) keep the trained model, guide and
-    state in ``art.trained[method]`` and the prediction in ``art.predictions[method]``.
-
-    ``extra(n_guide, n_det)`` gives the method-specific fields, placed after ``size_mb``
-    (``n_guide`` counts the guide's trainable parameters, ``n_det`` the network's
-    deterministic ones); it is called after training.
-    """
+    """Fit ``guide`` (timed), predict the evaluation data (the run's seeded draws), keep
+    both in the run's artifacts and return the method's record, with the method-specific
+    fields ``extra(n_guide, n_det)`` (called after training; the guide's trainable
+    parameters and the network's deterministic ones)."""
+    cfg = ctx.cfg
     t0 = time.perf_counter()
     state = fit(
         model,
@@ -70,31 +48,28 @@ def _train_and_evaluate(
         progress=cfg.progress,
     )
     seconds = time.perf_counter() - t0
-    pred = seeded_predict(model, guide, eval_data, cfg.num_samples, cfg.seed, progress=cfg.progress)
-    if art is not None:
-        art.trained[method] = Trained(model, guide, state)
-        art.predictions[method] = pred
+    pred = ctx.predict(model, guide, ctx.art.eval_data)
+    ctx.keep(method, Trained(model, guide, state), pred)
     n_guide = guide.num_trainable()
     n_det = sum(p.numel() for p in model.deterministic_parameters())
-    return {
-        "method": method,
-        **classification_metrics(pred.mean, pred.targets),
-        "trainable_params": n_guide + n_det,
-        "guide_trainable_params": n_guide,
-        "stored_params": n_guide + n_det,
-        "size_mb": size_mb(n_guide + n_det),
+    return ctx.record(
+        method,
+        pred,
+        seconds,
+        n_guide + n_det,
+        state=state,
+        guide_trainable_params=n_guide,
         **extra(n_guide, n_det),
-        "train_seconds": seconds,
-        "final_elbo_terms": state.history[-1] if state.history else {},
-    }
+    )
 
 
-def run_rank1(cfg: RunConfig, split, eval_data, art=None) -> dict:
+def run_rank1(ctx) -> dict:
     """Train and evaluate a rank-1 BNN with ``cfg.rank1`` settings; returns its record.
 
     The shared weights start from the same seeded network as the other methods; the KL
     is annealed linearly over the first two thirds of ``cfg.rank1.epochs``.
     """
+    cfg, split = ctx.cfg, ctx.art.split
     rc = cfg.rank1
     seed_everything(cfg.seed)
     net = build_net(cfg.network, split).to(cfg.device)
@@ -108,27 +83,26 @@ def run_rank1(cfg: RunConfig, split, eval_data, art=None) -> dict:
     guide = Rank1Guide(model, init_scale=rc.init_scale, init_mean=rc.init_mean, seed=cfg.seed)
     guide = guide.to(cfg.device)
     return _train_and_evaluate(
-        cfg,
+        ctx,
         model,
         guide,
         train_loader(split, cfg.data, cfg.seed),
-        eval_data,
-        method="rank1",
-        epochs=rc.epochs,
-        lr=rc.lr,
-        callbacks=[rank1_kl_annealing(rc.epochs)],
-        extra=lambda n_guide, n_det: {"components": rc.components, "prior": rc.prior},
-        art=art,
+        "rank1",
+        rc.epochs,
+        rc.lr,
+        [rank1_kl_annealing(rc.epochs)],
+        lambda n_guide, n_det: {"components": rc.components, "prior": rc.prior},
     )
 
 
-def run_ssvi(cfg: RunConfig, split, eval_data, art=None) -> dict:
+def run_ssvi(ctx) -> dict:
     """Train and evaluate an SSVI BNN with ``cfg.ssvi`` settings; returns its record.
 
     Prior, network and initial scales are those of the mean-field row (``cfg.prior``,
     ``cfg.network``, ``cfg.stage1.init_scale`` and ``kl_warmup_epochs``).  Besides
     ``size_mb``, ``size_mb_with_index`` adds one int32 position per active coordinate.
     """
+    cfg, split = ctx.cfg, ctx.art.split
     sc = cfg.ssvi
     seed_everything(cfg.seed)
     net = build_net(cfg.network, split).to(cfg.device)
@@ -162,15 +136,5 @@ def run_ssvi(cfg: RunConfig, split, eval_data, art=None) -> dict:
         }
 
     return _train_and_evaluate(
-        cfg,
-        model,
-        guide,
-        loader,
-        eval_data,
-        method="ssvi",
-        epochs=sc.epochs,
-        lr=sc.lr,
-        callbacks=callbacks,
-        extra=extra,
-        art=art,
+        ctx, model, guide, loader, "ssvi", sc.epochs, sc.lr, callbacks, extra
     )

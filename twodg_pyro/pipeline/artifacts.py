@@ -5,11 +5,14 @@ model file are in :mod:`.saved_models`).
 Files written by :func:`write_artifacts` into the run folder:
 
 ``model_<method>.pt``
-    one per Bayesian method trained (``mean_field``, ``2dg``, ``rank1``, ``ssvi``;
-    :func:`~twodg_pyro.io.save_model`), with its network spec (so that
-    :func:`~twodg_pyro.io.load_model` rebuilds it without being passed the network) and
-    an ``evaluation`` record: the seed, draws, data settings and metrics of the run's
-    evaluation, from which ``twodg-pyro evaluate`` takes its defaults;
+    one per method trained whose registry entry has a model file
+    (:attr:`~twodg_pyro.pipeline.context.Method.model_file`): a Bayesian model and guide
+    (``mean_field``, ``2dg``, ``rank1``, ``ssvi``; :func:`~twodg_pyro.io.save_model`) or a
+    baseline's object (:func:`~twodg_pyro.io.save_baseline`), with its network spec (so
+    that :func:`~twodg_pyro.io.load_model` rebuilds it without being passed the network)
+    and an ``evaluation`` record: the seed, draws, data settings and metrics of the run's
+    evaluation (a baseline's own draws: an ensemble's members, a network's one forward
+    pass), from which ``twodg-pyro evaluate`` takes its defaults;
 ``inference_data_<method>.nc``
     the ArviZ InferenceData of each Bayesian method on the same evaluation examples
     (groups and shapes: :mod:`twodg_pyro.diagnostics.arviz_export`);
@@ -52,10 +55,11 @@ long run never loses its model file to a figure.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from ..evaluation import data_to_device, n_examples
+from .builders import network_spec
+from .context import METHOD_REGISTRY
 from .diagnostics_steps import (
     StepWriter,
     compare_step,
@@ -69,56 +73,26 @@ from .diagnostics_steps import (
 )
 from .results import evaluation_of
 
-__all__ = [
-    "model_evaluation",
-    "model_file_name",
-    "network_spec",
-    "write_artifacts",
-]
+__all__ = ["model_evaluation", "network_spec", "write_artifacts"]
 
-
-def model_file_name(method: str) -> str:
-    """``model_<method>.pt``: the model file of ``method`` in a run folder."""
-    return f"model_{method}.pt"
-
-
-def network_spec(cfg, split) -> dict:
-    """``{"name", "kwargs"}`` for :func:`twodg_pyro.models.build_network`, mirroring
-    :func:`~twodg_pyro.pipeline.builders.build_net` (JSON-serialisable)."""
-    shape = tuple(int(d) for d in split.input_shape)
-    if cfg.arch == "mlp":
-        kwargs = {
-            "in_features": math.prod(shape),
-            "hidden": [int(h) for h in cfg.hidden],
-            "num_classes": int(split.num_classes),
-        }
-    elif cfg.arch == "lenet5":
-        kwargs = {
-            "num_classes": int(split.num_classes),
-            "in_channels": shape[0],
-            "input_size": shape[-1],
-        }
-    else:
-        kwargs = {"num_classes": int(split.num_classes), "in_channels": shape[0]}
-    return {"name": cfg.arch, "kwargs": kwargs}
+_METRICS = ("accuracy", "nll", "ece", "brier")
 
 
 def _trained(art) -> dict:
     """``{method: (model, guide, [training states])}`` of the Bayesian methods of a run."""
     out = {}
-    if art.mean_field is not None:
-        model, guide, state, _ = art.mean_field
-        if any(r.get("method") == "mean_field" for r in art.records):
-            out["mean_field"] = (model, guide, [state])
-    entry = art.trained.get("2dg")
-    if entry is not None:
-        stage1 = [art.mean_field.state] if art.mean_field is not None else []
-        out["2dg"] = (entry.model, entry.guide, stage1 + [entry.state])
-    for method in ("rank1", "ssvi"):
-        entry = art.trained.get(method)
-        if entry is not None:
-            out[method] = (entry.model, entry.guide, [entry.state])
+    mf = art.mean_field
+    if mf is not None and any(r.get("method") == "mean_field" for r in art.records):
+        out["mean_field"] = (mf.model, mf.guide, [mf.state])
+    for method, entry in art.trained.items():
+        if entry.guide is not None:
+            stage1 = [mf.state] if method == "2dg" and mf is not None else []
+            out[method] = (entry.model, entry.guide, stage1 + [entry.state])
     return out
+
+
+def _metrics(record: dict | None) -> dict | None:
+    return None if record is None else {k: record[k] for k in _METRICS if k in record}
 
 
 def model_evaluation(cfg, method: str, record: dict | None, draws: dict) -> dict:
@@ -126,9 +100,6 @@ def model_evaluation(cfg, method: str, record: dict | None, draws: dict) -> dict
     data settings of its evaluation and the metrics it gave (``twodg-pyro evaluate``
     takes its defaults from it)."""
     d = cfg.data
-    metrics = {}
-    if record is not None:
-        metrics = {k: record[k] for k in ("accuracy", "nll", "ece", "brier") if k in record}
     return {
         **draws,
         "method": method,
@@ -139,8 +110,35 @@ def model_evaluation(cfg, method: str, record: dict | None, draws: dict) -> dict
             "test_fraction": d.test_fraction,
             "split_seed": d.split_seed,
         },
-        "metrics": metrics,
+        "metrics": _metrics(record) or {},
     }
+
+
+def _write_model_files(writer: StepWriter, art, cfg, trained: dict, baselines: dict, draws):
+    """``model_<method>.pt`` of every Bayesian method (``trained``) and baseline (one step
+    each)."""
+    from ..io import save_baseline, save_model
+
+    records = {r.get("method"): r for r in art.records}
+    spec = network_spec(cfg.network, art.split)
+    # a baseline's own draws: an ensemble's members, a network's one forward pass
+    own = {
+        "deterministic_matched": 1,
+        "ensemble": getattr(baselines.get("ensemble"), "num_members", 0),
+    }
+    for method, obj in {**trained, **baselines}.items():
+        n = own.get(method)
+        own_draws = draws if n is None else {**draws, "num_samples": int(n)}
+        evaluation = model_evaluation(cfg, method, records.get(method), own_draws)
+
+        def save(method=method, obj=obj, evaluation=evaluation):
+            path = writer.out / f"model_{method}.pt"
+            if method in trained:  # (model, guide, states)
+                save_model(path, obj[0], obj[1], network=spec, evaluation=evaluation)
+                return path
+            return save_baseline(path, obj, network=spec, evaluation=evaluation, method=method)
+
+        writer.step(f"model_{method}", save)
 
 
 def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> dict:
@@ -156,19 +154,20 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
             ``diagnostics.json`` (an incomplete run's finished methods).
 
     Returns:
-        ``{"files": {name: path}, "errors": {name: message}}``.  Nothing is written when
-        the run trained no Bayesian method.
+        ``{"files": {name: path}, "errors": {name: message}}``.  Only the baselines'
+        model files are written when the run trained no Bayesian method.
     """
     from ..diagnostics import plot_elbo_terms, plot_merges, plot_sharing_plane
     from ..distributed import env
     from ..evaluation import seeded_predict
-    from ..io import save_model
 
     out = Path(out_dir)
     trained = _trained(art)
-    if not trained:
-        return {"files": {}, "errors": {}}
-    primary = next(m for m in ("2dg", "mean_field", "rank1", "ssvi") if m in trained)
+    baselines = {
+        m: e.model
+        for m, e in art.trained.items()
+        if e.guide is None and METHOD_REGISTRY[m].model_file
+    }
     dcfg = cfg.diagnostics
     split = art.split
     device = cfg.device
@@ -177,6 +176,21 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         eval_data = data_to_device(xy(split.test), device)
     draws = evaluation_of(cfg, eval_data)
     records = {r.get("method"): r for r in art.records}
+    primary = next((m for m in ("2dg", *trained) if m in trained), None)
+    diagnose = primary is not None and dcfg.enabled and skip_diagnostics is None
+    n_steps = len(trained) + len(baselines)
+    if diagnose:
+        n_steps += 3 * len(trained) + 4 + (2 if primary == "2dg" else 0) + 1
+    writer = StepWriter(out, n_steps, progress=cfg.progress and env.is_main())
+    _write_model_files(writer, art, cfg, trained, baselines, draws)
+    if primary is None:  # no Bayesian method: no diagnostics
+        writer.close()
+        return writer.record()
+    if not diagnose:
+        reason = skip_diagnostics or "diagnostics.enabled = false"
+        write_report(writer, {"method": primary, "skipped": reason})
+        return writer.record()
+
     n_train = len(split.train)
     stages = {id(st): st for *_, states in trained.values() for st in states}
     budget = diagnostics_budget(
@@ -188,36 +202,12 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         n_exports=len(trained),
         khat_blocks=khat_block_count(trained[primary][1]),
     )
-    n_steps = len(trained)
-    if dcfg.enabled and skip_diagnostics is None:
-        n_steps += 3 * len(trained) + 4 + (2 if primary == "2dg" else 0) + 1
-    writer = StepWriter(out, n_steps, progress=cfg.progress and env.is_main())
-
-    spec = network_spec(cfg.network, split)
-    for method, (model, guide, _) in trained.items():
-        evaluation = model_evaluation(cfg, method, records.get(method), draws)
-
-        def save(method=method, model=model, guide=guide, evaluation=evaluation):
-            path = out / model_file_name(method)
-            save_model(path, model, guide, network=spec, evaluation=evaluation)
-            return path
-
-        writer.step(f"model_{method}", save)
-
-    if skip_diagnostics is not None or not dcfg.enabled:
-        reason = skip_diagnostics or "diagnostics.enabled = false"
-        write_report(writer, {"method": primary, "skipped": reason})
-        return writer.record()
-
     predictions = art.predictions
     train_data = data_to_device(xy(split.train), device)
     report: dict = {"method": primary, "draws": draws, "methods": {}}
     idatas = {}
     for method, (model, guide, _) in trained.items():
-        record = records.get(method)
-        metrics = None
-        if record is not None:
-            metrics = {k: record[k] for k in ("accuracy", "nll", "ece", "brier") if k in record}
+        metrics = _metrics(records.get(method))
         idata, section = export_step(
             writer,
             method,
@@ -262,7 +252,7 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         histories["stage 1 (mean-field SVI)"] = art.mean_field.state.history
     if primary == "2dg":
         histories["stage 3 (shared-GMM SVI)"] = states[-1].history
-    elif primary in ("rank1", "ssvi"):
+    elif primary != "mean_field":
         histories[f"{primary} SVI"] = states[-1].history
     writer.step("elbo_terms", lambda: plot_elbo_terms(histories, out / "elbo_terms.png"))
     if primary == "2dg":

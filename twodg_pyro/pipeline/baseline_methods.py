@@ -18,17 +18,15 @@ Every record has ``method``, ``accuracy``, ``nll``, ``ece``, ``brier``,
 fields.  The trained objects are in ``art.trained[method]`` (a
 :class:`~twodg_pyro.pipeline.trained.Trained` whose ``model`` is the object and ``guide``
 ``None``), their predictions in ``art.predictions[method]``;
-:func:`method_probs` gives any method's per-draw probabilities on other inputs.
-:func:`write_baseline_files` writes their model files
-(:func:`~twodg_pyro.io.save_baseline`), which ``twodg-pyro evaluate`` reads.
+:func:`method_probs` gives any method's per-draw probabilities on other inputs.  The
+run writes their model files (:func:`~twodg_pyro.io.save_baseline`,
+:mod:`~twodg_pyro.pipeline.artifacts`), which ``twodg-pyro evaluate`` reads.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,29 +34,16 @@ from ..baselines import draw_probs, fit_laplace, train_early_stopped, train_ense
 from ..data import make_loader
 from ..evaluation import seeded_predict
 from ..metrics import classification_metrics
-from ..prediction import Prediction, deterministic_predict
-from .alternatives import size_mb
-from .artifacts import model_evaluation, model_file_name, network_spec
 from .builders import build_net, eval_data, seed_everything, train_loader
-from .diagnostics_steps import StepWriter
-from .results import evaluation_of
 from .trained import Trained
 
-if TYPE_CHECKING:
-    from .context import RunContext
-
 __all__ = [
-    "BASELINE_METHODS",
     "matched_epochs",
     "method_probs",
     "run_deterministic_matched",
     "run_ensemble",
     "run_laplace",
-    "write_baseline_files",
 ]
-
-#: The baselines that get a model file (``model_<method>.pt``), in registry order.
-BASELINE_METHODS = ("deterministic_matched", "ensemble", "laplace")
 
 
 def method_probs(trained, x, num_samples: int = 30, seed: int = 0) -> torch.Tensor:
@@ -93,75 +78,42 @@ def matched_epochs(cfg) -> int:
 def _fresh_loader(ctx, seed: int):
     """The seeded training loader of ``seed`` (a new shuffling stream), as the run's
     execution iterates it."""
-    loader = train_loader(ctx.art.split, ctx.cfg.data, seed)
-    return ctx.execution.shard(loader, seed)
+    return ctx.execution.shard(train_loader(ctx.art.split, ctx.cfg.data, seed), seed)
 
 
-def _trainer(ctx, recipe: dict) -> dict:
-    cfg = ctx.cfg
-    return {
-        "train": ctx.execution.train_deterministic,
-        "device": cfg.device,
-        "progress": ctx.progress,
-        **recipe,
-    }
-
-
-def _keep(ctx, method: str, obj, pred: Prediction) -> dict:
-    """Keep ``obj`` and its prediction in the run's artifacts; the metrics."""
-    ctx.art.trained[method] = Trained(obj, None, None)
-    ctx.art.predictions[method] = Prediction(mean=pred.mean, targets=pred.targets)
-    return classification_metrics(pred.mean, pred.targets)
-
-
-def _val_data(split, device):
-    """The validation examples on ``device`` (``None`` without a validation split)."""
-    val = split.val
-    if val is None or len(val) == 0:
-        return None
-    return eval_data(val, device)
-
-
-def run_deterministic_matched(ctx: RunContext, recipe: dict) -> dict:
+def run_deterministic_matched(ctx) -> dict:
     """The deterministic network trained for :func:`matched_epochs`, early-stopped on the
     validation NLL (``cfg.deterministic_matched``); its record (``epochs``,
     ``epochs_trained``, ``best_epoch``, ``best_val_nll``, ``validation``, ``patience``)."""
     cfg, art = ctx.cfg, ctx.art
-    epochs = matched_epochs(cfg)
+    val = art.split.val
     seed_everything(cfg.seed)
     net = copy.deepcopy(ctx.net)
     t0 = time.perf_counter()
     net, report = train_early_stopped(
         net,
         _fresh_loader(ctx, cfg.seed),
-        _val_data(art.split, cfg.device),
-        epochs,
+        None if val is None or len(val) == 0 else eval_data(val, cfg.device),
+        matched_epochs(cfg),
         cfg.stage1.deterministic_lr,
         patience=cfg.deterministic_matched.patience,
-        **_trainer(ctx, recipe),
+        **ctx.trainer,
     )
     seconds = time.perf_counter() - t0
-    pred = ctx.execution.predict(lambda d: deterministic_predict(net, d), art.eval_data, cfg.device)
-    metrics = _keep(ctx, "deterministic_matched", net, pred)
-    n = sum(p.numel() for p in net.parameters())
-    return {
-        "method": "deterministic_matched",
-        **metrics,
-        "trainable_params": n,
-        "stored_params": n,
-        "size_mb": size_mb(n),
-        "epochs": report["epochs"],
-        "epochs_trained": report["epochs_trained"],
-        "best_epoch": report["best_epoch"],
-        "best_val_nll": report["best_val_nll"],
-        "validation": report["validation"],
-        "patience": cfg.deterministic_matched.patience,
-        "train_seconds": seconds,
-        **ctx.execution.record_fields(),
-    }
+    pred = ctx.predict(net, None, art.eval_data)
+    ctx.keep("deterministic_matched", Trained(net, None, None), pred)
+    keys = ("epochs", "epochs_trained", "best_epoch", "best_val_nll", "validation")
+    return ctx.record(
+        "deterministic_matched",
+        pred,
+        seconds,
+        sum(p.numel() for p in net.parameters()),
+        **{k: report[k] for k in keys},
+        patience=cfg.deterministic_matched.patience,
+    )
 
 
-def run_ensemble(ctx: RunContext, recipe: dict) -> dict:
+def run_ensemble(ctx) -> dict:
     """A deep ensemble of ``cfg.ensemble.members`` networks; its record (``members``,
     ``epochs``, each member's ``member_accuracy`` and ``member_nll``)."""
     cfg, art = ctx.cfg, ctx.art
@@ -175,29 +127,25 @@ def run_ensemble(ctx: RunContext, recipe: dict) -> dict:
 
     t0 = time.perf_counter()
     ensemble = train_ensemble(
-        make_member, ec.members, epochs, cfg.stage1.deterministic_lr, **_trainer(ctx, recipe)
+        make_member, ec.members, epochs, cfg.stage1.deterministic_lr, **ctx.trainer
     )
     seconds = time.perf_counter() - t0
     pred = ensemble.predict(art.eval_data, keep_samples=True)
     members = [classification_metrics(p, pred.targets) for p in pred.samples]
-    metrics = _keep(ctx, "ensemble", ensemble, pred)
-    n = ensemble.num_params()
-    return {
-        "method": "ensemble",
-        **metrics,
-        "trainable_params": n,
-        "stored_params": n,
-        "size_mb": size_mb(n),
-        "members": ensemble.num_members,
-        "epochs": int(epochs),
-        "member_accuracy": [m["accuracy"] for m in members],
-        "member_nll": [m["nll"] for m in members],
-        "train_seconds": seconds,
-        **ctx.execution.record_fields(),
-    }
+    ctx.keep("ensemble", Trained(ensemble, None, None), pred)
+    return ctx.record(
+        "ensemble",
+        pred,
+        seconds,
+        ensemble.num_params(),
+        members=ensemble.num_members,
+        epochs=int(epochs),
+        member_accuracy=[m["accuracy"] for m in members],
+        member_nll=[m["nll"] for m in members],
+    )
 
 
-def _map_network(ctx, recipe: dict):
+def _map_network(ctx):
     """``(network, source, seconds)``: the deterministic row's network, else one trained
     as it would be (its initialisation, a fresh loader of the run's seed, its epochs)."""
     cfg = ctx.cfg
@@ -205,21 +153,17 @@ def _map_network(ctx, recipe: dict):
     if ctx.deterministic is not None and ctx.deterministic[1] == epochs:
         return copy.deepcopy(ctx.deterministic[0]), "the deterministic row", 0.0
     seed_everything(cfg.seed)
-    net = copy.deepcopy(ctx.net)
-    t0 = time.perf_counter()
-    trainer = _trainer(ctx, recipe)
-    train = trainer.pop("train")
-    train(net, _fresh_loader(ctx, cfg.seed), epochs, cfg.stage1.deterministic_lr, **trainer)
-    return net, "trained for laplace as the deterministic row", time.perf_counter() - t0
+    net, seconds = ctx.train_deterministic(epochs, train_loader(ctx.art.split, cfg.data, cfg.seed))
+    return net, "trained for laplace as the deterministic row", seconds
 
 
-def run_laplace(ctx: RunContext, recipe: dict) -> dict:
+def run_laplace(ctx) -> dict:
     """Post-hoc Laplace (``cfg.laplace``) on the run's deterministic network; its record
     (``subset``, ``hessian``, ``pred_type``, ``prior_structure``, ``prior_precision``,
     ``covered_params``, ``map_network``, ``map_train_seconds``)."""
     cfg, art = ctx.cfg, ctx.art
     lc = cfg.laplace
-    net, source, map_seconds = _map_network(ctx, recipe)
+    net, source, map_seconds = _map_network(ctx)
     loader = make_loader(art.split.train, lc.batch_size, shuffle=False)
     t0 = time.perf_counter()
     post = fit_laplace(
@@ -235,65 +179,21 @@ def run_laplace(ctx: RunContext, recipe: dict) -> dict:
     )
     seconds = time.perf_counter() - t0
     pred = post.predict(art.eval_data, cfg.num_samples, cfg.seed)
-    metrics = _keep(ctx, "laplace", post, pred)
+    ctx.keep("laplace", Trained(post, None, None), pred)
     n_net = sum(p.numel() for p in net.parameters())
-    stored = n_net + post.num_factor_values()
     prior = [float(v) for v in post.prior_precision.tolist()]
-    return {
-        "method": "laplace",
-        **metrics,
-        "trainable_params": n_net,
-        "stored_params": stored,
-        "size_mb": size_mb(stored),
-        "subset": lc.subset,
-        "hessian": lc.hessian,
-        "pred_type": lc.pred_type,
-        "prior_structure": lc.prior_structure,
-        "prior_precision": prior[0] if len(prior) == 1 else prior,
-        "covered_params": post.n_params,
-        "map_network": source,
-        "map_train_seconds": map_seconds,
-        "train_seconds": seconds,
-        **ctx.execution.record_fields(),
-    }
-
-
-def _draws_of(method: str, obj, draws: dict) -> dict:
-    """The evaluation draws of a baseline: an ensemble's ``M`` members, a network's one
-    forward pass, Laplace's ``num_samples`` seeded draws."""
-    if method == "ensemble":
-        return {**draws, "num_samples": int(obj.num_members)}
-    if method == "deterministic_matched":
-        return {**draws, "num_samples": 1}
-    return draws
-
-
-def write_baseline_files(art, cfg, out_dir) -> dict:
-    """Write ``model_<method>.pt`` for every baseline of :data:`BASELINE_METHODS` the run
-    trained, with its network spec and ``evaluation`` record (``twodg-pyro evaluate``
-    takes its defaults from it).  A file that cannot be written is reported (a warning
-    and an ``errors`` entry), the others are still written.
-
-    Returns ``{"files": {name: path}, "errors": {name: message}}``.
-    """
-    from ..io import save_baseline
-
-    out = Path(out_dir)
-    writer = StepWriter(out)
-    entries = {m: art.trained[m] for m in BASELINE_METHODS if m in art.trained}
-    if entries:
-        records = {r.get("method"): r for r in art.records}
-        spec = network_spec(cfg.network, art.split)
-        draws = evaluation_of(cfg, art.eval_data)
-        for method, entry in entries.items():
-            evaluation = model_evaluation(
-                cfg, method, records.get(method), _draws_of(method, entry.model, draws)
-            )
-
-            def save(method=method, obj=entry.model, evaluation=evaluation):
-                path = out / model_file_name(method)
-                return save_baseline(path, obj, network=spec, evaluation=evaluation, method=method)
-
-            writer.step(f"model_{method}", save)
-    writer.close()
-    return writer.record()
+    return ctx.record(
+        "laplace",
+        pred,
+        seconds,
+        n_net,
+        stored=n_net + post.num_factor_values(),
+        subset=lc.subset,
+        hessian=lc.hessian,
+        pred_type=lc.pred_type,
+        prior_structure=lc.prior_structure,
+        prior_precision=prior[0] if len(prior) == 1 else prior,
+        covered_params=post.n_params,
+        map_network=source,
+        map_train_seconds=map_seconds,
+    )

@@ -14,12 +14,14 @@ from ..bnn import BNNModel
 from ..data import DataSplit, load_dataset, make_loader
 from ..likelihoods import Categorical
 from ..priors import Prior, prior_class
-from .config import ConfigError, DataConfig, NetworkConfig, PriorConfig, torch_dtype
+from .config_rules import ConfigError
+from .config_sections import DataConfig, NetworkConfig, PriorConfig, torch_dtype
 
 __all__ = [
     "seed_everything",
     "load_data",
     "build_net",
+    "network_spec",
     "build_prior",
     "build_model",
     "check_device",
@@ -101,26 +103,27 @@ def eval_data(dataset, device=None):
     return (x, y) if device is None else (x.to(device), y.to(device))
 
 
+def network_spec(cfg: NetworkConfig, split: DataSplit) -> dict:
+    """``{"name", "kwargs"}`` of :func:`twodg_pyro.models.build_network` for ``split``'s
+    input shape and classes (JSON-serialisable: a model file stores it)."""
+    shape = tuple(int(d) for d in split.input_shape)
+    kwargs = {"num_classes": int(split.num_classes)}
+    if cfg.arch == "mlp":
+        kwargs = {"in_features": math.prod(shape), "hidden": [int(h) for h in cfg.hidden], **kwargs}
+    elif cfg.arch == "lenet5":
+        kwargs.update(in_channels=shape[0], input_size=shape[-1])
+    else:
+        kwargs["in_channels"] = shape[0]
+    return {"name": cfg.arch, "kwargs": kwargs}
+
+
 def build_net(cfg: NetworkConfig, split: DataSplit) -> nn.Module:
-    """The deterministic network for ``split``'s input shape and classes, its parameters
-    in ``cfg.dtype`` (initialised in float32, then cast: the same start in either dtype)."""
+    """The deterministic network of :func:`network_spec`, its parameters in ``cfg.dtype``
+    (initialised in float32, then cast: the same start in either dtype)."""
     from ..models import build_network
 
-    shape = tuple(split.input_shape)
-    if cfg.arch == "mlp":
-        net = build_network(
-            "mlp",
-            in_features=math.prod(shape),
-            hidden=tuple(cfg.hidden),
-            num_classes=split.num_classes,
-        )
-    elif cfg.arch == "lenet5":
-        net = build_network(
-            "lenet5", num_classes=split.num_classes, in_channels=shape[0], input_size=shape[-1]
-        )
-    else:
-        net = build_network(cfg.arch, num_classes=split.num_classes, in_channels=shape[0])
-    return net.to(torch_dtype(cfg.dtype))
+    spec = network_spec(cfg, split)
+    return build_network(spec["name"], **spec["kwargs"]).to(torch_dtype(cfg.dtype))
 
 
 def build_prior(cfg: PriorConfig, net: nn.Module | None = None) -> Prior:

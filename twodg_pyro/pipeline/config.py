@@ -15,19 +15,19 @@ This module is the settings' home: :class:`RunConfig` (the top level of a config
 file) and reading it from files and dicts.  The rules a setting obeys are in
 :mod:`.config_rules`; the sections, one per table of the file, in
 :mod:`.config_sections` (data, network, prior, the stages), :mod:`.config_methods`
-(the compared methods) and :mod:`.config_evaluation` (uncertainty, diagnostics); all
-are importable from here.
+(the compared methods: each is the section of a method of the registry,
+:data:`~twodg_pyro.pipeline.context.METHOD_REGISTRY`) and :mod:`.config_evaluation`
+(uncertainty, diagnostics); all are importable from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal, get_args, get_origin, get_type_hints
+from typing import Annotated, get_args, get_origin, get_type_hints
 
 from .config_evaluation import DiagnosticsConfig, UncertaintyConfig
 from .config_methods import (
@@ -60,7 +60,9 @@ from .config_sections import (
     Stage3Config,
     torch_dtype,
 )
+from .context import METHOD_REGISTRY
 from .presets import merge_settings
+from .results import jsonable
 
 __all__ = [
     "ConfigError",
@@ -88,23 +90,13 @@ __all__ = [
     "config_from_dict",
 ]
 
-#: the methods a run trains and evaluates
-Method = Literal[
-    "deterministic",
-    "mean_field",
-    "2dg",
-    "rank1",
-    "ssvi",
-    "deterministic_matched",
-    "ensemble",
-    "laplace",
-]
-METHODS: tuple[str, ...] = get_args(Method)
+#: the methods a run trains and evaluates: the registry's, in the order they run
+METHODS: tuple[str, ...] = tuple(METHOD_REGISTRY)
 
 
 @dataclass
-class RunConfig(Section):
-    """A whole run: which methods, data, network, prior and the stages' settings."""
+class _RunSettings(Section):
+    """The settings of a run that are no method's own (see :class:`RunConfig`)."""
 
     methods: Annotated[list[str], METHOD_LIST] = field(
         default_factory=lambda: ["deterministic", "mean_field", "2dg"]
@@ -130,13 +122,6 @@ class RunConfig(Section):
     stage1: Stage1Config = field(default_factory=Stage1Config)
     sharing: SharingConfig = field(default_factory=SharingConfig)
     stage3: Stage3Config = field(default_factory=Stage3Config)
-    rank1: Rank1Config = field(default_factory=Rank1Config)
-    ssvi: SSVIConfig = field(default_factory=SSVIConfig)
-    deterministic_matched: MatchedDeterministicConfig = field(
-        default_factory=MatchedDeterministicConfig
-    )
-    ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
-    laplace: LaplaceConfig = field(default_factory=LaplaceConfig)
     uncertainty: UncertaintyConfig = field(default_factory=UncertaintyConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
@@ -173,21 +158,28 @@ class RunConfig(Section):
 
     def to_dict(self) -> dict:
         """Plain, JSON-serialisable dictionary of every setting."""
-        return _jsonable(dataclasses.asdict(self))
+        return jsonable(dataclasses.asdict(self))
 
 
-def _jsonable(obj):
-    if isinstance(obj, float) and math.isinf(obj):
-        return "inf" if obj > 0 else "-inf"
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_jsonable(v) for v in obj]
-    return obj
+RunConfig = dataclasses.make_dataclass(
+    "RunConfig",
+    [
+        (name, m.settings, field(default_factory=m.settings))
+        for name, m in METHOD_REGISTRY.items()
+        if m.settings is not None
+    ],
+    bases=(_RunSettings,),
+    namespace={
+        "__module__": __name__,
+        "__doc__": """A whole run: which methods, data, network, prior and the stages'
+    settings, and the section of every method that has settings of its own (``rank1``,
+    ``ssvi``, ...: :attr:`~twodg_pyro.pipeline.context.Method.settings`).""",
+    },
+)
 
 
 def _coerce(name: str, hint, value):
-    """Coerce simple JSON/TOML values to a field's type (ints to floats, 'inf' strings)."""
+    """Coerce simple JSON/TOML values to a field's type (ints to floats)."""
     origin = get_origin(hint)
     args = get_args(hint)
     if dataclasses.is_dataclass(hint):
@@ -195,18 +187,13 @@ def _coerce(name: str, hint, value):
             raise ConfigError(f"{name} must be a table/dict, got {value!r}")
         return config_from_dict(value, hint, prefix=f"{name}.")
     if hint is float or (args and float in args and not isinstance(value, str)):
-        if isinstance(value, str) and value in ("inf", "+inf", "-inf"):
-            return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             if value is None and type(None) in args:
                 return None
             raise ConfigError(f"{name} must be a number, got {value!r}")
         return float(value) if hint is float else value
-    if hint is float and isinstance(value, str):
-        return float(value)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
     if hint is bool and not isinstance(value, bool):
         raise ConfigError(f"{name} must be true or false, got {value!r}")
     if origin is list and not isinstance(value, list):
@@ -229,10 +216,7 @@ def config_from_dict(values: dict, cls: type = RunConfig, prefix: str = ""):
         if isinstance(value, str) and value in ("inf", "+inf", "-inf"):
             value = float(value)
         kwargs[key] = _coerce(prefix + key, hints[key], value)
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # pragma: no cover - defensive
-        raise ConfigError(f"{prefix}: {e}") from e
+    return cls(**kwargs)
 
 
 def _read_text(path: Path) -> str:

@@ -22,10 +22,6 @@ class ConfigError(ValueError):
     """A setting is unknown or out of range; the message names it."""
 
 
-#: ``cpu``, ``cuda`` or ``cuda:<index>``.
-DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -87,7 +83,6 @@ def optional_at_least(low: int, absent: str) -> Rule:
 
 
 BOOLEAN = Rule(lambda v: isinstance(v, bool), "must be true or false")
-INTEGER = Rule(_is_int, "must be an integer")
 #: the largest seed: NumPy's and scikit-learn's seeds are 32-bit (torch takes 64 bits)
 MAX_SEED = 2**32 - 1
 SEED = Rule(
@@ -119,10 +114,6 @@ def _is_list_of(kind: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda v: isinstance(v, (list, tuple)) and all(kind(x) for x in v)
 
 
-def _is_device(v) -> bool:
-    return isinstance(v, str) and DEVICE_PATTERN.fullmatch(v) is not None
-
-
 # named rules of single settings (annotations refer to them by name)
 FOLDER = Rule(lambda v: v is None or (isinstance(v, str) and v != ""), "must be a folder name")
 HIDDEN_UNITS = Rule(
@@ -136,7 +127,10 @@ INIT_SCALE = Rule(
 )
 POSITIVE_OR_INF = Rule(lambda v: _is_number(v) and v > 0, "must be a number > 0 (or inf)")
 METHOD_LIST = Rule(lambda v: isinstance(v, (list, tuple)), "must be a list of method names")
-DEVICE = Rule(_is_device, "must be 'cpu', 'cuda' or 'cuda:<index>'")
+DEVICE = Rule(
+    lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None,
+    "must be 'cpu', 'cuda' or 'cuda:<index>'",
+)
 
 
 def names_of(known: tuple[str, ...]) -> Rule:

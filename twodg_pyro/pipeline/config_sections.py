@@ -29,7 +29,6 @@ from .config_rules import (
     POSITIVE_OR_INF,
     SEED,
     ConfigError,
-    Rule,
     Section,
     at_least,
     finite_at_least_zero,
@@ -79,20 +78,6 @@ class DataConfig(Section):
             )
 
 
-def _known_arch(value) -> bool:
-    from ..models import available_networks
-
-    return (
-        isinstance(value, str) and value.strip().lower().replace("-", "_") in available_networks()
-    )
-
-
-def _arch_rule() -> Rule:
-    from ..models import available_networks
-
-    return Rule(_known_arch, f"must be one of {available_networks()}")
-
-
 @dataclass
 class NetworkConfig(Section):
     """The deterministic architecture (see ``twodg_pyro.models.build_network``)."""
@@ -105,7 +90,15 @@ class NetworkConfig(Section):
     dtype: DType = "float32"
 
     def _check(self) -> None:
-        _arch_rule().check("network.arch", self.arch)
+        from ..models import available_networks
+
+        known = available_networks()
+        require(
+            isinstance(self.arch, str) and self.arch.strip().lower().replace("-", "_") in known,
+            "network.arch",
+            self.arch,
+            f"must be one of {known}",
+        )
 
 
 @dataclass

@@ -6,7 +6,6 @@ them (:func:`diagnostics_budget`).  Used by :mod:`.artifacts` (a finished run) a
 from __future__ import annotations
 
 import json
-import math
 import traceback
 import warnings
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .results import atomic_write_text
+from .results import atomic_write_text, jsonable
 
 __all__ = [
     "KHAT_BLOCK_COMPONENTS",
@@ -24,7 +23,6 @@ __all__ = [
     "compare_step",
     "diagnostics_budget",
     "export_step",
-    "jsonable",
     "khat_block_count",
     "khat_step",
     "summary_and_reliability",
@@ -48,18 +46,6 @@ def xy(dataset):
     return (tensors[0], tensors[1]) if tensors is not None else dataset
 
 
-def jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if hasattr(obj, "item") and getattr(obj, "ndim", 1) == 0:
-        return jsonable(obj.item())
-    return obj
-
-
 class StepWriter:
     """Runs each artifact step, recording files and errors, with a progress bar (one
     update per step, the step's name beside it)."""
@@ -73,7 +59,12 @@ class StepWriter:
             total=steps or None, desc="diagnostics", unit="step", disable=not progress, leave=False
         )
 
-    def step(self, name: str, fn):
+    def step(self, name: str, fn, when: bool = True):
+        """``fn()`` as the step ``name`` (a returned path is a file written); ``None`` when
+        it fails (reported) or ``when`` is false (skipped)."""
+        if not when:
+            self.bar.update(1)
+            return None
         self.bar.set_postfix_str(name, refresh=True)
         try:
             result = fn()
@@ -306,26 +297,18 @@ def summary_and_reliability(writer: StepWriter, idata, pred, method: str, draws:
     from .. import diagnostics as D
     from ..evaluation import draws_sentence
 
-    out = writer.out
-    if idata is not None:
-
-        def write_summary():
-            path = out / "posterior_summary.csv"
-            atomic_write_text(path, D.summary(idata, kind="stats").to_csv())
-            return path
-
-        writer.step("posterior_summary", write_summary)
-    else:
-        writer.bar.update(1)
+    def write_summary():
+        path = writer.out / "posterior_summary.csv"
+        atomic_write_text(path, D.summary(idata, kind="stats").to_csv())
+        return path
 
     def reliability():
         title = f"{method}: {draws_sentence(draws)}"
-        return D.plot_reliability(pred.mean, pred.targets, out / "reliability.png", title=title)
+        path = writer.out / "reliability.png"
+        return D.plot_reliability(pred.mean, pred.targets, path, title=title)
 
-    if pred is not None and pred.targets is not None:
-        writer.step("reliability", reliability)
-    else:
-        writer.bar.update(1)
+    writer.step("posterior_summary", write_summary, when=idata is not None)
+    writer.step("reliability", reliability, when=pred is not None and pred.targets is not None)
 
 
 def write_report(writer: StepWriter, report: dict) -> dict:
@@ -344,12 +327,8 @@ def compare_step(writer: StepWriter, idatas: dict) -> list | None:
     stacking weights) as a list of rows, best first (1 step)."""
     from .. import diagnostics as D
 
-    if len(idatas) < 2:
-        writer.bar.update(1)
-        return None
-
     def rows():
         table = D.compare(idatas)
         return [{"method": str(name), **row} for name, row in table.to_dict("index").items()]
 
-    return writer.step("compare", rows)
+    return writer.step("compare", rows, when=len(idatas) >= 2)

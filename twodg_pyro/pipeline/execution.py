@@ -1,22 +1,12 @@
 """Where the pipeline's stages run: in one process, or on every rank of a process group.
 
-:func:`~twodg_pyro.pipeline.run` is the one orchestration of Algorithm 1 (the
-deterministic baseline, stage 1, stages 2-3, evaluation, files).  What differs between a
-plain run and a data-parallel one under ``torchrun`` is injected as an
-:class:`Execution`:
-
-* the training functions: :func:`~twodg_pyro.infer.fit` and
-  :func:`~twodg_pyro.baselines.train_deterministic` on the seeded training loader, or
-  their DDP forms on this rank's shard of it;
-* the data the training loops iterate (:meth:`Execution.shard`): the loader itself, or a
-  :class:`~twodg_pyro.distributed.ShardedLoader` over its data set;
-* predictions (the whole evaluation set, or a share per rank, gathered), stage 2's
-  mixture class, and the ranks' agreement on its result;
-* fields added to every record (``world_size``).
-
-This module holds the single-process :class:`Execution` (the default);
-:class:`~twodg_pyro.pipeline.data_parallel.DataParallel` is the multi-process one.
-Files are written the same way by both: through
+:func:`~twodg_pyro.pipeline.run` is the one orchestration of Algorithm 1; what differs
+between a plain run and a data-parallel one under ``torchrun`` (the training functions,
+the data their loops iterate, predictions, stage 2's mixture and the ranks' agreement
+on it, the fields of every record) is injected as an :class:`Execution`.  This module
+holds the single-process one (the default);
+:class:`~twodg_pyro.pipeline.data_parallel.DataParallel` is the multi-process one (its
+module lists how each piece differs).  Files are written the same way by both: through
 :func:`~twodg_pyro.distributed.env.on_main` and
 :class:`~twodg_pyro.distributed.MainOnly`, which run on rank 0 only and are plain calls
 in one process.
@@ -25,15 +15,9 @@ in one process.
 from __future__ import annotations
 
 from ..baselines import train_deterministic
-from ..distributed import MainOnly
 from ..infer import fit
 
-__all__ = ["Execution", "LOCAL", "main_only"]
-
-
-def main_only(callback) -> list:
-    """``[callback]`` running on rank 0 only (a checkpoint writer), ``[]`` for ``None``."""
-    return [] if callback is None else [MainOnly(callback)]
+__all__ = ["Execution", "LOCAL"]
 
 
 class Execution:

@@ -191,8 +191,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-#: the recommended recipe: ``mnist-lenet5`` with learnt scales, a layer-wise prior, KL
-#: weight 0.1 and fewer outliers (module docstring)
 def merge_settings(base: dict, over: dict) -> dict:
     """Recursively update nested settings ``base`` with ``over`` (a new dict; re-exported
     by :mod:`~twodg_pyro.pipeline.config`)."""
@@ -203,6 +201,8 @@ def merge_settings(base: dict, over: dict) -> dict:
     return out
 
 
+#: the recommended recipe: ``mnist-lenet5`` with learnt scales, a layer-wise prior, KL
+#: weight 0.1 and fewer outliers (module docstring)
 PRESETS["mnist-lenet5-bayes"] = merge_settings(
     PRESETS["mnist-lenet5"],
     {

@@ -40,7 +40,9 @@ __all__ = [
     "format_results",
     "format_table",
     "incomplete_note",
+    "jsonable",
     "read_results",
+    "size_mb",
     "write_results",
 ]
 
@@ -233,6 +235,20 @@ def read_results(run_dir: str | Path) -> dict:
     return payload
 
 
+def jsonable(obj):
+    """``obj`` as JSON takes it: string keys, lists for tuples, Python numbers for 0-d
+    tensors and arrays, and ``"inf"``, ``"-inf"``, ``"nan"`` for the floats JSON lacks."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if hasattr(obj, "item") and getattr(obj, "ndim", 1) == 0:
+        return jsonable(obj.item())
+    return obj
+
+
 def evaluation_of(cfg, eval_data) -> dict:
     """How the Bayesian rows of the results table were evaluated (``results.json``'s
     ``evaluation``): ``cfg.num_samples`` draws seeded with the run's seed on the test split
@@ -243,3 +259,8 @@ def evaluation_of(cfg, eval_data) -> dict:
 def kl_weight_field(kl_weight: float) -> dict:
     """``{"kl_weight": beta}`` for a record trained on a tempered ELBO, ``{}`` at 1."""
     return {} if kl_weight == 1.0 else {"kl_weight": kl_weight}
+
+
+def size_mb(n_params: int, bytes_per_param: int = 4) -> float:
+    """Storage of ``n_params`` float32 numbers in MB (:math:`10^6` bytes)."""
+    return n_params * bytes_per_param / 1e6

@@ -1,71 +1,38 @@
 """The main job: train and evaluate the configured methods, write the results table.
 
 :func:`run` reads top-down: check the device and the output folder, load and check the
-data, then run every method of the registry :data:`METHOD_REGISTRY` that the settings ask for,
-in the registry's order (each returns its row of the table), then print the table and
-write the results, model files and diagnostics.  What the methods share (the data, the
-seeded initial network, stage 1, checkpoints) is a :class:`RunContext`; the 2DG BNN's
-stages are :mod:`twodg_pyro.pipeline.algorithm1`'s.
+data, then run every method of the registry
+:data:`~twodg_pyro.pipeline.context.METHOD_REGISTRY` that the settings ask for, in the
+registry's order (each returns its row of the table), then print the table and write
+the results, model files and diagnostics.  What the methods share (the data, the seeded
+initial network, stage 1, checkpoints) is a
+:class:`~twodg_pyro.pipeline.context.RunContext`; the 2DG BNN's stages are
+:mod:`twodg_pyro.pipeline.algorithm1`'s.
 
 One orchestration for a plain run and a data-parallel one under ``torchrun``: the
-pieces that differ come in as an :class:`~twodg_pyro.pipeline.execution.Execution`
-(:data:`~twodg_pyro.pipeline.execution.LOCAL` by default), and every file is written
-on rank 0 only (:func:`~twodg_pyro.distributed.env.on_main`,
-:class:`~twodg_pyro.distributed.MainOnly`: plain calls in one process).
+pieces that differ come in as an :class:`~twodg_pyro.pipeline.execution.Execution`, and
+every file is written on rank 0 only.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 from ..distributed import env
-from ..metrics import classification_metrics
-from ..prediction import deterministic_predict
 from . import artifacts
-from .algorithm1 import run_2dg
-from .alternatives import run_rank1, run_ssvi
-from .baseline_methods import (
-    run_deterministic_matched,
-    run_ensemble,
-    run_laplace,
-    write_baseline_files,
-)
-from .builders import (
-    build_net,
-    check_device,
-    eval_data,
-    load_data,
-    seed_everything,
-    train_loader,
-)
+from .builders import build_net, check_device, eval_data, load_data, seed_everything, train_loader
 from .checks import check_sharing_sizes, check_split
 from .config import RunConfig
-from .context import RunContext, deterministic_recipe
+from .context import METHOD_REGISTRY, RunContext
 from .execution import LOCAL, Execution
-from .results import (
-    evaluation_of,
-    format_table,
-    kl_weight_field,
-    uncertainty_table,
-    write_results,
-)
+from .results import evaluation_of, format_table, uncertainty_table, write_results
 from .resume import RunCheckpoints
 from .run_folder import RunFolder
-from .trained import RunArtifacts, Trained
+from .trained import RunArtifacts
 from .uncertainty_step import add_uncertainty
 
-__all__ = [
-    "METHOD_REGISTRY",
-    "Method",
-    "RunArtifacts",
-    "RunContext",
-    "Trained",
-    "deterministic_recipe",
-    "run",
-]
+__all__ = ["METHOD_REGISTRY", "run"]
 
 
 # ---------------------------------------------------------------------------- run
@@ -148,7 +115,6 @@ def _run(
 
         def write():
             write_results(out_dir, art.records, cfg.to_dict(), evaluation_of(cfg, art.eval_data))
-            write_baseline_files(art, cfg, out_dir)  # model_<baseline>.pt
             artifacts.write_artifacts(art, cfg, out_dir)  # model files, diagnostics, ...
 
         env.on_main(write, f"write the results to {out_dir}")
@@ -168,7 +134,6 @@ def _keep_finished(out_dir, art: RunArtifacts, cfg: RunConfig, failed: str, erro
     try:
         evaluation = evaluation_of(cfg, art.eval_data)
         write_results(out_dir, art.records, cfg.to_dict(), evaluation, incomplete=status)
-        write_baseline_files(art, cfg, out_dir)
         artifacts.write_artifacts(art, cfg, out_dir, skip_diagnostics=f"{failed} failed")
     except Exception as e:  # keep the original error
         warnings.warn(f"could not keep the finished methods' files in {out_dir}: {e}", stacklevel=2)
@@ -196,140 +161,10 @@ def _context(cfg, out_dir, resume, execution, folder) -> RunContext:
     art.eval_data = eval_data(split.test, cfg.device)
     return RunContext(
         cfg=cfg,
-        art=art,
-        execution=execution,
         checkpoints=checkpoints,
+        execution=execution,
+        art=art,
         resume_from=resume_from,
         net=net,
         loader=train_loader(split, cfg.data, cfg.seed),
     )
-
-
-# ---------------------------------------------------------------------------- methods
-class Method(NamedTuple):
-    """A row of the results table: ``run(ctx)`` returns the method's record (``None``:
-    none, e.g. restored from a checkpoint); ``distributed``: it runs under
-    ``torchrun`` (:func:`~twodg_pyro.pipeline.run_distributed`)."""
-
-    run: Callable[[RunContext], dict | None]
-    distributed: bool
-
-
-def deterministic(ctx: RunContext) -> dict | None:
-    """The deterministic network trained on the data (its record was restored when
-    resuming)."""
-    if ctx.resume_from is not None:
-        return None
-    cfg = ctx.cfg
-    det, seconds = ctx.train_deterministic(cfg.stage1.deterministic_epochs)
-    ctx.deterministic = (det, cfg.stage1.deterministic_epochs)
-    ctx.art.trained["deterministic"] = Trained(det, None, None)
-    pred = ctx.execution.predict(
-        lambda d: deterministic_predict(det, d), ctx.art.eval_data, cfg.device
-    )
-    n_det = sum(p.numel() for p in ctx.net.parameters())
-    return {
-        "method": "deterministic",
-        **classification_metrics(pred.mean, pred.targets),
-        "trainable_params": n_det,
-        "stored_params": n_det,
-        "size_mb": 4 * n_det / 1e6,
-        "train_seconds": seconds,
-        **ctx.execution.record_fields(),
-    }
-
-
-def mean_field(ctx: RunContext) -> dict | None:
-    """Stage 1's mean-field BNN (its record was restored when resuming from stage 3)."""
-    (model, guide, state, _), seconds = ctx.stage1()
-    if ctx.resume_from == "stage3":
-        return None
-    pred = ctx.predict(model, guide)
-    ctx.art.predictions["mean_field"] = pred
-    n_train = guide.num_trainable() + sum(p.numel() for p in model.deterministic_parameters())
-    return {
-        "method": "mean_field",
-        **classification_metrics(pred.mean, pred.targets),
-        "trainable_params": n_train,
-        "stored_params": n_train,  # 2 per Bayesian weight + the deterministic ones
-        "size_mb": 4 * n_train / 1e6,
-        "train_seconds": seconds,
-        "final_elbo_terms": state.history[-1] if state.history else {},
-        "scale_trajectory": scale_trajectory(state.history),
-        **kl_weight_field(ctx.cfg.stage1.kl_weight),
-        **ctx.execution.record_fields(),
-    }
-
-
-def two_dg(ctx: RunContext) -> dict:
-    """The 2DG BNN: stages 2-3 on the mean-field BNN that stage 1 returns
-    (:func:`~twodg_pyro.pipeline.algorithm1.run_2dg`)."""
-    stage1, _ = ctx.stage1()
-    art = ctx.art
-    return run_2dg(ctx.runtime, art.split, stage1, art, art.eval_data)
-
-
-def rank1(ctx: RunContext) -> dict:
-    """A rank-1 BNN (:func:`~twodg_pyro.pipeline.alternatives.run_rank1`)."""
-    return run_rank1(ctx.cfg, ctx.art.split, ctx.art.eval_data, ctx.art)
-
-
-def ssvi(ctx: RunContext) -> dict:
-    """An SSVI BNN (:func:`~twodg_pyro.pipeline.alternatives.run_ssvi`)."""
-    return run_ssvi(ctx.cfg, ctx.art.split, ctx.art.eval_data, ctx.art)
-
-
-def deterministic_matched(ctx: RunContext) -> dict:
-    """The deterministic network trained for the Bayesian pipeline's epochs, early-stopped
-    on the validation NLL
-    (:func:`~twodg_pyro.pipeline.baseline_methods.run_deterministic_matched`)."""
-    return run_deterministic_matched(ctx, deterministic_recipe(ctx.cfg))
-
-
-def ensemble(ctx: RunContext) -> dict:
-    """A deep ensemble (:func:`~twodg_pyro.pipeline.baseline_methods.run_ensemble`)."""
-    return run_ensemble(ctx, deterministic_recipe(ctx.cfg))
-
-
-def laplace(ctx: RunContext) -> dict:
-    """Post-hoc Laplace on the deterministic network
-    (:func:`~twodg_pyro.pipeline.baseline_methods.run_laplace`)."""
-    return run_laplace(ctx, deterministic_recipe(ctx.cfg))
-
-
-#: The methods a run can train, in the order they run: the choices of ``methods`` in the
-#: settings (:data:`~twodg_pyro.pipeline.config.METHODS`).
-METHOD_REGISTRY: dict[str, Method] = {
-    "deterministic": Method(deterministic, distributed=True),
-    "mean_field": Method(mean_field, distributed=True),
-    "2dg": Method(two_dg, distributed=True),
-    "rank1": Method(rank1, distributed=False),
-    "ssvi": Method(ssvi, distributed=False),
-    "deterministic_matched": Method(deterministic_matched, distributed=False),
-    "ensemble": Method(ensemble, distributed=False),
-    "laplace": Method(laplace, distributed=False),
-}
-
-
-# ---------------------------------------------------------------------------- helpers
-_TRAJECTORY_KEYS = ("loss", "kl", "nll", "sigma_median", "sigma_ratio_median", "sigma_over_spread")
-
-
-def scale_trajectory(history: list[dict], points: int = 11) -> list[dict]:
-    """About ``points`` evenly spaced epochs of a fit's history (always the last), each
-    with its ELBO terms and the scales' summary of
-    :class:`~twodg_pyro.infer.ScaleTrajectory`: whether the fit converged, in a few
-    numbers."""
-    if not history:
-        return []
-    step = max(1, len(history) // max(1, points - 1))
-    picked = list(range(0, len(history), step))
-    if picked[-1] != len(history) - 1:
-        picked.append(len(history) - 1)
-    return [
-        {
-            "epoch": history[i].get("epoch", i),
-            **{k: history[i][k] for k in _TRAJECTORY_KEYS if k in history[i]},
-        }
-        for i in picked
-    ]

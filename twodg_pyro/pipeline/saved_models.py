@@ -11,18 +11,19 @@ import torch
 
 from ..evaluation import data_to_device
 from ..likelihoods import Categorical
-from .builders import eval_data
+from .builders import check_device, eval_data, load_data
+from .config_sections import DataConfig
 from .diagnostics_steps import (
     KHAT_MAX_EXAMPLES,
     KHAT_SAMPLES,
     StepWriter,
     export_step,
-    jsonable,
     khat_step,
     summary_and_reliability,
     write_report,
     xy,
 )
+from .results import jsonable
 
 __all__ = [
     "check_fits",
@@ -35,9 +36,10 @@ __all__ = [
 def evaluation_defaults(model_file, data=None, num_samples=None, seed=None) -> dict:
     """The data, draws and seed to evaluate a model file with: those given, else those of
     the run that wrote it (the file's ``evaluation`` record), else digits, 30 draws and
-    seed 0.  Returns ``{"data", "num_samples", "seed", "data_settings", "recorded"}``
-    (``data_settings``: the run's split settings when ``data`` is the run's data set;
-    ``recorded``: the file's evaluation record, ``{}`` without one)."""
+    seed 0.  Returns ``{"data", "num_samples", "seed", "data_settings", "recorded",
+    "header"}`` (``data_settings``: the run's split settings when ``data`` is the run's
+    data set; ``recorded``: the file's evaluation record, ``{}`` without one;
+    ``header``: the file's header, ``{}`` when it cannot be read)."""
     from ..io import read_model_header
 
     try:
@@ -56,30 +58,41 @@ def evaluation_defaults(model_file, data=None, num_samples=None, seed=None) -> d
         "seed": int(seed if seed is not None else recorded.get("seed", 0)),
         "data_settings": {k: v for k, v in run_data.items() if k != "name"} if same else {},
         "recorded": recorded,
+        "header": header,
     }
 
 
-def _load(model_file, data: str, root: str | None, device: str, data_settings=None):
-    """The saved model (a full or a compact file of any method) and the data split it is
-    evaluated on (``data_settings``: the run's split settings, e.g. ``test_fraction``)."""
-    from ..io import load_model
+def _load(model_file, d: dict, root: str | None, device: str, baselines: bool = False):
+    """The saved model -- ``(model, guide)`` of a full or compact file of any Bayesian
+    method, or (``baselines``) a baseline's object -- and the data split it is evaluated
+    on (with the run's split settings, e.g. ``test_fraction``, from ``d``)."""
+    from ..io import load_baseline, load_model
+    from ..io.model_file import BASELINE_FILE_KIND
     from ..models import MLP
-    from .builders import check_device, load_data
-    from .config import DataConfig
 
     check_device(device)
-    model, guide = load_model(model_file, device=device)
+    if baselines and d["header"].get("kind") == BASELINE_FILE_KIND:
+        saved = load_baseline(model_file, device=device)
+        model = saved if hasattr(saved, "net") else _AsModel(saved)
+    else:
+        saved = load_model(model_file, device=device)
+        model = saved[0]
+    run = d["data_settings"]
     settings = {
-        k: v
-        for k, v in (data_settings or {}).items()
-        if k in ("val_fraction", "test_fraction", "split_seed")
+        k: v for k, v in run.items() if k in ("val_fraction", "test_fraction", "split_seed")
     }
-    if root is None:
-        root = (data_settings or {}).get("root")
-    cfg = DataConfig(name=data, root=root, **settings)
+    cfg = DataConfig(name=d["data"], root=run.get("root") if root is None else root, **settings)
     split = load_data(cfg, image=not isinstance(model.net, MLP))
     check_fits(model, split, model_file, device)
-    return model, guide, split
+    return saved, split
+
+
+class _AsModel:
+    """A plain network seen as a model for :func:`check_fits` (``net``, ``dtype``)."""
+
+    def __init__(self, net):
+        self.net = net
+        self.dtype = next(net.parameters()).dtype
 
 
 def check_fits(model, split, model_file, device: str = "cpu") -> None:
@@ -161,46 +174,40 @@ def evaluate_model_file(
     output also has ``uncertainty``: OOD detection, shift and selective prediction on the
     same draws (:mod:`twodg_pyro.pipeline.uncertainty_step`).
     """
+    from ..baselines import draw_probs
+    from ..diagnostics import method_of
     from ..evaluation import SAMPLE_CHUNK, evaluate
+    from ..metrics import classification_metrics
+    from .uncertainty_step import UncertaintySets
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
-    header = _baseline_header(model_file)
-    if header is not None:
-        return _evaluate_baseline(model_file, header, d, root, split_name, device, uncertainty)
-    model, guide, split = _load(model_file, d["data"], root, device, d["data_settings"])
+    saved, split = _load(model_file, d, root, device, baselines=True)
     dataset = getattr(split, split_name)
     if len(dataset) == 0:
         raise ValueError(f"the {split_name} split of {d['data']!r} is empty")
     data = eval_data(dataset, device)
-    metrics = evaluate(model, guide, data, d["num_samples"], d["seed"], device=device)
-    result = {
-        "model_file": str(model_file),
-        "method": d["recorded"].get("method") or _method_of(guide),
-        "data": d["data"],
-        "split": split_name,
-        "sample_chunk": SAMPLE_CHUNK,
-        **metrics,
-    }
-    if uncertainty is not None:
-        result["uncertainty"] = _uncertainty(
-            (model, guide), True, split, data, uncertainty, d, device
+    result = {"model_file": str(model_file), "data": d["data"], "split": split_name}
+    if isinstance(saved, tuple):  # a Bayesian model and guide
+        model, guide = saved
+        result["method"] = d["recorded"].get("method") or method_of(guide)
+        result["sample_chunk"] = SAMPLE_CHUNK
+        result.update(evaluate(model, guide, data, d["num_samples"], d["seed"], device=device))
+        bayesian = seeded = True
+    else:  # a baseline: its own draws
+        samples = draw_probs(saved, data, d["num_samples"], d["seed"])
+        labels = data[1] if isinstance(data, tuple) else torch.cat([y for _, y in data])
+        result["method"] = d["recorded"].get("method") or d["header"].get("method")
+        result.update(classification_metrics(samples.mean(0), labels))
+        result.update(
+            num_samples=int(samples.shape[0]), seed=int(d["seed"]), n_examples=int(samples.shape[1])
         )
-    return _with_recorded(result, d)
-
-
-def _uncertainty(trained, bayesian: bool, split, data, settings, d: dict, device) -> dict:
-    from .uncertainty_step import UncertaintySets
-
-    sets = UncertaintySets(split, data, settings, d["seed"])
-    draws = settings.draws if settings.draws is not None else d["num_samples"]
-    return sets.record(trained, bayesian, draws, device)
-
-
-def _with_recorded(result: dict, d: dict, seeded: bool = True) -> dict:
-    """``result`` with the run's ``recorded_metrics`` when it used the same draws and
-    examples (``seeded``: the seed matters)."""
+        bayesian, seeded = hasattr(saved, "sample_probs"), hasattr(saved, "sample_params")
+    if uncertainty is not None:
+        sets = UncertaintySets(split, data, uncertainty, d["seed"])
+        draws = uncertainty.draws if uncertainty.draws is not None else d["num_samples"]
+        result["uncertainty"] = sets.record(saved, bayesian, draws, device)
     rec = d["recorded"]
-    if (
+    if (  # the run's metrics, when it used the same draws and examples
         rec.get("metrics")
         and (not seeded or rec.get("seed") == result["seed"])
         and rec.get("num_samples") == result["num_samples"]
@@ -210,79 +217,6 @@ def _with_recorded(result: dict, d: dict, seeded: bool = True) -> dict:
     ):
         result["recorded_metrics"] = rec["metrics"]
     return result
-
-
-def _baseline_header(model_file) -> dict | None:
-    """The header of a baseline's model file, ``None`` for any other file."""
-    from ..io import read_model_header
-    from ..io.model_file import BASELINE_FILE_KIND
-
-    try:
-        header = read_model_header(model_file)
-    except (OSError, ValueError):
-        return None  # the loader names the problem
-    return header if header.get("kind") == BASELINE_FILE_KIND else None
-
-
-def _evaluate_baseline(
-    model_file, header: dict, d: dict, root, split_name: str, device: str, uncertainty=None
-) -> dict:
-    """:func:`evaluate_model_file` of a baseline's file (ensemble, Laplace, network)."""
-    from ..baselines import draw_probs
-    from ..io import load_baseline
-    from ..metrics import classification_metrics
-    from ..models import MLP
-    from .builders import check_device, load_data
-    from .config import DataConfig
-
-    check_device(device)
-    obj = load_baseline(model_file, device=device)
-    settings = {
-        k: v
-        for k, v in d["data_settings"].items()
-        if k in ("val_fraction", "test_fraction", "split_seed")
-    }
-    if root is None:
-        root = d["data_settings"].get("root")
-    net = getattr(obj, "net", obj)
-    split = load_data(
-        DataConfig(name=d["data"], root=root, **settings), image=not isinstance(net, MLP)
-    )
-    check_fits(obj if hasattr(obj, "net") else _AsModel(obj), split, model_file, device)
-    dataset = getattr(split, split_name)
-    if len(dataset) == 0:
-        raise ValueError(f"the {split_name} split of {d['data']!r} is empty")
-    data = eval_data(dataset, device)
-    samples = draw_probs(obj, data, d["num_samples"], d["seed"])
-    labels = data[1] if isinstance(data, tuple) else torch.cat([y for _, y in data])
-    result = {
-        "model_file": str(model_file),
-        "method": d["recorded"].get("method") or header.get("method"),
-        "data": d["data"],
-        "split": split_name,
-        **classification_metrics(samples.mean(0), labels),
-        "num_samples": int(samples.shape[0]),
-        "seed": int(d["seed"]),
-        "n_examples": int(samples.shape[1]),
-    }
-    if uncertainty is not None:
-        bayesian = hasattr(obj, "sample_probs")
-        result["uncertainty"] = _uncertainty(obj, bayesian, split, data, uncertainty, d, device)
-    return _with_recorded(result, d, seeded=hasattr(obj, "sample_params"))
-
-
-class _AsModel:
-    """A plain network seen as a model for :func:`check_fits` (``net``, ``dtype``)."""
-
-    def __init__(self, net):
-        self.net = net
-        self.dtype = next(net.parameters()).dtype
-
-
-def _method_of(guide) -> str:
-    from ..diagnostics import method_of
-
-    return method_of(guide)
 
 
 def diagnose_model_file(
@@ -320,7 +254,7 @@ def diagnose_model_file(
     from ..metrics import classification_metrics
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
-    model, guide, split = _load(model_file, d["data"], root, device, d["data_settings"])
+    (model, guide), split = _load(model_file, d, root, device)
     method = method_of(guide)
     S, seed = d["num_samples"], d["seed"]
     out = Path(out_dir)

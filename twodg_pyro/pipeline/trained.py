@@ -37,10 +37,9 @@ class RunArtifacts:
         split: the data split the run trained and evaluated on.
         eval_data: the evaluation examples every method was evaluated on (on the device).
         mean_field: stage 1's mean-field BNN (also when only the 2DG row was asked for).
-        trained: the other Bayesian methods' trained models by method name (``"2dg"``,
-            ``"rank1"``, ``"ssvi"``).
-        predictions: each Bayesian method's seeded prediction of ``eval_data`` (the
-            table's numbers).
+        trained: every other method's trained model by method name (``"2dg"``,
+            ``"rank1"``, ...; a baseline's object is the ``model`` of its entry).
+        predictions: each method's prediction of ``eval_data`` (the table's numbers).
         variants: the 2DG BNN of each variant of
             :func:`~twodg_pyro.pipeline.variants.run_variants`, by variant name.
     """

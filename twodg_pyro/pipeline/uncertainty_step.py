@@ -25,11 +25,9 @@ import torch
 
 from ..uncertainty import builtin_ood_sets, folder_ood_set, uncertainty_report
 from .baseline_methods import method_probs
+from .context import BAYESIAN_METHODS
 
-__all__ = ["UncertaintySets", "add_uncertainty", "trained_of"]
-
-#: methods whose draws differ (mutual information defined)
-BAYESIAN_METHODS = ("mean_field", "2dg", "rank1", "ssvi", "ensemble", "laplace")
+__all__ = ["BAYESIAN_METHODS", "UncertaintySets", "add_uncertainty", "trained_of"]
 
 
 def _tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
