@@ -22,14 +22,6 @@ from pathlib import Path
 
 import torch
 
-__all__ = [
-    "NoSpaceError",
-    "atomic_torch_save",
-    "atomic_write",
-    "atomic_write_text",
-    "safe_torch_load",
-]
-
 #: errno values of a full disk or an exhausted quota
 _FULL = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if e is not None)
 #: a full disk in the messages of writers that give no errno: torch's own file writer

@@ -39,16 +39,6 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = [
-    "CHECKSUM_KEY",
-    "ChecksumError",
-    "bytes_digest",
-    "check_finite",
-    "content_digest",
-    "seal",
-    "verify_checksum",
-]
-
 #: The top-level key under which files store their content digest.
 CHECKSUM_KEY = "checksum"
 _ALGORITHM = "sha256"

@@ -19,8 +19,6 @@ from pathlib import Path
 from .atomic import atomic_torch_save, safe_torch_load
 from .integrity import CHECKSUM_KEY, check_finite, seal, verify_checksum
 
-__all__ = ["PayloadFormat", "payload_section", "read_payload", "write_payload"]
-
 _RETRAIN = (
     "an earlier twodg_pyro wrote it; re-save it with a twodg_pyro that still reads it "
     "(loading and saving it writes the current version), or retrain the model"

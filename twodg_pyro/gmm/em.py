@@ -34,8 +34,6 @@ from tqdm.auto import tqdm
 from ._cells import Engine, PassResult, Plan, make_plan
 from ._layout import CellLayout, Components
 
-__all__ = ["m_step", "run_em"]
-
 
 class FitProgress(tqdm):
     """The fit's tqdm bar (``"GMM EM"``, on stderr): one tick per online-EM step and per

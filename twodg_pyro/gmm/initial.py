@@ -13,8 +13,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["initial_mixture", "kmeans_plusplus", "lloyd", "nearest_centre", "subsample_size"]
-
 
 def subsample_size(n: int, k: int, subsample: int | None) -> int:
     """Points the initialisation of ``K = k`` components uses out of ``n``: ``subsample``

@@ -21,17 +21,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = [
-    "det2x2",
-    "trace2x2",
-    "inv2x2",
-    "sqrtm2x2",
-    "cholesky2x2",
-    "logdet2x2",
-    "eigvalsh2x2",
-    "check_spd",
-]
-
 
 def _check_square2(S: Tensor, name: str = "S") -> None:
     if not isinstance(S, Tensor):

@@ -20,14 +20,6 @@ from tqdm.auto import tqdm
 
 from .linalg2x2 import _check_finite_rows, _shape, check_spd, inv2x2, logdet2x2
 
-__all__ = [
-    "EllipseAssignment",
-    "gaussian_log_prob",
-    "mahalanobis_squared",
-    "mahalanobis_squared_own",
-    "ellipse_assign",
-]
-
 CHI2_2DOF_95 = 5.991
 _LOG_2PI = math.log(2.0 * math.pi)
 #: (point, component) distances per chunk of the ellipse step: temporaries of 1 MiB stay in

@@ -31,19 +31,6 @@ from tqdm.auto import tqdm
 from .linalg2x2 import _shape, check_spd, sqrtm2x2, trace2x2
 from .wasserstein import pairwise_w2_squared
 
-__all__ = [
-    "MergeResult",
-    "merge_paper",
-    "merge_moment",
-    "merge_components",
-    "MERGE_RULES",
-    "MERGE_TESTS",
-    "MergeRule",
-    "MergeTest",
-    "check_merge_settings",
-    "remap_assignments",
-]
-
 #: the merge formulas: Eqs. 5-6 as printed, or count-weighted moment matching
 MergeRule = Literal["paper", "moment"]
 MERGE_RULES: tuple[str, ...] = get_args(MergeRule)

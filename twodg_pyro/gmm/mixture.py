@@ -28,8 +28,6 @@ from .em import m_step, run_em
 from .initial import initial_mixture
 from .linalg2x2 import _check_finite_rows
 
-__all__ = ["GaussianMixture2D", "NotFittedError", "as_points"]
-
 _INITS = ("kmeans++", "kmeans", "random")
 #: pruning margin (nats) of the hard assignment: any margin >= 0 keeps each point's best
 #: component (see ``_cells``); 2 nats absorb the float32 rounding of the bounds

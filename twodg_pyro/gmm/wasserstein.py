@@ -22,8 +22,6 @@ from torch import Tensor
 
 from .linalg2x2 import check_spd
 
-__all__ = ["w2_squared", "pairwise_w2_squared"]
-
 
 def _parts(s: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``a, b, c`` of the symmetrised ``[[a, b], [b, c]]``, its trace and (clamped) det."""

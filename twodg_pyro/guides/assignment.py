@@ -19,14 +19,6 @@ import torch
 
 from ..sharing.structure import SharingStructure, SiteLayout
 
-__all__ = [
-    "SiteIndex",
-    "TyingGuide",
-    "WeightKinds",
-    "assignment_tables",
-    "gather_rows",
-]
-
 
 class WeightKinds(NamedTuple):
     """How many weights of each kind the network has."""

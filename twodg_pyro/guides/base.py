@@ -19,16 +19,6 @@ from ..guide import BNNGuide, FastStepGuide, GuideSample, MarginalDensity, kl_or
 from ..nn.sites import BayesianSite
 from ..pyro_params import params_are_local, plate_batch_shape
 
-__all__ = [
-    "DiagonalNormalGuide",
-    "GuideDraw",
-    "LocScaleParameters",
-    "particle_batch_shape",
-    "scalar_prior",
-    "site_key",
-    "standard_normal",
-]
-
 
 def normal_normal_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:
     r"""Elementwise :math:`\mathrm{KL}(\mathcal N(\text{loc}, \text{scale}^2) \|

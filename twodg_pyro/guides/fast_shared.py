@@ -21,8 +21,6 @@ import torch.nn.functional as F
 from ..guide import FastStepGuide
 from .base import normal_normal_kl, scalar_prior
 
-__all__ = ["SharedGMMFastStep", "fused_kl"]
-
 
 def _prior_table(guide, priors):
     """``(p_loc, p_scale)`` per site ``(n_sites, 1)`` and per outlier ``(n_out,)``, or

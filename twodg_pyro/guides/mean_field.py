@@ -25,8 +25,6 @@ from ..nn.functional import _MIN_SCALE, inverse_softplus
 from ..nn.sites import BayesianSite
 from .base import DiagonalNormalGuide, site_key
 
-__all__ = ["MeanFieldGuide", "paper_initial_scales"]
-
 
 def check_init_scale(init_scale: str | float) -> None:
     """Raise ``ValueError`` unless ``init_scale`` is ``"paper"`` or a positive finite float."""

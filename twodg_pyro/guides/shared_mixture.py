@@ -22,8 +22,6 @@ from ..sharing.refine import apply_mapping, merge_point_covariances
 from ..sharing.structure import SharingStructure
 from .stochastic_draw import MIN_SIGMA
 
-__all__ = ["SharedMixture"]
-
 
 def _chol_params(covs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log diag (K, 2), off-diagonal (K,))`` of the Cholesky factors of 2x2 SPD ``covs``."""

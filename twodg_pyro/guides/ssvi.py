@@ -55,8 +55,6 @@ from .base import (
 )
 from .mean_field import check_init_scale, initial_means, paper_initial_scales
 
-__all__ = ["SSVIGuide"]
-
 
 def _check_density(density) -> float:
     if isinstance(density, bool) or not isinstance(density, (int, float)):

@@ -44,17 +44,6 @@ from ..infer.optim import remap_optimizer_rows
 from .base import site_key
 from .ssvi import SSVIGuide
 
-__all__ = [
-    "ADDITION_CRITERIA",
-    "REMOVAL_CRITERIA",
-    "AdditionCriterion",
-    "RemovalCriterion",
-    "SubspaceUpdate",
-    "check_criterion",
-    "folded_normal_moments",
-    "removal_scores",
-]
-
 #: which active coordinates leave the subspace, and which inactive ones join it
 RemovalCriterion = Literal["mu", "snr", "snr_abs_theta"]
 REMOVAL_CRITERIA: tuple[str, ...] = get_args(RemovalCriterion)

@@ -23,16 +23,6 @@ import torch
 if TYPE_CHECKING:
     from .assignment import TyingGuide
 
-__all__ = [
-    "DRAW_BLOCK",
-    "MIN_SIGMA",
-    "Conditional",
-    "StochasticParts",
-    "draw_stochastic",
-    "draw_stochastic_into",
-    "stochastic_coefficients",
-]
-
 #: elements (draws x weights) per block of the no-gradient draw (a cache-sized scratch)
 DRAW_BLOCK = 1 << 15
 #: the smallest sigma a centre or a drawn weight takes (the shared-GMM guide's)

@@ -32,8 +32,6 @@ import math
 
 import torch
 
-__all__ = ["expected_log_abs_normal", "expected_normal_kl"]
-
 # Poisson-mixture series below this half non-centrality, asymptotic expansion above it
 _SERIES_MAX_H = 200.0
 

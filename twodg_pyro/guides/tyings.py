@@ -62,20 +62,6 @@ from .stochastic_kl import expected_normal_kl
 if TYPE_CHECKING:
     from .assignment import SiteIndex, TyingGuide
 
-__all__ = [
-    "TYINGS",
-    "Conditional",
-    "Representative",
-    "SharedDraw",
-    "Stochastic",
-    "StochasticParts",
-    "Tied",
-    "Tying",
-    "TyingName",
-    "normal_kl",
-    "tying_named",
-]
-
 #: the tyings' names: the settings' choices (``stage3.tying``)
 TyingName = Literal["representative", "stochastic", "tied"]
 TYINGS: tuple[str, ...] = get_args(TyingName)

@@ -54,15 +54,6 @@ from .optim import build_optimizer
 from .state import TrainState
 from .trainer import fit
 
-__all__ = [
-    "Checkpoint",
-    "CheckpointData",
-    "checkpoint_payload",
-    "load_checkpoint",
-    "restore_state",
-    "resume_fit",
-]
-
 _FORMAT = PayloadFormat(
     kind="twodg_pyro.Checkpoint",
     version=2,  # with a content checksum (1, without one, is refused)

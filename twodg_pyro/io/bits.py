@@ -8,8 +8,6 @@ import math
 
 import numpy as np
 
-__all__ = ["pack_bits", "read_varints", "unpack_bits", "write_varints"]
-
 
 def write_varints(values: np.ndarray) -> bytes:
     """Non-negative integers as unsigned LEB128 varints (7 bits per byte, low first)."""

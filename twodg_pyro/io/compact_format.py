@@ -65,16 +65,6 @@ from ..files.integrity import ChecksumError, bytes_digest
 from .bits import pack_bits, unpack_bits
 from .entropy import decode_index, encode_index
 
-__all__ = [
-    "COMPACT_FORMAT_VERSION",
-    "COMPACT_MAGIC",
-    "KIND_2DG",
-    "KIND_INT8",
-    "compact_summary",
-    "is_compact_file",
-    "read_compact",
-]
-
 COMPACT_MAGIC = b"2DGZ\r\n\x1a\n"
 COMPACT_FORMAT_VERSION = 1
 KIND_2DG = "twodg_pyro.Compact2DG"

@@ -30,8 +30,6 @@ from .compact_format import (
 from .entropy import decode_index
 from .network_size import MAX_NETWORK_VALUES, build_file_network
 
-__all__ = ["load_compact"]
-
 
 def _finite(t: torch.Tensor, what: str) -> torch.Tensor:
     """``t``, or a ValueError saying that ``what`` contain NaN or inf."""

@@ -47,20 +47,6 @@ import numpy as np
 
 from .bits import read_varints, write_varints
 
-__all__ = [
-    "RANS_LOW",
-    "IndexCode",
-    "choose_table",
-    "decode_index",
-    "decode_table",
-    "empirical_entropy_bits",
-    "encode_index",
-    "encode_table",
-    "quantise_frequencies",
-    "rans_decode",
-    "rans_encode",
-]
-
 #: Lower end of the rANS state interval [2^16, 2^32).
 RANS_LOW = 1 << 16
 _WORD = 16

@@ -82,8 +82,6 @@ from .specs import (
     site_types,
 )
 
-__all__ = ["BNN_FILE", "SHARED_GMM_FILE", "GuideFile", "guide_table", "register_guide_file"]
-
 _GUIDE_FIELDS = "<guide>"  # in a layout's fields: where the guide's own go
 _FINITE = ("guide/", "net/", "structure/", "prior/")
 

@@ -16,9 +16,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_NETWORK_VALUES", "build_file_network"]
-
-
 #: The most values (parameters and buffers) a network built from a file's spec may have:
 #: 2**30 (4 GiB at float32), twelve times the largest network of the registry (ViT-B/16).
 #: A compact file describes its weights in far fewer bytes, so its length cannot bound them.

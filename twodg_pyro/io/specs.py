@@ -34,17 +34,6 @@ from ..likelihoods import LIKELIHOODS, Likelihood
 from ..priors import PRIORS, Prior
 from .network_size import build_file_network
 
-__all__ = [
-    "PriorNotStoredWarning",
-    "UnavailablePrior",
-    "exact_include",
-    "likelihood_spec",
-    "prior_spec",
-    "rebuild_likelihood",
-    "rebuild_prior",
-    "site_types",
-]
-
 
 class PriorNotStoredWarning(UserWarning):
     """A model's prior cannot be written to a model file (or was not): the loaded model

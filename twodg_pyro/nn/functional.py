@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["inverse_softplus"]
-
 #: the smallest ``x`` whose inverse is taken (below it, ``expm1`` underflows)
 _MIN_SCALE = 1e-8
 

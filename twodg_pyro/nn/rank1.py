@@ -40,16 +40,6 @@ from torch import nn
 
 from .sites import _matches
 
-__all__ = [
-    "RANK1_LAYER_TYPES",
-    "Rank1Layer",
-    "find_rank1_layers",
-    "rank1_weight",
-    "rank1_linear",
-    "rank1_conv",
-    "rank1_factors",
-]
-
 #: Layer types that can carry rank-1 factors.
 RANK1_LAYER_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 

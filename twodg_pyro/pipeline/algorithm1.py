@@ -40,16 +40,6 @@ from .execution import LOCAL, Execution
 from .results import kl_weight_field
 from .trained import RunArtifacts, Trained
 
-__all__ = [
-    "Runtime",
-    "run_2dg",
-    "stage1_mean_field",
-    "stage2_sharing",
-    "stage3_hooks",
-    "stage3_shared_gmm",
-    "train_svi",
-]
-
 
 # ---------------------------------------------------------------------------- runtime
 @dataclass

@@ -24,8 +24,6 @@ from .builders import build_model, build_net, seed_everything, train_loader
 from .results import size_mb
 from .trained import Trained
 
-__all__ = ["run_rank1", "run_ssvi"]
-
 
 def _train_and_evaluate(
     ctx, model, guide, loader, method: str, epochs: int, lr: float, callbacks: list, extra: Callable

@@ -73,8 +73,6 @@ from .diagnostics_steps import (
 )
 from .results import evaluation_of
 
-__all__ = ["model_evaluation", "network_spec", "write_artifacts"]
-
 _METRICS = ("accuracy", "nll", "ece", "brier")
 
 

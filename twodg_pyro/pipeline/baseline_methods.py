@@ -37,14 +37,6 @@ from ..metrics import classification_metrics
 from .builders import build_net, eval_data, seed_everything, train_loader
 from .trained import Trained
 
-__all__ = [
-    "matched_epochs",
-    "method_probs",
-    "run_deterministic_matched",
-    "run_ensemble",
-    "run_laplace",
-]
-
 
 def method_probs(trained, x, num_samples: int = 30, seed: int = 0) -> torch.Tensor:
     """Per-draw class probabilities ``(S, N, C)`` of a trained method on inputs ``x`` (a

@@ -17,18 +17,6 @@ from ..priors import Prior, prior_class
 from .config_rules import ConfigError
 from .config_sections import DataConfig, NetworkConfig, PriorConfig, torch_dtype
 
-__all__ = [
-    "seed_everything",
-    "load_data",
-    "build_net",
-    "network_spec",
-    "build_prior",
-    "build_model",
-    "check_device",
-    "train_loader",
-    "eval_data",
-]
-
 
 def check_device(device: str | torch.device, name: str = "device") -> torch.device:
     """``device`` as a ``torch.device`` when this machine has it (``name``: the setting or

@@ -9,8 +9,6 @@ from torch.utils.data import Subset, TensorDataset
 from ..nn import find_sites
 from .config import ConfigError
 
-__all__ = ["check_sharing_sizes", "check_split"]
-
 
 def _targets(ds):
     """The labels of a file-backed data set (or a ``Subset`` of one) without loading any

@@ -40,14 +40,6 @@ from .config_methods import (
 from .results import kl_weight_field, size_mb
 from .trained import RunArtifacts, Trained
 
-__all__ = [
-    "BAYESIAN_METHODS",
-    "METHOD_REGISTRY",
-    "Method",
-    "RunContext",
-    "scale_trajectory",
-]
-
 
 @dataclass(kw_only=True)
 class RunContext(Runtime):

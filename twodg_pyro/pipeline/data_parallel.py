@@ -56,8 +56,6 @@ from .execution import Execution
 from .runner import METHOD_REGISTRY, run
 from .trained import RunArtifacts
 
-__all__ = ["DataParallel", "SUPPORTED_METHODS", "check_supported", "run_distributed"]
-
 #: Methods that run under torch.distributed.
 SUPPORTED_METHODS = tuple(name for name, method in METHOD_REGISTRY.items() if method.distributed)
 

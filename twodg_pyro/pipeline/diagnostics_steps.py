@@ -15,21 +15,6 @@ from tqdm.auto import tqdm
 
 from .results import atomic_write_text, jsonable
 
-__all__ = [
-    "KHAT_BLOCK_COMPONENTS",
-    "KHAT_MAX_EXAMPLES",
-    "KHAT_SAMPLES",
-    "StepWriter",
-    "compare_step",
-    "diagnostics_budget",
-    "export_step",
-    "khat_block_count",
-    "khat_step",
-    "summary_and_reliability",
-    "write_report",
-    "xy",
-]
-
 #: Draws from q for the Pareto k-hat (Yao et al. recommend at least about 100).
 KHAT_SAMPLES = 100
 #: Examples used by the diagnostics: for log p(D | w) in the k-hat, all training examples

@@ -17,8 +17,6 @@ from __future__ import annotations
 from ..baselines import train_deterministic
 from ..infer import fit
 
-__all__ = ["Execution", "LOCAL"]
-
 
 class Execution:
     """One process: the plain training loop on the seeded loader (the default).

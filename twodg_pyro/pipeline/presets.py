@@ -85,8 +85,6 @@ from __future__ import annotations
 
 import copy
 
-__all__ = ["PRESETS", "merge_settings", "preset"]
-
 _PAPER_PRETRAINING = {
     "deterministic_epochs": 250,
     "deterministic_optimizer": "sgd",

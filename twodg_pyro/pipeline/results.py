@@ -32,20 +32,6 @@ from pathlib import Path
 from ..evaluation import draws_record, n_examples
 from ..files.atomic import atomic_write_text
 
-__all__ = [
-    "atomic_write_text",
-    "evaluation_note",
-    "evaluation_of",
-    "kl_weight_field",
-    "format_results",
-    "format_table",
-    "incomplete_note",
-    "jsonable",
-    "read_results",
-    "size_mb",
-    "write_results",
-]
-
 SCHEMA_VERSION = 1
 
 _COLUMNS = [

@@ -35,8 +35,6 @@ from ..infer.checkpoint import Checkpoint, CheckpointData, load_checkpoint
 from .config import ConfigError, RunConfig, config_from_dict
 from .presets import merge_settings
 
-__all__ = ["RunCheckpoints", "load_run_config", "STAGES"]
-
 #: Stages with checkpoints, latest first.
 STAGES = ("stage3", "stage1")
 #: Settings a resumed run may change: where and how visibly it runs, and what it computes

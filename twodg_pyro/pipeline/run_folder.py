@@ -40,18 +40,6 @@ try:
 except ImportError:  # no file locks on this platform (Windows)
     fcntl = None
 
-__all__ = [
-    "LOCK_NAME",
-    "RUN_OUTPUTS",
-    "RunFolder",
-    "RunFolderError",
-    "RunFolderLocked",
-    "check_output_file",
-    "check_output_folder",
-    "model_files",
-    "previous_outputs",
-]
-
 #: The lock file in a run folder.
 LOCK_NAME = ".twodg-pyro.lock"
 

@@ -32,8 +32,6 @@ from .run_folder import RunFolder
 from .trained import RunArtifacts
 from .uncertainty_step import add_uncertainty
 
-__all__ = ["METHOD_REGISTRY", "run"]
-
 
 # ---------------------------------------------------------------------------- run
 def run(

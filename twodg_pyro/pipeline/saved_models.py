@@ -25,13 +25,6 @@ from .diagnostics_steps import (
 )
 from .results import jsonable
 
-__all__ = [
-    "check_fits",
-    "diagnose_model_file",
-    "evaluate_model_file",
-    "evaluation_defaults",
-]
-
 
 def evaluation_defaults(model_file, data=None, num_samples=None, seed=None) -> dict:
     """The data, draws and seed to evaluate a model file with: those given, else those of

@@ -13,8 +13,6 @@ if TYPE_CHECKING:
     from ..prediction import Prediction
     from ..sharing import SharingStructure
 
-__all__ = ["RunArtifacts", "Trained"]
-
 
 class Trained(NamedTuple):
     """A trained Bayesian model: the model, its guide and the final training state; for

@@ -27,8 +27,6 @@ from ..uncertainty import builtin_ood_sets, folder_ood_set, uncertainty_report
 from .baseline_methods import method_probs
 from .context import BAYESIAN_METHODS
 
-__all__ = ["BAYESIAN_METHODS", "UncertaintySets", "add_uncertainty", "trained_of"]
-
 
 def _tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(data, tuple):

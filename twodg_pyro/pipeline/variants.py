@@ -15,8 +15,6 @@ from .config import RunConfig, config_from_dict, merge_settings
 from .runner import run
 from .trained import RunArtifacts
 
-__all__ = ["run_variants"]
-
 _STAGE1_KEYS = ("data", "network", "prior", "stage1", "seed", "device")
 
 

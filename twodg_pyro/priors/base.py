@@ -17,8 +17,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..nn.sites import BayesianSite
 
-__all__ = ["PRIORS", "PRIOR_KINDS", "Prior", "PriorKind", "distribution_to", "prior_class"]
-
 
 def public_settings(obj) -> dict | None:
     """``obj``'s public attributes (not starting with ``_``), ``None`` unless every one is

@@ -37,25 +37,6 @@ from .outliers import check_finite, mean_gradients, select_outliers
 from .refine import drop_small_components, hard_assign, no_ellipses
 from .structure import COORDINATES, SharingStructure, SiteLayout, inlier_fields
 
-__all__ = [
-    "WeightPoints",
-    "Inliers",
-    "assemble_structure",
-    "assign_points",
-    "blend_ellipses",
-    "build_sharing",
-    "build_sharing_from_points",
-    "find_outliers",
-    "fit_mixture",
-    "gather_points",
-    "merge_to_fixed_point",
-    "mixture_sample",
-    "outlier_gradients",
-    "points_from_arrays",
-    "reduce_cluster_sizes",
-    "weight_points",
-]
-
 #: ``step(name)`` returns a context manager around one named step (e.g. a timer)
 StepHook = Callable[[str], contextlib.AbstractContextManager]
 

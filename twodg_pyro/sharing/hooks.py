@@ -23,8 +23,6 @@ from ..guide import require_sharing
 from ..infer.callbacks import Callback
 from ..infer.optim import remap_optimizer_rows
 
-__all__ = ["MergeHook", "MahalanobisHook"]
-
 
 class _Scheduled(Callback):
     def __init__(self, every: int, until_fixed_point: bool):

@@ -23,8 +23,6 @@ from typing import Literal, get_args
 
 import torch
 
-__all__ = ["OutlierReport", "select_outliers", "mean_gradients", "OUTLIER_RULES", "OutlierRule"]
-
 #: the mean rules: ``|mu| > tau_w`` (the paper's), a quantile of ``|mu|``, or a multiple of
 #: each layer's standard deviation of ``mu``
 OutlierRule = Literal["absolute", "quantile", "layer_std"]

@@ -22,14 +22,6 @@ import torch
 
 from .structure import SharingStructure, inlier_fields
 
-__all__ = [
-    "hard_assign",
-    "reassign",
-    "apply_mapping",
-    "drop_small_components",
-    "merge_point_covariances",
-]
-
 
 def hard_assign(
     points: torch.Tensor,

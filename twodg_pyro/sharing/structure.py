@@ -29,8 +29,6 @@ from typing import Literal, get_args
 
 import torch
 
-__all__ = ["SharingStructure", "SiteLayout", "FORMAT_VERSION", "COORDINATES", "Coordinates"]
-
 FORMAT_VERSION = 1
 
 #: the plane the mixture lives in: :math:`(\mu, \sigma)` as the paper, or :math:`(\mu, \log\sigma)`
