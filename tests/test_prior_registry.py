@@ -26,7 +26,6 @@ from twodg_pyro.models import MLP
 from twodg_pyro.pipeline.builders import build_prior
 from twodg_pyro.pipeline.config import PriorConfig
 from twodg_pyro.priors import (
-    PRIOR_KINDS,
     PRIORS,
     CauchyPrior,
     LaplacePrior,
@@ -174,7 +173,7 @@ def test_every_library_prior_round_trips_to_the_specs_files_hold():
         covered |= {type(prior).kind, *type(prior).aliases}
     library = {k for k, c in PRIORS.items() if c.__module__.startswith("twodg_pyro.")}
     assert covered == library  # a new library prior joins this test
-    assert set(PRIOR_KINDS) <= set(PRIORS)  # every settings name has its class
+    assert {"normal", "laplace", "layerwise", "pretrained"} <= set(PRIORS)  # the settings names
 
 
 def test_specs_that_are_not_what_a_prior_writes_are_refused():
@@ -234,7 +233,7 @@ def test_a_kind_or_setting_taken_is_a_clear_error():
 
 def test_build_prior_looks_the_setting_up():
     net = MLP(6, (5,), 3)
-    for kind in PRIOR_KINDS:
+    for kind in ("normal", "laplace", "layerwise", "pretrained"):
         prior = build_prior(PriorConfig(kind=kind, scale=0.5, delta=0.1), net)
         assert kind in type(prior).aliases
     assert build_prior(PriorConfig(kind="layerwise", scale=0.5)).gain == 0.5
@@ -292,3 +291,33 @@ def test_the_rank1_model_lives_in_the_model_layer():
     assert Rank1BNNModel is guides.Rank1BNNModel is rank1_model.Rank1BNNModel
     assert C is CauchyPrior is guides.CauchyPrior
     assert Rank1PriorKind is rank1_model.Rank1PriorKind and Routing is rank1_model.Routing
+
+
+def test_a_settings_file_names_a_users_prior(tmp_path):
+    """``prior.kind`` accepts any registered prior (a user's class defined in Python): the
+    settings check it by the registry, not a fixed list, and the run builds it by its
+    ``from_settings``; an unknown name is refused naming the field, and a prior that
+    settings cannot build (``SitePrior``) says what to do instead."""
+    from twodg_pyro.pipeline import load_config
+    from twodg_pyro.pipeline.config_rules import ConfigError
+
+    class SettingsStudentT(Prior):
+        kind = "test_settings_student_t"
+        settled = True
+
+        def __init__(self, scale: float = 1.0):
+            self.scale = float(scale)
+
+        def site_distribution(self, site):
+            return dist.StudentT(*map(self.constant, (3.0, 0.0, self.scale)))
+
+    path = tmp_path / "run.toml"
+    path.write_text('[prior]\nkind = "test_settings_student_t"\nscale = 0.25\n')
+    cfg = load_config(path)
+    prior = build_prior(cfg.prior, MLP(6, (5,), 3))
+    assert type(prior) is SettingsStudentT and prior.scale == 0.25
+    path.write_text('[prior]\nkind = "nope"\n')
+    with pytest.raises(ConfigError, match="prior.kind = 'nope': must name a registered prior"):
+        load_config(path)
+    with pytest.raises(ValueError, match="build a SitePrior in Python"):
+        build_prior(PriorConfig(kind="per_site"), MLP(6, (5,), 3))

@@ -16,7 +16,7 @@ from ..baselines.deterministic import Optimizer
 from ..data import available_datasets
 from ..gmm.merging import MergeRule, MergeTest
 from ..guides.tyings import TyingName
-from ..priors import PriorKind
+from ..priors import PRIORS
 from ..sharing.outliers import OutlierRule
 from ..sharing.structure import Coordinates
 from .config_rules import (
@@ -103,15 +103,25 @@ class NetworkConfig(Section):
 
 @dataclass
 class PriorConfig(Section):
-    """The prior over Bayesian weights: ``normal``, ``laplace``, ``layerwise`` or
+    """The prior over Bayesian weights: ``normal``, ``laplace``, ``layerwise``,
     ``pretrained`` (empirical Bayes: centred at the network's initial, e.g. pretrained,
     weights with standard deviation ``scale + delta |w|``, see
-    :class:`~twodg_pyro.priors.PretrainedPrior`)."""
+    :class:`~twodg_pyro.priors.PretrainedPrior`) or any registered prior's ``kind``
+    (:data:`~twodg_pyro.priors.PRIORS`, built by its ``from_settings``)."""
 
     section: ClassVar[str] = "prior"
-    kind: PriorKind = "normal"
+    kind: str = "normal"
     scale: Annotated[float, positive()] = 1.0
     delta: Annotated[float, finite_at_least_zero()] = 0.0
+
+    def _check(self) -> None:
+        known = sorted(k for k in PRIORS if k.islower())
+        require(
+            isinstance(self.kind, str) and self.kind in PRIORS,
+            "prior.kind",
+            self.kind,
+            f"must name a registered prior, one of {known}",
+        )
 
 
 @dataclass

@@ -40,15 +40,14 @@ one class, in any file, that a model file stores and loads like the library's::
         def site_distribution(self, site):
             return dist.StudentT(*map(self.constant, (self.df, 0.0, self.scale)))
 
-A run's ``prior.kind`` names a registered prior too (:func:`prior_class`; the library's
-are :data:`PRIOR_KINDS`, the names the settings file accepts).
+A run's ``prior.kind`` names a registered prior too (:func:`prior_class`): the
+library's ``normal``, ``laplace``, ``layerwise``, ``pretrained``, or a user's class,
+built by its :meth:`Prior.from_settings`.
 """
 
 from .base import (
-    PRIOR_KINDS,
     PRIORS,
     Prior,
-    PriorKind,
     distribution_to,
     prior_class,
 )
@@ -68,6 +67,4 @@ __all__ = [
     "distribution_to",
     "prior_class",
     "PRIORS",
-    "PRIOR_KINDS",
-    "PriorKind",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar
 
 import pyro
 import pyro.distributions as dist
@@ -115,10 +115,6 @@ def distribution_to(
             "dtype instead"
         ) from e
 
-
-#: the library priors a run's settings name (``prior.kind``)
-PriorKind = Literal["normal", "laplace", "layerwise", "pretrained"]
-PRIOR_KINDS: tuple[str, ...] = get_args(PriorKind)
 
 #: every prior class with a ``kind``: that name and its ``aliases`` -> the class
 PRIORS: dict[str, type[Prior]] = {}

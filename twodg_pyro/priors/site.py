@@ -41,6 +41,14 @@ class SitePrior(Prior):
         self.prior = prior
         self.default = default
 
+    @classmethod
+    def from_settings(cls, scale: float, delta: float, net: nn.Module | None) -> SitePrior:
+        """Refused: a ``SitePrior`` holds distributions, which settings cannot name."""
+        raise ValueError(
+            f"prior.kind = {cls.kind!r} needs distributions, which a settings file cannot "
+            "give; build a SitePrior in Python and pass it to BNNModel"
+        )
+
     def site_distribution(self, site: BayesianSite) -> dist.Distribution:
         if isinstance(self.prior, dist.Distribution):
             return self.prior
