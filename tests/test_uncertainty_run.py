@@ -124,12 +124,12 @@ def test_diagnostics_report_the_mutual_information_and_the_scales():
     draws agree, log 2 for two draws sure of different classes) and the scales."""
     import math
 
-    import arviz as az
-
+    from twodg_pyro.diagnostics._arviz import build_tree
     from twodg_pyro.pipeline.diagnostics_steps import posterior_uncertainty
 
-    def idata(draws):
-        return az.from_dict(posterior_predictive={"class_probs": torch.tensor(draws)[None]})
+    def idata(draws):  # an InferenceData on ArviZ 0.x, a DataTree on 1.x
+        probs = {"class_probs": torch.tensor(draws)[None].numpy()}
+        return build_tree({"posterior_predictive": probs}, {"posterior_predictive"}, {}, {}, {})
 
     same = [[[0.7, 0.3]], [[0.7, 0.3]]]
     apart = [[[1.0, 0.0]], [[0.0, 1.0]]]
