@@ -434,10 +434,13 @@ def test_evaluate_and_diagnose_a_saved_model(small, digits, tmp_path, capsys):
 
     folder = tmp_path / "diag"
     args = ["diagnose", str(path), "--out", str(folder), "--num-samples", "8"]
-    assert main(args + ["--khat-samples", "30", "--max-site-values", "30"]) == 0
+    flags = ["--khat-samples", "30", "--max-site-values", "30", "--khat-components", "1"]
+    assert main(args + flags) == 0
     report = json.loads((folder / "diagnostics.json").read_text())
     assert report["errors"] == {} and report["method"] == "2dg"
     assert math.isfinite(report["vi"]["khat"]) and math.isfinite(report["loo"]["elpd_loo"])
+    kinds = [b["kind"] for b in report["vi"]["blocks"]["blocks"]]  # one component asked for
+    assert kinds.count("component") == 1 and "layer" in kinds
     assert "2dg: accuracy" in capsys.readouterr().out
     # diagnose's metrics are evaluate's with the same draws
     assert main(["evaluate", str(path), "--num-samples", "8"]) == 0
@@ -461,11 +464,12 @@ def test_diagnose_prints_nan_and_inf_without_failing(small, tmp_path, capsys):
     path = tmp_path / "model_2dg.pt"
     save_2dg(path, small["model"], small["guide"], network=_spec())
     args = ["diagnose", str(path), "--out", str(tmp_path / "d"), "--num-samples", "3"]
-    assert main(args + ["--khat-samples", "30", "--max-examples", "200"]) == 0
+    assert main(args + ["--khat-samples", "30", "--max-examples", "200", "--no-khat-blocks"]) == 0
     out = capsys.readouterr().out
     assert "PSIS-LOO elpd = " in out and "max Pareto k inf" in out
     report = json.loads((tmp_path / "d" / "diagnostics.json").read_text())
     assert report["loo"]["max_pareto_k"] == "inf"  # JSON has no inf: written as a string
+    assert report["vi"]["blocks"] == {"skipped": "not asked for (khat_components=None)"}
     assert [_num(v, ".2f") for v in (math.nan, math.inf, "nan", "inf", None, 1.234)] == [
         "nan",
         "inf",

@@ -184,6 +184,7 @@ def test_export_bit_widths_are_checked_by_the_parser(tmp_path, capsys, flag, val
     [
         (["--khat-samples", "10"], "--khat-samples 10: must be >= 30"),
         (["--khat-samples", "24"], "--khat-samples 24"),
+        (["--khat-components", "-1"], "--khat-components -1: must be >= 0"),
         (["--num-samples", "1"], "--num-samples 1: must be >= 2 (PSIS-LOO"),
         (["--max-examples", str(10**20)], f"--max-examples {10**20}: must be below 2**63"),
         (["--seed", "-1"], "--seed = -1"),

@@ -308,6 +308,7 @@ def _diagnose(args, ctx: dict) -> int:
         ("--khat-samples", args.khat_samples, MIN_KHAT_SAMPLES, " (the Pareto fit of k-hat)"),
         ("--max-site-values", args.max_site_values, 1, ""),
         ("--max-examples", args.max_examples, 1, ""),
+        ("--khat-components", args.khat_components, 0, ""),
     ):
         _check_count(flag, value, low, why)
     out = Path(args.out or "runs/diagnose")
@@ -325,6 +326,7 @@ def _diagnose(args, ctx: dict) -> int:
         max_train_examples=args.max_examples,
         max_eval_examples=args.max_examples,
         progress=not args.no_progress,
+        khat_components=None if args.no_khat_blocks else args.khat_components,
     )
     vi, loo = report.get("vi") or {}, report.get("loo") or {}
     metrics = report.get("metrics") or {}

@@ -154,6 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="values of each Pyro site exported per draw; a larger site is exported on a "
         "seeded sub-grid (10000)",
     )
+    p.add_argument(
+        "--khat-components",
+        type=int,
+        default=4,
+        help="mixture components (the largest) with a block k-hat of their own, beside "
+        "each layer's and the outliers' (4)",
+    )
+    p.add_argument(
+        "--no-khat-blocks", action="store_true", help="skip the block k-hats (the joint one stays)"
+    )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p = command("export", "write the compact model file (.2dgz) of a 2DG BNN")
     p.add_argument("source", metavar="RUN_OR_MODEL_FILE", help="a run folder or its model_2dg.pt")

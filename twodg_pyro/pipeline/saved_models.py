@@ -14,6 +14,7 @@ from ..likelihoods import Categorical
 from .builders import check_device, eval_data, load_data
 from .config_sections import DataConfig
 from .diagnostics_steps import (
+    KHAT_BLOCK_COMPONENTS,
     KHAT_MAX_EXAMPLES,
     KHAT_SAMPLES,
     StepWriter,
@@ -225,6 +226,7 @@ def diagnose_model_file(
     max_eval_examples: int | None = KHAT_MAX_EXAMPLES,
     max_site_values: int | None = None,
     progress: bool = False,
+    khat_components: int | None = KHAT_BLOCK_COMPONENTS,
 ) -> dict:
     """InferenceData, k-hat, PSIS-LOO, ``az.summary`` and figures of a saved model of any
     method.
@@ -239,7 +241,9 @@ def diagnose_model_file(
     ``max_train_examples`` training examples, the InferenceData and PSIS-LOO
     ``num_samples`` draws on at most ``max_eval_examples`` test examples and at most
     ``max_site_values`` values per site (default
-    :data:`~twodg_pyro.diagnostics.DEFAULT_MAX_SITE_VALUES`).  The model runs on
+    :data:`~twodg_pyro.diagnostics.DEFAULT_MAX_SITE_VALUES`).  ``vi["blocks"]`` holds the
+    block k-hats (each layer, the outliers and the ``khat_components`` largest mixture
+    components, on the k-hat's draws and examples); ``None`` skips them.  The model runs on
     ``device`` in the dtype it was saved in.  Returns the ``diagnostics.json`` content.
     """
     from ..diagnostics import DEFAULT_MAX_SITE_VALUES, method_of, plot_sharing_plane
@@ -283,7 +287,18 @@ def diagnose_model_file(
     )
     report.update(section)
     summary_and_reliability(writer, idata, pred, method, draws)
-    report["vi"] = khat_step(writer, model, guide, train, khat_samples, seed, max_train_examples)
+    blocks = True if khat_components is not None else "not asked for (khat_components=None)"
+    report["vi"] = khat_step(
+        writer,
+        model,
+        guide,
+        train,
+        khat_samples,
+        seed,
+        max_train_examples,
+        blocks=blocks,
+        max_components=khat_components or 0,
+    )
     if method == "2dg":
         writer.step("sharing_plane", lambda: plot_sharing_plane(guide, out / "sharing_plane.png"))
     return jsonable(write_report(writer, report))
