@@ -16,21 +16,21 @@ import torch
 _EPS = 1e-12
 
 
-def check_labels(labels: torch.Tensor, n_classes: int | None = None) -> None:
-    """Raise ``ValueError`` naming the first bad class label: labels that are not integers
-    (their dtype), or a label outside ``[0, n_classes)`` (its value, position and the
-    number of bad labels); with ``n_classes=None`` only negative labels are out of range."""
+def check_labels(labels: torch.Tensor, n_classes: int | None = None, what: str = "class") -> None:
+    """Raise ``ValueError`` naming the first bad label (``what``: whose, e.g. ``"train"``):
+    labels that are not integers (their dtype), or a label outside ``[0, n_classes)`` (its
+    value, position and the number of bad labels); with ``n_classes=None`` only negative
+    labels are out of range."""
     if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
-        raise ValueError(f"class labels must be integers, got dtype {labels.dtype}")
+        raise ValueError(f"{what} labels must be integers, got dtype {labels.dtype}")
     bad = labels < 0 if n_classes is None else (labels < 0) | (labels >= int(n_classes))
     if bool(bad.any()):
         flat = bad.reshape(-1)
         first = int(flat.nonzero()[0, 0])
         span = "[0, ...)" if n_classes is None else f"[0, {int(n_classes)})"
-        classes = "" if n_classes is None else f" for {int(n_classes)} classes"
         raise ValueError(
-            f"label {int(labels.reshape(-1)[first])} is out of range {span}{classes} "
-            f"({int(flat.sum())} bad label(s), the first at position {first})"
+            f"{what} label {int(labels.reshape(-1)[first])} at example {first} is out of range "
+            f"{span} ({int(flat.sum())} bad label(s))"
         )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Subset, TensorDataset
 
+from ..metrics import check_labels
 from ..nn import find_sites
 from .config import ConfigError
 
@@ -33,18 +34,6 @@ def _tensors(ds):
         x, y = ds.dataset.tensors[:2]
         return x[idx], y[idx]
     return None
-
-
-def _check_labels(name: str, y: torch.Tensor, num_classes: int) -> None:
-    if y.dtype.is_floating_point or y.dtype == torch.bool:
-        raise ValueError(f"{name} labels must be integers, got dtype {y.dtype}")
-    bad = (y < 0) | (y >= num_classes)
-    if bad.any():
-        i = int(bad.reshape(-1).nonzero()[0, 0])
-        raise ValueError(
-            f"{name} label {int(y.reshape(-1)[i])} at example {i} is out of range "
-            f"[0, {num_classes}) ({int(bad.sum())} bad label(s))"
-        )
 
 
 def check_split(split) -> None:
@@ -80,7 +69,7 @@ def check_split(split) -> None:
                 )
             targets = _targets(ds)
             if targets is not None:
-                _check_labels(name, targets, split.num_classes)
+                check_labels(targets, split.num_classes, what=name)
             continue
         x, y = tensors
         if tuple(x.shape[1:]) != shape:
@@ -100,7 +89,7 @@ def check_split(split) -> None:
                 )
         if y.shape[0] != n:
             raise ValueError(f"{name} has {n} inputs but {y.shape[0]} labels")
-        _check_labels(name, y, split.num_classes)
+        check_labels(y, split.num_classes, what=name)
 
 
 def check_sharing_sizes(sharing, net: torch.nn.Module) -> None:
