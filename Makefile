@@ -54,7 +54,7 @@ test-arviz1:
 	fi
 
 test-all: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "slow or not slow"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_svi_step.py
