@@ -4,6 +4,7 @@ numbers: Normal, Laplace, Cauchy and the fan-in scaled Normal."""
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import pyro.distributions as dist
 
@@ -11,22 +12,30 @@ from ..nn.sites import BayesianSite
 from .base import Prior, _positive
 
 
-class NormalPrior(Prior):
+class _LocScalePrior(Prior):
+    """I.i.d. ``family(loc, scale)`` for every weight: the shared body of the loc-scale
+    priors below (no ``kind``: not a prior of its own)."""
+
+    family: ClassVar[type[dist.Distribution]]
+
+    def __init__(self, scale: float = 1.0, loc: float = 0.0):
+        self.loc = float(loc)
+        self.scale = _positive(scale, f"{self.family.__name__}Prior scale")
+
+    def site_distribution(self, site: BayesianSite) -> dist.Distribution:
+        return self.family(self.constant(self.loc), self.constant(self.scale), validate_args=False)
+
+
+class NormalPrior(_LocScalePrior):
     r"""I.i.d. Normal prior :math:`w_i \sim \mathcal N(\text{loc}, \text{scale}^2)`."""
 
     kind = "NormalPrior"
     aliases = ("normal",)  # in run settings
     settled = True
-
-    def __init__(self, scale: float = 1.0, loc: float = 0.0):
-        self.loc = float(loc)
-        self.scale = _positive(scale, "NormalPrior scale")
-
-    def site_distribution(self, site: BayesianSite) -> dist.Distribution:
-        return dist.Normal(self.constant(self.loc), self.constant(self.scale), validate_args=False)
+    family = dist.Normal
 
 
-class LaplacePrior(Prior):
+class LaplacePrior(_LocScalePrior):
     r"""I.i.d. Laplace prior :math:`p(w_i) = \frac{1}{2b} e^{-|w_i - \text{loc}|/b}`.
 
     No closed-form KL against a Normal guide exists: the ELBO uses Monte Carlo.
@@ -35,16 +44,10 @@ class LaplacePrior(Prior):
     kind = "LaplacePrior"
     aliases = ("laplace",)  # in run settings
     settled = True
-
-    def __init__(self, scale: float = 1.0, loc: float = 0.0):
-        self.loc = float(loc)
-        self.scale = _positive(scale, "LaplacePrior scale")
-
-    def site_distribution(self, site: BayesianSite) -> dist.Distribution:
-        return dist.Laplace(self.constant(self.loc), self.constant(self.scale), validate_args=False)
+    family = dist.Laplace
 
 
-class CauchyPrior(Prior):
+class CauchyPrior(_LocScalePrior):
     r"""I.i.d. Cauchy prior :math:`p(v) = \frac{1}{\pi \gamma (1 + ((v - \text{loc})/\gamma)^2)}`
     (centred at 1 by default: the rank-1 factors' prior, :func:`~twodg_pyro.guides.rank1_prior`).
 
@@ -53,13 +56,10 @@ class CauchyPrior(Prior):
 
     kind = "CauchyPrior"
     settled = True
+    family = dist.Cauchy
 
     def __init__(self, scale: float = 1.0, loc: float = 1.0):
-        self.loc = float(loc)
-        self.scale = _positive(scale, "CauchyPrior scale")
-
-    def site_distribution(self, site: BayesianSite) -> dist.Distribution:
-        return dist.Cauchy(self.constant(self.loc), self.constant(self.scale), validate_args=False)
+        super().__init__(scale, loc)
 
 
 class LayerwiseNormalPrior(Prior):
