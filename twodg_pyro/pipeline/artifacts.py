@@ -232,6 +232,7 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
     if pred is None:  # e.g. a record restored from a checkpoint: the same seeded draws
         pred = seeded_predict(model, guide, eval_data, cfg.num_samples, cfg.seed)
     summary_and_reliability(writer, idatas.get(primary), pred, primary, draws)
+    over_budget = "over the diagnostics budget (diagnostics.budget)"
     report["vi"] = khat_step(
         writer,
         model,
@@ -240,7 +241,7 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         budget["khat_samples"],
         cfg.seed,
         budget["n_train_examples"],
-        blocks=budget["khat_blocks_run"],
+        skip_blocks=None if budget["khat_blocks_run"] else over_budget,
     )
     report["budget"] = budget
     if primary == "2dg":

@@ -237,24 +237,22 @@ def khat_step(
     khat_samples,
     seed,
     max_train_examples,
-    blocks: bool | str = True,
     max_components: int = KHAT_BLOCK_COMPONENTS,
+    skip_blocks: str | None = None,
 ):
-    """The k-hat of the whole weight vector (``vi_diagnostics``) and, with ``blocks``,
-    under its ``"blocks"`` key the block k-hats (``block_khat``: each layer, the outliers,
-    the ``max_components`` largest components), on the same draws' count and examples
-    (1 step; a failure of the blocks is recorded as ``khat_blocks`` in the errors).
-    ``blocks`` may be the reason they are skipped (recorded as ``{"skipped": reason}``);
-    ``False`` means over the diagnostics budget."""
+    """The k-hat of the whole weight vector (``vi_diagnostics``) and under its
+    ``"blocks"`` key the block k-hats (``block_khat``: each layer, the outliers, the
+    ``max_components`` largest components), on the same draws' count and examples (1 step;
+    a failure of the blocks is recorded as ``khat_blocks`` in the errors).  With
+    ``skip_blocks`` (the reason) the blocks are not computed: ``{"skipped": reason}``."""
     from .. import diagnostics as D
 
     draws = {"num_samples": khat_samples, "seed": seed, "max_examples": max_train_examples}
 
     def run():
         vi = D.vi_diagnostics(model, guide, train_data, **draws, progress=writer.progress)
-        if blocks is not True:
-            why = blocks or "over the diagnostics budget (diagnostics.budget)"
-            vi["blocks"] = {"skipped": why}
+        if skip_blocks is not None:
+            vi["blocks"] = {"skipped": skip_blocks}
             return vi
         try:
             vi["blocks"] = D.block_khat(

@@ -287,7 +287,6 @@ def diagnose_model_file(
     )
     report.update(section)
     summary_and_reliability(writer, idata, pred, method, draws)
-    blocks = True if khat_components is not None else "not asked for (khat_components=None)"
     report["vi"] = khat_step(
         writer,
         model,
@@ -296,8 +295,8 @@ def diagnose_model_file(
         khat_samples,
         seed,
         max_train_examples,
-        blocks=blocks,
         max_components=khat_components or 0,
+        skip_blocks=None if khat_components is not None else "not asked for (khat_components=None)",
     )
     if method == "2dg":
         writer.step("sharing_plane", lambda: plot_sharing_plane(guide, out / "sharing_plane.png"))
