@@ -329,3 +329,26 @@ def test_every_package_imports_first():
         [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_library_size_counts_docstrings_and_blank_lines(tmp_path):
+    """``benchmarks/library_size.py`` (the figures of issue 22's size limit): a module's,
+    a class's and a function's docstrings are counted whole, blank lines apart, and the
+    package total is the sum of its files' lines."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "library_size", PACKAGE.parent / "benchmarks" / "library_size.py"
+    )
+    size = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(size)
+    f = tmp_path / "m.py"
+    f.write_text(
+        '"""Two\nlines."""\n\n\nclass A:\n    """One."""\n\n    def f(self):\n'
+        '        x = "not a docstring"\n        return x\n'
+    )
+    assert size.count(f) == {"lines": 10, "docstrings": 3, "blank": 3}
+    rows = size.library_size()
+    lines = sum(len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py"))
+    assert rows["total"]["lines"] == lines
+    assert sum(r["lines"] for k, r in rows.items() if k != "total") == lines
