@@ -31,6 +31,7 @@ from twodg_pyro.priors import (
     LaplacePrior,
     LayerwiseNormalPrior,
     NormalPrior,
+    PerSiteNormalPrior,
     PretrainedPrior,
     Prior,
     SitePrior,
@@ -151,6 +152,10 @@ def test_every_library_prior_round_trips_to_the_specs_files_hold():
         ),
         '{"kind": "PretrainedPrior", "scale": 0.1, "delta": 0.0, "centres": "stored"}': (
             PretrainedPrior(shifted, 0.1)
+        ),
+        '{"kind": "PerSiteNormalPrior", "scales": '
+        '{"layers.0.weight": 0.3, "layers.0.bias": 0.1}}': (
+            PerSiteNormalPrior({"layers.0.weight": 0.3, "layers.0.bias": 0.1})
         ),
         '{"kind": "distribution", "type": "Normal", "params": {"loc": 0.0, "scale": 2.0}}': (
             SitePrior(dist.Normal(0.0, 2.0))

@@ -26,8 +26,11 @@ from ..nn.sites import BayesianSite
 from .base import DiagonalNormalGuide, site_key
 
 
-def check_init_scale(init_scale: str | float) -> None:
-    """Raise ``ValueError`` unless ``init_scale`` is ``"paper"`` or a positive finite float."""
+def check_init_scale(init_scale: str | float | Mapping[str, torch.Tensor]) -> None:
+    """Raise ``ValueError`` unless ``init_scale`` is ``"paper"``, a positive finite float or
+    a ``{site: tensor}`` mapping (whose values :class:`MeanFieldGuide` checks per site)."""
+    if isinstance(init_scale, Mapping):
+        return
     if isinstance(init_scale, str):
         if init_scale != "paper":
             raise ValueError(f"init_scale must be 'paper' or a positive float, got {init_scale!r}")
@@ -83,6 +86,24 @@ def initial_means(model, init_loc: Mapping[str, torch.Tensor] | None) -> list[to
     return out
 
 
+def _given_scale(scales: Mapping[str, torch.Tensor], site: BayesianSite) -> torch.Tensor:
+    """The initial scales of ``site`` from a ``{site: tensor}`` mapping, checked: present,
+    of the site's shape (or broadcastable to it), finite and positive."""
+    if site.name not in scales:
+        raise ValueError(f"init_scale has no scales for site {site.name!r}")
+    scale = torch.as_tensor(scales[site.name]).detach().cpu()
+    try:
+        scale = scale.expand(site.shape).clone()
+    except RuntimeError as e:
+        raise ValueError(
+            f"init_scale of site {site.name!r} has shape {tuple(scale.shape)}, the site "
+            f"has {tuple(site.shape)}"
+        ) from e
+    if not (torch.isfinite(scale).all() and (scale > 0).all()):
+        raise ValueError(f"init_scale of site {site.name!r} must be positive and finite")
+    return scale.clamp_min(_MIN_SCALE)
+
+
 class MeanFieldGuide(DiagonalNormalGuide):
     r"""Per-weight Normal posterior over every Bayesian site of ``model``.
 
@@ -91,8 +112,10 @@ class MeanFieldGuide(DiagonalNormalGuide):
 
     Args:
         model: the :class:`~twodg_pyro.bnn.BNNModel`.
-        init_scale: ``"paper"`` for the App. I.4 initial :math:`\sigma`, or a positive
-            float for a constant initial :math:`\sigma`.
+        init_scale: ``"paper"`` for the App. I.4 initial :math:`\sigma`, a positive
+            float for a constant initial :math:`\sigma`, or ``{site: tensor}`` of initial
+            scales per weight (e.g. :func:`~twodg_pyro.infer.curvature.curvature_scales`:
+            the optimum under the curvature of the pretrained network).
         init_loc: optional ``{site: tensor}`` of initial means (default: the network's
             current values, pretrained or freshly initialised).
         seed: seed of the random initial scales.
@@ -106,7 +129,7 @@ class MeanFieldGuide(DiagonalNormalGuide):
     def __init__(
         self,
         model: BNNModel,
-        init_scale: str | float = "paper",
+        init_scale: str | float | Mapping[str, torch.Tensor] = "paper",
         init_loc: dict[str, torch.Tensor] | None = None,
         seed: int = 0,
     ):
@@ -117,7 +140,9 @@ class MeanFieldGuide(DiagonalNormalGuide):
         generator = torch.Generator().manual_seed(int(seed))
         locs, rhos = {}, {}
         for site, loc in zip(self.sites, initial_means(model, init_loc), strict=True):
-            if init_scale == "paper":  # drawn in float32 on the CPU: the same on any device
+            if isinstance(init_scale, Mapping):
+                scale = _given_scale(init_scale, site).to(loc.dtype)
+            elif init_scale == "paper":  # drawn in float32 on the CPU: the same on any device
                 scale = paper_initial_scales(site, generator).to(loc.dtype)
             else:
                 scale = torch.full(site.shape, float(init_scale), dtype=loc.dtype)

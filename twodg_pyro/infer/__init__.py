@@ -1,8 +1,10 @@
 """Inference: the decomposed ELBO, the SVI training loop, its state, optimiser, callbacks
-and checkpoints."""
+and checkpoints, and the curvature that initialises a fit (empirical-Bayes prior scales,
+the mean-field scales at their quadratic optimum)."""
 
 from .callbacks import Callback, EarlyStopping, KLAnnealing, ScaleTrajectory
 from .checkpoint import Checkpoint, CheckpointData, load_checkpoint, restore_state, resume_fit
+from .curvature import curvature_scales, diagonal_fisher, empirical_bayes_scales
 from .elbo import DecomposedELBO
 from .optim import build_optimizer, guide_param_groups, remap_optimizer_rows
 from .state import TrainState
@@ -19,6 +21,9 @@ __all__ = [
     "TrainState",
     "TrainingStep",
     "build_optimizer",
+    "curvature_scales",
+    "diagonal_fisher",
+    "empirical_bayes_scales",
     "fit",
     "guide_param_groups",
     "load_checkpoint",

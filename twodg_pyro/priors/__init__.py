@@ -41,7 +41,8 @@ one class, in any file, that a model file stores and loads like the library's::
             return dist.StudentT(*map(self.constant, (self.df, 0.0, self.scale)))
 
 A run's ``prior.kind`` names a registered prior too (:func:`prior_class`): the
-library's ``normal``, ``laplace``, ``layerwise``, ``pretrained``, or a user's class,
+library's ``normal``, ``laplace``, ``layerwise``, ``pretrained``, ``empirical_bayes``
+(learnt by stage 1 from the curvature of the pretrained network), or a user's class,
 built by its :meth:`Prior.from_settings`.
 """
 
@@ -52,6 +53,7 @@ from .base import (
     prior_class,
 )
 from .iid import CauchyPrior, LaplacePrior, LayerwiseNormalPrior, NormalPrior
+from .per_site import PerSiteNormalPrior
 from .pretrained import PretrainedPrior
 from .site import SitePrior, as_prior
 
@@ -62,6 +64,7 @@ __all__ = [
     "CauchyPrior",
     "LayerwiseNormalPrior",
     "PretrainedPrior",
+    "PerSiteNormalPrior",
     "SitePrior",
     "as_prior",
     "distribution_to",
