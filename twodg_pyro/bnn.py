@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal, get_args
 
 import pyro
 import pyro.poutine as poutine
@@ -38,6 +39,8 @@ from .pyro_params import PyroParamsMixin, params_are_local
 __all__ = [
     "BNNModel",
     "LOGITS_SITE",
+    "NORM_STATS",
+    "NormStats",
     "SiteTensors",
     "expected_input",
     "input_mismatch",
@@ -47,6 +50,10 @@ __all__ = [
 
 #: Name of the model's deterministic site holding the network's outputs.
 LOGITS_SITE = "logits"
+
+#: ``BNNModel(norm_stats=...)``: normalisation statistics while training
+NormStats = Literal["batch", "frozen"]
+NORM_STATS: tuple[str, ...] = get_args(NormStats)
 
 
 def match_input(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -190,6 +197,15 @@ class BNNModel(SiteTensors):
             a categorical likelihood over ``N`` training examples.
         layer_types, include, exclude, bias: which parameters are Bayesian
             (see :func:`~twodg_pyro.nn.find_sites`).
+        norm_stats: how normalisation layers with running statistics (BatchNorm) run
+            while the model trains: ``"batch"`` (torch's training mode: each minibatch
+            normalised by its own statistics under the current weight draw, the running
+            averages updated) or ``"frozen"`` (always the running statistics the network
+            came with, e.g. from its pretraining, never updated).  Prediction uses the
+            running statistics either way, so ``"frozen"`` makes the training objective
+            the function that predicts: under ``"batch"`` every draw is renormalised
+            during training, and the noise of the weights is seen at prediction only.
+            Their affine parameters are point estimates in both.
 
     Calling the model ``model(x, y)`` samples every site from the prior (or replays
     the guide's values under SVI), records the outputs at the ``"logits"`` site and
@@ -208,8 +224,12 @@ class BNNModel(SiteTensors):
         include: Sequence[str] | None = None,
         exclude: Sequence[str] = (),
         bias: bool = True,
+        norm_stats: NormStats = "batch",
     ):
         super().__init__(net, likelihood)
+        if norm_stats not in NORM_STATS:
+            raise ValueError(f"norm_stats must be one of {list(NORM_STATS)}, got {norm_stats!r}")
+        self.norm_stats = norm_stats
         self.sites: list[BayesianSite] = find_sites(net, layer_types, include, exclude, bias)
         self.prior = as_prior(prior)
         # The Bayesian tensors stay in the network as frozen initial values: they are
@@ -223,6 +243,16 @@ class BNNModel(SiteTensors):
         self._site_slots = [
             (net.get_submodule(site.module_name), site.param_name) for site in self.sites
         ]
+
+    def train(self, mode: bool = True) -> BNNModel:
+        """``nn.Module.train``; with ``norm_stats = "frozen"`` the network's normalisation
+        layers stay in evaluation mode (their running statistics fixed)."""
+        super().train(mode)
+        if mode and getattr(self, "norm_stats", "batch") == "frozen":
+            for m in self.net.modules():
+                if isinstance(m, nn.modules.batchnorm._NormBase):
+                    m.eval()
+        return self
 
     # ------------------------------------------------------------------ helpers
     def site_parameter(self, i: int) -> torch.Tensor:
