@@ -122,13 +122,8 @@ RECIPES: dict[str, dict] = {
 #: / 200, for a GPU): deterministic, mean-field, 2DG
 RESNET_RECIPES: dict[str, dict] = {
     RECOMMENDED: {
-        "preset": "mnist-resnet20",
-        "settings": {
-            "methods": ["deterministic", "mean_field"],
-            "prior": {"kind": "layerwise", "scale": 1.0},
-            "stage1": {"lr_loc": 1e-3, "lr_scale": 1e-2, "kl_weight": 0.1},
-            "stage3": {"lr_centre": 1e-3, "lr_outlier": 1e-3, "lr_cov": 1e-2, "kl_weight": 0.1},
-        },
+        "preset": "mnist-resnet20-bayes",
+        "settings": {"methods": ["deterministic", "mean_field"]},
         "tyings": ("representative",),
     },
 }
@@ -203,8 +198,9 @@ def run_recipe(
         for k in ("kl_weight", "members", "n_outliers", "n_ellipses", "n_gaussians"):
             if k in r:
                 rec[k] = r[k]
-        if "scale_trajectory" in r:
-            rec["scale_trajectory"] = r["scale_trajectory"]
+        for k in ("scale_trajectory", "scale_convergence"):
+            if k in r:
+                rec[k] = r[k]
         rec.update(u)
         rec["recommended"] = recipe == RECOMMENDED
         out.append(rec)

@@ -32,10 +32,12 @@ from ..evaluation import seeded_predict
 from ..guides import MeanFieldGuide, SharedGMMGuide
 from ..infer import DecomposedELBO, KLAnnealing, ScaleTrajectory
 from ..infer.checkpoint import restore_state
+from ..infer.curvature import curvature_scales, diagonal_fisher, empirical_bayes_scales
 from ..metrics import classification_metrics
 from ..prediction import deterministic_predict
+from ..priors import LayerwiseNormalPrior, PerSiteNormalPrior
 from ..sharing import MahalanobisHook, MergeHook, SharingStructure, build_sharing
-from .builders import build_model, train_loader
+from .builders import build_model, build_prior, train_loader
 from .execution import LOCAL, Execution
 from .results import kl_weight_field
 from .trained import RunArtifacts, Trained
@@ -80,15 +82,60 @@ class Runtime:
 
 
 # ---------------------------------------------------------------------------- stage 1
+#: ``prior.kind`` values learnt by stage 1 from the curvature of the network
+EMPIRICAL_BAYES_KINDS = ("empirical_bayes", PerSiteNormalPrior.kind)
+
+
+def stage1_model(cfg, split, net, prior_scales: dict | None = None, resumed: bool = False):
+    r"""The Bayesian model over ``net`` that stage 1 trains and its guide's initial scales
+    (``stage1.init_scale``, or the per-weight tensors it derives).
+
+    With ``prior.kind = "empirical_bayes"`` or ``stage1.init_scale = "curvature"`` the
+    diagonal Fisher of ``net`` (pretrained) on the training set is computed once
+    (:func:`~twodg_pyro.infer.curvature.diagonal_fisher`, labels sampled from the network
+    with the run's seed); from it, with :math:`\beta` = ``stage1.kl_weight``, the
+    per-site prior scales by type-II maximum likelihood
+    (:func:`~twodg_pyro.infer.curvature.empirical_bayes_scales`) and the initial scales
+    :math:`\sigma_i = (G_{ii}/\beta + 1/s_l^2)^{-1/2}`
+    (:func:`~twodg_pyro.infer.curvature.curvature_scales`).
+
+    A resumed stage 1 (``resumed``: its checkpoint restores the guide) passes the learnt
+    ``prior_scales`` its checkpoint holds: the Fisher is not computed again (the
+    network a resumed run starts from is not the pretrained one).
+    """
+    n_train, norm = len(split.train), cfg.network.norm_stats
+    eb = cfg.prior.kind in EMPIRICAL_BAYES_KINDS
+    curvature = cfg.stage1.init_scale == "curvature"
+    init = "paper" if curvature else cfg.stage1.init_scale  # resumed: the checkpoint's
+    if eb and prior_scales is not None:
+        model = build_model(net, PerSiteNormalPrior(prior_scales), n_train, norm)
+        if resumed:
+            return model.to(cfg.device), init
+    elif not (eb or curvature) or resumed:
+        return build_model(net, cfg.prior, n_train, norm).to(cfg.device), init
+    else:  # the Fisher does not depend on the prior: a placeholder until the learnt one
+        prior = LayerwiseNormalPrior() if eb else build_prior(cfg.prior, net)
+        model = build_model(net, prior, n_train, norm)
+    model = model.to(cfg.device)
+    fisher = diagonal_fisher(model, split.train, seed=cfg.seed)
+    beta = cfg.stage1.kl_weight
+    if eb and prior_scales is None:
+        model.prior = PerSiteNormalPrior(empirical_bayes_scales(model, fisher, beta))
+    return model, curvature_scales(model, fisher, beta) if curvature else init
+
+
 def stage1_mean_field(rt: Runtime, split, net, extra: dict | None = None) -> Trained:
-    """Stage 1: a mean-field BNN over ``net`` trained by SVI on the (annealed) ELBO;
-    returns it (the input of :func:`run_2dg`).  Its checkpoints (``stage1.pt``) also
-    hold ``extra``.
+    """Stage 1: a mean-field BNN over ``net`` (:func:`stage1_model`) trained by SVI on the
+    (annealed) ELBO; returns it (the input of :func:`run_2dg`).  Its checkpoints
+    (``stage1.pt``) also hold ``extra``.
     """
     cfg = rt.cfg
-    n_train = len(split.train)
-    model = build_model(net, cfg.prior, n_train).to(cfg.device)
-    guide = MeanFieldGuide(model, init_scale=cfg.stage1.init_scale, seed=cfg.seed).to(cfg.device)
+    resumed = rt.checkpoints.load("stage1") if rt.checkpoints is not None else None
+    saved = None if resumed is None else resumed.extra.get("prior_scales")
+    model, init_scale = stage1_model(cfg, split, net, saved, resumed is not None)
+    if isinstance(model.prior, PerSiteNormalPrior):  # a resumed stage 1 reads them back
+        extra = {**(extra or {}), "prior_scales": model.prior.scales}
+    guide = MeanFieldGuide(model, init_scale=init_scale, seed=cfg.seed).to(cfg.device)
     callbacks = [ScaleTrajectory(guide)]  # the scales' trajectory in every epoch's record
     if cfg.stage1.kl_warmup_epochs:
         callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs, end=cfg.stage1.kl_weight))

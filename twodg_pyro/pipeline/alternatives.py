@@ -20,6 +20,7 @@ from ..guides.ssvi import SSVIGuide
 from ..guides.ssvi_subspace import SubspaceUpdate
 from ..infer import DecomposedELBO, KLAnnealing, fit
 from ..likelihoods import Categorical
+from .algorithm1 import EMPIRICAL_BAYES_KINDS
 from .builders import build_model, build_net, seed_everything, train_loader
 from .results import size_mb
 from .trained import Trained
@@ -97,17 +98,24 @@ def run_ssvi(ctx) -> dict:
     """Train and evaluate an SSVI BNN with ``cfg.ssvi`` settings; returns its record.
 
     Prior, network and initial scales are those of the mean-field row (``cfg.prior``,
-    ``cfg.network``, ``cfg.stage1.init_scale`` and ``kl_warmup_epochs``).  Besides
-    ``size_mb``, ``size_mb_with_index`` adds one int32 position per active coordinate.
+    ``cfg.network``, ``cfg.stage1.init_scale`` and ``kl_warmup_epochs``); SSVI starts
+    from the seeded fresh network, so a prior learnt by empirical Bayes is stage 1's
+    (learnt from the pretrained network) and ``init_scale = "curvature"`` (the curvature
+    of the pretrained network) is the paper's initial scales.  Besides ``size_mb``,
+    ``size_mb_with_index`` adds one int32 position per active coordinate.
     """
     cfg, split = ctx.cfg, ctx.art.split
     sc = cfg.ssvi
+    prior = cfg.prior
+    if cfg.prior.kind in EMPIRICAL_BAYES_KINDS:
+        prior = ctx.stage1()[0].model.prior
+    init_scale = "paper" if cfg.stage1.init_scale == "curvature" else cfg.stage1.init_scale
     seed_everything(cfg.seed)
     net = build_net(cfg.network, split).to(cfg.device)
-    model = build_model(net, cfg.prior, len(split.train)).to(cfg.device)
-    guide = SSVIGuide(
-        model, density=sc.density, init_scale=cfg.stage1.init_scale, seed=cfg.seed
-    ).to(cfg.device)
+    model = build_model(net, prior, len(split.train), cfg.network.norm_stats).to(cfg.device)
+    guide = SSVIGuide(model, density=sc.density, init_scale=init_scale, seed=cfg.seed).to(
+        cfg.device
+    )
     loader = train_loader(split, cfg.data, cfg.seed)
     update = SubspaceUpdate(
         loader,

@@ -121,7 +121,14 @@ def build_prior(cfg: PriorConfig, net: nn.Module | None = None) -> Prior:
     return prior_class(cfg.kind).from_settings(cfg.scale, cfg.delta, net)
 
 
-def build_model(net: nn.Module, prior: PriorConfig, n_train: int) -> BNNModel:
-    """A categorical-likelihood BNN model over ``net`` (whose current values centre a
-    ``pretrained`` prior)."""
-    return BNNModel(net, prior=build_prior(prior, net), likelihood=Categorical(n_train))
+def build_model(
+    net: nn.Module,
+    prior: PriorConfig | Prior,
+    n_train: int,
+    norm_stats: str = "batch",
+) -> BNNModel:
+    """A categorical-likelihood BNN model over ``net`` with the configured prior (whose
+    current values centre a ``pretrained`` prior), or a given :class:`Prior`."""
+    if isinstance(prior, PriorConfig):
+        prior = build_prior(prior, net)
+    return BNNModel(net, prior=prior, likelihood=Categorical(n_train), norm_stats=norm_stats)

@@ -122,8 +122,8 @@ HIDDEN_UNITS = Rule(
 )
 EPOCH_LIST = Rule(_is_list_of(lambda m: _is_int(m) and m >= 0), "must be epochs (integers >= 0)")
 INIT_SCALE = Rule(
-    lambda v: v == "paper" or (_is_number(v) and math.isfinite(v) and v > 0),
-    "must be 'paper' or a positive number",
+    lambda v: v in ("paper", "curvature") or (_is_number(v) and math.isfinite(v) and v > 0),
+    "must be 'paper', 'curvature' or a positive number",
 )
 POSITIVE_OR_INF = Rule(lambda v: _is_number(v) and v > 0, "must be a number > 0 (or inf)")
 METHOD_LIST = Rule(lambda v: isinstance(v, (list, tuple)), "must be a list of method names")

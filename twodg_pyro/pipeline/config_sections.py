@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, ClassVar, Literal, get_args
 
 from ..baselines.deterministic import Optimizer
+from ..bnn import NormStats
 from ..data import available_datasets
 from ..gmm.merging import MergeRule, MergeTest
 from ..guides.tyings import TyingName
@@ -86,6 +87,10 @@ class NetworkConfig(Section):
     arch: str = "mlp"
     hidden: Annotated[list[int], HIDDEN_UNITS] = field(default_factory=lambda: [128])
     pretrain_epochs: Annotated[int, at_least(0)] = 0
+    #: normalisation statistics of the Bayesian model while it trains: ``"batch"`` or
+    #: ``"frozen"`` (the running statistics of the pretrained network;
+    #: :class:`~twodg_pyro.bnn.BNNModel`)
+    norm_stats: NormStats = "batch"
     #: everything downstream (priors, guides, mixture, predictions) follows the network
     dtype: DType = "float32"
 
@@ -104,9 +109,12 @@ class NetworkConfig(Section):
 @dataclass
 class PriorConfig(Section):
     """The prior over Bayesian weights: ``normal``, ``laplace``, ``layerwise``,
-    ``pretrained`` (empirical Bayes: centred at the network's initial, e.g. pretrained,
-    weights with standard deviation ``scale + delta |w|``, see
-    :class:`~twodg_pyro.priors.PretrainedPrior`) or any registered prior's ``kind``
+    ``pretrained`` (centred at the network's initial, e.g. pretrained, weights with
+    standard deviation ``scale + delta |w|``, see
+    :class:`~twodg_pyro.priors.PretrainedPrior`), ``empirical_bayes`` (a zero-mean
+    Normal per site whose scale maximises the Laplace evidence of the pretrained network,
+    learnt by stage 1: :class:`~twodg_pyro.priors.PerSiteNormalPrior`) or any registered
+    prior's ``kind``
     (:data:`~twodg_pyro.priors.PRIORS`, built by its ``from_settings``)."""
 
     section: ClassVar[str] = "prior"
@@ -142,7 +150,9 @@ class Stage1Config(Section):
     lr_scale: Annotated[float, positive()] = 1e-2
     kl_warmup_epochs: Annotated[int, at_least(0)] = 0
     kl_weight: Annotated[float, positive()] = 1.0
-    #: ``"paper"`` (App. I.4) or a positive constant
+    #: ``"paper"`` (App. I.4), ``"curvature"`` (the optimum of the tempered ELBO under
+    #: the diagonal Gauss-Newton curvature of the pretrained network:
+    #: :func:`~twodg_pyro.infer.curvature.curvature_scales`) or a positive constant
     init_scale: Annotated[str | float, INIT_SCALE] = "paper"
     deterministic_epochs: Annotated[int, at_least(0)] = 300
     deterministic_lr: Annotated[float, positive()] = 1e-2

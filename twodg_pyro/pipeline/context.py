@@ -17,6 +17,7 @@ the methods that build on it (:meth:`RunContext.stage1`).
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -176,6 +177,7 @@ def mean_field(ctx: RunContext) -> dict | None:
         n_train,
         state=state,
         scale_trajectory=scale_trajectory(state.history),
+        scale_convergence=scale_convergence(state.history),
         **kl_weight_field(ctx.cfg.stage1.kl_weight),
     )
 
@@ -243,3 +245,22 @@ def scale_trajectory(history: list[dict], points: int = 11) -> list[dict]:
         }
         for i in picked
     ]
+
+
+def scale_convergence(history: list[dict], tail: float = 0.1, tol: float = 0.02) -> dict | None:
+    r"""Whether a fit's scales settled: the relative change of the median scale over the
+    last ``tail`` of its epochs (at least one epoch),
+    :math:`|\tilde\sigma_{E} / \tilde\sigma_{E - \lceil tail\,E \rceil} - 1|`, and
+    ``converged`` when it is below ``tol``; ``None`` for a history without scales."""
+    scales = [h.get("sigma_median") for h in history]
+    if len(scales) < 2 or any(v is None for v in scales):
+        return None
+    back = max(1, math.ceil(tail * len(scales)))
+    start, end = scales[-1 - back], scales[-1]
+    change = abs(end / start - 1.0) if start > 0 else math.inf
+    return {
+        "median_scale_change": change,
+        "over_epochs": back,
+        "tolerance": tol,
+        "converged": bool(change < tol),
+    }
