@@ -151,11 +151,22 @@ FIELDS = ("accuracy", "nll", "ece", "trainable_params", "stored_params")
 
 
 def run_recipe(
-    name: str, root: str, seed: int, ev_args: dict, quick: bool = False, arch: str = "lenet5"
+    name: str,
+    root: str,
+    seed: int,
+    ev_args: dict,
+    quick: bool = False,
+    arch: str = "lenet5",
+    methods: list[str] | None = None,
 ) -> tuple[list[dict], dict]:
-    """Records of one recipe and seed (and the per-example scores, for figures)."""
-    spec = (RESNET_RECIPES if arch.startswith("resnet20") else RECIPES)[name]
+    """Records of one recipe and seed (and the per-example scores, for figures); with
+    ``methods``, only those of the recipe's methods (``"2dg"``: its tyings)."""
+    spec = dict((RESNET_RECIPES if arch.startswith("resnet20") else RECIPES)[name])
     settings = merge_settings(preset(spec["preset"]), spec["settings"])
+    if methods is not None:
+        settings["methods"] = [m for m in settings["methods"] if m in methods]
+        if "2dg" not in methods:
+            spec["tyings"] = ()
     if arch == "resnet20":  # not "resnet20-full": the paper's epochs, for a GPU
         settings = merge_settings(settings, RESNET_CPU_EPOCHS)
     if quick:
@@ -430,6 +441,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", default="data/mnist_subset", help="folder with MNIST/raw")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="run only these of each recipe's methods ('2dg': its tyings); --merge the rest",
+    )
     p.add_argument("--draws", type=int, default=10, help="posterior draws of the evaluation")
     p.add_argument("--ood-size", type=int, default=500, help="images per OOD set")
     p.add_argument("--shift-size", type=int, default=200, help="test images corrupted")
@@ -469,9 +486,13 @@ def main(argv: list[str] | None = None) -> int:
             part = json.loads(Path(path).read_text())
             # the recommended recipe's SSVI rows of runs made before SSVI moved to the
             # paper recipe's prior (see RECIPES)
-            records += [
+            new = [
                 r for r in part["records"] if (r["recipe"], r["method"]) != (RECOMMENDED, "ssvi")
             ]
+            # a later file's record replaces an earlier one of the same recipe, method, seed
+            keys = {(r["recipe"], r["method"], r["seed"]) for r in new}
+            records = [r for r in records if (r["recipe"], r["method"], r["seed"]) not in keys]
+            records += new
             ev_args = {k: part["evaluation"][k] for k in ev_args}
             if not scores and part.get("scores"):
                 scores = part["scores"]
@@ -485,7 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         args.arch = "resnet20-full"
     for name in [] if args.merge else recipes:
         for seed in args.seeds:
-            recs, sc = run_recipe(name, args.root, seed, ev_args, args.quick, args.arch)
+            recs, sc = run_recipe(
+                name, args.root, seed, ev_args, args.quick, args.arch, args.methods
+            )
             records += recs
             if name == RECOMMENDED and seed == args.seeds[0]:
                 scores = sc

@@ -170,3 +170,44 @@ def test_scale_convergence_reads_the_last_tenth_of_the_epochs():
     got = scale_convergence(rising)
     assert not got["converged"] and got["median_scale_change"] == pytest.approx(1.1**2 - 1)
     assert scale_convergence([{"loss": 1.0}, {"loss": 0.5}]) is None
+
+
+def test_recipe_presets_are_one_recipe_for_every_network():
+    from twodg_pyro.pipeline import config_from_dict
+    from twodg_pyro.pipeline.presets import BAYES_RECIPE, PRESETS, preset
+
+    bayes = [n for n in PRESETS if n.endswith("-bayes")]
+    assert {"mnist-lenet5-bayes", "mnist-resnet20-bayes"} <= set(bayes)
+    for name in bayes:
+        cfg = config_from_dict(preset(name))
+        assert cfg.stage1.init_scale == "curvature" and cfg.network.norm_stats == "frozen"
+        assert cfg.prior.kind == BAYES_RECIPE["prior"]["kind"]
+        assert cfg.stage1.kl_weight == cfg.stage3.kl_weight == 0.1
+        assert cfg.sharing.outlier_rule == "quantile"
+
+
+def test_stage1_learns_the_prior_and_starts_at_the_curvature_scales_on_digits():
+    from twodg_pyro.pipeline import config_from_dict
+    from twodg_pyro.pipeline.algorithm1 import stage1_model
+    from twodg_pyro.pipeline.builders import build_net, load_data
+
+    cfg = config_from_dict(
+        {
+            "prior": {"kind": "empirical_bayes"},
+            "stage1": {"init_scale": "curvature", "kl_weight": 0.1},
+            "network": {"hidden": [16]},
+        }
+    )
+    split = load_data(cfg.data, image=False)
+    torch.manual_seed(0)
+    net = build_net(cfg.network, split)
+    model, init = stage1_model(cfg, split, net)
+    assert isinstance(model.prior, PerSiteNormalPrior)
+    assert set(model.prior.scales) == set(model.site_names)
+    assert set(init) == set(model.site_names)
+    fisher = diagonal_fisher(model, split.train, seed=cfg.seed)
+    expected = curvature_scales(model, fisher, 0.1)
+    torch.testing.assert_close(init["layers.0.weight"], expected["layers.0.weight"])
+    # a resumed stage 1 takes the learnt scales back and computes no Fisher
+    again, placeholder = stage1_model(cfg, split, net, model.prior.scales, resumed=True)
+    assert again.prior.scales == model.prior.scales and placeholder == "paper"
