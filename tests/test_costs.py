@@ -64,6 +64,7 @@ def test_every_row_of_a_run_has_its_bytes_and_forwards(costs_run):
         1,
     )
     assert det["file_bytes_int8"] == n_net + 4 * 4  # 4 parameter tensors, a scale each
+    assert det["relative_predict_seconds"] == 1.0  # the reference itself
     # the files the rows measure are the files of the run folder, byte for byte
     assert records["2dg"]["file"] == "model_2dg.2dgz"
     assert records["mean_field"]["file"] == "model_mean_field.pt"
