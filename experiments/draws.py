@@ -16,6 +16,7 @@ reported beside them.
     python experiments/draws.py                       # digits, seeds 0-2: results/draws.*
     python experiments/draws.py --preset mnist-lenet5-bayes --root data/mnist_subset \\
         --seeds 0 --name draws_lenet5                 # LeNet-5 on the MNIST subset
+    python experiments/draws.py --from-json results/draws.json   # its .md and .png again
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ RECORD_KEYS = (
     "nll",
     "file",
     "file_bytes",
+    "file_bytes_int8",
     "float32_ratio",
     "forwards_per_prediction",
     "predict_seconds",
@@ -230,6 +232,7 @@ def figure(payload: dict, path: Path) -> None:
     for ax, title in zip(axes, ("NLL", "mean entropy AUROC"), strict=True):
         ax.axhspan(1 - TOLERANCE, 1 + TOLERANCE, color="0.85", zorder=0)
         ax.set(xlabel="posterior draws per prediction", title=f"{title} / {REFERENCE}-draw")
+    axes[0].set_yscale("log")
     axes[0].legend(fontsize=7)
     fig.suptitle(f"{payload['preset']}: figures of n draws over those of {REFERENCE}", fontsize=9)
     fig.tight_layout()
@@ -248,7 +251,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--name", default="draws", help="the results' file name")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="write the .md and .png of an existing results file again (no training)",
+    )
     args = p.parse_args(argv)
+    if args.from_json is not None:
+        payload = json.loads(args.from_json.read_text())
+        stem = args.from_json.with_suffix("")
+        atomic_write_text(stem.with_suffix(".md"), markdown(payload))
+        figure(payload, stem.with_suffix(".png"))
+        return 0
     if args.pool < REFERENCE:
         p.error(f"--pool {args.pool}: must be at least {REFERENCE}")
     torch.set_num_threads(args.threads)
