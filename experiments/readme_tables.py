@@ -35,7 +35,8 @@ def digits_table(name: str) -> str:
     full = name == "table5"
     head = "| method | variant | acc | NLL | ECE | trainable |"
     if full:
-        head += " compression | #outliers | #ellipses | #Gaussians | MB (MB with uint8 index) |"
+        head += " compression (floats) | #outliers | #ellipses | #Gaussians |"
+        head += " MB (MB with uint8 index) |"
     else:
         head += " #ellipses | #Gaussians | MB |"
     lines = [

@@ -357,3 +357,83 @@ def test_float64_network_and_pretrained_prior(trained_mean_field, stage2_structu
         m3, _ = load_compact(path, prior=NormalPrior(0.5))
     assert m3.prior.scale == 0.5
     assert torch.isfinite(m2.network_forward({k: v[0] for k, v in w2.items()}, x)).all()
+
+
+# ---------------------------------------------------------------------------- evaluation
+def test_compact_file_keeps_the_runs_data_set_and_draws(
+    trained_mean_field, shared_models, tmp_path, capsys
+):
+    """``export`` carries the full file's evaluation record into the ``.2dgz``:
+    ``evaluate`` then uses the run's data set, split settings, seed and draws without
+    being told them (issue 31: an MNIST model's compact file failed on 'digits')."""
+    from twodg_pyro.pipeline.saved_models import evaluation_defaults
+
+    model, _ = trained_mean_field
+    record = {
+        "num_samples": 7,
+        "seed": 3,
+        "n_examples": 539,
+        "split": "test",
+        "method": "2dg",
+        "data": {"name": "digits", "root": None, "test_fraction": 0.3, "split_seed": 0},
+        "metrics": {"accuracy": 0.5},
+    }
+    full = tmp_path / "model_2dg.pt"
+    save_2dg(full, model, shared_models["representative"], network=SPEC, evaluation=record)
+    small = tmp_path / "model_2dg.2dgz"
+    assert main(["export", str(full), "--out", str(small)]) == 0
+    capsys.readouterr()
+    header, _ = read_compact(small)
+    kept = header["evaluation"]
+    assert kept["data"] == record["data"] and kept["num_samples"] == 7 and kept["seed"] == 3
+    assert "metrics" not in kept and kept["source_metrics"] == {"accuracy": 0.5}
+    assert kept["source"] == "model_2dg.pt"
+    out = evaluate_model_file(small)
+    assert (out["num_samples"], out["seed"], out["data"]) == (7, 3, "digits")
+    assert out["n_examples"] == evaluate_model_file(full)["n_examples"] == 539
+    assert "recorded_metrics" not in out  # the full model's numbers, not this file's
+
+    # another data set's record is read back (MNIST is not on this machine)
+    mnist = dict(record, data={"name": "mnist", "root": "data/mnist"})
+    export_compact(small, model, shared_models["representative"], SPEC, evaluation=mnist)
+    assert evaluation_defaults(small)["data"] == "mnist"
+    with pytest.raises(TypeError, match="evaluation must be a dict"):
+        export_compact(tmp_path / "x.2dgz", model, shared_models["tied"], SPEC, evaluation=[1])
+
+
+def test_mnist_compact_file_evaluates_without_data(tmp_path, capsys):
+    """A 784-input model of (fake) MNIST: its exported ``.2dgz`` evaluates on MNIST with no
+    ``--data``; one written without an evaluation record (as every file before issue 31)
+    is assumed digits and the error says to pass ``--data``."""
+    from test_data import write_fake_mnist
+    from test_protocol_and_loop import toy_structure
+
+    from twodg_pyro.bnn import BNNModel
+    from twodg_pyro.likelihoods import Categorical
+
+    write_fake_mnist(tmp_path / "data", "MNIST")
+    spec = {"name": "mlp", "kwargs": {"in_features": 784, "hidden": [8], "num_classes": 10}}
+    model = BNNModel(MLP(784, (8,), 10), prior=1.0, likelihood=Categorical(100))
+    guide = SharedGMMGuide(model, toy_structure(model), tying="representative")
+    record = {
+        "num_samples": 4,
+        "seed": 1,
+        "data": {"name": "mnist", "root": str(tmp_path / "data")},
+    }
+    full = tmp_path / "model_2dg.pt"
+    save_2dg(full, model, guide, network=spec, evaluation=record)
+    small = tmp_path / "model_2dg.2dgz"
+    assert main(["export", str(full), "--out", str(small)]) == 0
+    dest = tmp_path / "m.json"
+    assert main(["evaluate", str(small), "--out", str(dest)]) == 0
+    out = json.loads(dest.read_text())
+    assert (out["data"], out["num_samples"], out["seed"], out["n_examples"]) == ("mnist", 4, 1, 10)
+
+    old = tmp_path / "old.2dgz"
+    export_compact(old, model, guide, network=spec)
+    assert "evaluation" not in read_compact(old)[0]
+    capsys.readouterr()
+    assert main(["evaluate", str(old)]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit data set 'digits'" in err and "pass --data" in err
+    assert main(["evaluate", str(old), "--data", "mnist", "--root", str(tmp_path / "data")]) == 0

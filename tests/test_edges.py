@@ -222,7 +222,7 @@ def test_evaluate_a_run_folder_evaluates_each_model_file(tiny_run, tmp_path, cap
     assert main(["evaluate", str(tiny_run), "--num-samples", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     metrics = json.loads(out.read_text())
-    assert sorted(metrics) == ["model_2dg.pt", "model_mean_field.pt"]
+    assert sorted(metrics) == ["model_2dg.2dgz", "model_2dg.pt", "model_mean_field.pt"]
     for name, m in metrics.items():
         assert 0 <= m["accuracy"] <= 1, name
     assert '"model_2dg.pt"' in printed

@@ -13,11 +13,17 @@ r"""Compression accounting of a shared-weight BNN (Tables 1-5 of the paper).
   :math:`K \le 256`, uint16 when :math:`K \le 65536`, else int32) and bit-packed at
   :math:`\lceil \log_2 K \rceil` bits per inlier; outlier positions as int32 and the
   ellipse weights' :math:`k` components and alphas (float32) are stored too.
+
+These count floating-point numbers; what a file takes on disk is in bytes
+(:func:`network_bytes` for a plain network, the ``file_bytes`` of a run's records,
+:mod:`twodg_pyro.pipeline.costs`).
 """
 
 from __future__ import annotations
 
 import math
+
+from torch import nn
 
 from .guide import require_sharing
 
@@ -63,3 +69,17 @@ def compression_report(guide, model) -> dict:
         / 1e6,
         "index_bits": {"container": container, "packed": packed},
     }
+
+
+def network_bytes(net: nn.Module) -> dict[str, int]:
+    """The bytes a plain network takes at float32 and at INT8 (no container).
+
+    Returns ``{"params", "float32", "int8"}``: the parameters' count; 4 bytes per
+    parameter and floating-point buffer value (BatchNorm statistics); 1 byte per
+    parameter plus a float32 scale per parameter tensor (per-tensor symmetric INT8), the
+    floating-point buffers at float32.  Integer buffers (``num_batches_tracked``) are not
+    needed for prediction and not counted."""
+    params = list(net.parameters())
+    n = sum(p.numel() for p in params)
+    buffers = sum(b.numel() for b in net.buffers() if b.is_floating_point())
+    return {"params": n, "float32": 4 * (n + buffers), "int8": n + 4 * len(params) + 4 * buffers}

@@ -284,8 +284,14 @@ def _export(args, ctx: dict) -> int:
         options.update(FAITHFUL_OPTIONS)
     rep = export_compact_file(src, out, **options)
     parts = ("centres", "covariances", "index", "outliers", "ellipses", "net", "header")
-    print(f"{rep['source']}: {rep['source_bytes']:,} bytes")
-    print(f"{out}: {rep['total']:,} bytes ({rep['source_bytes'] / rep['total']:.1f}x smaller)")
+    fp32 = rep["float32_network_bytes"]
+    print(f"{rep['source']}: {rep['source_bytes']:,} bytes (the full model file)")
+    print(
+        f"{out}: {rep['total']:,} bytes, {rep['bytes_per_weight']:.3f} bytes per network "
+        f"parameter; {rep['float32_ratio']:.1f}x smaller than the float32 deterministic "
+        f"network of the same architecture ({rep['network_params']:,} parameters: "
+        f"{fp32:,} bytes at float32, {rep['int8_network_bytes']:,} at INT8)"
+    )
     print("  " + ", ".join(f"{k} {rep[k]:,}" for k in parts))
     print(
         f"  index: {rep['index_bits_per_weight']:.3f} bits/weight ({rep['index_coding']} rANS), "

@@ -88,6 +88,7 @@ __all__ = [
     "FAITHFUL_OPTIONS",
     "KIND_2DG",
     "KIND_INT8",
+    "compact_evaluation",
     "compact_summary",
     "export_compact",
     "export_compact_file",
@@ -123,12 +124,18 @@ def export_compact(
     alpha_bits: int = 8,
     index_coding: str = "auto",
     covariances: bool | None = None,
+    evaluation: dict | None = None,
 ) -> dict:
     r"""Write ``model`` + shared-GMM ``guide`` as a compact file (layout: module docstring).
 
     Args:
         network: ``{"name", "kwargs"}`` to rebuild the network on loading (as in
             :func:`~twodg_pyro.io.save_2dg`); without it :func:`load_compact` needs ``net=``.
+        evaluation: the record of how the model is evaluated (as in
+            :func:`~twodg_pyro.io.save_model`: the run's data set and split settings,
+            seed and draws; JSON-able), stored in the header so that ``twodg-pyro
+            evaluate FILE.2dgz`` needs no ``--data`` (:func:`compact_evaluation` makes
+            it from a full model file's record).
         centre_dtype: ``"float16"`` or ``"float32"`` for centres and covariances.
         outlier_sigma_bits: bits of each outlier's :math:`\log\sigma` code (1 to 16).
         outlier_mu_bits: 16 or 8 (INT8, as the quantised baseline) bits per outlier mean.
@@ -153,6 +160,7 @@ def export_compact(
     if outlier_mu_bits not in _MU_DTYPES:
         raise ValueError(f"outlier_mu_bits must be 8 or 16, got {outlier_mu_bits!r}")
     _check_bits("alpha_bits", alpha_bits, 2, 16)
+    _check_evaluation(evaluation)
     if centre_dtype not in _FLOAT_DTYPES:
         raise ValueError(f"centre_dtype must be 'float16' or 'float32', got {centre_dtype!r}")
     require_sharing(guide, "export_compact")
@@ -227,6 +235,7 @@ def export_compact(
         },
         "net": net_spec,
         "info": s.info,
+        **({} if evaluation is None else {"evaluation": evaluation}),
     }
     parts = (centre_bytes, cov_bytes, code.data, outlier_bytes, ellipse_bytes, net_bytes)
     report = _write_container(path, header, list(zip(_SECTIONS[KIND_2DG], parts, strict=True)))
@@ -252,10 +261,16 @@ def export_compact(
 
 # ---------------------------------------------------------------------------- INT8 export
 def export_int8_mean_field(
-    path: str | Path, model, guide, sigma_bits: int = 1, network: dict | None = None
+    path: str | Path,
+    model,
+    guide,
+    sigma_bits: int = 1,
+    network: dict | None = None,
+    evaluation: dict | None = None,
 ) -> dict:
     """Write the INT8-quantised mean-field BNN (:mod:`twodg_pyro.baselines.quantized`'s
-    scheme: per tensor INT8 means and ``sigma_bits``-bit scales) in the compact container.
+    scheme: per tensor INT8 means and ``sigma_bits``-bit scales) in the compact container
+    (``evaluation``: as in :func:`export_compact`).
 
     Returns the bytes of every part (``params``, ``mu``, ``sigma``, ``net``, ``header``,
     ``total``).  :func:`load_compact` reads it back into a mean-field guide that predicts
@@ -263,6 +278,7 @@ def export_int8_mean_field(
     """
     if sigma_bits not in (1, 2, 4, 8):
         raise ValueError(f"sigma_bits must be 1, 2, 4 or 8, got {sigma_bits!r}")
+    _check_evaluation(evaluation)
     pairs = [(guide.loc(x.name).reshape(-1), guide.scale(x.name).reshape(-1)) for x in guide.sites]
     net_bytes, net_spec = _net_section(model)
     parts = (*_quantise_sites(pairs, sigma_bits), net_bytes)
@@ -273,8 +289,35 @@ def export_int8_mean_field(
         "n_weights": model.num_weights,
         "sigma_bits": sigma_bits,
         "net": net_spec,
+        **({} if evaluation is None else {"evaluation": evaluation}),
     }
     return _write_container(path, header, list(zip(_SECTIONS[KIND_INT8], parts, strict=True)))
+
+
+# ---------------------------------------------------------------------------- evaluation
+def _check_evaluation(evaluation) -> None:
+    """``evaluation`` is ``None`` or a table (a header field of the file)."""
+    if evaluation is not None and not isinstance(evaluation, dict):
+        raise TypeError(
+            f"evaluation must be a dict (the run's evaluation record) or None, got "
+            f"{type(evaluation).__name__}"
+        )
+
+
+def compact_evaluation(evaluation: dict | None, source: str | Path | None = None) -> dict | None:
+    """The ``evaluation`` record a compact file keeps from a full model file's:
+    the data set, split settings, seed and draws as they are; the full model's metrics
+    under ``source_metrics`` (a compact file holds a rounded model, so its own metrics
+    are close to them, not equal; ``twodg-pyro evaluate`` does not report them as the
+    file's); ``source``: the full file's name.  ``None`` without a record."""
+    if not isinstance(evaluation, dict):
+        return None
+    out = {k: v for k, v in evaluation.items() if k != "metrics"}
+    if evaluation.get("metrics"):
+        out["source_metrics"] = evaluation["metrics"]
+    if source is not None:
+        out["source"] = Path(source).name
+    return out
 
 
 # ---------------------------------------------------------------------------- files
@@ -300,8 +343,15 @@ def resolve_model_file(run_or_file: str | Path) -> Path:
 def export_compact_file(run_or_file: str | Path, out: str | Path, **options) -> dict:
     """Load the full model file of a run folder (or a model file) and write it compact.
 
-    ``options`` are those of :func:`export_compact`.  Returns its report plus
-    ``source``, ``source_bytes`` and ``out``.
+    ``options`` are those of :func:`export_compact`.  The compact file keeps the full
+    file's evaluation record (:func:`compact_evaluation`: the data set the run used, so
+    that ``twodg-pyro evaluate`` reads it without ``--data``).  Returns the report of
+    :func:`export_compact` plus ``source``, ``source_bytes``, ``out`` and what to
+    compare the file with: the deterministic network of the same architecture
+    (``network_params``; ``float32_network_bytes`` and ``int8_network_bytes``, computed
+    by :func:`~twodg_pyro.accounting.network_bytes`), ``float32_ratio`` (the float32
+    network's bytes over the file's) and ``bytes_per_weight`` (the file's bytes over
+    ``network_params``).
     """
     from ..files.payload import read_payload
     from .model_format import SHARED_GMM_FILE, model_from_payload
@@ -313,6 +363,21 @@ def export_compact_file(run_or_file: str | Path, out: str | Path, **options) -> 
         raise ValueError(f"--out {str(out)!r} would overwrite the source model file")
     payload, header = read_payload(src, SHARED_GMM_FILE.fmt)  # read and verified once
     model, guide = model_from_payload(payload, header, str(src))
-    report = export_compact(out, model, guide, network=header.get("network"), **options)
-    report.update(source=str(src), source_bytes=src.stat().st_size, out=str(out))
+    evaluation = compact_evaluation(header.get("evaluation"), src)
+    report = export_compact(
+        out, model, guide, network=header.get("network"), evaluation=evaluation, **options
+    )
+    from ..accounting import network_bytes
+
+    sizes = network_bytes(model.net)
+    report.update(
+        source=str(src),
+        source_bytes=src.stat().st_size,
+        out=str(out),
+        network_params=sizes["params"],
+        float32_network_bytes=sizes["float32"],
+        int8_network_bytes=sizes["int8"],
+        float32_ratio=sizes["float32"] / report["total"],
+        bytes_per_weight=report["total"] / max(sizes["params"], 1),
+    )
     return report

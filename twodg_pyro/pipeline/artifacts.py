@@ -13,6 +13,11 @@ Files written by :func:`write_artifacts` into the run folder:
     and an ``evaluation`` record: the seed, draws, data settings and metrics of the run's
     evaluation (a baseline's own draws: an ensemble's members, a network's one forward
     pass), from which ``twodg-pyro evaluate`` takes its defaults;
+``model_2dg.2dgz``
+    the 2DG BNN's compact file (:func:`~twodg_pyro.io.export_compact` at its default
+    precision, with the same ``evaluation`` record less the metrics, which a rounded
+    model only approaches): what a user deploys, whose bytes are the 2DG row's
+    ``file_bytes`` (:mod:`.costs`);
 ``inference_data_<method>.nc``
     the ArviZ InferenceData of each Bayesian method on the same evaluation examples
     (groups and shapes: :mod:`twodg_pyro.diagnostics.arviz_export`);
@@ -74,6 +79,10 @@ from .diagnostics_steps import (
 from .results import evaluation_of
 
 _METRICS = ("accuracy", "nll", "ece", "brier")
+#: The step (the ``files`` key of ``diagnostics.json``) and the file of the compact
+#: ``.2dgz`` a run writes for its 2DG BNN (``twodg-pyro export RUN``'s default name).
+COMPACT_2DG = "model_2dg_compact"
+COMPACT_2DG_FILE = "model_2dg.2dgz"
 
 
 def _trained(art) -> dict:
@@ -113,9 +122,12 @@ def model_evaluation(cfg, method: str, record: dict | None, draws: dict) -> dict
 
 
 def _write_model_files(writer: StepWriter, art, cfg, trained: dict, baselines: dict, draws):
-    """``model_<method>.pt`` of every Bayesian method (``trained``) and baseline (one step
-    each)."""
+    """``model_<method>.pt`` of every Bayesian method (``trained``) and baseline, and the
+    2DG BNN's compact ``model_2dg.2dgz`` (one step each); files already in
+    ``art.model_files`` (written by :func:`~twodg_pyro.pipeline.costs.add_costs`) are
+    recorded, not written again."""
     from ..io import save_baseline, save_model
+    from ..io.compact import compact_evaluation, export_compact
 
     records = {r.get("method"): r for r in art.records}
     spec = network_spec(cfg.network, art.split)
@@ -124,19 +136,60 @@ def _write_model_files(writer: StepWriter, art, cfg, trained: dict, baselines: d
         "deterministic_matched": 1,
         "ensemble": getattr(baselines.get("ensemble"), "num_members", 0),
     }
+    done = getattr(art, "model_files", {}) or {}
     for method, obj in {**trained, **baselines}.items():
         n = own.get(method)
         own_draws = draws if n is None else {**draws, "num_samples": int(n)}
         evaluation = model_evaluation(cfg, method, records.get(method), own_draws)
+        names = [f"model_{method}"] + ([COMPACT_2DG] if method == "2dg" else [])
+        for name in names:
+            if name in done and Path(done[name]).parent == writer.out:
+                writer.files[name] = str(done[name])
+                writer.bar.update(1)
+                continue
 
-        def save(method=method, obj=obj, evaluation=evaluation):
-            path = writer.out / f"model_{method}.pt"
-            if method in trained:  # (model, guide, states)
-                save_model(path, obj[0], obj[1], network=spec, evaluation=evaluation)
-                return path
-            return save_baseline(path, obj, network=spec, evaluation=evaluation, method=method)
+            def save(name=name, method=method, obj=obj, evaluation=evaluation):
+                if name == COMPACT_2DG:  # what a user deploys: the .2dgz, same record
+                    path = writer.out / COMPACT_2DG_FILE
+                    ev = compact_evaluation(evaluation, f"model_{method}.pt")
+                    export_compact(path, obj[0], obj[1], network=spec, evaluation=ev)
+                    return path
+                path = writer.out / f"{name}.pt"
+                if method in trained:  # (model, guide, states)
+                    save_model(path, obj[0], obj[1], network=spec, evaluation=evaluation)
+                    return path
+                return save_baseline(path, obj, network=spec, evaluation=evaluation, method=method)
 
-        writer.step(f"model_{method}", save)
+            writer.step(name, save)
+
+
+def write_model_files(art, cfg, out_dir) -> dict:
+    """Write the model files of a finished run into ``out_dir`` (``model_<method>.pt`` of
+    every method with one, ``model_2dg.2dgz``): ``{"files": {name: path}, "errors":
+    {name: message}}`` (a file that cannot be written is a warning and an error entry)."""
+    out = Path(out_dir)
+    trained = _trained(art)
+    baselines = _baselines(art)
+    writer = StepWriter(out, 0, progress=False)
+    draws = evaluation_of(cfg, _eval_data(art, cfg))
+    _write_model_files(writer, art, cfg, trained, baselines, draws)
+    writer.close()
+    return writer.record()
+
+
+def _baselines(art) -> dict:
+    """``{method: object}`` of the baselines of a run that have a model file."""
+    return {
+        m: e.model
+        for m, e in art.trained.items()
+        if e.guide is None and METHOD_REGISTRY[m].model_file
+    }
+
+
+def _eval_data(art, cfg):
+    if art.eval_data is not None:
+        return art.eval_data
+    return data_to_device(xy(art.split.test), cfg.device)
 
 
 def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> dict:
@@ -161,22 +214,16 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
 
     out = Path(out_dir)
     trained = _trained(art)
-    baselines = {
-        m: e.model
-        for m, e in art.trained.items()
-        if e.guide is None and METHOD_REGISTRY[m].model_file
-    }
+    baselines = _baselines(art)
     dcfg = cfg.diagnostics
     split = art.split
     device = cfg.device
-    eval_data = art.eval_data
-    if eval_data is None:
-        eval_data = data_to_device(xy(split.test), device)
+    eval_data = _eval_data(art, cfg)
     draws = evaluation_of(cfg, eval_data)
     records = {r.get("method"): r for r in art.records}
     primary = next((m for m in ("2dg", *trained) if m in trained), None)
     diagnose = primary is not None and dcfg.enabled and skip_diagnostics is None
-    n_steps = len(trained) + len(baselines)
+    n_steps = len(trained) + len(baselines) + ("2dg" in trained)
     if diagnose:
         n_steps += 3 * len(trained) + 4 + (2 if primary == "2dg" else 0) + 1
     writer = StepWriter(out, n_steps, progress=cfg.progress and env.is_main())

@@ -15,7 +15,17 @@ finished before it (their model files are kept) and ``incomplete`` says which fa
 why.  Files written before it was recorded have neither key.
 
 Records of weight-sharing methods add ``n_outliers``, ``n_ellipses``,
-``n_gaussians``, ``compression_ratio``, ``size_mb`` and ``size_mb_with_index``.
+``n_gaussians``, ``compression_ratio`` (floating-point numbers: mean-field's over the
+trainable ones, no index), ``size_mb`` and ``size_mb_with_index``.
+
+What a user deploys (:mod:`twodg_pyro.pipeline.costs`): every record of a method the run
+trained has ``file`` and ``file_bytes`` (the size of the smallest file the library
+writes for it and loads back: ``model_2dg.2dgz`` for 2DG, ``model_<method>.pt`` for the
+others, the computed float32 size for the deterministic network, which also has
+``file_bytes_int8``), ``bytes_per_weight``, ``float32_ratio`` (the float32 deterministic
+network's bytes over ``file_bytes``), ``forwards_per_prediction``, ``predict_seconds``
+and ``relative_predict_seconds`` (over the deterministic network's, same run).  The table
+shows them beside the counts of floats, whose columns say "(floats)".
 
 ``evaluation`` says which draws and examples the Bayesian rows' metrics used
 (:mod:`twodg_pyro.evaluation`: ``num_samples`` posterior draws seeded with the run's
@@ -42,12 +52,17 @@ _COLUMNS = [
     ("ece", "ECE", "{:.4f}"),
     ("brier", "Brier", "{:.4f}"),
     ("trainable_params", "trainable", "{:,}"),
-    ("compression_ratio", "compression", "{:.1f}x"),
+    ("compression_ratio", "compression (floats)", "{:.1f}x"),
     ("n_outliers", "#outliers", "{:,}"),
     ("n_ellipses", "#ellipses", "{:,}"),
     ("n_gaussians", "#Gaussians", "{:,}"),
-    ("size_mb", "MB", "{:.4f}"),
+    ("size_mb", "MB (floats)", "{:.4f}"),
     ("size_mb_with_index", "MB+index", "{:.4f}"),
+    ("file_bytes", "file bytes", "{:,}"),
+    ("bytes_per_weight", "bytes/weight", "{:.3f}"),
+    ("float32_ratio", "x smaller than fp32 det", "{:.1f}x"),
+    ("forwards_per_prediction", "forwards", "{:,}"),
+    ("relative_predict_seconds", "predict time / det", "{:.1f}x"),
     ("train_seconds", "train s", "{:.1f}"),
 ]
 
@@ -77,7 +92,9 @@ def evaluation_note(evaluation: dict | None) -> str:
             f"draws seeded with {int(evaluation['seed'])} on the {int(evaluation['n_examples']):,} "
             f"{evaluation.get('split', 'test')} examples (the same draws as diagnostics.json, "
             "reliability.png and `twodg-pyro evaluate model_<method>.pt`); deterministic: "
-            "one forward pass.\n"
+            "one forward pass.  File bytes: the method's smallest file that loads back "
+            "(model_2dg.2dgz for 2dg, model_<method>.pt, the deterministic network at "
+            "float32 computed); bytes/weight over the network's parameters.\n"
         )
     except (KeyError, TypeError, ValueError):
         return ""

@@ -49,6 +49,7 @@ RUN_OUTPUTS = (
     "results.json",
     "results.md",
     "model_2dg.pt",
+    "model_2dg.2dgz",
     "model_mean_field.pt",
     "model_rank1.pt",
     "model_ssvi.pt",

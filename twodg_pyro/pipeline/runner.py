@@ -25,6 +25,7 @@ from .builders import build_net, check_device, eval_data, load_data, seed_everyt
 from .checks import check_sharing_sizes, check_split
 from .config import RunConfig
 from .context import METHOD_REGISTRY, RunContext
+from .costs import add_costs, reference_network
 from .execution import LOCAL, Execution
 from .results import evaluation_of, format_table, uncertainty_table, write_results
 from .resume import RunCheckpoints
@@ -58,7 +59,8 @@ def run(
     Every stage runs on ``cfg.device`` in the network's dtype (``cfg.network.dtype``): the
     priors, guides, stage 2's mixture, draws and predictions follow the network.  The
     results are written before the diagnostics start (``cfg.diagnostics``: budget, or
-    ``enabled = false`` for none).
+    ``enabled = false`` for none); the model files before the results, whose
+    ``file_bytes`` are their sizes (:mod:`twodg_pyro.pipeline.costs`).
 
     ``execution`` says where the stages run: in this process (the default), or on every
     rank of a process group (:func:`~twodg_pyro.pipeline.run_distributed` passes a
@@ -107,6 +109,11 @@ def _run(
                 art.records.append(record)
     if cfg.uncertainty.enabled and env.is_main():  # OOD, shift, selective prediction
         add_uncertainty(art, cfg)
+    # bytes on disk (the model files are written here, rank 0), forward passes, seconds
+    env.on_main(
+        lambda: add_costs(art, cfg, reference_network(ctx), out_dir),
+        "write and measure the model files",
+    )
     if env.is_main():
         print(format_table(art.records) + uncertainty_table(art.records))
     if out_dir is not None:

@@ -30,8 +30,9 @@ from .results import jsonable
 def evaluation_defaults(model_file, data=None, num_samples=None, seed=None) -> dict:
     """The data, draws and seed to evaluate a model file with: those given, else those of
     the run that wrote it (the file's ``evaluation`` record), else digits, 30 draws and
-    seed 0.  Returns ``{"data", "num_samples", "seed", "data_settings", "recorded",
-    "header"}`` (``data_settings``: the run's split settings when ``data`` is the run's
+    seed 0.  Returns ``{"data", "data_known", "num_samples", "seed", "data_settings",
+    "recorded", "header"}`` (``data_known``: the data set was given or recorded, not
+    assumed; ``data_settings``: the run's split settings when ``data`` is the run's
     data set; ``recorded``: the file's evaluation record, ``{}`` without one;
     ``header``: the file's header, ``{}`` when it cannot be read)."""
     from ..io import read_model_header
@@ -46,6 +47,7 @@ def evaluation_defaults(model_file, data=None, num_samples=None, seed=None) -> d
     same = run_data.get("name") == name
     return {
         "data": name,
+        "data_known": data is not None or "name" in run_data,
         "num_samples": int(
             num_samples if num_samples is not None else recorded.get("num_samples", 30)
         ),
@@ -77,7 +79,14 @@ def _load(model_file, d: dict, root: str | None, device: str, baselines: bool = 
     }
     cfg = DataConfig(name=d["data"], root=run.get("root") if root is None else root, **settings)
     split = load_data(cfg, image=not isinstance(model.net, MLP))
-    check_fits(model, split, model_file, device)
+    try:
+        check_fits(model, split, model_file, device)
+    except ValueError as e:
+        if d["data_known"]:
+            raise
+        raise ValueError(  # e.g. a .2dgz written before compact files kept the data set
+            f"{e} (the file records no data set, so {d['data']!r} was assumed: pass --data)"
+        ) from e
     return saved, split
 
 

@@ -40,6 +40,9 @@ class RunArtifacts:
         predictions: each method's prediction of ``eval_data`` (the table's numbers).
         variants: the 2DG BNN of each variant of
             :func:`~twodg_pyro.pipeline.variants.run_variants`, by variant name.
+        model_files: the model files already written into the run folder, by step name
+            (``model_<method>``, ``model_2dg_compact``;
+            :func:`~twodg_pyro.pipeline.costs.add_costs` writes them to measure them).
     """
 
     records: list[dict] = field(default_factory=list)
@@ -49,3 +52,4 @@ class RunArtifacts:
     trained: dict[str, Trained] = field(default_factory=dict)
     predictions: dict[str, Prediction] = field(default_factory=dict)
     variants: dict[str, Trained] = field(default_factory=dict)
+    model_files: dict[str, str] = field(default_factory=dict)

@@ -8,6 +8,8 @@ shift and selective prediction.
 * :mod:`.ood_sets` -- built-in OOD sets (rotated, flipped, inverted, noise, blobs,
   upsampled digits) and test sets read from local folders, in the normalised input space;
 * :mod:`.corruptions` -- seven corruption families at five severities (and CIFAR-10-C);
+* :mod:`.draws` -- NLL and OOD AUROC against the number of posterior draws, and the
+  fewest draws that keep them within a tolerance of 30 draws;
 * :mod:`.report` -- the whole record of a prediction function, a BNN or a plain network;
 * :mod:`.plots` -- score histograms and metric-versus-severity figures (imported on
   first use: matplotlib stays out of the start-up of everything that imports this).
@@ -23,6 +25,7 @@ from .corruptions import (
     load_cifar10c,
 )
 from .detection import fpr_at_tpr, ood_metrics
+from .draws import draws_curve, sufficient_draws
 from .ood_sets import BUILTIN_OOD_SETS, FOLDER_OOD_SETS, builtin_ood_sets, folder_ood_set
 from .report import evaluate_uncertainty, evaluate_uncertainty_net, uncertainty_report
 from .scores import (
@@ -43,6 +46,7 @@ __all__ = [
     "aurc",
     "builtin_ood_sets",
     "corrupt",
+    "draws_curve",
     "evaluate_uncertainty",
     "evaluate_uncertainty_net",
     "expected_entropy",
@@ -58,6 +62,7 @@ __all__ = [
     "predictive_entropy",
     "risk_coverage_curve",
     "selective_metrics",
+    "sufficient_draws",
     "uncertainty_report",
     "uncertainty_scores",
 ]
