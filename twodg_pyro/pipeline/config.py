@@ -13,8 +13,9 @@ settings (:mod:`~twodg_pyro.pipeline.presets`), the file's other settings overri
 
 This module is the settings' home: :class:`RunConfig` (the top level of a config
 file) and reading it from files and dicts.  The rules a setting obeys are in
-:mod:`.config_rules`; the sections, one per table of the file, in
-:mod:`.config_sections` (data, network, prior, the stages), :mod:`.config_methods`
+:mod:`twodg_pyro.settings`; the sections, one per table of the file, in
+:mod:`.config_sections` (data, network, prior, the stages; ``[sharing]`` is the 2DG
+method's own :class:`~twodg_pyro.sharing.SharingConfig`), :mod:`.config_methods`
 (the compared methods: each is the section of a method of the registry,
 :data:`~twodg_pyro.pipeline.context.METHOD_REGISTRY`) and :mod:`.config_evaluation`
 (uncertainty, diagnostics); all are importable from here.
@@ -31,15 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, get_args, get_origin, get_type_hints
 
-from .config_evaluation import DiagnosticsConfig, UncertaintyConfig
-from .config_methods import (
-    EnsembleConfig,
-    LaplaceConfig,
-    MatchedDeterministicConfig,
-    Rank1Config,
-    SSVIConfig,
-)
-from .config_rules import (
+from ..settings import (
     BOOLEAN,
     DEVICE,
     INT64_LIMIT,
@@ -52,12 +45,20 @@ from .config_rules import (
     one_of,
     require,
 )
+from ..sharing.config import SharingConfig
+from .config_evaluation import DiagnosticsConfig, UncertaintyConfig
+from .config_methods import (
+    EnsembleConfig,
+    LaplaceConfig,
+    MatchedDeterministicConfig,
+    Rank1Config,
+    SSVIConfig,
+)
 from .config_sections import (
     DTYPES,
     DataConfig,
     NetworkConfig,
     PriorConfig,
-    SharingConfig,
     Stage1Config,
     Stage3Config,
     torch_dtype,
