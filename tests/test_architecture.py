@@ -298,6 +298,21 @@ def test_lower_layers_do_not_import_higher_ones():
     assert not imports("twodg_pyro.infer", "twodg_pyro.guides")
     assert not imports("twodg_pyro.infer", "twodg_pyro.sharing")
     assert not imports("twodg_pyro.files.checkpoint", "twodg_pyro.infer")
+    # the 2DG method's settings live with the method (issue 33), not in the application
+    assert not imports("twodg_pyro.sharing", "twodg_pyro.pipeline")
+    assert not imports("twodg_pyro.settings", "twodg_pyro")
+
+
+def test_the_2dg_settings_are_the_methods_and_the_pipeline_reuses_them():
+    import twodg_pyro.pipeline as pipeline
+    import twodg_pyro.sharing as sharing
+    from twodg_pyro.pipeline.config import RunConfig
+    from twodg_pyro.settings import ConfigError
+
+    assert twodg_pyro.SharingConfig is sharing.SharingConfig is pipeline.SharingConfig
+    assert sharing.SharingConfig.__module__ == "twodg_pyro.sharing.config"
+    assert type(RunConfig().sharing) is sharing.SharingConfig
+    assert pipeline.ConfigError is ConfigError
 
 
 def test_no_module_is_too_long():

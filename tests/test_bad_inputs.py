@@ -144,6 +144,51 @@ def test_unreadable_config_files_are_named(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+_DEEP = 100_000  # levels (issue 33: JSON this deep was "RecursionError", exit 1)
+
+
+@pytest.mark.parametrize(
+    "name, text, nesting",
+    [
+        ("arrays.json", "[" * _DEEP + "]" * _DEEP, "past Python's recursion limit"),
+        ("objects.json", '{"a": ' * _DEEP + "1" + "}" * _DEEP, "past Python's recursion limit"),
+        ("flow.yaml", "seed: " + "[" * _DEEP + "]" * _DEEP, "past Python's recursion limit"),
+        ("mapping.yml", "a: " + "{a: " * _DEEP + "1" + "}" * _DEEP, "recursion limit"),
+        ("arrays.toml", "seed = " + "[" * _DEEP + "]" * _DEEP, "past Python's recursion limit"),
+        ("inline.toml", "a = " + "{a = " * _DEEP + "1" + "}" * _DEEP, "recursion limit"),
+        # parsed in time quadratic in its parts (minutes), so refused before parsing
+        ("dotted.toml", "seed = 1\nstage1." + "a." * _DEEP + "b = 1\n", "dotted key"),
+        ("header.toml", "[" + "a." * 20 + "b]\nx = 1\n", "more than 16 parts on line 1"),
+        # parseable, but deeper than any setting: the path down is named
+        ("lists.json", '{"network": {"hidden": ' + "[" * 20 + "]" * 20 + "}}", "22 levels"),
+    ],
+)
+def test_a_config_file_nested_too_deeply_is_one_line(tmp_path, capsys, name, text, nesting):
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["train", "--config", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "RecursionError" not in err and "unexpected" not in err
+    assert f"config file {str(path)!r} is nested too deeply (" in err
+    assert nesting in err and "at most 16 levels deep" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_nesting_of_a_config_file_is_measured_without_recursion():
+    from twodg_pyro.pipeline.config import MAX_NESTING, _nesting
+
+    deep: list = []
+    node = deep
+    for _ in range(50_000):  # far past the recursion limit
+        node.append([])
+        node = node[0]
+    assert _nesting(deep)[0] == 50_001
+    shared = {"x": [1]}  # a YAML alias: one object under two keys, counted once
+    assert _nesting({"a": shared, "b": {"c": shared}}) == (4, "b.c.x")
+    assert _nesting({"seed": 1}) == (1, "") and _nesting(3) == (0, "")
+    assert _nesting({"network": {"hidden": [128]}})[0] == 3 <= MAX_NESTING
+
+
 def test_missing_data_folder_is_named(unchanged, tmp_path, capsys):
     """Even with --overwrite the earlier run stays: the data are checked first."""
     missing = tmp_path / "no_such_folder"

@@ -4,6 +4,7 @@ import re
 import pytest
 
 from twodg_pyro.cli import main
+from twodg_pyro.cli_parser import build_parser
 from twodg_pyro.pipeline import ConfigError, RunConfig, config_from_dict, load_config
 
 
@@ -75,3 +76,50 @@ def test_cli_reports_config_errors(tmp_path, capsys):
     assert main(["train", "--config", str(p), "--out", str(tmp_path / "o")]) == 2
     assert "unknown setting(s) bogus" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "train"])
+def test_help_names_every_preset_of_the_registry(command, capsys, monkeypatch):
+    """Issue 33: the help listed five presets and missed ``mnist-lenet5-bayes``; the list
+    now comes from ``PRESETS``, and a name stays whole on an 80-column terminal."""
+    from twodg_pyro.pipeline.presets import PRESETS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert len(PRESETS) >= 6 and "mnist-lenet5-bayes" in PRESETS
+    words = set(re.findall(r"[\w-]+", out))
+    missing = [name for name in PRESETS if name not in words]
+    assert not missing, (missing, out)
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_help_is_fast_it_imports_no_torch():
+    """The preset list of the help comes from a registry that imports no torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from twodg_pyro.cli_parser import build_parser; build_parser(); "
+        "print('torch' in sys.modules, 'twodg_pyro.pipeline.config' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_an_unknown_preset_on_the_command_line_is_named(capsys):
+    assert main(["train", "--preset", "mnist-lenet6", "--out", "unused", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'mnist-lenet6'" in err and "mnist-lenet5-bayes" in err
+    assert err.count("\n") == 1
+
+
+def test_the_cli_guide_names_every_preset():
+    from pathlib import Path
+
+    from twodg_pyro.pipeline.presets import PRESETS
+
+    guide = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    assert [name for name in PRESETS if f"`{name}`" not in guide] == []

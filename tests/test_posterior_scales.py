@@ -82,3 +82,28 @@ def test_recommended_preset_is_valid_and_tempered():
     assert cfg.stage1.kl_weight == cfg.stage3.kl_weight == 0.1
     assert cfg.prior.kind == "layerwise"
     assert cfg.stage1.lr_scale == 1e-2
+
+
+def test_the_bar_shows_three_fields_and_the_records_keep_all(digits, capsys):
+    """Issue 33: the stage-1 bar showed ten fields and wrapped on 80 columns; it shows the
+    loss, the KL term and the median scale ratio, and the records keep every field."""
+    from twodg_pyro.infer.trainer import BAR_FIELDS, bar_fields
+
+    torch.manual_seed(0)
+    net = MLP(64, (8,), 10)
+    model = BNNModel(net, likelihood=Categorical(len(digits.train)))
+    guide = MeanFieldGuide(model, init_scale="paper", seed=0)
+    loader = make_loader(digits.train, 512, shuffle=True, seed=0)
+    state = fit(model, guide, loader, epochs=2, callbacks=[ScaleTrajectory(guide)], progress=True)
+    err = capsys.readouterr().err
+    shown = [line for line in err.replace("\r", "\n").splitlines() if "scale_ratio=" in line]
+    assert shown, err
+    for line in shown:
+        assert "loss=" in line and "kl=" in line and len(line.strip()) <= 80, line
+        assert "sigma_ratio_p10" not in line and "nll=" not in line and "beta=" not in line
+    record = state.history[-1]
+    for key in ("nll", "beta", "sigma_ratio_p10", "sigma_ratio_p90", "sigma_over_spread"):
+        assert key in record, key
+    assert list(BAR_FIELDS) == ["loss", "kl", "sigma_ratio_median"]
+    text = bar_fields({**record, "loss": 123456.0, "kl": float("nan")})
+    assert text.startswith("loss=123.5k, kl=nan, scale_ratio=") and "nll" not in text

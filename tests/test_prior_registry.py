@@ -304,7 +304,7 @@ def test_a_settings_file_names_a_users_prior(tmp_path):
     ``from_settings``; an unknown name is refused naming the field, and a prior that
     settings cannot build (``SitePrior``) says what to do instead."""
     from twodg_pyro.pipeline import load_config
-    from twodg_pyro.pipeline.config_rules import ConfigError
+    from twodg_pyro.settings import ConfigError
 
     class SettingsStudentT(Prior):
         kind = "test_settings_student_t"

@@ -122,6 +122,7 @@ def test_kl_weight_tempers_the_loss_and_is_reported(tmp_path):
         "stage1": {"epochs": 2, "kl_weight": 0.1, "deterministic_epochs": 1},
         "sharing": {"outlier_rule": "quantile", "n_components": 8, "grad_percentile": 0.0},
         "stage3": {"epochs": 1},
+        "diagnostics": {"enabled": False},  # the table is what this test reads
     }
     path = tmp_path / "c.json"
     path.write_text(json.dumps(cfg))

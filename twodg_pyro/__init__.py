@@ -41,7 +41,7 @@ _EXPORTS: dict[str, str] = {
     "predict": "twodg_pyro.prediction",
     "evaluate": "twodg_pyro.evaluation",
     "build_sharing": "twodg_pyro.sharing.build",
-    "SharingConfig": "twodg_pyro.pipeline.config_sections",
+    "SharingConfig": "twodg_pyro.sharing.config",
     "MergeHook": "twodg_pyro.sharing.hooks",
     "MahalanobisHook": "twodg_pyro.sharing.hooks",
     "save_model": "twodg_pyro.io.model_file",
@@ -84,10 +84,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .infer.trainer import fit
     from .io.model_file import load_model, save_model
     from .likelihoods import Categorical, Gaussian
-    from .pipeline.config_sections import SharingConfig
     from .prediction import predict
     from .priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior
     from .sharing.build import build_sharing
+    from .sharing.config import SharingConfig
     from .sharing.hooks import MahalanobisHook, MergeHook
 
 

@@ -5,6 +5,10 @@ and their options."""
 from __future__ import annotations
 
 import argparse
+import re
+import textwrap
+
+from .pipeline.presets import PRESETS
 
 __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "build_parser"]
 
@@ -16,8 +20,27 @@ EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, wrapping help text at spaces only: a preset's name
+    (``mnist-lenet5-bayes``) stays whole on an 80-column terminal."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        text = re.sub(r"\s+", " ", text).strip()
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
+
+
+def preset_names() -> str:
+    """The presets' names, from the registry (:data:`~twodg_pyro.pipeline.presets.PRESETS`),
+    in its order: ``"digits, mnist-lenet5, ..."`` for the help of every command."""
+    return ", ".join(PRESETS)
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (with where to find the usage)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -116,16 +139,25 @@ def build_parser() -> argparse.ArgumentParser:
         _debug(p)
         return p
 
+    presets = preset_names()
     p = command("run", "the main job: every method on the bundled digits")
-    _run_args(p, "optional config file (TOML/JSON/YAML)")
+    _run_args(
+        p,
+        "optional config file (TOML/JSON/YAML): changes to the digits preset, or to the "
+        f'preset it names with a top-level preset = "NAME" ({presets})',
+    )
     p.add_argument("--methods", nargs="+", default=None, help="subset of methods to run")
     p = command("train", "run a preset and/or the configuration in a config file")
-    _run_args(p, "config file (TOML, JSON or YAML)")
+    _run_args(
+        p,
+        'config file (TOML, JSON or YAML); a top-level preset = "NAME" in it starts from '
+        "that preset",
+    )
     p.add_argument(
         "--preset",
         default=None,
-        help="named settings (digits, mnist-lenet5, mnist-resnet20, cifar10-resnet20, "
-        "cifar10-resnet18); a --config file given too overrides them",
+        metavar="NAME",
+        help=f"named settings, one of: {presets}; a --config file given too overrides them",
     )
     p.add_argument("--root", default=None, help="data folder (sets data.root)")
     p = command("evaluate", "metrics of a saved model file (any method)")

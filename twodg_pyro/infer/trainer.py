@@ -23,6 +23,7 @@ nor writes Pyro's param store (see :mod:`twodg_pyro.pyro_params` for mixing ``fi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyro.poutine as poutine
@@ -129,6 +130,36 @@ def _model_module(program: Callable) -> nn.Module:
     )
 
 
+#: the fields of an epoch's record that the progress bar shows, and their labels: the
+#: loss, the KL term and the median ratio of the posterior scales to their start
+#: (:class:`~twodg_pyro.infer.callbacks.ScaleTrajectory`).  Every other field (the NLL,
+#: beta, the other scale percentiles, ...) stays in ``TrainState.history`` only, so the
+#: bar fits an 80-column terminal.
+BAR_FIELDS: dict[str, str] = {"loss": "loss", "kl": "kl", "sigma_ratio_median": "scale_ratio"}
+# tqdm's bar without the rate (epochs per second; elapsed and remaining tell it)
+_BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+
+
+def _short(value: float) -> str:
+    """A number in at most 4 significant digits and 7 characters: ``4213``, ``12.35k``,
+    ``-1.235M``, ``3.2e-05``."""
+    v = float(value)
+    if not math.isfinite(v):
+        return str(v)  # nan, inf, -inf
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
+        if abs(v) >= scale:
+            return f"{v / (1e3 if suffix == 'k' else scale):.4g}{suffix}"
+    return f"{v:.4g}"
+
+
+def bar_fields(record: Mapping[str, float]) -> str:
+    """The progress bar's text for one epoch's record: the :data:`BAR_FIELDS` it has,
+    ``"loss=12.35k, kl=4213, scale_ratio=1.43"``."""
+    return ", ".join(
+        f"{label}={_short(record[key])}" for key, label in BAR_FIELDS.items() if key in record
+    )
+
+
 def fit(
     model: nn.Module | Callable,
     guide: nn.Module,
@@ -163,7 +194,8 @@ def fit(
         device: where the minibatches are moved.
         optimizer: a ``torch.optim.Optimizer`` class.
         clip_norm: optional gradient-norm clipping.
-        progress: show a tqdm bar with the ELBO terms.
+        progress: show a tqdm bar with the loss, the KL term and the median scale ratio
+            (:data:`BAR_FIELDS`; every field of an epoch stays in ``state.history``).
         state: a state to continue from (resume); its optimiser is reused.
         step: the step strategy (default: this process, :class:`TrainingStep`; under
             ``torch.distributed``: :func:`~twodg_pyro.distributed.fit_distributed`).
@@ -202,6 +234,7 @@ def fit(
         desc="SVI",
         disable=not (progress and step.is_main),
         leave=False,
+        bar_format=_BAR_FORMAT,
     )
     try:
         while state.epoch < state.epochs and not state.stop:
@@ -230,7 +263,7 @@ def fit(
                     state.stop = True
             step.after_callbacks(state, callbacks)
             bar.update(1)
-            bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k != "epoch"})
+            bar.set_postfix_str(bar_fields(record))
         step.before_train_end(state)
         for cb in callbacks:
             cb.on_train_end(state)

@@ -1,21 +1,36 @@
-"""Algorithm 1 end to end, its settings, and the results table."""
+"""Algorithm 1 end to end, its settings, and the results table.
 
-from .config import (
-    ConfigError,
-    DataConfig,
-    NetworkConfig,
-    PriorConfig,
-    RunConfig,
-    SharingConfig,
-    Stage1Config,
-    Stage3Config,
-    config_from_dict,
-    load_config,
-)
-from .data_parallel import run_distributed
-from .results import format_table, read_results, write_results
-from .run_folder import RunFolder, RunFolderError, RunFolderLocked
-from .runner import run
+The names load on first use (PEP 562, as ``twodg_pyro``'s): importing one module of the
+package, such as the preset registry :mod:`twodg_pyro.pipeline.presets` that the command
+line's help lists, does not import torch and the whole pipeline.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: exported name -> the module that defines or re-exports it
+_EXPORTS: dict[str, str] = {
+    "ConfigError": "twodg_pyro.pipeline.config",
+    "DataConfig": "twodg_pyro.pipeline.config",
+    "NetworkConfig": "twodg_pyro.pipeline.config",
+    "PriorConfig": "twodg_pyro.pipeline.config",
+    "RunConfig": "twodg_pyro.pipeline.config",
+    "SharingConfig": "twodg_pyro.pipeline.config",
+    "Stage1Config": "twodg_pyro.pipeline.config",
+    "Stage3Config": "twodg_pyro.pipeline.config",
+    "config_from_dict": "twodg_pyro.pipeline.config",
+    "load_config": "twodg_pyro.pipeline.config",
+    "run_distributed": "twodg_pyro.pipeline.data_parallel",
+    "format_table": "twodg_pyro.pipeline.results",
+    "read_results": "twodg_pyro.pipeline.results",
+    "write_results": "twodg_pyro.pipeline.results",
+    "RunFolder": "twodg_pyro.pipeline.run_folder",
+    "RunFolderError": "twodg_pyro.pipeline.run_folder",
+    "RunFolderLocked": "twodg_pyro.pipeline.run_folder",
+    "run": "twodg_pyro.pipeline.runner",
+}
 
 __all__ = [
     "ConfigError",
@@ -37,3 +52,34 @@ __all__ = [
     "run_distributed",
     "write_results",
 ]
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from .config import (
+        ConfigError,
+        DataConfig,
+        NetworkConfig,
+        PriorConfig,
+        RunConfig,
+        SharingConfig,
+        Stage1Config,
+        Stage3Config,
+        config_from_dict,
+        load_config,
+    )
+    from .data_parallel import run_distributed
+    from .results import format_table, read_results, write_results
+    from .run_folder import RunFolder, RunFolderError, RunFolderLocked
+    from .runner import run
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'twodg_pyro.pipeline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -14,7 +14,7 @@ from ..bnn import BNNModel
 from ..data import DataSplit, load_dataset, make_loader
 from ..likelihoods import Categorical
 from ..priors import Prior, prior_class
-from .config_rules import ConfigError
+from ..settings import ConfigError
 from .config_sections import DataConfig, NetworkConfig, PriorConfig, torch_dtype
 
 

@@ -94,7 +94,7 @@ def check_split(split) -> None:
 
 def check_sharing_sizes(sharing, net: torch.nn.Module) -> None:
     r"""Validate the 2DG sizes of ``sharing`` (a
-    :class:`~twodg_pyro.pipeline.config.SharingConfig`) against the network's
+    :class:`~twodg_pyro.sharing.SharingConfig`) against the network's
     :math:`n_w` Bayesian weights (those of :func:`~twodg_pyro.nn.find_sites`, as the run's
     model takes them), before stage 1 trains.
 

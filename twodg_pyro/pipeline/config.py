@@ -13,8 +13,9 @@ settings (:mod:`~twodg_pyro.pipeline.presets`), the file's other settings overri
 
 This module is the settings' home: :class:`RunConfig` (the top level of a config
 file) and reading it from files and dicts.  The rules a setting obeys are in
-:mod:`.config_rules`; the sections, one per table of the file, in
-:mod:`.config_sections` (data, network, prior, the stages), :mod:`.config_methods`
+:mod:`twodg_pyro.settings`; the sections, one per table of the file, in
+:mod:`.config_sections` (data, network, prior, the stages; ``[sharing]`` is the 2DG
+method's own :class:`~twodg_pyro.sharing.SharingConfig`), :mod:`.config_methods`
 (the compared methods: each is the section of a method of the registry,
 :data:`~twodg_pyro.pipeline.context.METHOD_REGISTRY`) and :mod:`.config_evaluation`
 (uncertainty, diagnostics); all are importable from here.
@@ -24,20 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, get_args, get_origin, get_type_hints
 
-from .config_evaluation import DiagnosticsConfig, UncertaintyConfig
-from .config_methods import (
-    EnsembleConfig,
-    LaplaceConfig,
-    MatchedDeterministicConfig,
-    Rank1Config,
-    SSVIConfig,
-)
-from .config_rules import (
+from ..settings import (
     BOOLEAN,
     DEVICE,
     INT64_LIMIT,
@@ -50,12 +45,20 @@ from .config_rules import (
     one_of,
     require,
 )
+from ..sharing.config import SharingConfig
+from .config_evaluation import DiagnosticsConfig, UncertaintyConfig
+from .config_methods import (
+    EnsembleConfig,
+    LaplaceConfig,
+    MatchedDeterministicConfig,
+    Rank1Config,
+    SSVIConfig,
+)
 from .config_sections import (
     DTYPES,
     DataConfig,
     NetworkConfig,
     PriorConfig,
-    SharingConfig,
     Stage1Config,
     Stage3Config,
     torch_dtype,
@@ -88,6 +91,7 @@ __all__ = [
     "torch_dtype",
     "load_config",
     "config_from_dict",
+    "MAX_NESTING",
 ]
 
 #: the methods a run trains and evaluates: the registry's, in the order they run
@@ -247,6 +251,98 @@ def _read_text(path: Path) -> str:
     return text
 
 
+#: the deepest nesting of tables and lists a config file may have: the settings are
+#: sections (tables) of values, a few of them lists (``network.hidden``), 3 levels at most;
+#: the room above that is generous, and a file far deeper (100,000 levels) would
+#: otherwise reach Python's recursion limit in the parsers, an unexpected failure
+MAX_NESTING = 16
+
+# a TOML key part (bare or quoted), and a dotted key (or table header) of more parts than
+# MAX_NESTING where a key starts (a line, or after "[", "{" or ","): tomllib reads such a
+# key in time quadratic in its parts (minutes for 100,000), so it is refused before parsing
+_TOML_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
+_TOML_DEEP_KEY = re.compile(
+    rf"(?:^|(?<=[\[{{,]))[ \t]*{_TOML_PART}(?:[ \t]*\.[ \t]*{_TOML_PART}){{{MAX_NESTING},}}+",
+    re.MULTILINE,
+)
+
+
+def _too_deep(where: str, nesting: str) -> ConfigError:
+    return ConfigError(
+        f"config file {where!r} is nested too deeply ({nesting}): a config file nests "
+        f"tables and lists at most {MAX_NESTING} levels deep (its settings need 3)"
+    )
+
+
+def _nesting(values) -> tuple[int, str]:
+    """How deep tables and lists nest in parsed settings (a scalar: 0, ``{"a": 1}``: 1),
+    and the path to the deepest (``"stage1.a[0]"``); without recursion, each shared
+    object (a YAML alias) measured once."""
+    height: dict[int, int] = {}
+    stack = [(values, False)]
+    while stack:
+        node, done = stack.pop()
+        if not isinstance(node, (dict, list)) or (id(node) in height and not done):
+            continue
+        children = list(node.values() if isinstance(node, dict) else node)
+        if done:
+            inner = [height.get(id(c), 0) for c in children if isinstance(c, (dict, list))]
+            height[id(node)] = 1 + max(inner, default=0)
+        else:
+            height[id(node)] = 0  # a cycle (an alias of an ancestor) ends here
+            stack.append((node, True))
+            stack.extend((c, False) for c in children)
+    path, node = "", values
+    for _ in range(MAX_NESTING + 1):  # down the deepest branch, for the message
+        if not isinstance(node, (dict, list)):
+            break
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        deeper = [(k, v) for k, v in items if isinstance(v, (dict, list))]
+        if not deeper:
+            break
+        key, node = max(deeper, key=lambda kv: height.get(id(kv[1]), 0))
+        path += f".{key}" if isinstance(key, str) else f"[{key}]"
+    return (height.get(id(values), 0) if isinstance(values, (dict, list)) else 0), path[1:]
+
+
+def _parse(text: str, suffix: str, where: str):
+    """The settings in a config file's ``text`` (by its ``suffix``), or a
+    :class:`ConfigError` naming the file: unparseable, or nested more than
+    :data:`MAX_NESTING` levels deep."""
+    if suffix == ".toml" and (deep := _TOML_DEEP_KEY.search(text)):
+        line = text.count("\n", 0, deep.start()) + 1
+        raise _too_deep(where, f"a dotted key of more than {MAX_NESTING} parts on line {line}")
+    try:
+        if suffix == ".toml":
+            values = tomllib.loads(text)
+        elif suffix == ".json":
+            values = json.loads(text)
+        else:
+            try:
+                import yaml
+            except ImportError as e:
+                raise ConfigError("YAML configs need PyYAML (pip install pyyaml)") from e
+            try:
+                values = yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                raise ConfigError(
+                    f"config file {where!r} cannot be parsed: {' '.join(str(e).split())}"
+                ) from e
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"config file {where!r} cannot be parsed: {e}") from e
+    except RecursionError:
+        # the parsers recurse once per level; the error's own text says only "maximum
+        # recursion depth exceeded"
+        limit = sys.getrecursionlimit()
+        raise _too_deep(
+            where, f"tables or lists inside each other past Python's recursion limit, {limit}"
+        ) from None
+    depth, path = _nesting(values)
+    if depth > MAX_NESTING:
+        raise _too_deep(where, f"{depth} levels, down {path}")
+    return values
+
+
 def load_config(
     path: str | Path, overrides: dict | None = None, base: dict | None = None
 ) -> RunConfig:
@@ -272,25 +368,7 @@ def load_config(
         raise ConfigError(
             f"config file {where!r}: unknown format {suffix!r} (use .toml, .json or .yaml)"
         )
-    text = _read_text(path)
-    try:
-        if suffix == ".toml":
-            values = tomllib.loads(text)
-        elif suffix == ".json":
-            values = json.loads(text)
-        else:
-            try:
-                import yaml
-            except ImportError as e:
-                raise ConfigError("YAML configs need PyYAML (pip install pyyaml)") from e
-            try:
-                values = yaml.safe_load(text)
-            except yaml.YAMLError as e:
-                raise ConfigError(
-                    f"config file {where!r} cannot be parsed: {' '.join(str(e).split())}"
-                ) from e
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"config file {where!r} cannot be parsed: {e}") from e
+    values = _parse(_read_text(path), suffix, where)
     if (values is None or values == {}) and base is None:
         raise ConfigError(
             f"config file {where!r} sets nothing: an empty config would silently run the "

@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
-from ..uncertainty import BUILTIN_OOD_SETS, CORRUPTIONS, FOLDER_OOD_SETS, SEVERITIES
-from .config_rules import (
+from ..settings import (
     BOOLEAN,
     FOLDER,
     Section,
@@ -19,6 +18,7 @@ from .config_rules import (
     positive,
     require,
 )
+from ..uncertainty import BUILTIN_OOD_SETS, CORRUPTIONS, FOLDER_OOD_SETS, SEVERITIES
 
 
 @dataclass

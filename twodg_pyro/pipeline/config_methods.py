@@ -11,7 +11,7 @@ from typing import Annotated, ClassVar
 from ..baselines.laplace import LaplaceHessian, LaplacePredictive, LaplaceSubset, PriorStructure
 from ..guides.rank1 import InitMean, Rank1PriorKind, Routing
 from ..guides.ssvi_subspace import AdditionCriterion, RemovalCriterion
-from .config_rules import UNIT, Section, at_least, in_range, optional_at_least, positive, require
+from ..settings import UNIT, Section, at_least, in_range, optional_at_least, positive, require
 
 
 @dataclass

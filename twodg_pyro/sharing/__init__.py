@@ -1,5 +1,6 @@
 """Weight sharing: outliers, the sharing structure, its construction and refinement, and
-the stage-3 refinement hooks that apply it to a trained guide."""
+the stage-3 refinement hooks that apply it to a trained guide; the method's settings,
+:class:`SharingConfig`, are here too."""
 
 from .build import (
     Inliers,
@@ -19,6 +20,7 @@ from .build import (
     reduce_cluster_sizes,
     weight_points,
 )
+from .config import SharingConfig
 from .hooks import MahalanobisHook, MergeHook
 from .outliers import OutlierReport, mean_gradients, select_outliers
 from .refine import apply_mapping, drop_small_components, hard_assign, reassign
@@ -30,6 +32,7 @@ __all__ = [
     "MahalanobisHook",
     "MergeHook",
     "OutlierReport",
+    "SharingConfig",
     "SharingStructure",
     "SiteLayout",
     "WeightPoints",

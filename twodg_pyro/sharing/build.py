@@ -372,7 +372,7 @@ def build_sharing(
         model: the :class:`~twodg_pyro.bnn.BNNModel`.
         guide: the trained :class:`~twodg_pyro.guides.MeanFieldGuide`.
         data: minibatches for the gradient rule.
-        cfg: a :class:`~twodg_pyro.pipeline.config.SharingConfig`.
+        cfg: the method's settings, a :class:`~twodg_pyro.sharing.SharingConfig`.
         seed: seed of the mixture fit (and of its subsample, ``cfg.gmm_max_points``).
         progress: tqdm bars for the mixture fit, the merging and the Mahalanobis step.
         mixture: the mixture class (default :class:`~twodg_pyro.gmm.GaussianMixture2D`;

@@ -3,9 +3,10 @@
 A field of a section carries its rules in its type, ``Annotated[type, rule, ...]``; a
 ``Literal[...]`` type is the rule "one of its values".  A broken rule raises
 :class:`ConfigError` naming the setting and its value (``sharing.gmm_max_iter = -1:
-must be an integer >= 1``).  The sections themselves, one per table of the config
-file, are in :mod:`.config_sections`, :mod:`.config_methods` and
-:mod:`.config_evaluation`; :mod:`.config` reads the files.
+must be an integer >= 1``).  The sections live with what they configure: the 2DG
+method's in :mod:`twodg_pyro.sharing.config`, the application's, one per table of the
+config file, in :mod:`twodg_pyro.pipeline.config_sections`, ``config_methods`` and
+``config_evaluation``; :mod:`twodg_pyro.pipeline.config` reads the files.
 """
 
 from __future__ import annotations

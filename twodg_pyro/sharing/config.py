@@ -1,0 +1,100 @@
+"""The 2DG method's settings: outliers, the 2-D mixture and its refinement (stage 1
+steps 3-5 and stage 2 of Algorithm 1), read by :func:`~twodg_pyro.sharing.build_sharing`
+and the refinement hooks.
+
+They belong to the method, not to the application on top: the pipeline's config table
+``[sharing]`` is this class as it is (:mod:`twodg_pyro.pipeline.config_sections`), and
+``tp.SharingConfig`` is this class too.  Every threshold of the paper (spec section 4)
+is a field with the paper's value as default; a bad value raises
+:class:`~twodg_pyro.settings.ConfigError` naming it (``sharing.gmm_max_iter = -1: must
+be an integer >= 1``), when the settings are built.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, ClassVar
+
+from ..gmm.merging import MergeRule, MergeTest
+from ..settings import (
+    BOOLEAN,
+    FRACTION,
+    POSITIVE_OR_INF,
+    Section,
+    at_least,
+    finite_at_least_zero,
+    in_range,
+    optional,
+    positive,
+    require,
+)
+from .outliers import OutlierRule
+from .structure import Coordinates
+
+__all__ = ["SharingConfig"]
+
+
+@dataclass
+class SharingConfig(Section):
+    """Outliers, the 2-D mixture and its refinement (stage 1 steps 3-5, stage 2).
+
+    Thresholds, each with one name (spec section 4): ``tau_w`` (the absolute mean rule),
+    ``grad_percentile`` (:math:`P_g`), ``n_min`` (:math:`N_\\min`), ``mahalanobis_threshold``
+    (:math:`T_M`), ``tau_d`` (:math:`T_W`, on :math:`W_2`), ``tau_g`` and ``tau_v`` (the
+    merge's gradient and variance tests; ``inf`` skips them)."""
+
+    section: ClassVar[str] = "sharing"
+    coordinates: Coordinates = "sigma"
+    outlier_rule: OutlierRule = "absolute"
+    tau_w: Annotated[float, positive()] = 0.2
+    mu_quantile: Annotated[float, in_range(0, 1, (False, False))] = 0.99
+    layer_std_multiple: Annotated[float, positive()] = 3.0
+    grad_percentile: Annotated[float, FRACTION] = 0.01
+    grad_batches: Annotated[int, at_least(1)] = 4
+    n_components: Annotated[int, at_least(1)] = 2000
+    gmm_batch_size: Annotated[
+        int | None,
+        optional(
+            at_least(1),
+            "must be an integer >= 1 (points per EM mini-batch), or absent for full batches",
+        ),
+    ] = None
+    gmm_max_iter: Annotated[int, at_least(1)] = 100
+    #: fit the mixture to a seeded random subsample of at most this many inlier points
+    #: (every inlier is still assigned by the fitted mixture); absent: all of them
+    gmm_max_points: Annotated[
+        int | None,
+        optional(
+            at_least(1),
+            "must be an integer >= n_components, or absent to fit the mixture to all inlier points",
+        ),
+    ] = None
+    n_min: Annotated[int, at_least(0)] = 20
+    mahalanobis_threshold: Annotated[float, positive()] = 5.991
+    k_nearest: Annotated[int, at_least(1)] = 5
+    merge_rule: MergeRule = "paper"
+    merge_test: MergeTest = "both"
+    tau_d: Annotated[float, finite_at_least_zero("must be a number >= 0")] = 1e-2
+    tau_g: Annotated[float, POSITIVE_OR_INF] = math.inf
+    tau_v: Annotated[float, POSITIVE_OR_INF] = math.inf
+    use_outliers: Annotated[bool, BOOLEAN] = True
+    use_ellipses: Annotated[bool, BOOLEAN] = True
+    use_merging: Annotated[bool, BOOLEAN] = True
+
+    def _check(self) -> None:
+        require(
+            self.k_nearest <= self.n_components,
+            "sharing.k_nearest",
+            self.k_nearest,
+            f"must be an integer <= n_components ({self.n_components}): a point far from "
+            "its component is blended from its k nearest components",
+        )
+        if self.gmm_max_points is not None:
+            require(
+                self.gmm_max_points >= self.n_components,
+                "sharing.gmm_max_points",
+                self.gmm_max_points,
+                f"must be an integer >= n_components ({self.n_components}), or absent to fit "
+                "the mixture to all inlier points",
+            )
