@@ -123,6 +123,7 @@ def _write_model_files(writer: StepWriter, art, cfg, trained: dict, baselines: d
     own = {
         "deterministic_matched": 1,
         "ensemble": getattr(baselines.get("ensemble"), "num_members", 0),
+        "mcmc": getattr(baselines.get("mcmc"), "num_draws", 0),
     }
     for method, obj in {**trained, **baselines}.items():
         n = own.get(method)
