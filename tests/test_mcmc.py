@@ -209,7 +209,7 @@ def test_the_report_and_the_tree_of_the_chains():
 
     assert {"posterior", "sample_stats", "predictions"} <= set(group_names(tree))
     assert group(tree, "posterior")["0.weight"].shape == (2, 50, 2, 3)
-    assert group(tree, "sample_stats")["diverging"].dtype == bool
+    assert group(tree, "sample_stats")["diverging"].values.tolist() == [[0] * 50] * 2
     assert group(tree, "predictions")["probs"].shape == (2, 50, 5, 2)
 
 
@@ -253,3 +253,35 @@ def test_the_run_settings_have_an_mcmc_section():
         config_from_dict({"mcmc": {"num_samples": 5, "thin": 9}})
     with pytest.raises(ConfigError, match="mcmc.kernel"):
         config_from_dict({"mcmc": {"kernel": "gibbs"}})
+
+
+def test_evaluate_and_diagnose_an_mcmc_model_file(tmp_path, capsys):
+    import json
+
+    from twodg_pyro.cli import main
+    from twodg_pyro.data.digits import load_digits_split
+    from twodg_pyro.io import save_baseline
+    from twodg_pyro.models import MLP
+
+    split = load_digits_split(seed=0)
+    x, y = (t[:120] for t in split.train.tensors)
+    torch.manual_seed(0)
+    model = BNNModel(MLP(64, (3,), 10), likelihood=len(y))
+    post = run_mcmc(model, (x, y), num_samples=12, warmup_steps=8, num_chains=2, max_tree_depth=3)
+    evaluation = {"num_samples": post.num_draws, "seed": 0, "data": {"name": "digits"}}
+    spec = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [3], "num_classes": 10}}
+    path = save_baseline(tmp_path / "model_mcmc.pt", post, spec, evaluation, method="mcmc")
+    assert main(["evaluate", str(path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["method"] == "mcmc" and result["num_samples"] == 24
+    folder = tmp_path / "diag"
+    assert main(["diagnose", str(path), "--out", str(folder), "--max-examples", "20"]) == 0
+    printed = capsys.readouterr().out
+    assert "MCMC (nuts): 2 chains x 12 kept draws" in printed
+    assert "predictive probabilities" in printed
+    report = json.loads((folder / "diagnostics.json").read_text())
+    assert report["errors"] == {}
+    assert report["mcmc"]["predictive"]["n_values"] == 20 * 10
+    assert report["metrics"]["accuracy"] == pytest.approx(result["accuracy"])
+    for name in ("mcmc_trace.png", "mcmc_trace_rank.png", "inference_data_mcmc.nc"):
+        assert (folder / name).stat().st_size > 1000, name

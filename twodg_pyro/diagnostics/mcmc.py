@@ -56,8 +56,9 @@ def mcmc_tree(posterior, x=None, max_examples: int | None = None):
     """The ArviZ tree of the chains (``DataTree`` on ArviZ 1.x, ``InferenceData`` on 0.x):
 
     * ``posterior``: each site's draws ``(chain, draw, *site.shape)``;
-    * ``sample_stats``: ``diverging`` (bool), ``tree_depth``, ``n_steps``, ``step_size``,
-      ``energy``, ``lp`` (the log density), ``acceptance_rate``;
+    * ``sample_stats``: ``diverging`` (0 / 1: netCDF files hold no booleans),
+      ``tree_depth``, ``n_steps``, ``step_size``, ``energy``, ``lp`` (the log density),
+      ``acceptance_rate``;
     * with inputs ``x``: ``predictions``, ``probs`` ``(chain, draw, example, class)``,
       the class probabilities of every draw on the first ``max_examples`` inputs.
 
@@ -72,13 +73,17 @@ def mcmc_tree(posterior, x=None, max_examples: int | None = None):
     stats = {}
     for key, name in _STATS.items():
         v = _np(posterior.sample_stats[key])
-        stats[name] = v.astype(bool) if key == "diverging" else v
+        stats[name] = v.astype(np.int8) if key == "diverging" else v  # netCDF has no bool
     groups = {"posterior": post, "sample_stats": stats}
     if x is not None:
         probs = _np(posterior.chain_probs(_head(x, max_examples)))
         groups["predictions"] = {"probs": probs}
         dims["probs"] = ["example", "class"]
-    attrs = {k: v for k, v in posterior.settings.items() if isinstance(v, (int, float, str))}
+    attrs = {  # netCDF attributes: numbers and strings (booleans as 0 / 1)
+        k: int(v) if isinstance(v, bool) else v
+        for k, v in posterior.settings.items()
+        if isinstance(v, (int, float, str))
+    }
     attrs["inference_library"] = "pyro"
     return build_tree(groups, set(groups), coords, dims, attrs)
 

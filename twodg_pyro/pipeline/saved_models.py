@@ -340,7 +340,12 @@ def diagnose_mcmc_file(
         "method": d["header"].get("method", "mcmc"),
         "data": d["data"],
         "metrics": metrics,
-        "draws": {"num_samples": post.num_draws, "n_examples": len(split.test), "split": "test"},
+        "draws": {
+            "num_samples": post.num_draws,
+            "seed": post.settings.get("seed"),
+            "n_examples": len(split.test),
+            "split": "test",
+        },
     }
     rep = writer.step("mcmc_report", lambda: mcmc_report(post, probs=probs))
     if rep is not None:
