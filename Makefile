@@ -14,7 +14,7 @@ OUT ?= runs/demo
 PYTHON_ARVIZ1 ?= $(shell for p in python3.12 python3.13 $$HOME/.pyenv/versions/3.12*/bin/python3 $$HOME/.pyenv/versions/3.13*/bin/python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; done)
 VENV_ARVIZ1 ?= .venv-arviz1
 STAMP_ARVIZ1 := $(VENV_ARVIZ1)/.installed-stamp
-ARVIZ1_TESTS ?= tests/test_arviz_tree.py tests/test_diagnostics.py tests/test_diagnostics_budget.py tests/test_readme.py tests/test_uncertainty_run.py
+ARVIZ1_TESTS ?= tests/test_arviz_tree.py tests/test_diagnostics.py tests/test_diagnostics_budget.py tests/test_mcmc.py tests/test_readme.py tests/test_uncertainty_run.py
 
 .PHONY: demo test test-all test-arviz1 lint docs bench install
 

@@ -2,9 +2,10 @@
 those of each guide of ``GUIDES`` in that order, executed in one namespace (as a reader
 pastes them into one session: the guides' blocks use the README example's model, guides
 and data), in a scratch folder (about 10 s here: the README's own epochs, the main job's).
-So does the worked ArviZ example, docs/arviz.md (its own namespace: it trains its own
-small run).  The README is a front page of at most 300 lines; the docs build itself
-(Sphinx, warnings as errors) is ``make docs``, which ``make test`` runs."""
+So do the worked ArviZ example, docs/arviz.md, and the MCMC one, docs/mcmc.md (each its
+own namespace: it trains its own small run).  The README is a front page of at most 300
+lines; the docs build itself (Sphinx, warnings as errors) is ``make docs``, which ``make
+test`` runs."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pyro
 README = Path(__file__).resolve().parents[1] / "README.md"
 DOCS = README.parent / "docs"
 ARVIZ_DOC = DOCS / "arviz.md"
+MCMC_DOC = DOCS / "mcmc.md"
 #: the guides whose python blocks continue the README's session, in the order they run
 GUIDES = ("library.md", "model-files.md", "baselines.md", "diagnostics.md", "uncertainty.md")
 README_MAX_LINES = 300
@@ -30,7 +32,7 @@ def python_blocks(text: str) -> list[str]:
 def test_readme_is_a_front_page():
     text = README.read_text()
     assert len(text.splitlines()) <= README_MAX_LINES
-    for page in (*GUIDES, "arviz.md", "api.md"):
+    for page in (*GUIDES, "arviz.md", "mcmc.md", "api.md"):
         assert f"](docs/{page})" in text, page  # the "read on" list links every page
 
 
@@ -38,7 +40,7 @@ def test_every_guide_with_python_blocks_runs():
     """A guide's python blocks run: it is in GUIDES (or it is docs/arviz.md), and every
     page is in the docs' table of contents."""
     with_blocks = {p.name for p in DOCS.glob("*.md") if python_blocks(p.read_text())}
-    assert with_blocks == {*GUIDES, ARVIZ_DOC.name}
+    assert with_blocks == {*GUIDES, ARVIZ_DOC.name, MCMC_DOC.name}
     index = (DOCS / "index.md").read_text()
     for page in DOCS.glob("*.md"):
         assert page.name == "index.md" or f"\n{page.stem}\n" in index, page.name
@@ -97,3 +99,16 @@ def test_arviz_doc_python_blocks_run_as_pasted(tmp_path, monkeypatch):
     assert set(namespace["table"].index) == {"2dg", "mean_field"}
     kinds = {b["kind"] for b in namespace["blocks"]["blocks"]}
     assert kinds == {"layer", "outliers", "component"}
+
+
+def test_mcmc_doc_python_blocks_run_as_pasted(tmp_path, monkeypatch):
+    """docs/mcmc.md's worked example: NUTS chains on a small network, their report, a
+    fidelity score and the model file."""
+    monkeypatch.chdir(tmp_path)
+    namespace = run_blocks(MCMC_DOC)
+    assert namespace["posterior"].draws.shape == (2, 30, 650)
+    assert namespace["accuracy"] > 0.75
+    report = namespace["report"]
+    assert report["predictive"]["n_values"] == 50 * 10
+    assert 0 <= namespace["scores"]["tv"] < 1
+    assert (tmp_path / "model_mcmc.pt").is_file()

@@ -336,6 +336,8 @@ def _diagnose(args, ctx: dict) -> int:
     )
     vi, loo = report.get("vi") or {}, report.get("loo") or {}
     metrics = report.get("metrics") or {}
+    for line in report.get("mcmc_lines") or ():
+        print(line)
     if metrics:
         print(
             f"{report.get('method')}: accuracy {_num(metrics.get('accuracy'), '.4f')}, "

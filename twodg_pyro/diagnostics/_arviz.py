@@ -226,6 +226,37 @@ def compare_table(elpds: dict):
         return az.compare(elpds, ic="loo", method="pseudo-BMA")
 
 
+# ---------------------------------------------------------------------------- chains
+def chain_stats(values: np.ndarray) -> dict[str, np.ndarray]:
+    """ArviZ's convergence statistics of draws ``values`` of shape ``(chain, draw, ...)``,
+    one per trailing entry: ``rhat`` (rank-normalised split R-hat, Vehtari et al. 2021),
+    ``ess_bulk`` and ``ess_tail`` (of all chains together), each of shape ``values.shape[2:]``
+    (NaN where a value is constant: R-hat is undefined there)."""
+    values = np.asarray(values, dtype=float)
+    if values.ndim < 2:
+        raise ValueError(f"chain_stats needs (chain, draw, ...) values, got shape {values.shape}")
+    trailing = values.shape[2:]
+    flat = values.reshape(*values.shape[:2], -1)
+    with quiet():
+        if DATATREE:
+            ary = np.moveaxis(flat, (0, 1), (-2, -1))  # (..., chain, draw)
+            out = {
+                "rhat": array_stats.rhat(ary, chain_axis=-2, draw_axis=-1, method="rank"),
+                "ess_bulk": array_stats.ess(ary, chain_axis=-2, draw_axis=-1, method="bulk"),
+                "ess_tail": array_stats.ess(  # 0.x's default quantiles, 5 % and 95 %
+                    ary, chain_axis=-2, draw_axis=-1, method="tail", prob=(0.05, 0.95)
+                ),
+            }
+        else:
+            ds = xr.Dataset({"v": (("chain", "draw", "i"), flat)})
+            out = {
+                "rhat": az.rhat(ds, method="rank")["v"].values,
+                "ess_bulk": az.ess(ds, method="bulk")["v"].values,
+                "ess_tail": az.ess(ds, method="tail")["v"].values,
+            }
+    return {k: np.asarray(v, dtype=float).reshape(trailing) for k, v in out.items()}
+
+
 # ---------------------------------------------------------------------------- summaries, file
 def summary(tree, var_names: list[str] | None = None, **kwargs):
     """ArviZ's posterior summary of the tree (``arviz_stats.summary`` / ``az.summary``: a

@@ -13,7 +13,7 @@ method                    guide                                         file (he
 ``ssvi``                  :class:`~twodg_pyro.guides.SSVIGuide`         ``twodg_pyro.BNN``
 ``2dg``                   :class:`~twodg_pyro.guides.SharedGMMGuide`    ``twodg_pyro.SharedGMMBNN``
 compact 2DG / INT8 MF     (``.2dgz``, :mod:`.compact`)                  magic bytes ``2DGZ``
-ensemble, laplace, ...    :func:`save_baseline` (not a BNN)             ``twodg_pyro.Baseline``
+ensemble, laplace, mcmc  :func:`save_baseline` (not a guide)           ``twodg_pyro.Baseline``
 ========================  ============================================  ======================
 
 The files' layout and versions, and the registry of the methods' file support (a new
@@ -47,7 +47,14 @@ from .model_format import (
     state_tensors,
     write_model_file,
 )
-from .specs import rebuild_network
+from .specs import (
+    likelihood_spec,
+    prior_spec,
+    rebuild_bnn_model,
+    rebuild_likelihood,
+    rebuild_network,
+    rebuild_prior,
+)
 
 __all__ = [
     "BASELINE_FILE_KIND",
@@ -63,7 +70,7 @@ __all__ = [
 ]
 
 BASELINE_FILE_KIND = BASELINE_FORMAT.kind
-_BASELINES = ("ensemble", "laplace", "network")
+_BASELINES = ("ensemble", "laplace", "mcmc", "network")
 
 
 def save_model(
@@ -216,16 +223,20 @@ def save_baseline(
     """
     from ..baselines.ensemble import Ensemble
     from ..baselines.laplace import LaplacePosterior
+    from ..infer.mcmc import MCMCPosterior
 
     if isinstance(obj, Ensemble):
         kind = "ensemble"
     elif isinstance(obj, LaplacePosterior):
         kind = "laplace"
+    elif isinstance(obj, MCMCPosterior):
+        kind = "mcmc"
     elif isinstance(obj, nn.Module) and not hasattr(obj, "site_names"):
         kind = "network"
     else:
         raise TypeError(
-            f"save_baseline stores an Ensemble, a LaplacePosterior or a plain network, got "
+            f"save_baseline stores an Ensemble, a LaplacePosterior, an MCMCPosterior or a plain "
+            f"network, got "
             f"{type(obj).__name__} (a BNN's model and guide: twodg_pyro.io.save_model)"
         )
     net = obj.net if kind != "network" else obj
@@ -242,6 +253,20 @@ def save_baseline(
             payload.update(state_tensors(member, f"member/{m}/"))
     else:
         payload.update(state_tensors(net, "net/"))
+    if kind == "mcmc":
+        prior, prior_tensors = prior_spec(obj.model.prior, obj.model)
+        fields["mcmc"] = {
+            "site_names": obj.model.site_names,
+            "prior": prior,
+            "likelihood": likelihood_spec(obj.model.likelihood),
+            "settings": obj.settings,
+            "stats": sorted(obj.sample_stats),
+        }
+        payload["mcmc/draws"] = obj.draws.detach().cpu().clone()
+        for name, value in obj.sample_stats.items():
+            payload[f"mcmc/stats/{name}"] = value.detach().cpu().clone()
+        for name, value in prior_tensors.items():
+            payload[f"prior/{name}"] = value
     if kind == "laplace":
         fields["laplace"] = {
             "subset": obj.subset,
@@ -297,6 +322,8 @@ def load_baseline(path: str | Path, net: nn.Module | None = None, device="cpu"):
     network = rebuild_network(header, net, payload_section(payload, "net/"), where)
     if kind == "network":
         return network.eval().to(device)
+    if kind == "mcmc":
+        return _load_mcmc(header["mcmc"], payload, network, where).to(device)
     la = header["laplace"]
     try:
         if la["hessian"] == "diag":
@@ -324,6 +351,24 @@ def load_baseline(path: str | Path, net: nn.Module | None = None, device="cpu"):
     return post.to(device)
 
 
+def _load_mcmc(mc: dict, payload: dict, network: nn.Module, where: str):
+    """The :class:`~twodg_pyro.infer.mcmc.MCMCPosterior` of a baseline file's ``mcmc``
+    table and tensors, over the rebuilt ``network``."""
+    from ..infer.mcmc import MCMCPosterior
+
+    prior = rebuild_prior(mc["prior"], network, where, payload_section(payload, "prior/"))
+    model = rebuild_bnn_model(
+        network, prior, rebuild_likelihood(mc["likelihood"]), mc["site_names"], where
+    )
+    try:
+        stats = {name: payload[f"mcmc/stats/{name}"] for name in mc["stats"]}
+        return MCMCPosterior(model, payload["mcmc/draws"], stats, mc["settings"])
+    except (KeyError, ValueError) as e:
+        raise ValueError(
+            f"{where!r}: its MCMC draws do not fit the saved network: {type(e).__name__}: {e}"
+        ) from e
+
+
 def _check_header(header: dict, where: str) -> None:
     def bad(field: str, what: str) -> ValueError:
         return header_error(header, where, field, what)
@@ -338,6 +383,15 @@ def _check_header(header: dict, where: str) -> None:
         isinstance(members, bool) or not isinstance(members, int) or members < 1
     ):
         raise bad("members", "is not an integer >= 1")
+    mc = header.get("mcmc")
+    if header["baseline"] == "mcmc" and not (
+        isinstance(mc, dict)
+        and isinstance(mc.get("site_names"), list)
+        and isinstance(mc.get("settings"), dict)
+        and isinstance(mc.get("stats"), list)
+        and isinstance(mc.get("likelihood"), dict)
+    ):
+        raise bad("mcmc", "is not a table of the chains' sites, settings and statistics")
     la = header.get("laplace")
     if header["baseline"] == "laplace" and not (
         isinstance(la, dict)

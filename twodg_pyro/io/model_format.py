@@ -35,16 +35,21 @@ structure, and ``site_names`` follows the network spec.
 **A baseline's file** (``kind = "twodg_pyro.Baseline"``, format version 1,
 :data:`BASELINE_FORMAT`): a deep ensemble, a post-hoc Laplace approximation (nothing of
 laplace-torch is pickled: its network plus the fitted precision factors, rebuilt as a
-:class:`~twodg_pyro.baselines.LaplacePosterior`) or one deterministic network:
+:class:`~twodg_pyro.baselines.LaplacePosterior`), the thinned chains of a reference
+posterior by MCMC (:class:`~twodg_pyro.infer.mcmc.MCMCPosterior`) or one deterministic
+network:
 
 * ``header``: ``kind``, ``format_version``, ``method`` (the results row:
   ``"ensemble"``, ``"laplace"``, ``"deterministic_matched"``, ...), ``baseline``
-  (``"ensemble"``, ``"laplace"`` or ``"network"``), the network spec (``{"name",
+  (``"ensemble"``, ``"laplace"``, ``"mcmc"`` or ``"network"``), the network spec (``{"name",
   "kwargs"}`` for :func:`twodg_pyro.models.build_network`, or ``None``: pass ``net=``),
   the network's ``dtype``, optionally ``evaluation`` (the run's seed, draws, data and
   metrics); an ensemble's ``members``; a Laplace approximation's ``laplace`` table
   (``subset``, ``hessian``, ``pred_type``, ``param_names``, ``block_sizes``,
-  ``h_factor``);
+  ``h_factor``); the chains' ``mcmc`` table (``site_names``, the ``prior`` and
+  ``likelihood`` specs, the sampler's ``settings``, the names of the ``stats``);
+* ``mcmc/draws`` (``(chains, draws, n_w)``), ``mcmc/stats/<name>`` (``(chains, draws)``)
+  and ``prior/<name>`` (MCMC);
 * ``member/<m>/<name>``: member ``m``'s ``state_dict`` (ensemble);
 * ``net/<name>``: the network's ``state_dict`` (Laplace: the MAP; network);
 * ``laplace/prior_precision``, ``laplace/kfac/<i>/<j>`` (Kronecker factor ``j`` of

@@ -135,6 +135,7 @@ def _write_model_files(writer: StepWriter, art, cfg, trained: dict, baselines: d
     own = {
         "deterministic_matched": 1,
         "ensemble": getattr(baselines.get("ensemble"), "num_members", 0),
+        "mcmc": getattr(baselines.get("mcmc"), "num_draws", 0),
     }
     done = getattr(art, "model_files", {}) or {}
     for method, obj in {**trained, **baselines}.items():

@@ -10,7 +10,10 @@ training recipe and metrics as the Bayesian rows:
   shuffled with seed ``seed + m`` (:class:`~twodg_pyro.baselines.Ensemble`);
 * ``laplace``: post-hoc Laplace on the run's deterministic network (the deterministic
   row's, else one trained as it would be; :func:`~twodg_pyro.baselines.fit_laplace`),
-  predicted by ``num_samples`` draws seeded with ``seed``.
+  predicted by ``num_samples`` draws seeded with ``seed``;
+* ``mcmc``: the reference posterior, Pyro's NUTS (or HMC) on the run's network, prior
+  and likelihood over the whole training set (:func:`~twodg_pyro.infer.mcmc.run_mcmc`,
+  ``cfg.mcmc``), predicted by all its kept draws.
 
 Every record has ``method``, ``accuracy``, ``nll``, ``ece``, ``brier``,
 ``trainable_params``, ``stored_params`` (floating-point numbers kept for prediction),
@@ -34,7 +37,7 @@ from ..baselines import draw_probs, fit_laplace, train_early_stopped, train_ense
 from ..data import make_loader
 from ..evaluation import seeded_predict
 from ..metrics import classification_metrics
-from .builders import build_net, eval_data, seed_everything, train_loader
+from .builders import build_model, build_net, eval_data, seed_everything, train_loader
 from .trained import Trained
 
 
@@ -188,4 +191,61 @@ def run_laplace(ctx) -> dict:
         covered_params=post.n_params,
         map_network=source,
         map_train_seconds=map_seconds,
+    )
+
+
+def run_mcmc_method(ctx) -> dict:
+    """The MCMC reference posterior (``cfg.mcmc``) on a copy of the run's initial network
+    (its start with ``mcmc.init = "network"``); its record (``kernel``, ``chains``,
+    ``draws_per_chain``, ``warmup_steps``, ``thin``, ``divergences``,
+    ``divergence_share``, ``mean_tree_depth``, ``step_size``), predicted by all the kept
+    draws."""
+    from ..infer.mcmc import run_mcmc
+
+    cfg, art = ctx.cfg, ctx.art
+    mc = cfg.mcmc
+    seed_everything(cfg.seed)
+    train = eval_data(art.split.train, cfg.device)
+    model = build_model(copy.deepcopy(ctx.net), cfg.prior, len(art.split.train))
+    t0 = time.perf_counter()
+    post = run_mcmc(
+        model,
+        train,
+        kernel=mc.kernel,
+        num_samples=mc.num_samples,
+        warmup_steps=mc.warmup_steps,
+        num_chains=mc.num_chains,
+        thin=mc.thin,
+        seed=cfg.seed,
+        init=mc.init,
+        init_scale=mc.init_scale,
+        target_accept_prob=mc.target_accept_prob,
+        max_tree_depth=mc.max_tree_depth,
+        step_size=mc.step_size,
+        num_steps=mc.num_steps,
+        temperature=mc.temperature,
+        jit_compile=mc.jit_compile,
+        max_params=mc.max_params,
+        progress=ctx.progress,
+    )
+    seconds = time.perf_counter() - t0
+    pred = post.predict(art.eval_data, num_samples=None)
+    ctx.keep("mcmc", Trained(post, None, None), pred)
+    stats = post.sample_stats
+    iterations = mc.num_samples * mc.num_chains
+    return ctx.record(
+        "mcmc",
+        pred,
+        seconds,
+        model.num_weights,
+        stored=post.num_params(),
+        kernel=mc.kernel,
+        chains=post.num_chains,
+        draws_per_chain=int(post.draws.shape[1]),
+        warmup_steps=mc.warmup_steps,
+        thin=mc.thin,
+        divergences=int(sum(post.settings["divergences"])),
+        divergence_share=sum(post.settings["divergences"]) / iterations,
+        mean_tree_depth=float(stats["tree_depth"].float().mean()),
+        step_size=[float(v) for v in stats["step_size"][:, -1]],
     )

@@ -1,17 +1,27 @@
 """The settings of the methods compared with 2DG: rank-1 BNN, Sparse Subspace VI, the
-matched deterministic network, the deep ensemble and post-hoc Laplace (tables
-``[rank1]``, ``[ssvi]``, ``[deterministic_matched]``, ``[ensemble]``, ``[laplace]``).
+matched deterministic network, the deep ensemble, post-hoc Laplace and the MCMC reference
+posterior (tables ``[rank1]``, ``[ssvi]``, ``[deterministic_matched]``, ``[ensemble]``,
+``[laplace]``, ``[mcmc]``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from ..baselines.laplace import LaplaceHessian, LaplacePredictive, LaplaceSubset, PriorStructure
 from ..guides.rank1 import InitMean, Rank1PriorKind, Routing
 from ..guides.ssvi_subspace import AdditionCriterion, RemovalCriterion
-from ..settings import UNIT, Section, at_least, in_range, optional_at_least, positive, require
+from ..settings import (
+    BOOLEAN,
+    UNIT,
+    Section,
+    at_least,
+    in_range,
+    optional_at_least,
+    positive,
+    require,
+)
 
 
 @dataclass
@@ -111,4 +121,40 @@ class LaplaceConfig(Section):
             self.prior_structure,
             "laplace-torch fits a scalar prior precision for subset = 'last_layer'; use "
             "'scalar' (or subset = 'all')",
+        )
+
+
+@dataclass
+class MCMCConfig(Section):
+    """The reference posterior by MCMC (method ``mcmc``,
+    :func:`~twodg_pyro.infer.mcmc.run_mcmc`): Pyro's ``nuts`` (or ``hmc`` with
+    ``num_steps`` leapfrog steps) on the run's network, prior and likelihood, on the whole
+    training set at once; ``num_chains`` chains (chain ``c`` seeded ``seed + c``) of
+    ``warmup_steps`` adaptation and ``num_samples`` kept iterations, every ``thin``-th
+    stored; chains start at prior draws times ``init_scale`` (``init = "prior"``) or at
+    the network plus that much noise (``"network"``).  A network of more than
+    ``max_params`` Bayesian scalars is refused."""
+
+    section: ClassVar[str] = "mcmc"
+    kernel: Literal["nuts", "hmc"] = "nuts"
+    num_samples: Annotated[int, at_least(1)] = 500
+    warmup_steps: Annotated[int, at_least(0)] = 500
+    num_chains: Annotated[int, at_least(1)] = 4
+    thin: Annotated[int, at_least(1)] = 1
+    init: Literal["prior", "network"] = "prior"
+    init_scale: Annotated[float, positive()] = 0.1
+    target_accept_prob: Annotated[float, in_range(0, 1, (False, False))] = 0.8
+    max_tree_depth: Annotated[int, at_least(1)] = 10
+    step_size: Annotated[float, positive()] = 1e-2
+    num_steps: Annotated[int, at_least(1)] = 32
+    temperature: Annotated[float, positive()] = 1.0
+    jit_compile: Annotated[bool, BOOLEAN] = False
+    max_params: Annotated[int, at_least(1)] = 5000
+
+    def _check(self) -> None:
+        require(
+            self.thin <= self.num_samples,
+            "mcmc.thin",
+            self.thin,
+            f"keeps no draw of mcmc.num_samples = {self.num_samples}",
         )

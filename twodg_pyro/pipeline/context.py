@@ -29,12 +29,18 @@ from ..metrics import classification_metrics
 from ..prediction import Prediction
 from .algorithm1 import Runtime, run_2dg, stage1_mean_field
 from .alternatives import run_rank1, run_ssvi
-from .baseline_methods import run_deterministic_matched, run_ensemble, run_laplace
+from .baseline_methods import (
+    run_deterministic_matched,
+    run_ensemble,
+    run_laplace,
+    run_mcmc_method,
+)
 from .builders import seed_everything
 from .config_methods import (
     EnsembleConfig,
     LaplaceConfig,
     MatchedDeterministicConfig,
+    MCMCConfig,
     Rank1Config,
     SSVIConfig,
 )
@@ -219,6 +225,7 @@ METHOD_REGISTRY: dict[str, Method] = {
     ),
     "ensemble": Method(run_ensemble, EnsembleConfig),
     "laplace": Method(run_laplace, LaplaceConfig),
+    "mcmc": Method(run_mcmc_method, MCMCConfig),
 }
 #: The methods whose draws differ (mutual information defined).
 BAYESIAN_METHODS = tuple(name for name, m in METHOD_REGISTRY.items() if m.bayesian)

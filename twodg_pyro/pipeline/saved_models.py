@@ -260,6 +260,8 @@ def diagnose_model_file(
     from ..metrics import classification_metrics
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
+    if (d["header"].get("baseline")) == "mcmc":
+        return diagnose_mcmc_file(model_file, out_dir, d, root, device, max_eval_examples, progress)
     (model, guide), split = _load(model_file, d, root, device)
     method = method_of(guide)
     S, seed = d["num_samples"], d["seed"]
@@ -309,4 +311,59 @@ def diagnose_model_file(
     )
     if method == "2dg":
         writer.step("sharing_plane", lambda: plot_sharing_plane(guide, out / "sharing_plane.png"))
+    return jsonable(write_report(writer, report))
+
+
+def diagnose_mcmc_file(
+    model_file,
+    out_dir,
+    d: dict,
+    root: str | None = None,
+    device: str = "cpu",
+    max_eval_examples: int | None = KHAT_MAX_EXAMPLES,
+    progress: bool = False,
+) -> dict:
+    """The chains' diagnostics of an MCMC model file (``d``: its
+    :func:`evaluation_defaults`): the metrics of all its kept draws on the test split,
+    the convergence report (:func:`~twodg_pyro.diagnostics.mcmc.mcmc_report`: R-hat and
+    bulk / tail ESS per site and on the predictive probabilities of at most
+    ``max_eval_examples`` test inputs, divergences, tree depth, step size, E-BFMI) under
+    ``mcmc``, with its printable ``mcmc_lines``.  Writes ``inference_data_mcmc.nc`` (the
+    posterior per site, ``sample_stats``, the ``predictions``), ``mcmc_trace.png`` /
+    ``mcmc_trace_rank.png`` (ArviZ's trace and rank plots of the log density and the
+    least mixed probabilities) and ``diagnostics.json``; returns its content."""
+    from ..diagnostics import save_inference_data
+    from ..diagnostics.mcmc import mcmc_report, mcmc_tree, plot_mcmc_chains, report_lines
+    from ..metrics import classification_metrics
+
+    post, split = _load(model_file, d, root, device, baselines=True)
+    out = Path(out_dir)
+    writer = StepWriter(out, 5, progress=progress)
+    test = data_to_device(xy(split.test), device)
+    x = test[0] if max_eval_examples is None else test[0][: int(max_eval_examples)]
+    probs = writer.step("predict", lambda: post.chain_probs(x))
+    pooled = post.sample_probs(test, num_samples=None)
+    metrics = classification_metrics(pooled.mean(0), test[1])
+    report: dict = {
+        "model_file": str(model_file),
+        "method": d["header"].get("method", "mcmc"),
+        "data": d["data"],
+        "metrics": metrics,
+        "draws": {
+            "num_samples": post.num_draws,
+            "seed": post.settings.get("seed"),
+            "n_examples": len(split.test),
+            "split": "test",
+        },
+    }
+    rep = writer.step("mcmc_report", lambda: mcmc_report(post, probs=probs))
+    if rep is not None:
+        rep["predictive_examples"] = int(len(x))
+        report["mcmc"] = rep
+        report["mcmc_lines"] = report_lines(rep)
+    writer.step(
+        "inference_data",
+        lambda: save_inference_data(mcmc_tree(post, x), out / "inference_data_mcmc.nc"),
+    )
+    writer.step("trace", lambda: plot_mcmc_chains(post, out / "mcmc_trace.png", probs))
     return jsonable(write_report(writer, report))

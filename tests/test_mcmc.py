@@ -1,0 +1,287 @@
+"""The MCMC reference posterior (issue 32): NUTS recovers a conjugate posterior, the
+sampler statistics and the ArviZ statistics are right, the posterior predicts and is
+stored like the baselines, a network too large is refused, and the fidelity scores."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from twodg_pyro.bnn import BNNModel
+from twodg_pyro.diagnostics._arviz import chain_stats
+from twodg_pyro.diagnostics.mcmc import ebfmi, mcmc_report, mcmc_tree, report_lines
+from twodg_pyro.infer.mcmc import (
+    MCMCPosterior,
+    TooLargeForMCMCError,
+    flat_potential,
+    linear_chain,
+    run_mcmc,
+)
+from twodg_pyro.likelihoods import Gaussian
+from twodg_pyro.priors import NormalPrior
+from twodg_pyro.uncertainty.fidelity import fidelity, top1_agreement, total_variation
+
+
+def _regression(n: int = 40, d: int = 2, noise: float = 0.5, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    w = torch.tensor([1.0, -0.5])[:d]
+    y = x @ w + noise * torch.randn(n, generator=g)
+    return x, y
+
+
+def test_nuts_recovers_the_conjugate_posterior_of_a_bayesian_linear_regression():
+    # w ~ N(0, tau^2 I), y | x, w ~ N(x w, sigma^2): posterior N(m, S) in closed form
+    tau, sigma = 1.0, 0.5
+    x, y = _regression(noise=sigma)
+    model = BNNModel(
+        nn.Linear(2, 1, bias=False), prior=NormalPrior(tau), likelihood=Gaussian(len(y), sigma)
+    )
+    post = run_mcmc(model, (x, y), num_samples=200, warmup_steps=100, num_chains=2, seed=1)
+    precision = x.T @ x / sigma**2 + torch.eye(2) / tau**2
+    cov = torch.linalg.inv(precision)
+    mean = cov @ x.T @ y / sigma**2
+    draws = post.draws.reshape(-1, 2).double()
+    sd = cov.diagonal().sqrt()
+    # Monte Carlo error of the mean with >= 100 effective draws is under 0.1 sd
+    assert torch.all((draws.mean(0) - mean).abs() < 0.3 * sd), (draws.mean(0), mean)
+    ratio = draws.var(0) / cov.diagonal()
+    assert torch.all((ratio > 0.6) & (ratio < 1.6)), ratio
+    assert post.draws.shape == (2, 200, 2)
+    # the statistics of every kept draw; the log density is -U at the draw
+    stats = post.sample_stats
+    assert set(stats) >= {"diverging", "tree_depth", "step_size", "energy", "lp"}
+    assert all(v.shape == (2, 200) for v in stats.values())
+    pot = flat_potential(model, (x, y))
+    w = post.draws[1, -1]
+    assert float(stats["lp"][1, -1]) == pytest.approx(-float(pot({"w": w})), rel=1e-4)
+    assert float(stats["diverging"].sum()) == 0
+    assert torch.all(stats["tree_depth"] >= 1)
+
+
+def test_the_potential_is_the_models_prior_and_likelihood():
+    x, y = _regression()
+    model = BNNModel(nn.Linear(2, 1), prior=NormalPrior(2.0), likelihood=Gaussian(len(y), 0.5))
+    pot = flat_potential(model, (x, y))
+    w = torch.tensor([0.3, -0.2, 0.1])  # weight (1, 2), then the bias
+    expected = (
+        torch.distributions.Normal(0.0, 2.0).log_prob(w).sum()
+        + torch.distributions.Normal(x @ w[:2] + w[2], 0.5).log_prob(y).sum()
+    )
+    assert float(pot({"w": w})) == pytest.approx(-float(expected), rel=1e-5)
+    assert linear_chain(model) is None  # a plain Linear is no chain: Sequential/MLP only
+    assert pot.unflatten(w)["weight"].shape == (1, 2)
+
+
+def test_the_fast_chain_forward_matches_the_network():
+    from twodg_pyro.models import MLP
+
+    net = MLP(6, (4,), 3)
+    model = BNNModel(net, likelihood=10)
+    chain = linear_chain(model)
+    assert chain is not None
+    x = torch.randn(10, 6)
+    y = torch.randint(0, 3, (10,))
+    pot = flat_potential(model, (x, y))
+    w = torch.randn(pot.dim)
+    model_out = model.network_forward(pot.unflatten(w), x)
+    pot_chainless = flat_potential(model, (x, y))
+    pot_chainless.layers = None
+    assert float(pot({"w": w})) == pytest.approx(float(pot_chainless({"w": w})), rel=1e-5)
+    assert model_out.shape == (10, 3)
+
+
+def test_a_network_too_large_is_refused_naming_the_limit():
+    model = BNNModel(nn.Linear(50, 10), likelihood=4)
+    x, y = torch.randn(4, 50), torch.randint(0, 10, (4,))
+    with pytest.raises(TooLargeForMCMCError, match=r"n_w = 510 .* 100 .*max_params=510"):
+        run_mcmc(model, (x, y), max_params=100)
+
+
+def test_bad_settings_and_data_are_named():
+    model = BNNModel(nn.Linear(3, 2), likelihood=5)
+    x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+    with pytest.raises(ValueError, match="thin = 10 keeps no draw"):
+        run_mcmc(model, (x, y), num_samples=5, thin=10)
+    with pytest.raises(ValueError, match="kernel must be 'nuts' or 'hmc', got 'gibbs'"):
+        run_mcmc(model, (x, y), kernel="gibbs")
+    with pytest.raises(ValueError, match="dataset_size = 5 .* hold 3"):
+        run_mcmc(model, (x[:3], y[:3]))
+
+
+def test_hmc_kernel_and_prediction_of_a_small_classifier():
+    torch.manual_seed(0)
+    x = torch.randn(30, 3)
+    y = (x[:, 0] > 0).long()
+    model = BNNModel(nn.Sequential(nn.Linear(3, 2)), likelihood=30)
+    post = run_mcmc(
+        model,
+        (x, y),
+        kernel="hmc",
+        num_steps=5,
+        num_samples=40,
+        warmup_steps=20,
+        num_chains=2,
+        thin=2,
+    )
+    assert post.draws.shape == (2, 20, 8)
+    # HMC keeps the trajectory length (5 initial steps) as the step size adapts
+    assert torch.all(post.sample_stats["n_steps"] >= 1)
+    assert torch.all(post.sample_stats["tree_depth"] == 0)
+    probs = post.sample_probs(x, num_samples=None)
+    assert probs.shape == (40, 30, 2)
+    assert torch.allclose(probs.sum(-1), torch.ones(40, 30))
+    assert post.sample_probs(x, num_samples=7).shape == (7, 30, 2)
+    pred = post.predict((x, y), num_samples=None)
+    assert torch.allclose(pred.mean, probs.mean(0))
+    # a separable problem: the posterior predictive gets most of it right
+    assert (pred.mean.argmax(-1) == y).float().mean() > 0.8
+
+
+def _posterior(chains: int = 2, draws: int = 50, seed: int = 0) -> MCMCPosterior:
+    model = BNNModel(nn.Sequential(nn.Linear(3, 2)), likelihood=6)
+    g = torch.Generator().manual_seed(seed)
+    stats = {
+        k: torch.rand(chains, draws, generator=g)
+        for k in ("tree_depth", "n_steps", "step_size", "energy", "lp", "accept_prob")
+    }
+    stats["diverging"] = torch.zeros(chains, draws)
+    settings = {
+        "kernel": "nuts",
+        "num_samples": draws,
+        "num_chains": chains,
+        "divergences": [0] * chains,
+        "max_tree_depth": 10,
+    }
+    return MCMCPosterior(model, torch.randn(chains, draws, 8, generator=g), stats, settings)
+
+
+def test_chain_stats_match_the_split_rhat_by_hand():
+    rng = np.random.default_rng(0)
+    mixed = rng.normal(size=(4, 500, 3))
+    stuck = mixed + np.array([0.0, 0.0, 2.0, 2.0])[:, None, None]
+    r_mixed, r_stuck = chain_stats(mixed)["rhat"], chain_stats(stuck)["rhat"]
+
+    def split_rhat(v):  # Gelman et al.'s split R-hat (rank-normalised ~ the same on normals)
+        half = v.shape[1] // 2
+        s = np.concatenate([v[:, :half], v[:, half : 2 * half]])
+        n = s.shape[1]
+        w = s.var(1, ddof=1).mean()
+        b = n * s.mean(1).var(ddof=1)
+        return math.sqrt(((n - 1) / n * w + b / n) / w)
+
+    for i in range(3):
+        assert r_mixed[i] == pytest.approx(split_rhat(mixed[:, :, i]), abs=0.01)
+        assert r_stuck[i] == pytest.approx(split_rhat(stuck[:, :, i]), rel=0.05)
+    assert np.all(r_mixed < 1.01) and np.all(r_stuck > 1.3)
+    ess = chain_stats(mixed)["ess_bulk"]
+    assert np.all((ess > 1000) & (ess < 3000))  # 2,000 independent draws
+    # a constant value: no R-hat
+    const = chain_stats(np.ones((2, 10, 1)))
+    assert np.isnan(const["rhat"][0])
+
+
+def test_ebfmi_by_hand():
+    e = np.array([[0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+    # chain 0: diffs 1,1,1 over deviations 4 * 0.25; chain 1: diffs 0,1,0 over 1
+    assert ebfmi(e).tolist() == pytest.approx([3.0, 1.0])
+
+
+def test_the_report_and_the_tree_of_the_chains():
+    post = _posterior()
+    x = torch.randn(5, 3)
+    rep = mcmc_report(post, x)
+    assert set(rep["sites"]) == {"0.weight", "0.bias"}
+    assert rep["predictive"]["n_values"] == 5 * 2
+    assert rep["sampler"]["divergences"] == 0
+    assert len(rep["sampler"]["ebfmi"]) == 2
+    # independent draws: mixed
+    assert rep["sites"]["0.weight"]["max_rhat"] < 1.1
+    lines = report_lines(rep)
+    assert lines[0].startswith("MCMC (nuts): 2 chains x 50 kept draws")
+    assert any("predictive probabilities" in line for line in lines)
+    tree = mcmc_tree(post, x)
+    from twodg_pyro.diagnostics import group, group_names
+
+    assert {"posterior", "sample_stats", "predictions"} <= set(group_names(tree))
+    assert group(tree, "posterior")["0.weight"].shape == (2, 50, 2, 3)
+    assert group(tree, "sample_stats")["diverging"].values.tolist() == [[0] * 50] * 2
+    assert group(tree, "predictions")["probs"].shape == (2, 50, 5, 2)
+
+
+def test_the_posterior_round_trips_through_a_model_file(tmp_path):
+    from twodg_pyro.io import load_baseline, save_baseline
+
+    post = _posterior()
+    x = torch.randn(7, 3)
+    path = save_baseline(tmp_path / "model_mcmc.pt", post, network=None, method="mcmc")
+    back = load_baseline(path, net=nn.Sequential(nn.Linear(3, 2)))
+    assert isinstance(back, MCMCPosterior)
+    assert torch.equal(back.draws, post.draws)
+    assert back.settings == post.settings
+    assert torch.allclose(back.sample_probs(x, None), post.sample_probs(x, None))
+    assert torch.equal(back.sample_stats["lp"], post.sample_stats["lp"])
+
+
+def test_fidelity_by_hand():
+    ref = torch.tensor([[0.7, 0.3], [0.2, 0.8], [0.5, 0.5 - 1e-6]])
+    p = torch.tensor([[0.6, 0.4], [0.6, 0.4], [0.5, 0.5 - 1e-6]])
+    assert top1_agreement(p, ref) == pytest.approx(2 / 3)
+    assert total_variation(p, ref) == pytest.approx((0.1 + 0.4 + 0.0) / 3)
+    labels = torch.tensor([0, 1, 0])
+    f = fidelity(p, ref, labels)
+    nll_p = -(math.log(0.6) + math.log(0.4) + math.log(0.5)) / 3
+    nll_r = -(math.log(0.7) + math.log(0.8) + math.log(0.5)) / 3
+    assert f["nll_gap"] == pytest.approx(nll_p - nll_r, rel=1e-4)
+    assert fidelity(ref, ref, labels)["tv"] == 0.0
+    with pytest.raises(ValueError, match=r"\(3, 2\) and \(2, 2\)"):
+        total_variation(p, ref[:2])
+
+
+def test_the_run_settings_have_an_mcmc_section():
+    from twodg_pyro.pipeline import config_from_dict
+    from twodg_pyro.pipeline.config import METHODS, ConfigError
+
+    assert "mcmc" in METHODS
+    cfg = config_from_dict({"methods": ["mcmc"], "mcmc": {"num_chains": 3}})
+    assert cfg.mcmc.num_chains == 3 and cfg.mcmc.kernel == "nuts"
+    with pytest.raises(ConfigError, match="mcmc.thin = 9"):
+        config_from_dict({"mcmc": {"num_samples": 5, "thin": 9}})
+    with pytest.raises(ConfigError, match="mcmc.kernel"):
+        config_from_dict({"mcmc": {"kernel": "gibbs"}})
+
+
+def test_evaluate_and_diagnose_an_mcmc_model_file(tmp_path, capsys):
+    import json
+
+    from twodg_pyro.cli import main
+    from twodg_pyro.data.digits import load_digits_split
+    from twodg_pyro.io import save_baseline
+    from twodg_pyro.models import MLP
+
+    split = load_digits_split(seed=0)
+    x, y = (t[:120] for t in split.train.tensors)
+    torch.manual_seed(0)
+    model = BNNModel(MLP(64, (3,), 10), likelihood=len(y))
+    post = run_mcmc(model, (x, y), num_samples=12, warmup_steps=8, num_chains=2, max_tree_depth=3)
+    evaluation = {"num_samples": post.num_draws, "seed": 0, "data": {"name": "digits"}}
+    spec = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [3], "num_classes": 10}}
+    path = save_baseline(tmp_path / "model_mcmc.pt", post, spec, evaluation, method="mcmc")
+    assert main(["evaluate", str(path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["method"] == "mcmc" and result["num_samples"] == 24
+    folder = tmp_path / "diag"
+    assert main(["diagnose", str(path), "--out", str(folder), "--max-examples", "20"]) == 0
+    printed = capsys.readouterr().out
+    assert "MCMC (nuts): 2 chains x 12 kept draws" in printed
+    assert "predictive probabilities" in printed
+    report = json.loads((folder / "diagnostics.json").read_text())
+    assert report["errors"] == {}
+    assert report["mcmc"]["predictive"]["n_values"] == 20 * 10
+    assert report["metrics"]["accuracy"] == pytest.approx(result["accuracy"])
+    for name in ("mcmc_trace.png", "mcmc_trace_rank.png", "inference_data_mcmc.nc"):
+        assert (folder / name).stat().st_size > 1000, name

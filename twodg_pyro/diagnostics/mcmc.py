@@ -1,0 +1,240 @@
+r"""The chains of an :class:`~twodg_pyro.infer.mcmc.MCMCPosterior` in ArviZ: the tree
+(posterior per site, ``sample_stats``, the predictive of given inputs) and the
+convergence report.
+
+Convergence is judged in function space (Izmailov et al. 2021): weight posteriors of a
+network are multimodal and symmetric (hidden units permute), so R-hat of the weights
+says little, and the target is R-hat of the **predictive probabilities**
+:math:`p(y = k \mid x_n, w)` on the test inputs.  :func:`mcmc_report` gives, per site and
+on the predictive, ArviZ's rank-normalised split :math:`\hat R` and the bulk / tail
+effective sample sizes (of all chains together, Vehtari et al. 2021), summarised by
+the maximum R-hat, the share of values with :math:`\hat R \le 1.01` and the minimum and
+median ESS, plus the sampler's divergences (after warm-up), tree depths, step sizes
+and E-BFMI per chain (Betancourt 2016: below 0.3 signals a poorly explored energy).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ._arviz import build_tree, chain_stats, plot
+
+__all__ = [
+    "RHAT_TARGET",
+    "ebfmi",
+    "mcmc_report",
+    "mcmc_tree",
+    "plot_mcmc_chains",
+    "report_lines",
+    "summarise_chain_stats",
+]
+
+#: The R-hat below which chains count as mixed (Vehtari et al. 2021).
+RHAT_TARGET = 1.01
+#: ``sample_stats`` names in ArviZ's convention.
+_STATS = {
+    "diverging": "diverging",
+    "tree_depth": "tree_depth",
+    "n_steps": "n_steps",
+    "step_size": "step_size",
+    "energy": "energy",
+    "lp": "lp",
+    "accept_prob": "acceptance_rate",
+}
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().cpu().double().numpy() if torch.is_tensor(t) else np.asarray(t, float)
+
+
+def mcmc_tree(posterior, x=None, max_examples: int | None = None):
+    """The ArviZ tree of the chains (``DataTree`` on ArviZ 1.x, ``InferenceData`` on 0.x):
+
+    * ``posterior``: each site's draws ``(chain, draw, *site.shape)``;
+    * ``sample_stats``: ``diverging`` (0 / 1: netCDF files hold no booleans),
+      ``tree_depth``, ``n_steps``, ``step_size``, ``energy``, ``lp`` (the log density),
+      ``acceptance_rate``;
+    * with inputs ``x``: ``predictions``, ``probs`` ``(chain, draw, example, class)``,
+      the class probabilities of every draw on the first ``max_examples`` inputs.
+
+    The settings are the root's (and every group's) attributes."""
+    dims: dict[str, list[str]] = {}
+    coords: dict = {}
+    post = {}
+    for site in posterior.model.sites:
+        names = [f"{site.name}_dim_{i}" for i in range(len(site.shape))]
+        dims[site.name] = names
+        post[site.name] = _np(posterior.site_draws()[site.name])
+    stats = {}
+    for key, name in _STATS.items():
+        v = _np(posterior.sample_stats[key])
+        stats[name] = v.astype(np.int8) if key == "diverging" else v  # netCDF has no bool
+    groups = {"posterior": post, "sample_stats": stats}
+    if x is not None:
+        probs = _np(posterior.chain_probs(_head(x, max_examples)))
+        groups["predictions"] = {"probs": probs}
+        dims["probs"] = ["example", "class"]
+    attrs = {  # netCDF attributes: numbers and strings (booleans as 0 / 1)
+        k: int(v) if isinstance(v, bool) else v
+        for k, v in posterior.settings.items()
+        if isinstance(v, (int, float, str))
+    }
+    attrs["inference_library"] = "pyro"
+    return build_tree(groups, set(groups), coords, dims, attrs)
+
+
+def _head(x, n: int | None):
+    if isinstance(x, (tuple, list)):
+        x = x[0]
+    return x if n is None else x[: int(n)]
+
+
+def ebfmi(energy: np.ndarray) -> np.ndarray:
+    r"""E-BFMI per chain of energies ``(chain, draw)``:
+    :math:`\sum_t (E_t - E_{t-1})^2 / \sum_t (E_t - \bar E)^2`."""
+    e = np.asarray(energy, dtype=float)
+    num = np.square(np.diff(e, axis=1)).sum(1)
+    den = np.square(e - e.mean(1, keepdims=True)).sum(1)
+    return num / den
+
+
+def summarise_chain_stats(stats: dict[str, np.ndarray]) -> dict:
+    """``{max_rhat, share_rhat_ok, median_rhat, min_ess_bulk, median_ess_bulk,
+    min_ess_tail, median_ess_tail, n_values}`` of :func:`~._arviz.chain_stats`'s arrays
+    (NaN entries, constant values, are left out and counted in ``n_constant``)."""
+    r = stats["rhat"].ravel()
+    ok = ~np.isnan(r)
+
+    def f(v):
+        return None if v is None or not math.isfinite(v) else float(v)
+
+    eb, et = stats["ess_bulk"].ravel()[ok], stats["ess_tail"].ravel()[ok]
+    return {
+        "n_values": int(r.size),
+        "n_constant": int((~ok).sum()),
+        "max_rhat": f(r[ok].max()) if ok.any() else None,
+        "median_rhat": f(np.median(r[ok])) if ok.any() else None,
+        "share_rhat_ok": f((r[ok] <= RHAT_TARGET).mean()) if ok.any() else None,
+        "min_ess_bulk": f(eb.min()) if eb.size else None,
+        "median_ess_bulk": f(np.median(eb)) if eb.size else None,
+        "min_ess_tail": f(et.min()) if et.size else None,
+        "median_ess_tail": f(np.median(et)) if et.size else None,
+    }
+
+
+def mcmc_report(posterior, x=None, max_examples: int | None = None, probs=None) -> dict:
+    """The convergence report of the chains (see the module), JSON-able:
+
+    * ``sites``: per site, :func:`summarise_chain_stats` of its values;
+    * ``predictive``: the same over the class probabilities of every draw on the inputs
+      ``x`` (or the given ``probs``, ``(chain, draw, N, K)``), and ``lp``'s;
+    * ``sampler``: draws per chain, post-warm-up ``divergences`` (total and share of the
+      iterations), mean / max tree depth, mean leapfrog steps, each chain's final step
+      size, E-BFMI and seconds.
+    """
+    s = posterior.settings
+    out: dict = {
+        "kernel": s.get("kernel"),
+        "num_chains": posterior.num_chains,
+        "draws_per_chain": int(posterior.draws.shape[1]),
+        "settings": {k: v for k, v in s.items() if k not in ("chain_seconds",)},
+    }
+    out["sites"] = {
+        name: summarise_chain_stats(chain_stats(_np(v)))
+        for name, v in posterior.site_draws().items()
+    }
+    st = {k: _np(v) for k, v in posterior.sample_stats.items()}
+    out["lp"] = summarise_chain_stats(chain_stats(st["lp"]))
+    if probs is None and x is not None:
+        probs = posterior.chain_probs(_head(x, max_examples))
+    if probs is not None:
+        out["predictive"] = summarise_chain_stats(chain_stats(_np(probs)))
+    iterations = int(s["num_samples"]) * posterior.num_chains
+    divergences = int(sum(s.get("divergences", [])))
+    out["sampler"] = {
+        "divergences": divergences,
+        "divergence_share": divergences / max(iterations, 1),
+        "divergent_kept_draws": int(st["diverging"].sum()),
+        "mean_tree_depth": float(st["tree_depth"].mean()),
+        "max_tree_depth": float(st["tree_depth"].max()),
+        "hit_max_tree_depth": float((st["tree_depth"] >= s.get("max_tree_depth", 1e9)).mean()),
+        "mean_leapfrog_steps": float(st["n_steps"].mean()),
+        "step_size": [float(v) for v in st["step_size"][:, -1]],
+        "mean_acceptance": float(st["accept_prob"].mean()),
+        "ebfmi": [float(v) for v in ebfmi(st["energy"])],
+        "chain_seconds": [float(v) for v in s.get("chain_seconds", [])],
+    }
+    return out
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def report_lines(report: dict) -> list[str]:
+    """The report of :func:`mcmc_report` as lines to print (``twodg-pyro diagnose``)."""
+    sm = report["sampler"]
+    lines = [
+        f"MCMC ({report['kernel']}): {report['num_chains']} chains x "
+        f"{report['draws_per_chain']} kept draws",
+        f"  divergences after warm-up: {sm['divergences']} "
+        f"({100 * sm['divergence_share']:.2f} % of the iterations)",
+        f"  tree depth: mean {sm['mean_tree_depth']:.1f}, max {sm['max_tree_depth']:.0f} "
+        f"(at the limit: {100 * sm['hit_max_tree_depth']:.1f} %); leapfrog steps "
+        f"{sm['mean_leapfrog_steps']:.0f}; acceptance {sm['mean_acceptance']:.2f}",
+        "  step size per chain: " + ", ".join(f"{v:.3g}" for v in sm["step_size"]),
+        "  E-BFMI per chain: " + ", ".join(f"{v:.2f}" for v in sm["ebfmi"]),
+    ]
+
+    def row(name: str, r: dict) -> str:
+        share = None if r["share_rhat_ok"] is None else 100 * r["share_rhat_ok"]
+        return (
+            f"  {name:<28} R-hat max {_fmt(r['max_rhat'], '.3f')} "
+            f"(<= {RHAT_TARGET}: {_fmt(share, '.1f')} %)"
+            f"  ESS bulk min {_fmt(r['min_ess_bulk'], '.0f')} median "
+            f"{_fmt(r['median_ess_bulk'], '.0f')}  tail min {_fmt(r['min_ess_tail'], '.0f')}"
+        )
+
+    if "predictive" in report:
+        lines.append(row("predictive probabilities", report["predictive"]))
+    lines.append(row("log density", report["lp"]))
+    for name, r in report["sites"].items():
+        lines.append(row(name, r))
+    return lines
+
+
+def plot_mcmc_chains(posterior, path: str | os.PathLike, probs=None, n_values: int = 3) -> Path:
+    """ArviZ's trace and rank plots of the log density and of the ``n_values`` predictive
+    probabilities with the largest R-hat (``probs``: ``(chain, draw, N, K)``), saved as
+    ``<path>`` (trace) and ``<stem>_rank<suffix>`` (rank); returns the first path."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    variables = {"lp": _np(posterior.sample_stats["lp"])}
+    if probs is not None:
+        p = _np(probs)
+        flat = p.reshape(*p.shape[:2], -1)
+        r = chain_stats(flat)["rhat"]
+        order = np.argsort(np.nan_to_num(r, nan=-1.0))[::-1][:n_values]
+        k = p.shape[-1]
+        for i in order:
+            variables[f"p_x{i // k}_c{i % k}"] = flat[:, :, i]
+    tree = build_tree({"posterior": variables}, {"posterior"}, {}, {}, {})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = list(variables)
+    for kind, target in (
+        ("trace", path),
+        ("rank", path.with_name(f"{path.stem}_rank{path.suffix}")),
+    ):
+        fig = plot(kind, tree, names)
+        fig.savefig(target, dpi=90, bbox_inches="tight")
+        plt.close(fig)
+    return path
