@@ -31,7 +31,7 @@ from ..distributed import MainOnly, env
 from ..evaluation import seeded_predict
 from ..guides import MeanFieldGuide, SharedGMMGuide
 from ..infer import DecomposedELBO, KLAnnealing, ScaleTrajectory
-from ..infer.checkpoint import restore_state
+from ..infer.checkpoint import CheckpointData, restore_state
 from ..infer.curvature import curvature_scales, diagonal_fisher, empirical_bayes_scales
 from ..metrics import classification_metrics
 from ..prediction import deterministic_predict
@@ -152,6 +152,7 @@ def stage1_mean_field(rt: Runtime, split, net, extra: dict | None = None) -> Tra
         callbacks,
         extra,
         kl_weight=cfg.stage1.kl_weight,
+        resumed=resumed,
     )
     return Trained(model, guide, state)
 
@@ -243,6 +244,7 @@ def train_svi(
     callbacks: list,
     extra: dict | None = None,
     kl_weight: float = 1.0,
+    resumed: CheckpointData | None = None,
 ):
     r"""SVI of ``guide`` for ``stage`` (``"stage1"``, ``"stage3"``) on the seeded ``loader``
     (``rt.execution`` shards it) on :math:`\text{nll} + \beta\,\mathrm{KL}` with
@@ -250,12 +252,12 @@ def train_svi(
 
     With ``rt.checkpoints`` rank 0 writes the stage's checkpoints (holding ``callbacks``'
     states, ``loader``'s generator and ``extra``), and a resumed run continues from the
-    stage's checkpoint.
+    stage's checkpoint (``resumed``: it, when the caller has loaded it already).
     """
     cfg, checkpoints, execution = rt.cfg, rt.checkpoints, rt.execution
     state, ckpt = None, None
     if checkpoints is not None:
-        resumed = checkpoints.load(stage)
+        resumed = checkpoints.load(stage) if resumed is None else resumed
         if resumed is not None:
             state = restore_state(
                 resumed, model, guide, lr, callbacks=callbacks, generators=[loader]
