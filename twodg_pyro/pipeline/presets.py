@@ -205,15 +205,14 @@ def merge_settings(base: dict, over: dict) -> dict:
 #:
 #: * ``prior.kind = "layerwise"``: N(0, 1 / fan_in) per layer, read off the network.
 #:   The empirical-Bayes prior (``"empirical_bayes"``: per-layer type-II maximum
-#:   likelihood on the diagonal Gauss-Newton curvature) was measured and is not the
-#:   default: on LeNet-5 it sets every layer's scale 1.4-2.8 times the fan-in scale (a
-#:   confident network has little curvature, so the Laplace evidence favours broad
-#:   priors), and the posterior under it is too noisy (validation accuracy 0.910 / NLL
-#:   0.55 after 6 epochs, against 0.958 / 0.19 under the layer-wise prior);
+#:   likelihood on the diagonal Gauss-Newton curvature) is not the default: a confident
+#:   network has little curvature, so the Laplace evidence favours priors broader than
+#:   the fan-in scale, and in a first, uncommitted trial on LeNet-5's validation split
+#:   its posterior was noisier than under the layer-wise prior (docs/uncertainty.md);
 #: * ``stage1.init_scale = "curvature"``: every scale starts at the optimum of the
 #:   tempered ELBO under the diagonal Gauss-Newton curvature of the pretrained network,
 #:   so stage 1 starts near its fixed point instead of growing every scale a hundredfold
-#:   from 1e-4 (on LeNet-5 the median scale then moves by under 3 % in 30 epochs);
+#:   from 1e-4 (the mean-field record's ``scale_convergence`` shows it);
 #: * ``network.norm_stats = "frozen"``: BatchNorm keeps the pretrained network's running
 #:   statistics in stages 1 and 3, so the objective is the function that predicts;
 #: * ``kl_weight = 0.1`` in stages 1 and 3, one temperature for every network;
