@@ -126,6 +126,10 @@ INIT_SCALE = Rule(
     lambda v: v in ("paper", "curvature") or (_is_number(v) and math.isfinite(v) and v > 0),
     "must be 'paper', 'curvature' or a positive number",
 )
+KL_WEIGHT = Rule(
+    lambda v: v == "data_size" or (_is_number(v) and 0 < v < math.inf),
+    'must be a positive number or "data_size" (beta tied to the data and network sizes)',
+)
 POSITIVE_OR_INF = Rule(lambda v: _is_number(v) and v > 0, "must be a number > 0 (or inf)")
 METHOD_LIST = Rule(lambda v: isinstance(v, (list, tuple)), "must be a list of method names")
 DEVICE = Rule(

@@ -1,6 +1,7 @@
 """Inference: the decomposed ELBO, the SVI training loop, its state, optimiser, callbacks
 and checkpoints, and the curvature that initialises a fit (empirical-Bayes prior scales,
-the mean-field scales at their quadratic optimum)."""
+the mean-field scales at their quadratic optimum), and a KL temperature tied to the data
+size."""
 
 from .callbacks import Callback, EarlyStopping, KLAnnealing, ScaleTrajectory
 from .checkpoint import Checkpoint, CheckpointData, load_checkpoint, restore_state, resume_fit
@@ -8,6 +9,7 @@ from .curvature import curvature_scales, diagonal_fisher, empirical_bayes_scales
 from .elbo import DecomposedELBO
 from .optim import build_optimizer, guide_param_groups, remap_optimizer_rows
 from .state import TrainState
+from .temperature import data_size_kl_weight, resolve_kl_weight
 from .trainer import TrainingStep, fit
 
 __all__ = [
@@ -22,12 +24,14 @@ __all__ = [
     "TrainingStep",
     "build_optimizer",
     "curvature_scales",
+    "data_size_kl_weight",
     "diagonal_fisher",
     "empirical_bayes_scales",
     "fit",
     "guide_param_groups",
     "load_checkpoint",
     "remap_optimizer_rows",
+    "resolve_kl_weight",
     "restore_state",
     "resume_fit",
 ]

@@ -33,6 +33,7 @@ from ..guides import MeanFieldGuide, SharedGMMGuide
 from ..infer import DecomposedELBO, KLAnnealing, ScaleTrajectory
 from ..infer.checkpoint import CheckpointData, restore_state
 from ..infer.curvature import curvature_scales, diagonal_fisher, empirical_bayes_scales
+from ..infer.temperature import resolve_kl_weight
 from ..metrics import classification_metrics
 from ..prediction import deterministic_predict
 from ..priors import LayerwiseNormalPrior, PerSiteNormalPrior
@@ -118,7 +119,7 @@ def stage1_model(cfg, split, net, prior_scales: dict | None = None, resumed: boo
         model = build_model(net, prior, n_train, norm)
     model = model.to(cfg.device)
     fisher = diagonal_fisher(model, split.train, seed=cfg.seed)
-    beta = cfg.stage1.kl_weight
+    beta = resolve_kl_weight(cfg.stage1.kl_weight, model)
     if eb and prior_scales is None:
         model.prior = PerSiteNormalPrior(empirical_bayes_scales(model, fisher, beta))
     return model, curvature_scales(model, fisher, beta) if curvature else init
@@ -136,9 +137,10 @@ def stage1_mean_field(rt: Runtime, split, net, extra: dict | None = None) -> Tra
     if isinstance(model.prior, PerSiteNormalPrior):  # a resumed stage 1 reads them back
         extra = {**(extra or {}), "prior_scales": model.prior.scales}
     guide = MeanFieldGuide(model, init_scale=init_scale, seed=cfg.seed).to(cfg.device)
+    beta = resolve_kl_weight(cfg.stage1.kl_weight, model)
     callbacks = [ScaleTrajectory(guide)]  # the scales' trajectory in every epoch's record
     if cfg.stage1.kl_warmup_epochs:
-        callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs, end=cfg.stage1.kl_weight))
+        callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs, end=beta))
     loader = train_loader(split, cfg.data, cfg.seed)
     lr = {"loc": cfg.stage1.lr_loc, "scale": cfg.stage1.lr_scale, "default": cfg.stage1.lr_loc}
     state = train_svi(
@@ -151,7 +153,7 @@ def stage1_mean_field(rt: Runtime, split, net, extra: dict | None = None) -> Tra
         lr,
         callbacks,
         extra,
-        kl_weight=cfg.stage1.kl_weight,
+        kl_weight=beta,
         resumed=resumed,
     )
     return Trained(model, guide, state)
@@ -226,8 +228,9 @@ def stage3_shared_gmm(
     lr = {"centre": s3.lr_centre, "outlier": s3.lr_outlier, "default": s3.lr_centre}
     if guide.tying_rule.trains_covariances:
         lr["cov"] = s3.lr_cov
+    beta = resolve_kl_weight(s3.kl_weight, model)
     state = train_svi(
-        rt, "stage3", model, guide, loader, s3.epochs, lr, hooks, extra, kl_weight=s3.kl_weight
+        rt, "stage3", model, guide, loader, s3.epochs, lr, hooks, extra, kl_weight=beta
     )
     return Trained(model, guide, state, structure), hooks
 
@@ -316,7 +319,7 @@ def run_2dg(rt: Runtime, split, stage1: Trained, art: RunArtifacts, eval_data) -
         "outlier_rule": report["outlier_rules"].get("rule"),
         "stage2": report,
         "hooks": {type(h).__name__: h.log for h in hooks},
-        **kl_weight_field(cfg.stage3.kl_weight),
+        **kl_weight_field(resolve_kl_weight(cfg.stage3.kl_weight, model)),
         "train_seconds": seconds,
         "final_elbo_terms": state.history[-1] if state.history else {},
         **rt.execution.record_fields(),

@@ -25,6 +25,7 @@ from ..settings import (
     FRACTION,
     HIDDEN_UNITS,
     INIT_SCALE,
+    KL_WEIGHT,
     SEED,
     ConfigError,
     Section,
@@ -144,7 +145,10 @@ class Stage1Config(Section):
     lr_loc: Annotated[float, positive()] = 1e-2
     lr_scale: Annotated[float, positive()] = 1e-2
     kl_warmup_epochs: Annotated[int, at_least(0)] = 0
-    kl_weight: Annotated[float, positive()] = 1.0
+    #: a positive number, or ``"data_size"``:
+    #: :func:`~twodg_pyro.infer.temperature.data_size_kl_weight` of the training set's
+    #: size and the network's Bayesian weights (the records state the beta it gave)
+    kl_weight: Annotated[str | float, KL_WEIGHT] = 1.0
     #: ``"paper"`` (App. I.4), ``"curvature"`` (the optimum of the tempered ELBO under
     #: the diagonal Gauss-Newton curvature of the pretrained network:
     #: :func:`~twodg_pyro.infer.curvature.curvature_scales`) or a positive constant
@@ -173,5 +177,6 @@ class Stage3Config(Section):
     merge_every: Annotated[int, at_least(0)] = 0
     #: epochs between Mahalanobis reassignment hooks (0: never)
     reassign_every: Annotated[int, at_least(0)] = 0
-    #: KL temperature beta of stage 3 (1: the true bound, Eq. 10)
-    kl_weight: Annotated[float, positive()] = 1.0
+    #: KL temperature beta of stage 3 (1: the true bound, Eq. 10), or ``"data_size"``
+    #: (as ``stage1.kl_weight``)
+    kl_weight: Annotated[str | float, KL_WEIGHT] = 1.0

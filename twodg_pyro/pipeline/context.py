@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from torch import nn
 
+from ..infer.temperature import resolve_kl_weight
 from ..metrics import classification_metrics
 from ..prediction import Prediction
 from .algorithm1 import Runtime, run_2dg, stage1_mean_field
@@ -184,7 +185,7 @@ def mean_field(ctx: RunContext) -> dict | None:
         state=state,
         scale_trajectory=scale_trajectory(state.history),
         scale_convergence=scale_convergence(state.history),
-        **kl_weight_field(ctx.cfg.stage1.kl_weight),
+        **kl_weight_field(resolve_kl_weight(ctx.cfg.stage1.kl_weight, model)),
     )
 
 

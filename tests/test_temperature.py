@@ -1,0 +1,93 @@
+"""The KL temperature tied to the data and network sizes (``kl_weight = "data_size"``):
+its reference value on LeNet-5, what it gives a ResNet-20, its cap, its errors, and the
+pipeline resolving it on a real run."""
+
+from __future__ import annotations
+
+import pytest
+
+from twodg_pyro.bnn import BNNModel
+from twodg_pyro.infer import data_size_kl_weight, resolve_kl_weight
+from twodg_pyro.infer.temperature import REFERENCE
+from twodg_pyro.likelihoods import Categorical
+from twodg_pyro.models import build_network
+
+
+def _model(name: str, n_data: int, **kw) -> BNNModel:
+    net = build_network(name, num_classes=10, **kw)
+    return BNNModel(net, likelihood=Categorical(n_data))
+
+
+def test_lenet5_on_the_mnist_subset_keeps_the_reference_and_a_resnet20_gets_less():
+    lenet = _model("lenet5", 3600)
+    assert lenet.num_weights == REFERENCE[2]  # the reference is this very network
+    assert resolve_kl_weight("data_size", lenet) == pytest.approx(0.1, rel=1e-12)
+    resnet = _model("resnet20", 3600, in_channels=1)
+    beta = resolve_kl_weight("data_size", resnet)
+    # beta P / N is the same for both networks
+    assert beta * resnet.num_weights == pytest.approx(0.1 * lenet.num_weights)
+    assert 0.02 < beta < 0.025
+
+
+def test_more_data_tempers_less_up_to_the_true_elbo():
+    assert data_size_kl_weight(7200, 61706) == pytest.approx(0.2)
+    assert data_size_kl_weight(36000, 61706) == pytest.approx(1.0)
+    assert data_size_kl_weight(10**7, 61706) == 1.0  # capped: never above the true bound
+    assert data_size_kl_weight(3600, 61706, reference=(0.5, 3600, 61706)) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [((0, 10), "n_data"), ((10, 0), "n_weights"), ((10.5, 10), "n_data")],
+)
+def test_bad_sizes_are_named(args, match):
+    with pytest.raises(ValueError, match=match):
+        data_size_kl_weight(*args)
+
+
+@pytest.mark.parametrize("value", [0, -1.0, "data", True, None])
+def test_bad_values_are_refused(value):
+    with pytest.raises(ValueError, match="kl_weight"):
+        resolve_kl_weight(value, _model("lenet5", 10))
+
+
+def test_numbers_pass_through():
+    assert resolve_kl_weight(0.3, _model("lenet5", 10)) == 0.3
+
+
+def test_the_settings_take_the_rule_and_name_a_bad_value():
+    from twodg_pyro.pipeline import ConfigError, config_from_dict
+
+    cfg = config_from_dict({"stage1": {"kl_weight": "data_size"}, "stage3": {"kl_weight": 0.5}})
+    assert cfg.stage1.kl_weight == "data_size"
+    with pytest.raises(ConfigError, match=r"stage3\.kl_weight.*data_size"):
+        config_from_dict({"stage3": {"kl_weight": "datasize"}})
+    with pytest.raises(ConfigError, match=r"stage1\.kl_weight"):
+        config_from_dict({"stage1": {"kl_weight": -0.1}})
+
+
+def test_a_digits_run_records_the_beta_the_rule_gave():
+    """The main job's MLP on the bundled digits with the rule in both stages: the records
+    state the resolved beta (N and P of this network), which the closed form gives; 512
+    hidden units make it below 1 (16 would give the true ELBO, the cap)."""
+    from twodg_pyro.pipeline import config_from_dict, run
+
+    cfg = config_from_dict(
+        {
+            "methods": ["mean_field", "2dg"],
+            "network": {"hidden": [512]},
+            "stage1": {"epochs": 2, "deterministic_epochs": 1, "kl_weight": "data_size"},
+            "sharing": {"n_components": 8, "n_min": 2},
+            "stage3": {"epochs": 1, "kl_weight": "data_size"},
+            "progress": False,
+            "diagnostics": {"enabled": False},
+        }
+    )
+    art = run(cfg)
+    model = art.mean_field.model
+    expected = data_size_kl_weight(model.likelihood.dataset_size, model.num_weights)
+    assert model.num_weights == 64 * 512 + 512 + 512 * 10 + 10
+    assert 0 < expected < 1  # a tempered posterior: 1 would leave no kl_weight field
+    by = {r["method"]: r for r in art.records}
+    assert by["mean_field"]["kl_weight"] == pytest.approx(expected)
+    assert by["2dg"]["kl_weight"] == pytest.approx(expected)
