@@ -147,3 +147,34 @@ def test_mnist_subset_experiment_runs_end_to_end_on_an_mnist_folder(tmp_path):
     payload = json.loads((out / "mnist_subset_resnet20.json").read_text())
     assert [r["method"] for r in payload["records"]] == ["deterministic", "mean_field", "2dg"]
     assert set(payload["targets"]) == {"mean_field_accuracy"}
+
+
+def test_recipe_selection_scores_every_variant_on_the_validation_split(tmp_path):
+    """``experiments/recipe_selection.py --quick`` on a (fake) MNIST folder: one stage 1,
+    two 2DG variants, each scored on the validation and test splits; the choice follows
+    the validation NLL within the parameter budget, and the markdown says so."""
+    from test_data import write_fake_mnist
+
+    write_fake_mnist(tmp_path, "MNIST", n_train=200, n_test=50)
+    script = _script_module("recipe_selection")
+    out = tmp_path / "out"
+    variants = ["tau_d 0.002", "stage-3 lr 1e-4, tau_d 0.002"]
+    args = ["--arch", "lenet5", "--root", str(tmp_path), "--quick", "--out", str(out)]
+    assert script.main([*args, "--draws", "2", "--ood-size", "20", "--variants", *variants]) == 0
+    doc = json.loads((out / "lenet5.json").read_text())
+    recs = doc["records"]
+    assert [(r["method"], r["variant"]) for r in recs] == [
+        ("deterministic", "-"),
+        ("mean_field", "-"),
+        ("2dg", variants[0]),
+        ("2dg", variants[1]),
+    ]
+    for r in recs:
+        for split in ("val", "test"):
+            s = r[split]
+            assert 0 <= s["accuracy"] <= 1 and math.isfinite(s["nll"])
+            assert set(s["severity5_nll"]) and 0 <= s["entropy_auroc"] <= 1
+    two_dg = [r for r in recs if r["method"] == "2dg"]
+    best = min(two_dg, key=lambda r: r["val"]["nll"])["variant"]
+    assert script.choose(recs) == best
+    assert f"Chosen: **{best}**" in (out / "lenet5.md").read_text()

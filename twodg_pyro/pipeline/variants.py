@@ -8,6 +8,7 @@ mean-field BNN once and runs each variant on a copy of it.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 from .algorithm1 import Runtime, run_2dg
 from .builders import seed_everything
@@ -18,13 +19,21 @@ from .trained import RunArtifacts
 _STAGE1_KEYS = ("data", "network", "prior", "stage1", "seed", "device")
 
 
-def run_variants(base: RunConfig, variants: dict[str, dict]) -> tuple[list[dict], RunArtifacts]:
+def run_variants(
+    base: RunConfig,
+    variants: dict[str, dict],
+    on_variant: Callable[[str, dict, RunArtifacts], None] | None = None,
+) -> tuple[list[dict], RunArtifacts]:
     """Run ``base.methods`` once, then the 2DG stages for each variant.
 
     Args:
         base: settings of the shared part (stage 1 and the baselines).
         variants: ``{name: overrides}``; overrides may touch ``sharing`` and ``stage3``
             (and ``num_samples``), never stage-1 settings.
+        on_variant: called as ``on_variant(name, record, artifacts)`` after each variant
+            (an experiment evaluates and saves it there, so that a long sweep stopped
+            half-way keeps what it measured); ``on_variant("-", {}, artifacts)`` first,
+            once the shared part has run.
 
     Returns:
         ``(records, artifacts)``: the baseline records then one 2DG record per variant
@@ -42,6 +51,8 @@ def run_variants(base: RunConfig, variants: dict[str, dict]) -> tuple[list[dict]
     art = run(shared)
     records = [dict(r, variant="-") for r in art.records if r["method"] in base.methods]
     eval_data = art.eval_data
+    if on_variant is not None:
+        on_variant("-", {}, art)
     for name, over in variants.items():
         cfg = config_from_dict(merge_settings(base.to_dict(), over))
         v_art = RunArtifacts(mean_field=copy.deepcopy(art.mean_field))
@@ -50,4 +61,6 @@ def run_variants(base: RunConfig, variants: dict[str, dict]) -> tuple[list[dict]
         rec["variant"] = name
         records.append(rec)
         art.variants[name] = v_art.trained["2dg"]
+        if on_variant is not None:
+            on_variant(name, rec, art)
     return records, art
