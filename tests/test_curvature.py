@@ -182,7 +182,8 @@ def test_recipe_presets_are_one_recipe_for_every_network():
         cfg = config_from_dict(preset(name))
         assert cfg.stage1.init_scale == "curvature" and cfg.network.norm_stats == "frozen"
         assert cfg.prior.kind == BAYES_RECIPE["prior"]["kind"]
-        assert cfg.stage1.kl_weight == cfg.stage3.kl_weight == 0.1
+        assert cfg.stage1.kl_weight == cfg.stage3.kl_weight == "data_size"
+        assert cfg.sharing.tau_d == 0.002 and cfg.stage3.lr_centre == 1e-4
         assert cfg.sharing.outlier_rule == "quantile"
 
 
