@@ -16,7 +16,7 @@ VENV_ARVIZ1 ?= .venv-arviz1
 STAMP_ARVIZ1 := $(VENV_ARVIZ1)/.installed-stamp
 ARVIZ1_TESTS ?= tests/test_arviz_tree.py tests/test_diagnostics.py tests/test_diagnostics_budget.py tests/test_mcmc.py tests/test_readme.py tests/test_uncertainty_run.py
 
-.PHONY: demo test test-all test-arviz1 lint docs bench install
+.PHONY: demo test test-main test-all test-arviz1 arviz1-venv lint docs bench install
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,20 +41,32 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m sphinx -E -W --keep-going -q -b html docs build/docs
 
-test: lint docs
-	$(BIN)/python -m pytest -m "not slow" -q
-	$(MAKE) test-arviz1
+# the suite runs on every core (pytest-xdist, one torch thread per worker: tests/conftest.py);
+# the ArviZ 1.x venv, when one is needed, installs (mostly a download) while the main
+# venv's lint, docs and tests run, and its tests run after them
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-main arviz1-venv
+	$(MAKE) --no-print-directory test-arviz1
+
+test-main: lint docs
+	$(BIN)/python -m pytest -n auto -m "not slow" -q
+
+# 0 when the main venv has ArviZ 1.x (its Python is >= 3.12): no second venv
+MAIN_HAS_ARVIZ1 = $(BIN)/python -c 'import sys; from importlib.metadata import version; sys.exit(int(version("arviz").split(".")[0]) < 1)' 2>/dev/null
+
+arviz1-venv: $(STAMP)
+	@if ! $(MAIN_HAS_ARVIZ1) && [ -n "$(PYTHON_ARVIZ1)" ]; then $(MAKE) --no-print-directory $(STAMP_ARVIZ1); fi
 
 # the diagnostics' tests on ArviZ 1.x (the main venv's Python may only have 0.x); a main
 # venv on Python >= 3.12 has ArviZ 1.x, and `test` has run them there: no second venv
-test-arviz1:
-	@if $(BIN)/python -c 'import sys; from importlib.metadata import version; sys.exit(int(version("arviz").split(".")[0]) < 1)' 2>/dev/null; then \
+test-arviz1: $(STAMP)
+	@if $(MAIN_HAS_ARVIZ1); then \
 		echo "test-arviz1: the main venv has ArviZ 1.x, its tests ran there"; \
 	elif [ -z "$(PYTHON_ARVIZ1)" ]; then \
 		echo "test-arviz1: no Python >= 3.12 on this machine, ArviZ 1.x tests not run"; \
 	else \
-		$(MAKE) $(STAMP_ARVIZ1) && \
-		$(VENV_ARVIZ1)/bin/python -m pytest -m "not slow" -q $(ARVIZ1_TESTS); \
+		$(MAKE) --no-print-directory $(STAMP_ARVIZ1) && \
+		$(VENV_ARVIZ1)/bin/python -m pytest -n auto -m "not slow" -q $(ARVIZ1_TESTS); \
 	fi
 
 test-all: lint

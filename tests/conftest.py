@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import copy
+import os
 import warnings
+
+# under pytest-xdist (``make test`` runs one worker per core) every worker, and every
+# process a test starts, takes one torch thread: two threads per worker would
+# oversubscribe the cores; set before torch is imported
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pyro
 import pytest
@@ -17,6 +25,8 @@ from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
 
 warnings.filterwarnings("ignore", message=".*was not registered in the param store.*")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

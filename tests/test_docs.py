@@ -24,9 +24,13 @@ def make_target(name: str) -> tuple[list[str], list[str]]:
 
 
 def test_make_test_builds_the_docs_with_warnings_as_errors():
-    prerequisites, recipe = make_target("test")
+    _, recipe = make_target("test")
+    # the main venv's checks beside the ArviZ 1.x venv's install, then its tests
+    assert "test-main" in recipe[0] and "arviz1-venv" in recipe[0] and "-j2" in recipe[0]
+    assert "test-arviz1" in recipe[-1]
+    prerequisites, recipe = make_target("test-main")
     assert prerequisites[:2] == ["lint", "docs"]  # lint, then the docs, then pytest
-    assert recipe[0].startswith("$(BIN)/python -m pytest") and "test-arviz1" in recipe[-1]
+    assert recipe[0].startswith("$(BIN)/python -m pytest") and "-n auto" in recipe[0]
     _, docs = make_target("docs")
     assert len(docs) == 1 and "-m sphinx" in docs[0] and "-W" in docs[0].split()
     assert docs[0].split()[-2:] == ["docs", "build/docs"]
