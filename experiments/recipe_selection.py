@@ -45,7 +45,11 @@ from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
 from twodg_pyro.pipeline.config_evaluation import UncertaintyConfig  # noqa: E402
 from twodg_pyro.pipeline.presets import preset  # noqa: E402
 from twodg_pyro.pipeline.results import atomic_write_text  # noqa: E402
-from twodg_pyro.pipeline.uncertainty_step import UncertaintySets  # noqa: E402
+from twodg_pyro.pipeline.uncertainty_step import (  # noqa: E402
+    BAYESIAN_METHODS,
+    UncertaintySets,
+    trained_of,
+)
 from twodg_pyro.pipeline.variants import run_variants  # noqa: E402
 
 #: stage-2/3 variants on one stage-1 posterior: the recipe as it is, and each change
@@ -227,9 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 data = eval_data(getattr(art.split, split))
                 sets[split] = UncertaintySets(art.split, data, ucfg, args.seed)
             for r in art.records:
-                trained = art.mean_field if r["method"] == "mean_field" else None
-                trained = trained or art.trained.get(r["method"])
-                bayes = r["method"] == "mean_field"
+                trained, bayes = trained_of(art, r["method"]), r["method"] in BAYESIAN_METHODS
                 save(_record(r, "-", scores(trained, bayes, sets, args.draws, args.seed)))
             return
         trained = art.variants[name]

@@ -73,22 +73,24 @@ ARCH_TITLES = {
     "resnet20-full": "ResNet-20 (the paper's epochs)",
 }
 TYINGS = ("representative", "stochastic", "tied")
+#: the recommended recipe's methods and the baselines' settings, the same on every
+#: network (rank-1's epochs follow each network's stage 1)
+BASELINES: dict = {
+    "methods": [
+        "deterministic",
+        "deterministic_matched",
+        "mean_field",
+        "rank1",
+        "ensemble",
+        "laplace",
+    ],
+    "ensemble": {"members": 5},
+    "deterministic_matched": {"patience": 10},
+}
 RECIPES: dict[str, dict] = {
     RECOMMENDED: {
         "preset": "mnist-lenet5-bayes",
-        "settings": {
-            "methods": [
-                "deterministic",
-                "deterministic_matched",
-                "mean_field",
-                "rank1",
-                "ensemble",
-                "laplace",
-            ],
-            "rank1": {"epochs": 40},
-            "ensemble": {"members": 5},
-            "deterministic_matched": {"patience": 10},
-        },
+        "settings": {**BASELINES, "rank1": {"epochs": 40}},
         "tyings": TYINGS,
     },
     "true ELBO": {
@@ -124,19 +126,7 @@ RECIPES: dict[str, dict] = {
 RESNET_RECIPES: dict[str, dict] = {
     RECOMMENDED: {
         "preset": "mnist-resnet20-bayes",
-        "settings": {
-            "methods": [
-                "deterministic",
-                "deterministic_matched",
-                "mean_field",
-                "rank1",
-                "ensemble",
-                "laplace",
-            ],
-            "rank1": {"epochs": 10},
-            "ensemble": {"members": 5},
-            "deterministic_matched": {"patience": 10},
-        },
+        "settings": {**BASELINES, "rank1": {"epochs": 10}},
         "tyings": ("representative",),
         # the recipe's beta follows the data and network sizes (kl_weight "data_size"):
         # 0.1 on LeNet-5, 0.023 on this ResNet-20 (the records' kl_weight)

@@ -8,7 +8,7 @@ of four times the weights under four times the pull towards the prior for the sa
 data: on the MNIST subset (:math:`N` = 3,600) the LeNet-5 posterior at
 :math:`\beta = 0.1` predicts well, while a ResNet-20 (:math:`P` = 268,058) at the same
 :math:`\beta` is an under-confident mean-field posterior whose 2DG stage collapses
-(``experiments/results/recipe_selection_resnet20.md``).
+(``experiments/results/recipe_selection/``).
 
 The rule :func:`data_size_kl_weight` keeps the KL's weight per weight and per example,
 :math:`\beta P / N`, at the value chosen once on LeNet-5's validation split,
