@@ -151,6 +151,20 @@ def test_frozen_norm_statistics_stay_in_eval_mode_and_unchanged():
         BNNModel(_bn_net(), norm_stats="moving")
 
 
+def test_fisher_through_trainable_batchnorm_holds_no_graph_and_matches_one_chunk():
+    """BatchNorm's affine parameters are not sites but require gradients: the Fisher
+    must not carry an autograd graph through them (it kept every chunk's activations
+    alive and ran a ResNet-20 out of memory), and chunking must not change it."""
+    model = BNNModel(_bn_net(), likelihood=Categorical(40), norm_stats="frozen")
+    assert any(p.requires_grad for p in model.net[1].parameters())
+    x, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
+    chunked = diagonal_fisher(model, (x, y), labels="true", chunk=8)
+    whole = diagonal_fisher(model, (x, y), labels="true", chunk=40)
+    for k, v in chunked.items():
+        assert not v.requires_grad and v.grad_fn is None, k
+        torch.testing.assert_close(v, whole[k])
+
+
 def test_fisher_of_a_subset_equals_that_of_its_tensors():
     model, x, y = _softmax_regression()
     ds = torch.utils.data.TensorDataset(x, y)

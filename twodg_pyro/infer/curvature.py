@@ -73,7 +73,8 @@ def diagonal_fisher(
     The network runs in evaluation mode (normalisation layers use their running
     statistics, as they do in a frozen-statistics model); per-example gradients come
     from :func:`torch.func.vmap` over :func:`torch.func.grad`, ``chunk`` examples at a
-    time.
+    time, and summed outside autograd (memory stays that of one chunk, also when the
+    network has trainable parameters that are not Bayesian sites).
 
     Args:
         model: a :class:`~twodg_pyro.bnn.BNNModel` with a categorical likelihood.
@@ -125,9 +126,13 @@ def diagonal_fisher(
                         p = functional_call(net, weights, (x,), strict=False).softmax(-1)
                     y = torch.multinomial(p.double().cpu(), 1, generator=generator)
                     y = y.squeeze(-1).to(like.device)
-                grads = per_example(weights, x, y)
-                for k in out:
-                    out[k] += grads[k].pow(2).sum(0)
+                # outside autograd: the gradients depend on the network's other
+                # trainable parameters (e.g. BatchNorm's affine ones), and summing them
+                # with a graph would keep every chunk's activations alive
+                with torch.no_grad():
+                    grads = per_example(weights, x, y)
+                    for k in out:
+                        out[k] += grads[k].pow(2).sum(0)
                 seen += len(x)
     finally:
         net.train(was_training)
