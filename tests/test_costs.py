@@ -15,6 +15,7 @@ from twodg_pyro.io.compact import read_compact
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline.costs import DETERMINISTIC_FILE, forwards_per_prediction, time_call
 from twodg_pyro.pipeline.results import format_table
+from twodg_pyro.settings import ConfigError
 
 COST_FIELDS = (
     "file",
@@ -124,3 +125,27 @@ def test_network_bytes_and_forwards():
     assert len(calls) == 4
     with pytest.raises(ValueError, match="max_repeats must be at least 1, got 0"):
         time_call(lambda: None, max_repeats=0)
+
+
+def test_variant_records_carry_their_own_files_bytes_and_forwards(tiny_run_config):
+    """``run_variants`` builds its 2DG rows outside ``run``: they get the same cost
+    fields, measured on each variant's own ``.2dgz`` (more components: more bytes)."""
+    from twodg_pyro.pipeline import config_from_dict
+    from twodg_pyro.pipeline.variants import run_variants
+
+    cfg = dict(tiny_run_config, methods=["deterministic", "2dg"], checkpoint_every=0)
+    variants = {"K2": {"sharing": {"n_components": 2, "k_nearest": 2}}, "K4": {}}
+    with pytest.raises(ConfigError, match="k_nearest"):  # checked before anything trains
+        run_variants(config_from_dict(cfg), {"bad": {"sharing": {"n_components": 2}}})
+    records, _ = run_variants(config_from_dict(cfg), variants)
+    by = {r.get("variant"): r for r in records}
+    det = by["-"]
+    for name in variants:
+        r = by[name]
+        assert r["method"] == "2dg" and r["file"] == "model_2dg.2dgz", name
+        assert 0 < r["file_bytes"] < det["file_bytes"], name
+        assert r["bytes_per_weight"] == pytest.approx(r["file_bytes"] / (det["file_bytes"] / 4))
+        assert r["forwards_per_prediction"] == cfg["num_samples"]
+        assert r["relative_predict_seconds"] > 0
+        assert r["file_prob_diff"] < 1e-3
+    assert by["K2"]["file_bytes"] < by["K4"]["file_bytes"]

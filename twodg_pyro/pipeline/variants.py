@@ -11,8 +11,9 @@ import copy
 from collections.abc import Callable
 
 from .algorithm1 import Runtime, run_2dg
-from .builders import seed_everything
+from .builders import build_net, seed_everything
 from .config import RunConfig, config_from_dict, merge_settings
+from .costs import add_costs
 from .runner import run
 from .trained import RunArtifacts
 
@@ -37,13 +38,20 @@ def run_variants(
 
     Returns:
         ``(records, artifacts)``: the baseline records then one 2DG record per variant
-        (with a ``variant`` key); ``artifacts.variants[name]`` holds each variant's
-        trained 2DG BNN (:class:`~twodg_pyro.pipeline.trained.Trained`).
+        (with a ``variant`` key and, as every record of a run, what a user deploys:
+        ``file_bytes`` of its ``.2dgz`` file, ``forwards_per_prediction``, the prediction
+        time over the deterministic network's; :mod:`~twodg_pyro.pipeline.costs`);
+        ``artifacts.variants[name]`` holds each variant's trained 2DG BNN
+        (:class:`~twodg_pyro.pipeline.trained.Trained`).
     """
     for name, over in variants.items():
         bad = [k for k in over if k in _STAGE1_KEYS]
         if bad:
             raise ValueError(f"variant {name!r} changes stage-1 settings {bad}; run it separately")
+    # every variant's settings are checked before the shared part trains
+    configs = {
+        name: config_from_dict(merge_settings(base.to_dict(), o)) for name, o in variants.items()
+    }
     methods = [m for m in base.methods if m != "2dg"] or ["mean_field"]
     if "mean_field" not in methods:
         methods.append("mean_field")
@@ -53,14 +61,31 @@ def run_variants(
     eval_data = art.eval_data
     if on_variant is not None:
         on_variant("-", {}, art)
-    for name, over in variants.items():
-        cfg = config_from_dict(merge_settings(base.to_dict(), over))
+    for name, cfg in configs.items():
         v_art = RunArtifacts(mean_field=copy.deepcopy(art.mean_field))
         seed_everything(cfg.seed)
         rec = run_2dg(Runtime(cfg), art.split, v_art.mean_field, v_art, eval_data)
         rec["variant"] = name
+        _variant_costs(rec, v_art, art, cfg)
         records.append(rec)
         art.variants[name] = v_art.trained["2dg"]
         if on_variant is not None:
             on_variant(name, rec, art)
     return records, art
+
+
+def _variant_costs(record: dict, v_art: RunArtifacts, art: RunArtifacts, cfg: RunConfig) -> None:
+    """Add the cost fields of :func:`~twodg_pyro.pipeline.costs.add_costs` to a variant's
+    2DG ``record``, measured against the shared run's deterministic network (an untrained
+    network of the same architecture when the run trained none: the same bytes and
+    forward time)."""
+    det = art.trained.get("deterministic")
+    reference = det.model if det is not None else build_net(cfg.network, art.split)
+    one = RunArtifacts(
+        records=[record],
+        split=art.split,
+        eval_data=art.eval_data,
+        trained={"2dg": v_art.trained["2dg"]},
+        predictions={"2dg": v_art.predictions["2dg"]},
+    )
+    add_costs(one, cfg, reference.to(cfg.device))
