@@ -268,6 +268,11 @@ def summarise(records: list[dict]) -> list[dict]:
             f: {m: _mean(r["shift"][f]["5"][m] for r in rs) for m in ("accuracy", "nll", "ece")}
             for f in rs[0]["shift"]
         }
+        changes = [
+            r["scale_convergence"]["median_scale_change"] for r in rs if r.get("scale_convergence")
+        ]
+        if changes:  # stage 1's median scale over its last tenth of epochs, worst seed
+            row["scale_change"] = max(changes)
         row["recommended"] = rs[0]["recommended"]
         rows.append(row)
     return rows
@@ -329,6 +334,11 @@ def targets(summary: list[dict], arch: str = "lenet5") -> dict:
         if ens is not None and row.get("stored_params"):
             q = ens["stored_params"] / row["stored_params"]
             t["stored: ensemble / 2DG >= 250"] = _check(q, ">= 250", q >= 250)
+        if mf is not None and mf.get("scale_change") is not None:  # issue 30: converged
+            c = mf["scale_change"]
+            t["stage 1 converged: median scale change over the last 10 % < 2 %"] = _check(
+                c, "< 0.02 (worst seed)", c < 0.02
+            )
         if det.get("file_bytes") and row.get("file_bytes"):  # issue 31: bytes, index included
             q = det["file_bytes"] / row["file_bytes"]
             t["file bytes: float32 deterministic / 2DG >= 30"] = _check(q, ">= 30", q >= 30)
