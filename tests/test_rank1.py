@@ -264,6 +264,8 @@ def test_pipeline_rows_for_rank1_and_ssvi(tmp_path):
             "network": {"hidden": [16]},
             "rank1": {"epochs": 2, "components": 2},
             "ssvi": {"epochs": 2, "update_every": 1, "density": 0.2},
+            # SSVI trains on stage 1's tempered ELBO; rank-1 keeps its own (KL weight 1)
+            "stage1": {"kl_weight": 0.1},
             "diagnostics": {"enabled": False},  # the rows are what this test reads
         }
     )
@@ -279,3 +281,4 @@ def test_pipeline_rows_for_rank1_and_ssvi(tmp_path):
     assert records["rank1"]["trainable_params"] == n_w + 2 * 2 * (64 + 16 + 16 + 10)
     s = sum(round(0.2 * n) for n in (64 * 16, 16, 16 * 10, 10))
     assert records["ssvi"]["trainable_params"] == 2 * s == 2 * records["ssvi"]["active"]
+    assert records["ssvi"]["kl_weight"] == 0.1 and "kl_weight" not in records["rank1"]

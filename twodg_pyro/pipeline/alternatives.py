@@ -19,20 +19,31 @@ from ..guides.rank1 import Rank1BNNModel, Rank1Guide, rank1_kl_annealing, rank1_
 from ..guides.ssvi import SSVIGuide
 from ..guides.ssvi_subspace import SubspaceUpdate
 from ..infer import DecomposedELBO, KLAnnealing, fit
+from ..infer.temperature import resolve_kl_weight
 from ..likelihoods import Categorical
 from .algorithm1 import EMPIRICAL_BAYES_KINDS
 from .builders import build_model, build_net, seed_everything, train_loader
-from .results import size_mb
+from .results import kl_weight_field, size_mb
 from .trained import Trained
 
 
 def _train_and_evaluate(
-    ctx, model, guide, loader, method: str, epochs: int, lr: float, callbacks: list, extra: Callable
+    ctx,
+    model,
+    guide,
+    loader,
+    method: str,
+    epochs: int,
+    lr: float,
+    callbacks: list,
+    extra: Callable,
+    kl_weight: float = 1.0,
 ) -> dict:
-    """Fit ``guide`` (timed), predict the evaluation data (the run's seeded draws), keep
-    both in the run's artifacts and return the method's record, with the method-specific
-    fields ``extra(n_guide, n_det)`` (called after training; the guide's trainable
-    parameters and the network's deterministic ones)."""
+    r"""Fit ``guide`` (timed) on :math:`\text{nll} + \beta\,\mathrm{KL}` (:math:`\beta` =
+    ``kl_weight``), predict the evaluation data (the run's seeded draws), keep both in
+    the run's artifacts and return the method's record, with the method-specific fields
+    ``extra(n_guide, n_det)`` (called after training; the guide's trainable parameters
+    and the network's deterministic ones)."""
     cfg = ctx.cfg
     t0 = time.perf_counter()
     state = fit(
@@ -41,7 +52,7 @@ def _train_and_evaluate(
         loader,
         epochs=epochs,
         lr=lr,
-        elbo=DecomposedELBO(fast_step=cfg.fast_step),
+        elbo=DecomposedELBO(beta=kl_weight, fast_step=cfg.fast_step),
         callbacks=callbacks,
         device=cfg.device,
         progress=cfg.progress,
@@ -97,8 +108,9 @@ def run_rank1(ctx) -> dict:
 def run_ssvi(ctx) -> dict:
     """Train and evaluate an SSVI BNN with ``cfg.ssvi`` settings; returns its record.
 
-    Prior, network and initial scales are those of the mean-field row (``cfg.prior``,
-    ``cfg.network``, ``cfg.stage1.init_scale`` and ``kl_warmup_epochs``); SSVI starts
+    Prior, network, KL weight and initial scales are those of the mean-field row
+    (``cfg.prior``, ``cfg.network``, ``cfg.stage1.kl_weight``, ``cfg.stage1.init_scale``
+    and ``kl_warmup_epochs``): the same tempered ELBO as stage 1; SSVI starts
     from the seeded fresh network, so a prior learnt by empirical Bayes is stage 1's
     (learnt from the pretrained network) and ``init_scale = "curvature"`` (the curvature
     of the pretrained network) is the paper's initial scales.  Besides ``size_mb``,
@@ -127,8 +139,9 @@ def run_ssvi(ctx) -> dict:
         seed=cfg.seed,
     )
     callbacks = [update]
+    beta = resolve_kl_weight(cfg.stage1.kl_weight, model)
     if cfg.stage1.kl_warmup_epochs:
-        callbacks.insert(0, KLAnnealing(cfg.stage1.kl_warmup_epochs))
+        callbacks.insert(0, KLAnnealing(cfg.stage1.kl_warmup_epochs, end=beta))
 
     def extra(n_guide: int, n_det: int) -> dict:
         return {
@@ -139,8 +152,9 @@ def run_ssvi(ctx) -> dict:
             "removal": sc.removal,
             "addition": sc.addition,
             "subspace_updates": len(update.updates),
+            **kl_weight_field(beta),
         }
 
     return _train_and_evaluate(
-        ctx, model, guide, loader, "ssvi", sc.epochs, sc.lr, callbacks, extra
+        ctx, model, guide, loader, "ssvi", sc.epochs, sc.lr, callbacks, extra, kl_weight=beta
     )
