@@ -1,0 +1,84 @@
+"""The compression frontier's baselines (``experiments/frontier.py``, issue 31): the
+deterministic network at INT8 by torch.ao and at 4 bits, and the targets' logic."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from twodg_pyro.models import LeNet5
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def frontier():
+    spec = importlib.util.spec_from_file_location("frontier", ROOT / "experiments" / "frontier.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _net():
+    torch.manual_seed(0)
+    return LeNet5().eval()
+
+
+def test_four_bit_network_rounds_every_tensor_to_15_levels_and_counts_its_bytes(frontier):
+    net = _net()
+    q, n_bytes = frontier.four_bit_network(net)
+    expected = 0
+    for p, pq in zip(net.parameters(), q.parameters(), strict=True):
+        scale = p.abs().max() / 7
+        assert (pq - p).abs().max() <= scale / 2 + 1e-6
+        assert torch.unique(pq).numel() <= 15
+        expected += (p.numel() + 1) // 2 + 4
+    assert n_bytes == expected
+    assert n_bytes < sum(p.numel() for p in net.parameters()) * 4 / 7  # ~8x below float32
+
+
+def test_int8_network_by_torch_ao_is_a_quarter_of_the_file_and_predicts_alike(frontier, tmp_path):
+    net = _net()
+    x = torch.randn(256, 1, 28, 28)
+    q, n_bytes = frontier.int8_network(net, x, tmp_path / "q.pt")
+    assert n_bytes == (tmp_path / "q.pt").stat().st_size
+    f32 = 4 * sum(p.numel() for p in net.parameters())
+    assert n_bytes < 0.4 * f32
+    with torch.no_grad():
+        ref, out = net(x), q(x)
+    assert (out - ref).abs().max() < 0.05 * ref.abs().max()
+    assert (out.argmax(1) == ref.argmax(1)).float().mean() > 0.9
+
+
+def _row(point, family, nbytes, acc, nll, auroc):
+    return {
+        "point": point,
+        "family": family,
+        "file_bytes": nbytes,
+        "float32_ratio": 1000 / nbytes,
+        "accuracy": acc,
+        "nll": nll,
+        "mean_ood_auroc": auroc,
+    }
+
+
+def test_targets_pick_the_smallest_2dg_file_that_keeps_the_uncertainty(frontier):
+    rows = [
+        _row("deterministic float32", "deterministic", 1000, 0.97, 0.15, 0.90),
+        _row("deterministic 4-bit", "deterministic", 130, 0.96, 0.16, 0.89),
+        _row("mean-field INT8 mu, 1-bit sigma", "mean_field", 300, 0.95, 0.20, 0.93),
+        _row("ensemble", "ensemble", 5000, 0.975, 0.10, 0.94),
+        _row("2dg small", "2dg", 20, 0.90, 0.30, 0.95),  # too inaccurate
+        _row("2dg mid", "2dg", 25, 0.97, 0.12, 0.95),  # keeps all: 40x
+        _row("2dg big", "2dg", 50, 0.975, 0.11, 0.96),
+    ]
+    checks = frontier.targets(rows)
+    first = checks["smallest 2DG file keeping acc >= det - 0.5 pp, NLL <= det, OOD >= ensemble"]
+    assert first["met"] and first["value"].startswith("2dg mid: 40.0x")
+    assert not checks["moonshot: that file >= 50x smaller"]["met"]
+    beat4 = checks["a 2DG point beats 4-bit det on NLL and OOD AUROC at a smaller file"]
+    assert beat4["met"] and "2dg small" not in beat4["value"]
+    assert checks["a 2DG point beats INT8-mu / 1-bit-sigma mean-field on every axis"]["met"]
