@@ -364,13 +364,14 @@ def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> 
         "",
         "## Clean test data",
         "",
-        "| recipe | method | acc | NLL | ECE | mean MI | AURC | trainable | stored |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| recipe | method | seeds | acc | NLL | ECE | mean MI | AURC | trainable | stored |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary:
         rec = " (recommended)" if r["recommended"] else ""
         lines.append(
-            f"| {r['recipe']}{rec} | {r['method']} | {_f(r['accuracy'], '.4f')} | {_f(r['nll'])} "
+            f"| {r['recipe']}{rec} | {r['method']} | {r['seeds']} | {_f(r['accuracy'], '.4f')} "
+            f"| {_f(r['nll'])} "
             f"| {_f(r['ece'], '.4f')} | {_f(r['mean_mi_clean'], '.4f')} | {_f(r['aurc'], '.4f')} "
             f"| {r['trainable_params']:,} | {r['stored_params']:,} |"
         )
