@@ -282,3 +282,25 @@ def test_pipeline_rows_for_rank1_and_ssvi(tmp_path):
     s = sum(round(0.2 * n) for n in (64 * 16, 16, 16 * 10, 10))
     assert records["ssvi"]["trainable_params"] == 2 * s == 2 * records["ssvi"]["active"]
     assert records["ssvi"]["kl_weight"] == 0.1 and "kl_weight" not in records["rank1"]
+
+
+def test_ssvi_counts_only_active_inputs_in_a_fan_in_prior(tmp_path):
+    """Under the layer-wise prior SSVI at density d takes N(0, g^2 / (d fan_in)): the
+    dense rule shrank each layer's pre-activations by d and SSVI collapsed to chance."""
+    from twodg_pyro.pipeline import run
+    from twodg_pyro.priors import LayerwiseNormalPrior
+
+    cfg = config_from_dict(
+        {
+            "methods": ["ssvi"],
+            "progress": False,
+            "num_samples": 2,
+            "network": {"hidden": [16]},
+            "prior": {"kind": "layerwise", "scale": 1.5},
+            "ssvi": {"epochs": 1, "density": 0.25},
+            "diagnostics": {"enabled": False},
+        }
+    )
+    prior = run(cfg).trained["ssvi"].model.prior
+    assert isinstance(prior, LayerwiseNormalPrior)
+    assert prior.gain == pytest.approx(1.5 / 0.5)

@@ -12,6 +12,7 @@ model file keeps for prediction: the same; SSVI's active positions are integers,
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -21,6 +22,7 @@ from ..guides.ssvi_subspace import SubspaceUpdate
 from ..infer import DecomposedELBO, KLAnnealing, fit
 from ..infer.temperature import resolve_kl_weight
 from ..likelihoods import Categorical
+from ..priors import LayerwiseNormalPrior, prior_class
 from .algorithm1 import EMPIRICAL_BAYES_KINDS
 from .builders import build_model, build_net, seed_everything, train_loader
 from .results import kl_weight_field, size_mb
@@ -106,7 +108,7 @@ def run_rank1(ctx) -> dict:
 
 
 def run_ssvi(ctx) -> dict:
-    """Train and evaluate an SSVI BNN with ``cfg.ssvi`` settings; returns its record.
+    r"""Train and evaluate an SSVI BNN with ``cfg.ssvi`` settings; returns its record.
 
     Prior, network, KL weight and initial scales are those of the mean-field row
     (``cfg.prior``, ``cfg.network``, ``cfg.stage1.kl_weight``, ``cfg.stage1.init_scale``
@@ -115,12 +117,20 @@ def run_ssvi(ctx) -> dict:
     (learnt from the pretrained network) and ``init_scale = "curvature"`` (the curvature
     of the pretrained network) is the paper's initial scales.  Besides ``size_mb``,
     ``size_mb_with_index`` adds one int32 position per active coordinate.
+
+    A fan-in prior (``layerwise``, :math:`\mathcal N(0, g^2/\text{fan\_in})`) counts the
+    active inputs only: :math:`\mathcal N(0, g^2/(d\,\text{fan\_in}))` at density
+    :math:`d`, so that a unit's pre-activation keeps the prior variance the fan-in rule
+    gives a dense layer (with a fraction :math:`d` of its weights active, the dense
+    rule shrinks it by :math:`d` per layer and SSVI's predictions collapse to chance).
     """
     cfg, split = ctx.cfg, ctx.art.split
     sc = cfg.ssvi
     prior = cfg.prior
     if cfg.prior.kind in EMPIRICAL_BAYES_KINDS:
         prior = ctx.stage1()[0].model.prior
+    elif prior_class(cfg.prior.kind) is LayerwiseNormalPrior:
+        prior = LayerwiseNormalPrior(gain=cfg.prior.scale / math.sqrt(sc.density))
     init_scale = "paper" if cfg.stage1.init_scale == "curvature" else cfg.stage1.init_scale
     seed_everything(cfg.seed)
     net = build_net(cfg.network, split).to(cfg.device)
