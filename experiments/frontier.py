@@ -61,6 +61,9 @@ from twodg_pyro.pipeline.results import atomic_write_text
 from twodg_pyro.pipeline.uncertainty_step import UncertaintySets, _tensors
 from twodg_pyro.pipeline.variants import run_variants
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from uncertainty import QUICK  # noqa: E402  (--quick: every stage for an epoch or two)
+
 #: 2DG variants (stage 2/3 settings over the recipe): K, and fewer outliers at K = 16
 VARIANTS: dict[str, dict] = {
     **{f"K={k}": {"sharing": {"n_components": k}} for k in (8, 16, 32, 64)},
@@ -70,13 +73,6 @@ VARIANTS: dict[str, dict] = {
 }
 #: the "small" coding of a 2DG file (lossy for the outliers and ellipse weights only)
 SMALL = {"outlier_mu_bits": 8, "outlier_sigma_bits": 4, "alpha_bits": 4}
-QUICK = {
-    "network": {"pretrain_epochs": 1},
-    "stage1": {"epochs": 1, "deterministic_epochs": 1},
-    "stage3": {"epochs": 1, "merge_every": 1, "reassign_every": 1},
-    "ensemble": {"members": 2},
-    "laplace": {"marglik_steps": 5},
-}
 AXES = (("accuracy", "accuracy"), ("nll", "NLL"), ("mean_ood_auroc", "mean OOD AUROC"))
 
 
@@ -173,8 +169,8 @@ def run_seed(args, seed: int) -> list[dict]:
     )
     S = cfg.num_samples
     det = art.trained["deterministic"].model
-    f32 = network_bytes(det)["float32"]
-    n_params = network_bytes(det)["params"]
+    sizes = network_bytes(det)
+    f32, n_params = sizes["float32"], sizes["params"]
     spec = network_spec(cfg.network, art.split)
     points: list[dict] = []
 
