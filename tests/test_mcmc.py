@@ -285,3 +285,15 @@ def test_evaluate_and_diagnose_an_mcmc_model_file(tmp_path, capsys):
     assert report["metrics"]["accuracy"] == pytest.approx(result["accuracy"])
     for name in ("mcmc_trace.png", "mcmc_trace_rank.png", "inference_data_mcmc.nc"):
         assert (folder / name).stat().st_size > 1000, name
+
+
+def test_costs_count_an_mcmc_posterior_by_its_kept_draws():
+    """The run's cost fields predict an MCMC posterior as its table row does (all kept
+    draws), not as a deterministic network (it has no ``forward``)."""
+    from twodg_pyro.pipeline.costs import forwards_per_prediction, predictor
+
+    post = _posterior(chains=2, draws=7)
+    x = torch.randn(5, 3)
+    assert forwards_per_prediction((post, None), num_samples=30) == 14
+    pred = predictor((post, None), (x, torch.zeros(5, dtype=torch.long)), 30, 0)()
+    assert torch.allclose(pred.mean, post.sample_probs(x, num_samples=None).mean(0))

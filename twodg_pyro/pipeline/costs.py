@@ -63,6 +63,7 @@ def forwards_per_prediction(entry, num_samples: int) -> int:
     (an ``art.trained`` item: ``(model, guide, ...)``, or a baseline's object as its
     model): see the module docstring."""
     from ..baselines import Ensemble, LaplacePosterior
+    from ..infer.mcmc import MCMCPosterior
 
     model, guide = entry[0], entry[1]
     if guide is not None:
@@ -71,12 +72,15 @@ def forwards_per_prediction(entry, num_samples: int) -> int:
         return int(model.num_members)
     if isinstance(model, LaplacePosterior):
         return int(num_samples)
+    if isinstance(model, MCMCPosterior):  # the table predicts by all its kept draws
+        return int(model.num_draws)
     return 1
 
 
 def predictor(entry, eval_data, num_samples: int, seed: int) -> Callable[[], object]:
     """The call that predicts ``eval_data`` as the run's table did, for timing."""
     from ..baselines import Ensemble, LaplacePosterior
+    from ..infer.mcmc import MCMCPosterior
 
     model, guide = entry[0], entry[1]
     if guide is not None:
@@ -85,6 +89,8 @@ def predictor(entry, eval_data, num_samples: int, seed: int) -> Callable[[], obj
         return lambda: model.predict(eval_data)
     if isinstance(model, LaplacePosterior):
         return lambda: model.predict(eval_data, num_samples, seed)
+    if isinstance(model, MCMCPosterior):
+        return lambda: model.predict(eval_data, num_samples=None)
     return lambda: deterministic_predict(model, eval_data)
 
 
