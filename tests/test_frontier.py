@@ -82,3 +82,23 @@ def test_targets_pick_the_smallest_2dg_file_that_keeps_the_uncertainty(frontier)
     beat4 = checks["a 2DG point beats 4-bit det on NLL and OOD AUROC at a smaller file"]
     assert beat4["met"] and "2dg small" not in beat4["value"]
     assert checks["a 2DG point beats INT8-mu / 1-bit-sigma mean-field on every axis"]["met"]
+
+
+def test_the_committed_frontier_follows_from_its_points(frontier):
+    """``experiments/results/frontier.json``: every seed has every point, with its bytes
+    and forward passes, and the summary and targets are recomputed from the points."""
+    import json
+
+    path = ROOT / "experiments" / "results" / "frontier.json"
+    if not path.exists():
+        pytest.skip("frontier.json is not committed")
+    payload = json.loads(path.read_text())
+    assert payload["seeds"] == [0, 1, 2]
+    names = {p["point"] for p in payload["points"]}
+    for seed in payload["seeds"]:
+        assert {p["point"] for p in payload["points"] if p["seed"] == seed} == names
+    for p in payload["points"]:
+        assert p["file_bytes"] > 0 and p["forwards_per_prediction"] >= 1, p["point"]
+    rows = frontier.summarise(payload["points"])
+    assert json.loads(json.dumps(rows)) == payload["summary"]
+    assert json.loads(json.dumps(frontier.targets(rows))) == payload["targets"]
