@@ -16,6 +16,12 @@ class DrawBaseline(nn.Module):
     :class:`~twodg_pyro.baselines.LaplacePosterior`'s seeded draws); a subclass gives
     ``_draws(batches, num_samples, seed)``, the ``(S, N, C)`` probabilities on the CPU."""
 
+    def draws_per_prediction(self, num_samples: int) -> int:
+        """Draws (network evaluations per example) of one prediction asked for
+        ``num_samples`` draws: ``num_samples`` here; a subclass whose draws are fixed
+        (an ensemble's members, an MCMC posterior's kept draws) gives its own."""
+        return int(num_samples)
+
     @torch.no_grad()
     def sample_probs(
         self, x, num_samples: int | None = 30, seed: int | None = 0, batch_size: int = 512

@@ -51,6 +51,10 @@ class Ensemble(DrawBaseline):
     def num_members(self) -> int:
         return len(self.members)
 
+    def draws_per_prediction(self, num_samples: int) -> int:
+        """Its ``M`` members, whatever ``num_samples``."""
+        return self.num_members
+
     @property
     def net(self) -> nn.Module:
         """The first member (the architecture, for checks of inputs and outputs)."""

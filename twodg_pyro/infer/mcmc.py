@@ -185,6 +185,10 @@ class MCMCPosterior(DrawBaseline):
         """All kept draws, over the chains: ``C D``."""
         return int(self.draws.shape[0] * self.draws.shape[1])
 
+    def draws_per_prediction(self, num_samples: int) -> int:
+        """All its kept draws ``C D``, as the run's table predicts it."""
+        return self.num_draws
+
     def num_params(self) -> int:
         """Floating-point numbers stored: the ``C D`` draws of ``n_w`` scalars."""
         return int(self.draws.numel())

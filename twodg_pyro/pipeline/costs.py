@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from ..accounting import network_bytes
+from ..baselines.draws import DrawBaseline
 from ..evaluation import seeded_predict
 from ..prediction import deterministic_predict
 
@@ -62,35 +63,21 @@ def forwards_per_prediction(entry, num_samples: int) -> int:
     """Network evaluations per example of one prediction of a trained method's ``entry``
     (an ``art.trained`` item: ``(model, guide, ...)``, or a baseline's object as its
     model): see the module docstring."""
-    from ..baselines import Ensemble, LaplacePosterior
-    from ..infer.mcmc import MCMCPosterior
-
     model, guide = entry[0], entry[1]
     if guide is not None:
         return int(num_samples) * int(getattr(model, "output_components", 1) or 1)
-    if isinstance(model, Ensemble):
-        return int(model.num_members)
-    if isinstance(model, LaplacePosterior):
-        return int(num_samples)
-    if isinstance(model, MCMCPosterior):  # the table predicts by all its kept draws
-        return int(model.num_draws)
+    if isinstance(model, DrawBaseline):
+        return model.draws_per_prediction(num_samples)
     return 1
 
 
 def predictor(entry, eval_data, num_samples: int, seed: int) -> Callable[[], object]:
     """The call that predicts ``eval_data`` as the run's table did, for timing."""
-    from ..baselines import Ensemble, LaplacePosterior
-    from ..infer.mcmc import MCMCPosterior
-
     model, guide = entry[0], entry[1]
     if guide is not None:
         return lambda: seeded_predict(model, guide, eval_data, num_samples, seed)
-    if isinstance(model, Ensemble):
-        return lambda: model.predict(eval_data)
-    if isinstance(model, LaplacePosterior):
-        return lambda: model.predict(eval_data, num_samples, seed)
-    if isinstance(model, MCMCPosterior):
-        return lambda: model.predict(eval_data, num_samples=None)
+    if isinstance(model, DrawBaseline):
+        return lambda: model.predict(eval_data, model.draws_per_prediction(num_samples), seed)
     return lambda: deterministic_predict(model, eval_data)
 
 
