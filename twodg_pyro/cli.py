@@ -282,7 +282,9 @@ def _export(args, ctx: dict) -> int:
     }
     if args.faithful:
         options.update(FAITHFUL_OPTIONS)
-    rep = export_compact_file(src, out, **options)
+    rep = export_compact_file(
+        src, out, prune_snr=args.prune_snr, prune_spread=args.prune_spread, **options
+    )
     parts = ("centres", "covariances", "index", "outliers", "ellipses", "net", "header")
     fp32 = rep["float32_network_bytes"]
     print(f"{rep['source']}: {rep['source_bytes']:,} bytes (the full model file)")
@@ -293,6 +295,12 @@ def _export(args, ctx: dict) -> int:
         f"{fp32:,} bytes at float32, {rep['int8_network_bytes']:,} at INT8)"
     )
     print("  " + ", ".join(f"{k} {rep[k]:,}" for k in parts))
+    if rep["pruned"] is not None:
+        pr = rep["pruned"]
+        print(
+            f"  pruned: {pr['n_pruned']:,} weights ({pr['fraction']:.1%}) of stage-1 "
+            f"|mu|/sigma < {pr['snr']:g}, spread {pr['spread']}"
+        )
     print(
         f"  index: {rep['index_bits_per_weight']:.3f} bits/weight ({rep['index_coding']} rANS), "
         f"empirical entropy {rep['index_entropy_bits']:.3f} "

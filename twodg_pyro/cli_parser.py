@@ -245,6 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="predict as the full file does: float32 centres, 16-bit outliers and alphas "
         "(overrides --precision and the bit widths)",
     )
+    p.add_argument(
+        "--prune-snr",
+        type=float,
+        default=None,
+        metavar="T",
+        help="tie every inlier of stage-1 |mu|/sigma < T to a zero-mean component (fewer "
+        "index bits; docs/results.md measures what it costs)",
+    )
+    p.add_argument(
+        "--prune-spread",
+        choices=["zero", "matched"],
+        default="zero",
+        help="pruned weights: removed (zero), or N(0, their mean second moment) per layer",
+    )
     p = command("report", "rebuild the results table of a run folder")
     p.add_argument("run_dir")
     return parser

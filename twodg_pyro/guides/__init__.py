@@ -8,6 +8,7 @@ tyings (:mod:`.tyings`), rank-1 and SSVI.
 from ..guide import BNNGuide, GuideSample, MarginalDensity, NoSiteDensityError
 from .base import GuideDraw
 from .mean_field import MeanFieldGuide, paper_initial_scales
+from .pruning import prune_guide
 from .rank1 import CauchyPrior, Rank1BNNModel, Rank1Guide, rank1_prior
 from .shared_gmm import SharedGMMGuide
 from .ssvi import SSVIGuide
@@ -34,6 +35,7 @@ __all__ = [
     "Tying",
     "TyingName",
     "paper_initial_scales",
+    "prune_guide",
     "rank1_prior",
     "tying_named",
 ]

@@ -50,6 +50,7 @@ The byte layout of the files and the coding of their parts are in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -340,10 +341,19 @@ def resolve_model_file(run_or_file: str | Path) -> Path:
     return p
 
 
-def export_compact_file(run_or_file: str | Path, out: str | Path, **options) -> dict:
+def export_compact_file(
+    run_or_file: str | Path,
+    out: str | Path,
+    prune_snr: float | None = None,
+    prune_spread: str = "zero",
+    **options,
+) -> dict:
     """Load the full model file of a run folder (or a model file) and write it compact.
 
-    ``options`` are those of :func:`export_compact`.  The compact file keeps the full
+    ``options`` are those of :func:`export_compact`.  ``prune_snr``: first tie every
+    inlier of stage-1 :math:`|\\mu| / \\sigma <` ``prune_snr`` to a zero-mean component
+    of ``prune_spread`` (:func:`~twodg_pyro.guides.prune_guide`; the report's ``pruned``
+    says how many).  The compact file keeps the full
     file's evaluation record (:func:`compact_evaluation`: the data set the run used, so
     that ``twodg-pyro evaluate`` reads it without ``--data``).  Returns the report of
     :func:`export_compact` plus ``source``, ``source_bytes``, ``out`` and what to
@@ -363,6 +373,11 @@ def export_compact_file(run_or_file: str | Path, out: str | Path, **options) -> 
         raise ValueError(f"--out {str(out)!r} would overwrite the source model file")
     payload, header = read_payload(src, SHARED_GMM_FILE.fmt)  # read and verified once
     model, guide = model_from_payload(payload, header, str(src))
+    pruned = None
+    if prune_snr is not None:
+        from ..guides.pruning import prune_guide
+
+        guide, pruned = prune_guide(model, guide, prune_snr, prune_spread)
     evaluation = compact_evaluation(header.get("evaluation"), src)
     report = export_compact(
         out, model, guide, network=header.get("network"), evaluation=evaluation, **options
@@ -379,5 +394,6 @@ def export_compact_file(run_or_file: str | Path, out: str | Path, **options) -> 
         int8_network_bytes=sizes["int8"],
         float32_ratio=sizes["float32"] / report["total"],
         bytes_per_weight=report["total"] / max(sizes["params"], 1),
+        pruned=None if pruned is None else dataclasses.asdict(pruned),
     )
     return report

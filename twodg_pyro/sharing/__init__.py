@@ -23,6 +23,7 @@ from .build import (
 from .config import SharingConfig
 from .hooks import MahalanobisHook, MergeHook
 from .outliers import OutlierReport, mean_gradients, select_outliers
+from .prune import PruneReport, inlier_snr, prune_structure
 from .refine import apply_mapping, drop_small_components, hard_assign, reassign
 from .structure import FORMAT_VERSION, SharingStructure, SiteLayout
 
@@ -32,6 +33,7 @@ __all__ = [
     "MahalanobisHook",
     "MergeHook",
     "OutlierReport",
+    "PruneReport",
     "SharingConfig",
     "SharingStructure",
     "SiteLayout",
@@ -51,7 +53,9 @@ __all__ = [
     "merge_to_fixed_point",
     "mixture_sample",
     "outlier_gradients",
+    "inlier_snr",
     "points_from_arrays",
+    "prune_structure",
     "reassign",
     "reduce_cluster_sizes",
     "select_outliers",

@@ -1,0 +1,174 @@
+r"""Pruning for deployment: inliers whose stage-1 posterior includes zero share one cheap symbol.
+
+A weight the data do not pin down has a mean-field posterior that covers zero: its
+signal-to-noise ratio
+
+.. math:: \mathrm{SNR}_i = |\mu_i| / \sigma_i
+
+is small (Graves 2011; Blundell et al. 2015, who drop up to 95 % of a network's weights
+by it; Louizos et al. 2017 prune on the same idea).  In a 2DG file every weight pays for
+its component index (:mod:`twodg_pyro.io.compact`), about :math:`H = -\sum_k p_k \log_2
+p_k` bits, so the index costs least when most weights share one symbol.
+:func:`prune_structure` moves every inlier (plain or ellipse) with
+:math:`\mathrm{SNR}_i < t`, measured on its stage-1 point :math:`x_i = (\mu_i,
+\sigma_i)` (the structure's ``inlier_points``), to new components of zero mean, so that
+the index of a fraction :math:`p` of the weights costs about :math:`-\log_2 p` bits each.
+Outliers are never pruned.  Two spreads:
+
+* ``"zero"``: one component :math:`\mathcal N(0, \sigma_{\min}^2)` with
+  :math:`\sigma_{\min}` = :data:`~twodg_pyro.guides.stochastic_draw.MIN_SIGMA`: the weight
+  is removed (Bayesian Compression's pruning; a point mass, whose KL to the prior is
+  unbounded: a pruned guide is for prediction, not for more training);
+* ``"matched"``: one component per site, :math:`\mathcal N(0, \bar\sigma_s^2)` with
+  :math:`\bar\sigma_s^2 = \frac{1}{|P_s|}\sum_{i \in P_s} (\mu_i^2 + \sigma_i^2)`, the
+  zero-mean Normal closest in :math:`\mathrm{KL}(q_{P_s} \| \cdot)` to the mixture of the
+  pruned weights' posteriors :math:`q_{P_s}` in site :math:`s` (it matches their second
+  moment): the weights keep their noise, and with it part of the predictive uncertainty.
+
+The new components' covariances (the spread of their member points, which the
+Mahalanobis check would measure against) are those of the pruned points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal, get_args
+
+import torch
+
+from .structure import SharingStructure, inlier_fields
+
+Spread = Literal["zero", "matched"]
+SPREADS: tuple[str, ...] = get_args(Spread)
+#: the smallest sigma a component centre holds (the guides' ``MIN_SIGMA``)
+_MIN_SIGMA = 1e-8
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneReport:
+    r"""What :func:`prune_structure` did.
+
+    Attributes:
+        snr: the threshold :math:`t`.
+        spread: ``"zero"`` or ``"matched"``.
+        n_pruned: inliers moved to the new components (plain and ellipse).
+        fraction: ``n_pruned`` over all weights :math:`n_w`.
+        new_components: the number of components added.
+        site_scales: per site with pruned weights, its name and the new component's
+            :math:`\sigma` (``"matched"``; ``"zero"``: :math:`\sigma_{\min}` once).
+    """
+
+    snr: float
+    spread: str
+    n_pruned: int
+    fraction: float
+    new_components: int
+    site_scales: dict
+
+
+def inlier_snr(s: SharingStructure) -> torch.Tensor:
+    r""":math:`|\mu_i| / \sigma_i` of every inlier's stage-1 point, in the order of
+    ``inlier_points`` (plain weights, then ellipse weights)."""
+    mu, m1 = s.inlier_points[:, 0], s.inlier_points[:, 1]
+    sigma = m1.exp() if s.coordinates == "log_sigma" else m1
+    return mu.abs() / sigma.clamp_min(_MIN_SIGMA)
+
+
+def _centre(sigma: float, coordinates: str) -> list[float]:
+    return [0.0, math.log(sigma) if coordinates == "log_sigma" else sigma]
+
+
+def _spread_of(points: torch.Tensor) -> torch.Tensor:
+    """The covariance of ``points`` (n, 2), kept positive definite."""
+    if points.shape[0] < 2:
+        cov = torch.zeros(2, 2, dtype=points.dtype)
+    else:
+        cov = torch.cov(points.T)
+    scale = float(cov.diagonal().abs().max()) if points.shape[0] >= 2 else 0.0
+    return cov + (1e-6 * scale + 1e-12) * torch.eye(2, dtype=points.dtype)
+
+
+def prune_structure(
+    s: SharingStructure, snr: float, spread: Spread = "zero"
+) -> tuple[SharingStructure, PruneReport]:
+    r"""``s`` with every inlier of :math:`\mathrm{SNR}_i < ` ``snr`` tied to a new
+    zero-mean component (module docstring); the old components keep their index.
+
+    Args:
+        s: a sharing structure (its ``inlier_points`` the stage-1 points).
+        snr: the threshold :math:`t \ge 0` (0 prunes nothing; 1.96: the weights whose
+            95 % interval covers zero).
+        spread: ``"zero"`` (removed weights) or ``"matched"`` (per-site moment match).
+
+    Raises:
+        ValueError: a negative or non-finite ``snr``, an unknown ``spread``, or
+            non-finite inlier points.
+    """
+    if not isinstance(snr, int | float) or not math.isfinite(snr) or snr < 0:
+        raise ValueError(f"snr must be a finite number >= 0, got {snr!r}")
+    if spread not in SPREADS:
+        raise ValueError(f"spread must be one of {list(SPREADS)}, got {spread!r}")
+    if not bool(torch.isfinite(s.inlier_points).all()):
+        raise ValueError("the structure's inlier points are not finite: nothing to prune by")
+    n_plain = int(s.plain_index.numel())
+    idx = torch.cat([s.plain_index, s.ellipse_index])
+    pruned = inlier_snr(s) < snr
+    K, dtype = s.n_gaussians, s.means.dtype
+    n_w = s.num_weights
+    if not bool(pruned.any()):
+        return s, PruneReport(float(snr), spread, 0, 0.0, 0, {})
+    # the new component of every pruned inlier: K (zero), or K + j for its site's j-th
+    site_of = torch.bucketize(idx, torch.tensor([lay.offset for lay in s.sites[1:]]), right=True)
+    points = s.inlier_points
+    new_means, new_covs, scales = [], [], {}
+    new_comp = torch.full((idx.numel(),), -1, dtype=torch.long)
+    if spread == "zero":
+        new_means.append(_centre(_MIN_SIGMA, s.coordinates))
+        new_covs.append(_spread_of(points[pruned]))
+        new_comp[pruned] = K
+        scales["all"] = _MIN_SIGMA
+    else:
+        mu, m1 = points[:, 0], points[:, 1]
+        sigma = m1.exp() if s.coordinates == "log_sigma" else m1
+        for j, site in enumerate(s.sites):
+            here = pruned & (site_of == j)
+            if not bool(here.any()):
+                continue
+            scale = float((mu[here] ** 2 + sigma[here] ** 2).mean().sqrt())
+            new_comp[here] = K + len(new_means)
+            new_means.append(_centre(max(scale, _MIN_SIGMA), s.coordinates))
+            new_covs.append(_spread_of(points[here]))
+            scales[site.name] = scale
+    # the inliers' fields: pruned ellipse weights become plain weights of their component
+    component = torch.cat([s.plain_component, torch.zeros(idx.numel() - n_plain, dtype=torch.long)])
+    component = torch.where(pruned, new_comp, component)
+    ellipse = torch.zeros(idx.numel(), dtype=torch.bool)
+    ellipse[n_plain:] = ~pruned[n_plain:]
+    k = int(s.ellipse_components.shape[1]) if s.ellipse_components.dim() == 2 else 1
+    comps = torch.zeros(idx.numel(), max(k, 1), dtype=torch.long)
+    alphas = torch.zeros(idx.numel(), max(k, 1), dtype=s.ellipse_alphas.dtype)
+    if s.n_ellipses:
+        comps[n_plain:] = s.ellipse_components
+        alphas[n_plain:] = s.ellipse_alphas
+    order = torch.argsort(idx)  # the fields keep index order within each kind
+    keep = ellipse[order]
+    fields = inlier_fields(
+        idx[order],
+        points[order],
+        component[order],
+        (keep, comps[order][keep], alphas[order][keep]),
+    )
+    means = torch.cat([s.means, torch.tensor(new_means, dtype=dtype)])
+    covs = torch.cat([s.covariances, torch.stack(new_covs).to(dtype)])
+    info = dict(s.info, pruned={"snr": float(snr), "spread": spread, "n": int(pruned.sum())})
+    out = dataclasses.replace(s, means=means, covariances=covs, info=info, **fields)
+    report = PruneReport(
+        float(snr),
+        spread,
+        int(pruned.sum()),
+        int(pruned.sum()) / max(n_w, 1),
+        len(new_means),
+        scales,
+    )
+    return out, report
