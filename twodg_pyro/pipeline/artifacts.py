@@ -65,6 +65,7 @@ from pathlib import Path
 from ..evaluation import data_to_device, n_examples
 from .builders import network_spec
 from .context import METHOD_REGISTRY
+from .costs import forwards_per_prediction
 from .diagnostics_steps import (
     StepWriter,
     compare_step,
@@ -131,16 +132,14 @@ def _write_model_files(writer: StepWriter, art, cfg, trained: dict, baselines: d
 
     records = {r.get("method"): r for r in art.records}
     spec = network_spec(cfg.network, art.split)
-    # a baseline's own draws: an ensemble's members, a network's one forward pass
-    own = {
-        "deterministic_matched": 1,
-        "ensemble": getattr(baselines.get("ensemble"), "num_members", 0),
-        "mcmc": getattr(baselines.get("mcmc"), "num_draws", 0),
-    }
     done = getattr(art, "model_files", {}) or {}
     for method, obj in {**trained, **baselines}.items():
-        n = own.get(method)
-        own_draws = draws if n is None else {**draws, "num_samples": int(n)}
+        # a baseline's own draws (an ensemble's members, an MCMC posterior's kept draws,
+        # a network's one forward pass): what the costs count too
+        own_draws = draws
+        if method in baselines:
+            n = forwards_per_prediction((obj, None), draws["num_samples"])
+            own_draws = {**draws, "num_samples": n}
         evaluation = model_evaluation(cfg, method, records.get(method), own_draws)
         names = [f"model_{method}"] + ([COMPACT_2DG] if method == "2dg" else [])
         for name in names:
