@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "tolerance": TOLERANCE,
         "reference": REFERENCE,
         "ood_sets": next(iter(per_seed.values()))["ood_sets"],
-        "library_default": 30,
+        "library_default": config_from_dict({}).num_samples,
         "recommended_draws": max(
             (n for m in sampled for n in summary[m]["sufficient_draws_per_seed"]), default=None
         ),
