@@ -1,4 +1,4 @@
-"""A compression frontier (issue 31): accuracy, NLL and mean OOD AUROC against the bytes
+r"""A compression frontier (issue 31): accuracy, NLL and mean OOD AUROC against the bytes
 of the file a user deploys, LeNet-5 on the MNIST subset.
 
     python experiments/mnist_subset_data.py --root data/mnist_subset
@@ -15,6 +15,12 @@ on the model **read back from the file it measures** where the library writes on
 * ``2dg K=k``: the 2DG BNN of each variant as ``.2dgz`` at the default precision
   (:func:`~twodg_pyro.io.export_compact`), and ``2dg K=k small`` with the outliers' means
   at INT8 and their log-scales at 4 bits, ellipse weights at 4 bits;
+* ``2dg K=k small pruned SNR<t spread`` (K = 16, 32; issue 31, item 3): that small file
+  after :func:`~twodg_pyro.guides.prune_guide` tied every inlier of stage-1
+  :math:`|\mu| / \sigma < t` to a zero-mean component (``zero``: removed; ``matched``: a
+  per-layer Normal of their second moment), no retraining; the points also record the
+  index's bits per weight and its order-1 empirical entropy (given the layer and the
+  previous weight's symbol: what a context coder could reach);
 * ``mean-field INT8 mu, b-bit sigma`` (b = 1: the paper's quantised baseline, and 4):
   :func:`~twodg_pyro.io.compact.export_int8_mean_field`; ``mean-field float32``: its
   ``.pt`` model file;
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import statistics
 import sys
@@ -43,13 +50,17 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
 from twodg_pyro.accounting import network_bytes
 from twodg_pyro.data import DatasetNotFoundError, load_dataset
+from twodg_pyro.guides import prune_guide
 from twodg_pyro.io import load_compact
 from twodg_pyro.io.compact import export_compact, export_int8_mean_field
+from twodg_pyro.io.compact_format import index_symbols
+from twodg_pyro.io.entropy import empirical_entropy_bits
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.pipeline import config_from_dict
 from twodg_pyro.pipeline.artifacts import write_model_files
@@ -73,6 +84,11 @@ VARIANTS: dict[str, dict] = {
 }
 #: the "small" coding of a 2DG file (lossy for the outliers and ellipse weights only)
 SMALL = {"outlier_mu_bits": 8, "outlier_sigma_bits": 4, "alpha_bits": 4}
+#: pruned points (item 3): these variants' small files with every inlier of stage-1
+#: SNR |mu| / sigma below each threshold tied to a zero-mean component of each spread
+#: (:func:`~twodg_pyro.guides.prune_guide`)
+PRUNED_VARIANTS, PRUNE_SNRS = ("K=16", "K=32"), (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+PRUNE_SPREADS = ("zero", "matched")
 AXES = (("accuracy", "accuracy"), ("nll", "NLL"), ("mean_ood_auroc", "mean OOD AUROC"))
 
 
@@ -131,6 +147,18 @@ def four_bit_network(net: nn.Module) -> tuple[nn.Module, int]:
             n_bytes += (p.numel() + 1) // 2 + 4
     n_bytes += 4 * sum(b.numel() for b in q.buffers() if b.is_floating_point())
     return q, n_bytes
+
+
+def order1_entropy(structure) -> float:
+    """Bits per weight of the index given the layer and the previous weight's symbol in
+    it: what an order-1 context coder would aim at (the file codes order 0)."""
+    sym = index_symbols(structure)
+    sizes = [lay.numel for lay in structure.sites]
+    starts = np.cumsum([0, *sizes[:-1]])
+    prev = np.concatenate([[0], sym[:-1] + 1])
+    prev[starts] = 0  # a layer's first weight: no previous symbol
+    site = np.repeat(np.arange(len(sizes)), sizes)
+    return empirical_entropy_bits(sym, site * (int(sym.max()) + 2) + prev)
 
 
 def score(trained, x, y, ev: UncertaintySets, bayesian: bool, draws: int, ood_draws: int, seed):
@@ -238,6 +266,26 @@ def run_seed(args, seed: int) -> list[dict]:
                     path.name,
                     **extra,
                 )
+            if variant not in PRUNED_VARIANTS:
+                continue
+            for snr, spread in itertools.product(PRUNE_SNRS, PRUNE_SPREADS):
+                guide, prune = prune_guide(trained.model, trained.guide, snr, spread)
+                path = folder / f"2dg_{len(points)}.2dgz"
+                rep = export_compact(path, trained.model, guide, network=spec, **SMALL)
+                add(
+                    f"2dg {variant} small pruned SNR<{snr:g} {spread}",
+                    "2dg",
+                    load_compact(path),
+                    True,
+                    path.stat().st_size,
+                    path.name,
+                    n_gaussians=guide.n_components,
+                    pruned_fraction=prune.fraction,
+                    index_coding=rep.get("index_coding"),
+                    index_bits_per_weight=rep.get("index_bits_per_weight"),
+                    index_entropy_bits_per_site=rep.get("index_entropy_bits_per_site"),
+                    index_order1_entropy_bits=order1_entropy(guide.structure()),
+                )
     return points
 
 
@@ -251,7 +299,15 @@ def summarise(points: list[dict]) -> list[dict]:
         row = {"point": name, "family": ps[0]["family"], "seeds": len(ps)}
         for k in ("file_bytes", "bytes_per_weight", "float32_ratio", "forwards_per_prediction"):
             row[k] = statistics.fmean(p[k] for p in ps)
-        for k in ("accuracy", "nll", "ece", "mean_ood_auroc", "mean_mi_auroc", "n_gaussians"):
+        for k in (
+            "accuracy",
+            "nll",
+            "ece",
+            "mean_ood_auroc",
+            "mean_mi_auroc",
+            "n_gaussians",
+            "pruned_fraction",
+        ):
             vals = [p[k] for p in ps if p.get(k) is not None]
             row[k] = statistics.fmean(vals) if vals else None
         rows.append(row)
@@ -325,8 +381,8 @@ def markdown(rows, checks, seeds, command) -> str:
         "(and the mutual information's, Bayesian points).",
         "",
         "| point | file bytes | bytes/weight | x smaller than fp32 det | forwards | acc | NLL "
-        "| ECE | OOD AUROC | MI AUROC | K |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ECE | OOD AUROC | MI AUROC | K | pruned |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -334,7 +390,7 @@ def markdown(rows, checks, seeds, command) -> str:
             f"{r['float32_ratio']:.1f}x | {r['forwards_per_prediction']:.0f} | "
             f"{_f(r['accuracy'])} | {_f(r['nll'])} | {_f(r['ece'])} | "
             f"{_f(r['mean_ood_auroc'], '.3f')} | {_f(r['mean_mi_auroc'], '.3f')} | "
-            f"{_f(r['n_gaussians'], '.0f')} |"
+            f"{_f(r['n_gaussians'], '.0f')} | {_f(r.get('pruned_fraction'), '.1%')} |"
         )
     lines += ["", "## Targets (issue 31)", ""]
     for name, c in checks.items():

@@ -102,3 +102,25 @@ def test_the_committed_frontier_follows_from_its_points(frontier):
     rows = frontier.summarise(payload["points"])
     assert json.loads(json.dumps(rows)) == payload["summary"]
     assert json.loads(json.dumps(frontier.targets(rows))) == payload["targets"]
+
+
+def test_the_committed_pruned_points_trade_bytes_for_snr(frontier):
+    """Item 3: per variant and spread, a larger SNR threshold prunes more weights and
+    writes a smaller file; at the smallest threshold the file is already smaller than the
+    unpruned one of the same coding."""
+    import json
+
+    path = ROOT / "experiments" / "results" / "frontier.json"
+    if not path.exists():
+        pytest.skip("frontier.json is not committed")
+    rows = {r["point"]: r for r in json.loads(path.read_text())["summary"]}
+    for variant in frontier.PRUNED_VARIANTS:
+        plain = rows[f"2dg {variant} small"]
+        for spread in frontier.PRUNE_SPREADS:
+            pts = [
+                rows[f"2dg {variant} small pruned SNR<{t:g} {spread}"] for t in frontier.PRUNE_SNRS
+            ]
+            fractions = [p["pruned_fraction"] for p in pts]
+            sizes = [p["file_bytes"] for p in pts]
+            assert fractions == sorted(fractions) and 0 < fractions[0] < fractions[-1] < 1
+            assert sizes == sorted(sizes, reverse=True) and sizes[0] < plain["file_bytes"]

@@ -74,9 +74,9 @@ from .compact_format import (
     _net_section,
     _quantise_sites,
     _site_counts,
-    _symbols,
     _write_container,
     compact_summary,
+    index_symbols,
     is_compact_file,
     read_compact,
 )
@@ -184,7 +184,7 @@ def export_compact(
         cov_bytes, cov_dt = _float_bytes(chol, centre_dtype)
 
     # the per-weight index
-    sym = _symbols(s)
+    sym = index_symbols(s)
     t0 = time.perf_counter()
     code = encode_index(sym, sizes, K + 2, index_coding)
     encode_seconds = time.perf_counter() - t0

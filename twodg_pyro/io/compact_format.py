@@ -360,7 +360,7 @@ def _check_bits(name: str, bits: int, lo: int, hi: int) -> int:
     return bits
 
 
-def _symbols(s) -> np.ndarray:
+def index_symbols(s) -> np.ndarray:
     """The per-weight symbol: component, ``K`` (outlier) or ``K + 1`` (ellipse)."""
     K = s.n_gaussians
     sym = np.empty(s.num_weights, dtype=np.int64)
