@@ -62,10 +62,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..baselines.draws import DrawBaseline
 from ..evaluation import data_to_device, n_examples
 from .builders import network_spec
 from .context import METHOD_REGISTRY
-from .costs import forwards_per_prediction
 from .diagnostics_steps import (
     StepWriter,
     compare_step,
@@ -135,11 +135,15 @@ def _write_model_files(writer: StepWriter, art, cfg, trained: dict, baselines: d
     done = getattr(art, "model_files", {}) or {}
     for method, obj in {**trained, **baselines}.items():
         # a baseline's own draws (an ensemble's members, an MCMC posterior's kept draws,
-        # a network's one forward pass): what the costs count too
+        # a network's one forward pass), as the costs count them
         own_draws = draws
         if method in baselines:
-            n = forwards_per_prediction((obj, None), draws["num_samples"])
-            own_draws = {**draws, "num_samples": n}
+            n = (
+                obj.draws_per_prediction(draws["num_samples"])
+                if isinstance(obj, DrawBaseline)
+                else 1
+            )
+            own_draws = {**draws, "num_samples": int(n)}
         evaluation = model_evaluation(cfg, method, records.get(method), own_draws)
         names = [f"model_{method}"] + ([COMPACT_2DG] if method == "2dg" else [])
         for name in names:
