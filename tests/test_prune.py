@@ -143,3 +143,40 @@ def test_cli_export_prunes_and_the_file_evaluates(shared, tmp_path, capsys):
     assert main(["evaluate", str(tmp_path / "pruned.2dgz"), "--out", str(tmp_path / "e.json")]) == 0
     assert main(["export", str(full), "--out", str(tmp_path / "x.2dgz"), "--prune-snr", "-1"]) == 2
     assert "snr must be a finite number >= 0, got -1.0" in capsys.readouterr().err
+
+
+def test_one_site_by_hand_matched_scale_is_the_second_moment():
+    """Six weights in one layer: one outlier, five inliers whose SNRs are 0.1, 0.4, 3, 5
+    and 0.2 (one of them an ellipse weight); at t = 0.5 the three below it share
+    N(0, mean(mu^2 + sigma^2)), in (mu, log sigma) coordinates."""
+    import math
+
+    from twodg_pyro.sharing import SharingStructure, SiteLayout
+
+    pts = torch.tensor([[0.01, 0.1], [0.04, 0.1], [0.3, 0.1], [0.5, 0.1], [0.02, 0.1]])
+    log_pts = torch.stack([pts[:, 0], pts[:, 1].log()], 1)
+    s = SharingStructure(
+        sites=[SiteLayout("w", (6,), 0)],
+        coordinates="log_sigma",
+        means=torch.tensor([[0.0, math.log(0.1)], [0.4, math.log(0.1)]]),
+        covariances=torch.eye(2).repeat(2, 1, 1) * 0.01,
+        outlier_index=torch.tensor([2]),
+        outlier_loc=torch.tensor([2.0]),
+        outlier_scale=torch.tensor([0.1]),
+        plain_index=torch.tensor([0, 1, 3, 4]),
+        plain_component=torch.tensor([0, 0, 1, 1]),
+        ellipse_index=torch.tensor([5]),
+        ellipse_components=torch.tensor([[0, 1]]),
+        ellipse_alphas=torch.tensor([[0.5, 0.5]]),
+        inlier_points=log_pts,
+    )
+    out, rep = prune_structure(s, 0.5, "matched")
+    assert rep.n_pruned == 3 and rep.new_components == 1 and out.n_ellipses == 0
+    assert out.plain_index.tolist() == [0, 1, 3, 4, 5]
+    assert out.plain_component.tolist() == [2, 2, 1, 1, 2]
+    pruned = pts[[0, 1, 4]]
+    expect = float(((pruned**2).sum(1)).mean().sqrt())
+    assert rep.site_scales["w"] == pytest.approx(expect)
+    assert float(out.means[2, 1]) == pytest.approx(math.log(expect))
+    assert float(out.means[2, 0]) == 0.0
+    torch.testing.assert_close(out.inlier_points[-1], log_pts[-1])  # ellipse -> plain, last

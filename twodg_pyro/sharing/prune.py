@@ -105,7 +105,12 @@ def prune_structure(
         ValueError: a negative or non-finite ``snr``, an unknown ``spread``, or
             non-finite inlier points.
     """
-    if not isinstance(snr, int | float) or not math.isfinite(snr) or snr < 0:
+    if (
+        isinstance(snr, bool)
+        or not isinstance(snr, int | float)
+        or not math.isfinite(snr)
+        or snr < 0
+    ):
         raise ValueError(f"snr must be a finite number >= 0, got {snr!r}")
     if spread not in SPREADS:
         raise ValueError(f"spread must be one of {list(SPREADS)}, got {spread!r}")
@@ -119,7 +124,8 @@ def prune_structure(
     if not bool(pruned.any()):
         return s, PruneReport(float(snr), spread, 0, 0.0, 0, {})
     # the new component of every pruned inlier: K (zero), or K + j for its site's j-th
-    site_of = torch.bucketize(idx, torch.tensor([lay.offset for lay in s.sites[1:]]), right=True)
+    starts = torch.tensor([lay.offset for lay in s.sites[1:]], dtype=idx.dtype)
+    site_of = torch.bucketize(idx, starts, right=True)
     points = s.inlier_points
     new_means, new_covs, scales = [], [], {}
     new_comp = torch.full((idx.numel(),), -1, dtype=torch.long)
