@@ -377,3 +377,27 @@ def test_gpu_check_script_runs_on_the_cpu_device(tmp_path):
         "mean_field_traced",
         "ratios",
     }
+
+
+def test_committed_float64_recipe_run_matches_float32():
+    """``experiments/configs/lenet5_float{64,32}.toml``: the recommended LeNet-5 recipe run
+    end to end in float64 (every method, the uncertainty evaluation) agrees with its
+    float32 twin of the same seed within the run-to-run noise of one seed."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "experiments" / "results" / "float64"
+    if not (root / "lenet5_f64.json").exists():
+        pytest.skip("the float64 results are not committed")
+    runs = {d: json.loads((root / f"lenet5_{d}.json").read_text()) for d in ("f32", "f64")}
+    assert runs["f64"]["config"]["network"]["dtype"] == "float64"
+    assert runs["f32"]["config"]["network"]["dtype"] == "float32"
+    recs = {d: {r["method"]: r for r in run["records"]} for d, run in runs.items()}
+    assert set(recs["f64"]) == set(recs["f32"]) == {"deterministic", "mean_field", "2dg"}
+    for method, a in recs["f64"].items():
+        b = recs["f32"][method]
+        assert abs(a["accuracy"] - b["accuracy"]) <= 0.005, method
+        assert abs(a["nll"] - b["nll"]) <= 0.02, method
+        auroc = [statistics.fmean(v["entropy_auroc"] for v in r["ood"].values()) for r in (a, b)]
+        assert abs(auroc[0] - auroc[1]) <= 0.01 and min(auroc) > 0.9, method
