@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..guide import LOG_Q_METHODS, BNNGuide, MarginalDensity
-from .stochastic_draw import MIN_SIGMA
+from ..sharing.structure import MIN_SIGMA
 
 __all__ = [
     "LOG_Q_METHODS",

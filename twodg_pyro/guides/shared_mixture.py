@@ -19,8 +19,7 @@ from torch import nn
 from ..infer.elbo import DecomposedELBO
 from ..nn.functional import inverse_softplus
 from ..sharing.refine import apply_mapping, merge_point_covariances
-from ..sharing.structure import SharingStructure
-from .stochastic_draw import MIN_SIGMA
+from ..sharing.structure import MIN_SIGMA, SharingStructure
 
 
 def _chol_params(covs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from ..sharing.structure import MIN_SIGMA
+
 if TYPE_CHECKING:
     from .assignment import TyingGuide
 
 #: elements (draws x weights) per block of the no-gradient draw (a cache-sized scratch)
 DRAW_BLOCK = 1 << 15
-#: the smallest sigma a centre or a drawn weight takes (the shared-GMM guide's)
-MIN_SIGMA = 1e-8
 
 
 class Conditional(NamedTuple):

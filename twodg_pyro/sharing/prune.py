@@ -16,7 +16,7 @@ the index of a fraction :math:`p` of the weights costs about :math:`-\log_2 p` b
 Outliers are never pruned.  Two spreads:
 
 * ``"zero"``: one component :math:`\mathcal N(0, \sigma_{\min}^2)` with
-  :math:`\sigma_{\min}` = :data:`~twodg_pyro.guides.stochastic_draw.MIN_SIGMA`: the weight
+  :math:`\sigma_{\min}` = :data:`~twodg_pyro.sharing.structure.MIN_SIGMA`: the weight
   is removed (Bayesian Compression's pruning; a point mass, whose KL to the prior is
   unbounded: a pruned guide is for prediction, not for more training);
 * ``"matched"``: one component per site, :math:`\mathcal N(0, \bar\sigma_s^2)` with
@@ -37,12 +37,10 @@ from typing import Literal, get_args
 
 import torch
 
-from .structure import SharingStructure, inlier_fields
+from .structure import MIN_SIGMA, SharingStructure, inlier_fields
 
 Spread = Literal["zero", "matched"]
 SPREADS: tuple[str, ...] = get_args(Spread)
-#: the smallest sigma a component centre holds (the guides' ``MIN_SIGMA``)
-_MIN_SIGMA = 1e-8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +70,7 @@ def inlier_snr(s: SharingStructure) -> torch.Tensor:
     ``inlier_points`` (plain weights, then ellipse weights)."""
     mu, m1 = s.inlier_points[:, 0], s.inlier_points[:, 1]
     sigma = m1.exp() if s.coordinates == "log_sigma" else m1
-    return mu.abs() / sigma.clamp_min(_MIN_SIGMA)
+    return mu.abs() / sigma.clamp_min(MIN_SIGMA)
 
 
 def _centre(sigma: float, coordinates: str) -> list[float]:
@@ -130,10 +128,10 @@ def prune_structure(
     new_means, new_covs, scales = [], [], {}
     new_comp = torch.full((idx.numel(),), -1, dtype=torch.long)
     if spread == "zero":
-        new_means.append(_centre(_MIN_SIGMA, s.coordinates))
+        new_means.append(_centre(MIN_SIGMA, s.coordinates))
         new_covs.append(_spread_of(points[pruned]))
         new_comp[pruned] = K
-        scales["all"] = _MIN_SIGMA
+        scales["all"] = MIN_SIGMA
     else:
         mu, m1 = points[:, 0], points[:, 1]
         sigma = m1.exp() if s.coordinates == "log_sigma" else m1
@@ -143,7 +141,7 @@ def prune_structure(
                 continue
             scale = float((mu[here] ** 2 + sigma[here] ** 2).mean().sqrt())
             new_comp[here] = K + len(new_means)
-            new_means.append(_centre(max(scale, _MIN_SIGMA), s.coordinates))
+            new_means.append(_centre(max(scale, MIN_SIGMA), s.coordinates))
             new_covs.append(_spread_of(points[here]))
             scales[site.name] = scale
     # the inliers' fields: pruned ellipse weights become plain weights of their component
@@ -151,9 +149,9 @@ def prune_structure(
     component = torch.where(pruned, new_comp, component)
     ellipse = torch.zeros(idx.numel(), dtype=torch.bool)
     ellipse[n_plain:] = ~pruned[n_plain:]
-    k = int(s.ellipse_components.shape[1]) if s.ellipse_components.dim() == 2 else 1
-    comps = torch.zeros(idx.numel(), max(k, 1), dtype=torch.long)
-    alphas = torch.zeros(idx.numel(), max(k, 1), dtype=s.ellipse_alphas.dtype)
+    k = max(int(s.ellipse_components.shape[1]), 1)
+    comps = torch.zeros(idx.numel(), k, dtype=torch.long)
+    alphas = torch.zeros(idx.numel(), k, dtype=s.ellipse_alphas.dtype)
     if s.n_ellipses:
         comps[n_plain:] = s.ellipse_components
         alphas[n_plain:] = s.ellipse_alphas

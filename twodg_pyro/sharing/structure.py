@@ -34,6 +34,8 @@ FORMAT_VERSION = 1
 #: the plane the mixture lives in: :math:`(\mu, \sigma)` as the paper, or :math:`(\mu, \log\sigma)`
 Coordinates = Literal["sigma", "log_sigma"]
 COORDINATES: tuple[str, ...] = get_args(Coordinates)
+#: the smallest sigma a component centre or a drawn weight takes (guides clamp to it)
+MIN_SIGMA = 1e-8
 _KIND = "twodg_pyro.SharingStructure"
 
 
