@@ -10,6 +10,15 @@ from torch import nn
 from ..prediction import Prediction, _batches, _targets, deterministic_predict
 
 
+def prediction_draws(model, num_samples: int) -> int:
+    """Network evaluations per example of one prediction of a baseline ``model`` asked
+    for ``num_samples`` draws: its :meth:`DrawBaseline.draws_per_prediction`, or one
+    forward pass for a network."""
+    if isinstance(model, DrawBaseline):
+        return model.draws_per_prediction(num_samples)
+    return 1
+
+
 class DrawBaseline(nn.Module):
     """A baseline predicting by the average of its draws' class probabilities (an
     :class:`~twodg_pyro.baselines.Ensemble`'s members, a

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..baselines.draws import DrawBaseline
+from ..baselines.draws import prediction_draws
 from ..evaluation import data_to_device, n_examples
 from .builders import network_spec
 from .context import METHOD_REGISTRY
@@ -138,12 +138,7 @@ def _write_model_files(writer: StepWriter, art, cfg, trained: dict, baselines: d
         # a network's one forward pass), as the costs count them
         own_draws = draws
         if method in baselines:
-            n = (
-                obj.draws_per_prediction(draws["num_samples"])
-                if isinstance(obj, DrawBaseline)
-                else 1
-            )
-            own_draws = {**draws, "num_samples": int(n)}
+            own_draws = {**draws, "num_samples": prediction_draws(obj, draws["num_samples"])}
         evaluation = model_evaluation(cfg, method, records.get(method), own_draws)
         names = [f"model_{method}"] + ([COMPACT_2DG] if method == "2dg" else [])
         for name in names:

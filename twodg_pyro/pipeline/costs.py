@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from ..accounting import network_bytes
-from ..baselines.draws import DrawBaseline
+from ..baselines.draws import DrawBaseline, prediction_draws
 from ..evaluation import seeded_predict
 from ..prediction import deterministic_predict
 
@@ -66,9 +66,7 @@ def forwards_per_prediction(entry, num_samples: int) -> int:
     model, guide = entry[0], entry[1]
     if guide is not None:
         return int(num_samples) * int(getattr(model, "output_components", 1) or 1)
-    if isinstance(model, DrawBaseline):
-        return model.draws_per_prediction(num_samples)
-    return 1
+    return prediction_draws(model, num_samples)
 
 
 def predictor(entry, eval_data, num_samples: int, seed: int) -> Callable[[], object]:
