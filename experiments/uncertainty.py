@@ -139,7 +139,7 @@ RESNET_RECIPES: dict[str, dict] = {
         # 1's (run_recipe), the passes over the data the mean-field row's network had; at
         # stage 1's 10 alone it reached 0.512 on seed 0 (uncertainty_resnet20_r1_10ep_seed0)
         "settings": BASELINES,
-        "rank1_epochs": "pretraining + stage 1",
+        "rank1_from_scratch": True,
         "tyings": ("representative",),
         # the recipe's beta follows the data and network sizes (kl_weight "data_size"):
         # 0.1 on LeNet-5, 0.023 on this ResNet-20 (the records' kl_weight)
@@ -192,7 +192,7 @@ def run_recipe(
             spec["tyings"] = ()
     if arch == "resnet20":  # not "resnet20-full": the paper's epochs, for a GPU
         settings = merge_settings(settings, RESNET_CPU_EPOCHS)
-    if "rank1_epochs" in spec:  # a fresh network: as many epochs as pretraining + stage 1
+    if spec.get("rank1_from_scratch"):  # as many epochs as pretraining + stage 1
         epochs = settings["network"]["pretrain_epochs"] + settings["stage1"]["epochs"]
         settings = merge_settings(settings, {"rank1": {"epochs": epochs}})
     if quick:
