@@ -282,6 +282,8 @@ def test_pipeline_rows_for_rank1_and_ssvi(tmp_path):
     s = sum(round(0.2 * n) for n in (64 * 16, 16, 16 * 10, 10))
     assert records["ssvi"]["trainable_params"] == 2 * s == 2 * records["ssvi"]["active"]
     assert records["ssvi"]["kl_weight"] == 0.1 and "kl_weight" not in records["rank1"]
+    # the factor prior N(1, 0.1^2) of the rank-1 authors' deep residual networks, stated
+    assert records["rank1"]["prior_scale"] == 0.1 and records["rank1"]["prior"] == "normal"
 
 
 def test_ssvi_counts_only_active_inputs_in_a_fan_in_prior(tmp_path):

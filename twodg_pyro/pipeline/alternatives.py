@@ -103,7 +103,11 @@ def run_rank1(ctx) -> dict:
         rc.epochs,
         rc.lr,
         [rank1_kl_annealing(rc.epochs)],
-        lambda n_guide, n_det: {"components": rc.components, "prior": rc.prior},
+        lambda n_guide, n_det: {
+            "components": rc.components,
+            "prior": rc.prior,
+            "prior_scale": rc.prior_scale,
+        },
     )
 
 

