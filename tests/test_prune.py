@@ -119,6 +119,14 @@ def test_bad_settings_are_named(stage2_structure, snr, spread, match):
         prune_structure(stage2_structure, snr, spread)
 
 
+def test_a_pruned_structure_is_not_pruned_again(stage2_structure):
+    """A second pruning would leave the first zero component empty: it is refused, named."""
+    once, rep = prune_structure(stage2_structure, 1.0)
+    assert rep.n_pruned > 0 and once.n_gaussians == stage2_structure.n_gaussians + 1
+    with pytest.raises(ValueError, match=r"pruned already \(snr 1.0, spread 'zero'"):
+        prune_structure(once, 0.5)
+
+
 def test_prune_guide_needs_a_shared_gmm_guide(shared):
     model, mf, _ = shared
     with pytest.raises(TypeError, match="SharedGMMGuide"):

@@ -100,8 +100,10 @@ def prune_structure(
         spread: ``"zero"`` (removed weights) or ``"matched"`` (per-site moment match).
 
     Raises:
-        ValueError: a negative or non-finite ``snr``, an unknown ``spread``, or
-            non-finite inlier points.
+        ValueError: a negative or non-finite ``snr``, an unknown ``spread``,
+            non-finite inlier points, or a structure pruned already (pruning it again
+            would move its pruned weights to yet another component and leave the first
+            one empty: prune the unpruned structure at the new threshold).
     """
     if (
         isinstance(snr, bool)
@@ -112,6 +114,13 @@ def prune_structure(
         raise ValueError(f"snr must be a finite number >= 0, got {snr!r}")
     if spread not in SPREADS:
         raise ValueError(f"spread must be one of {list(SPREADS)}, got {spread!r}")
+    if "pruned" in s.info:
+        done = s.info["pruned"]
+        raise ValueError(
+            f"this structure is pruned already (snr {done['snr']}, spread "
+            f"{done['spread']!r}, {done['n']} weights): prune the unpruned structure at "
+            f"the new threshold instead"
+        )
     if not bool(torch.isfinite(s.inlier_points).all()):
         raise ValueError("the structure's inlier points are not finite: nothing to prune by")
     n_plain = int(s.plain_index.numel())
