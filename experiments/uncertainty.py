@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -232,7 +233,7 @@ def run_recipe(
         recipe = spec.get("label", name)
         rec = {"recipe": recipe, "method": label, "arch": arch, "seed": seed}
         rec.update({k: r[k] for k in FIELDS + COSTS if k in r})
-        for k in ("kl_weight", "members", "n_outliers", "n_ellipses", "n_gaussians"):
+        for k in ("kl_weight", "members", "n_outliers", "n_ellipses", "n_gaussians", "prior_scale"):
             if k in r:
                 rec[k] = r[k]
         for k in ("scale_trajectory", "scale_convergence"):
@@ -587,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
         "targets": checks,
     }
     atomic_write_text(out / f"{args.stem}.json", json.dumps(payload, indent=1))
-    command = "python experiments/uncertainty.py " + " ".join(
+    # quoted as a shell takes it (a recipe's name holds spaces)
+    command = "python experiments/uncertainty.py " + shlex.join(
         argv if argv is not None else sys.argv[1:]
     )
     text = markdown(summary, checks, args.seeds, command.strip(), ev_args, args.arch)

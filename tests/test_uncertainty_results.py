@@ -70,3 +70,19 @@ def test_the_paper_recipe_carries_no_uncertainty_and_the_recommended_one_does(co
     for s in det["ood"]:
         assert rec["ood"][s]["entropy_auroc"] >= det["ood"][s]["entropy_auroc"] - 0.01, s
     assert rec["accuracy"] >= det["accuracy"] - 0.005 and rec["nll"] <= det["nll"]
+
+
+@pytest.mark.parametrize("stem", ["uncertainty_one_recipe", "uncertainty_resnet20"])
+def test_the_one_recipe_tables_run_rank1_under_one_factor_prior(stem):
+    """Rank-1's factor prior is N(1, 0.1^2) in every record of the one-recipe tables (a
+    record of the earlier N(1, 1) states no ``prior_scale``), and the tables' commands
+    read back as a shell reads them."""
+    import shlex
+
+    path = RESULTS.with_name(f"{stem}.json")
+    payload = json.loads(path.read_text())
+    rank1 = [r for r in payload["records"] if r["method"] == "rank1"]
+    assert rank1 and all(r.get("prior_scale") == 0.1 for r in rank1)
+    text = path.with_suffix(".md").read_text()
+    command = text.split("Command: `", 1)[1].split("`", 1)[0]
+    assert shlex.split(command)[:2] == ["python", "experiments/uncertainty.py"]
