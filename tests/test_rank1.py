@@ -165,6 +165,27 @@ def test_prediction_averages_all_components_and_samples():
     torch.testing.assert_close(pred.mean, torch.stack(manual).mean(0), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("sample_chunk", [4, 8, 9])
+def test_prediction_splits_a_chunk_of_draws_by_forward_passes(sample_chunk):
+    """sample_chunk bounds the forward passes (draws x 4 components) evaluated at once,
+    never the draws: every split gives the draws and predictions of one pass per chunk."""
+    torch.manual_seed(0)
+    model = Rank1BNNModel(MLP(6, (8,), 3), likelihood=50, components=4)
+    guide = Rank1Guide(model, init_scale=0.1, seed=0)
+    x = torch.randn(7, 6)
+    torch.manual_seed(2)
+    pred = predict(model, guide, x, num_samples=9, sample_chunk=sample_chunk, keep_samples=True)
+    torch.manual_seed(2)
+    manual, done = [], 0
+    while done < 9:
+        s = min(sample_chunk, 9 - done)
+        draws = guide.sample_weights(s)
+        out = torch.vmap(model.network_forward, in_dims=(0, None))(draws, x)
+        manual.append(out.flatten(0, 1).softmax(-1))
+        done += s
+    torch.testing.assert_close(pred.samples, torch.cat(manual), atol=1e-6, rtol=1e-5)
+
+
 # ---------------------------------------------------------------- guide, priors, KL
 def test_guide_initialisation_and_per_component_kl():
     model = Rank1BNNModel(MLP(6, (8,), 3), prior=rank1_prior("normal", 0.5), likelihood=50)

@@ -123,7 +123,11 @@ def predict(
         data: inputs ``X``, a pair ``(X, y)``, or an iterable of ``(x, y)`` batches.
         num_samples: ``N_s`` (paper: 30).
         batch_size: examples per forward when ``data`` is a tensor or a pair.
-        sample_chunk: weight samples drawn and evaluated at once.
+        sample_chunk: weight samples drawn at once, and the most forward passes evaluated
+            at once: a model with ``output_components = K`` (rank-1) evaluates the draws
+            of a chunk ``max(1, sample_chunk // K)`` at a time, so that its batches stay
+            as large as another model's (the draws, and so the seeded results, do not
+            depend on it).
         keep_samples: also return the per-sample predictions ``(S, N, ...)`` (``(S K, N, ...)``
             for a model with ``output_components = K``, sample-major).
         device: where inputs are moved (default: the guide's device).
@@ -151,6 +155,7 @@ def predict(
     components = int(model.output_components)
 
     batched = vmap(model.network_forward, in_dims=(0, None), randomness="different")
+    per_pass = max(1, int(sample_chunk) // components)  # draws per vectorised forward
     sums: list[torch.Tensor | None] = [None] * len(batches)
     per_sample: list[list[torch.Tensor]] = [[] for _ in batches]
     done = 0
@@ -171,7 +176,7 @@ def predict(
                 weights = program_draws(model, guide, s, x0 if device is None else x0.to(device))
             for i, (xb, _) in enumerate(batches):
                 xb = xb.to(device) if device is not None else xb
-                outputs = _run(model, batched, weights, xb)  # (s, B, ...), or (s, K, B, ...)
+                outputs = _run_chunked(model, batched, weights, xb, per_pass)
                 if components > 1:
                     outputs = outputs.flatten(0, 1)
                 preds = outputs.softmax(-1) if isinstance(lik, Categorical) else outputs
@@ -208,6 +213,21 @@ def check_finite_inputs(batches: list[tuple[torch.Tensor, torch.Tensor | None]])
             f"{bad} of {total} input rows hold values that are not finite (NaN or inf); "
             f"the first is row {first}"
         )
+
+
+def _run_chunked(
+    model, batched, weights: dict[str, torch.Tensor], x: torch.Tensor, per_pass: int
+) -> torch.Tensor:
+    """The network on a chunk of draws, ``per_pass`` draws per vectorised forward:
+    ``(s, B, ...)``, or ``(s, K, B, ...)`` for a model with ``K`` output components."""
+    s = next(iter(weights.values())).shape[0]
+    if s <= per_pass:
+        return _run(model, batched, weights, x)
+    parts = [
+        _run(model, batched, {k: v[i : i + per_pass] for k, v in weights.items()}, x)
+        for i in range(0, s, per_pass)
+    ]
+    return torch.cat(parts, 0)
 
 
 def _run(model, batched, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
