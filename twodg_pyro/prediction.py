@@ -125,9 +125,9 @@ def predict(
         batch_size: examples per forward when ``data`` is a tensor or a pair.
         sample_chunk: weight samples drawn at once, and the most forward passes evaluated
             at once: a model with ``output_components = K`` (rank-1) evaluates the draws
-            of a chunk ``max(1, sample_chunk // K)`` at a time, so that its batches stay
-            as large as another model's (the draws, and so the seeded results, do not
-            depend on it).
+            of a chunk ``max(1, sample_chunk // K)`` at a time, so that a vectorised
+            forward holds the activations of at most ``sample_chunk`` passes, as for any
+            other model (the draws, and so the seeded results, do not depend on it).
         keep_samples: also return the per-sample predictions ``(S, N, ...)`` (``(S K, N, ...)``
             for a model with ``output_components = K``, sample-major).
         device: where inputs are moved (default: the guide's device).
