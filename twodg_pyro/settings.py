@@ -123,8 +123,10 @@ HIDDEN_UNITS = Rule(
 )
 EPOCH_LIST = Rule(_is_list_of(lambda m: _is_int(m) and m >= 0), "must be epochs (integers >= 0)")
 INIT_SCALE = Rule(
-    lambda v: v in ("paper", "curvature") or (_is_number(v) and math.isfinite(v) and v > 0),
-    "must be 'paper', 'curvature' or a positive number",
+    lambda v: (
+        v in ("paper", "curvature", "hess_init") or (_is_number(v) and math.isfinite(v) and v > 0)
+    ),
+    "must be 'paper', 'curvature', 'hess_init' or a positive number",
 )
 KL_WEIGHT = Rule(
     lambda v: v == "data_size" or (_is_number(v) and 0 < v < math.inf),

@@ -327,7 +327,7 @@ def restore_state(
     model: nn.Module,
     guide: nn.Module,
     lr,
-    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
+    optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.Adam,
     elbo=None,
     callbacks: Mapping[str, Callback] | Sequence[Callback] = (),
     generators: Sequence = (),
@@ -387,7 +387,7 @@ def restore_state(
     elbo = elbo if elbo is not None else DecomposedELBO()
     elbo.beta = float(h.get("beta", elbo.beta))
     total = int(h["epochs"]) if epochs is None else int(epochs)
-    state = TrainState(model, guide, elbo, opt, lr, total)
+    state = TrainState(model, guide, elbo, opt, lr, total, make_optimizer=optimizer)
     state.epoch, state.step = int(h["epoch"]), int(h["step"])
     state.stop = bool(h.get("stop", False))  # e.g. early stopping had fired
     state.history = [dict(r) for r in h.get("history", [])]
@@ -420,7 +420,7 @@ def resume_fit(
     callbacks: Sequence[Callback] = (),
     checkpoint: Checkpoint | None = None,
     generators: Sequence | None = None,
-    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
+    optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.Adam,
     **fit_kwargs,
 ):
     """Restore the state saved in ``ckpt`` and continue :func:`~twodg_pyro.infer.fit`.

@@ -17,7 +17,7 @@ is rebuilt over the new tensors, keeping the state of every other parameter
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pyro.poutine as poutine
 import torch
@@ -99,7 +99,7 @@ def build_optimizer(
     model: nn.Module,
     guide: nn.Module,
     lr: float | Mapping[str, float],
-    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
+    optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.Adam,
     old: torch.optim.Optimizer | None = None,
     **optim_kwargs,
 ) -> torch.optim.Optimizer:

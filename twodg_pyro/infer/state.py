@@ -33,6 +33,8 @@ class TrainState:
     history: list[dict] = field(default_factory=list)
     stop: bool = False
     program: Callable | None = None
+    #: the optimiser's class or factory (``functools.partial`` with its settings)
+    make_optimizer: Callable[..., torch.optim.Optimizer] | None = None
 
     @property
     def loss_program(self) -> Callable:
@@ -42,9 +44,8 @@ class TrainState:
     def rebuild_optimizer(self) -> None:
         """Rebuild the optimiser after the guide's parameters changed, keeping the state
         of every surviving parameter."""
-        self.optimizer = build_optimizer(
-            self.model, self.guide, self.lr, type(self.optimizer), old=self.optimizer
-        )
+        make = self.make_optimizer or type(self.optimizer)
+        self.optimizer = build_optimizer(self.model, self.guide, self.lr, make, old=self.optimizer)
 
 
 def start_state(
@@ -53,7 +54,7 @@ def start_state(
     epochs: int,
     lr: float | Mapping[str, float],
     elbo: DecomposedELBO | None,
-    optimizer: type[torch.optim.Optimizer],
+    optimizer: Callable[..., torch.optim.Optimizer],
     clip_norm: float | None,
     state: TrainState | None,
 ) -> TrainState:
@@ -69,6 +70,6 @@ def start_state(
     elbo = elbo if elbo is not None else (state.elbo if state else DecomposedELBO())
     if state is None:
         opt = build_optimizer(model, guide, lr, optimizer)
-        state = TrainState(model, guide, elbo, opt, lr, int(epochs))
+        state = TrainState(model, guide, elbo, opt, lr, int(epochs), make_optimizer=optimizer)
     state.epochs = int(epochs)
     return state

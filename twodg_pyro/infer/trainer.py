@@ -169,7 +169,7 @@ def fit(
     elbo: DecomposedELBO | None = None,
     callbacks: Sequence[Callback] = (),
     device: torch.device | str | None = None,
-    optimizer: type[torch.optim.Optimizer] = torch.optim.Adam,
+    optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.Adam,
     clip_norm: float | None = None,
     progress: bool = True,
     state: TrainState | None = None,
@@ -192,7 +192,9 @@ def fit(
         elbo: the loss (default :class:`DecomposedELBO`).
         callbacks: :class:`~twodg_pyro.infer.callbacks.Callback` objects.
         device: where the minibatches are moved.
-        optimizer: a ``torch.optim.Optimizer`` class.
+        optimizer: a ``torch.optim.Optimizer`` class, or a factory of one over the
+            parameter groups (``functools.partial(VariationalOnlineNewton, kl_weight=0.1)``:
+            natural gradients of the mean-field guide, :mod:`~twodg_pyro.infer.von`).
         clip_norm: optional gradient-norm clipping.
         progress: show a tqdm bar with the loss, the KL term and the median scale ratio
             (:data:`BAR_FIELDS`; every field of an epoch stays in ``state.history``).

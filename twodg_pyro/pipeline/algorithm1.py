@@ -22,9 +22,13 @@ every rank of a process group with the same result on each
 from __future__ import annotations
 
 import copy
+import functools
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from ..accounting import compression_report
 from ..distributed import MainOnly, env
@@ -34,6 +38,7 @@ from ..infer import DecomposedELBO, KLAnnealing, ScaleTrajectory
 from ..infer.checkpoint import CheckpointData, restore_state
 from ..infer.curvature import curvature_scales, diagonal_fisher, empirical_bayes_scales
 from ..infer.temperature import resolve_kl_weight
+from ..infer.von import VariationalOnlineNewton
 from ..metrics import classification_metrics
 from ..prediction import deterministic_predict
 from ..priors import LayerwiseNormalPrior, PerSiteNormalPrior
@@ -100,14 +105,23 @@ def stage1_model(cfg, split, net, prior_scales: dict | None = None, resumed: boo
     :math:`\sigma_i = (G_{ii}/\beta + 1/s_l^2)^{-1/2}`
     (:func:`~twodg_pyro.infer.curvature.curvature_scales`).
 
+    ``stage1.init_scale = "hess_init"`` is the same optimum under a curvature of
+    ``stage1.hess_init`` per example and weight (:math:`G_{ii} = N h_0`: IVON's initial
+    scales :math:`(\lambda (h_0 + \delta_i))^{-1/2}`, :mod:`~twodg_pyro.infer.von`).
+
     A resumed stage 1 (``resumed``: its checkpoint restores the guide) passes the learnt
     ``prior_scales`` its checkpoint holds: the Fisher is not computed again (the
     network a resumed run starts from is not the pretrained one).
     """
     n_train, norm = len(split.train), cfg.network.norm_stats
     eb = cfg.prior.kind in EMPIRICAL_BAYES_KINDS
-    curvature = cfg.stage1.init_scale == "curvature"
+    curvature = cfg.stage1.init_scale in ("curvature", "hess_init")
     init = "paper" if curvature else cfg.stage1.init_scale  # resumed: the checkpoint's
+    if cfg.stage1.init_scale == "hess_init" and not (eb or resumed):
+        model = build_model(net, build_prior(cfg.prior, net), n_train, norm).to(cfg.device)
+        h0 = {s.name: torch.full(s.shape, n_train * cfg.stage1.hess_init) for s in model.sites}
+        beta = resolve_kl_weight(cfg.stage1.kl_weight, model)
+        return model, curvature_scales(model, h0, beta)
     if eb and prior_scales is not None:
         model = build_model(net, PerSiteNormalPrior(prior_scales), n_train, norm)
         if resumed:
@@ -142,7 +156,20 @@ def stage1_mean_field(rt: Runtime, split, net, extra: dict | None = None) -> Tra
     if cfg.stage1.kl_warmup_epochs:
         callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs, end=beta))
     loader = train_loader(split, cfg.data, cfg.seed)
-    lr = {"loc": cfg.stage1.lr_loc, "scale": cfg.stage1.lr_scale, "default": cfg.stage1.lr_loc}
+    s1 = cfg.stage1
+    lr = {"loc": s1.lr_loc, "scale": s1.lr_scale, "default": s1.lr_loc}
+    optimizer = None
+    if s1.trainer == "von":  # every rank takes as many steps as the unsharded loader
+        lr.update(loc=s1.von_lr, scale=s1.von_lr)
+        optimizer = functools.partial(
+            VariationalOnlineNewton,
+            kl_weight=beta,
+            beta1=s1.von_beta1,
+            beta2=s1.von_beta2,
+            clip_radius=None if math.isinf(s1.von_clip_radius) else s1.von_clip_radius,
+            warmup_steps=s1.von_warmup_epochs * len(loader),
+            total_steps=s1.epochs * len(loader),
+        )
     state = train_svi(
         rt,
         "stage1",
@@ -155,6 +182,7 @@ def stage1_mean_field(rt: Runtime, split, net, extra: dict | None = None) -> Tra
         extra,
         kl_weight=beta,
         resumed=resumed,
+        optimizer=optimizer,
     )
     return Trained(model, guide, state)
 
@@ -248,6 +276,7 @@ def train_svi(
     extra: dict | None = None,
     kl_weight: float = 1.0,
     resumed: CheckpointData | None = None,
+    optimizer=None,
 ):
     r"""SVI of ``guide`` for ``stage`` (``"stage1"``, ``"stage3"``) on the seeded ``loader``
     (``rt.execution`` shards it) on :math:`\text{nll} + \beta\,\mathrm{KL}` with
@@ -256,14 +285,16 @@ def train_svi(
     With ``rt.checkpoints`` rank 0 writes the stage's checkpoints (holding ``callbacks``'
     states, ``loader``'s generator and ``extra``), and a resumed run continues from the
     stage's checkpoint (``resumed``: it, when the caller has loaded it already).
+    ``optimizer``: a ``torch.optim`` class or factory (default Adam).
     """
     cfg, checkpoints, execution = rt.cfg, rt.checkpoints, rt.execution
     state, ckpt = None, None
+    opt = {} if optimizer is None else {"optimizer": optimizer}
     if checkpoints is not None:
         resumed = checkpoints.load(stage) if resumed is None else resumed
         if resumed is not None:
             state = restore_state(
-                resumed, model, guide, lr, callbacks=callbacks, generators=[loader]
+                resumed, model, guide, lr, callbacks=callbacks, generators=[loader], **opt
             )
         ckpt = checkpoints.callback(stage, callbacks, [loader], extra)
     return execution.fit(
@@ -278,6 +309,7 @@ def train_svi(
         device=cfg.device,
         progress=rt.progress,
         state=state,
+        **opt,
     )
 
 

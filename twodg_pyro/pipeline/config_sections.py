@@ -26,6 +26,7 @@ from ..settings import (
     HIDDEN_UNITS,
     INIT_SCALE,
     KL_WEIGHT,
+    POSITIVE_OR_INF,
     SEED,
     ConfigError,
     Section,
@@ -151,8 +152,23 @@ class Stage1Config(Section):
     kl_weight: Annotated[str | float, KL_WEIGHT] = 1.0
     #: ``"paper"`` (App. I.4), ``"curvature"`` (the optimum of the tempered ELBO under
     #: the diagonal Gauss-Newton curvature of the pretrained network:
-    #: :func:`~twodg_pyro.infer.curvature.curvature_scales`) or a positive constant
+    #: :func:`~twodg_pyro.infer.curvature.curvature_scales`), ``"hess_init"`` (the same
+    #: optimum under a curvature of ``hess_init`` per example and weight, IVON's start) or
+    #: a positive constant
     init_scale: Annotated[str | float, INIT_SCALE] = "paper"
+    hess_init: Annotated[float, positive()] = 0.5
+    #: ``"svi"`` (the ELBO's gradients with Adam at ``lr_loc`` / ``lr_scale``) or
+    #: ``"von"`` (variational online Newton, natural gradients:
+    #: :class:`~twodg_pyro.infer.VariationalOnlineNewton` with the ``von_*`` settings,
+    #: ``ess`` = N / ``kl_weight``; the deterministic parameters take Adam at ``lr_loc``)
+    trainer: Literal["svi", "von"] = "svi"
+    von_lr: Annotated[float, positive()] = 0.1
+    von_beta1: Annotated[float, FRACTION] = 0.9
+    von_beta2: Annotated[float, FRACTION] = 0.99999
+    #: the largest step of a mean per unit learning rate (``inf``: no clipping)
+    von_clip_radius: Annotated[float, POSITIVE_OR_INF] = 1e-3
+    #: epochs of linear warm-up, then a cosine decay to 0 at the stage's last step
+    von_warmup_epochs: Annotated[int, at_least(0)] = 0
     deterministic_epochs: Annotated[int, at_least(0)] = 300
     deterministic_lr: Annotated[float, positive()] = 1e-2
     deterministic_optimizer: Optimizer = "adam"
@@ -161,6 +177,14 @@ class Stage1Config(Section):
     deterministic_milestones: Annotated[list[int], EPOCH_LIST] = field(default_factory=list)
     deterministic_gamma: Annotated[float, positive()] = 0.1
     deterministic_warmup_epochs: Annotated[int, at_least(0)] = 0
+
+    def _check(self) -> None:
+        require(
+            self.trainer != "von" or self.kl_warmup_epochs == 0,
+            "stage1.kl_warmup_epochs",
+            self.kl_warmup_epochs,
+            "must be 0 with stage1.trainer = 'von' (its scales follow one KL weight)",
+        )
 
 
 @dataclass

@@ -185,6 +185,7 @@ def mean_field(ctx: RunContext) -> dict | None:
         state=state,
         scale_trajectory=scale_trajectory(state.history),
         scale_convergence=scale_convergence(state.history),
+        trainer=ctx.cfg.stage1.trainer,
         **kl_weight_field(resolve_kl_weight(ctx.cfg.stage1.kl_weight, model)),
     )
 

@@ -1,0 +1,184 @@
+"""Variational online Newton (twodg_pyro.infer.von): one step is IVON's published update in
+its own units (ess = N / beta, weight decay = beta * prior precision / N); on Bayesian
+linear regression with real data it reaches the mean-field optimum known in closed form;
+in the pipeline it trains, checkpoints and resumes like SVI, and bad settings are named."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from sklearn.datasets import load_diabetes
+from torch import nn
+
+from twodg_pyro.bnn import BNNModel
+from twodg_pyro.guides import MeanFieldGuide
+from twodg_pyro.infer import DecomposedELBO, VariationalOnlineNewton, build_optimizer, fit
+from twodg_pyro.likelihoods import Categorical, Gaussian
+from twodg_pyro.models import MLP
+from twodg_pyro.pipeline import ConfigError, config_from_dict, run
+from twodg_pyro.priors import NormalPrior
+
+
+def _ivon_by_hand(mu, sigma, g, eps, n, beta, prior_precision, lr, b1, b2, radius):
+    """IVON's Algorithm 1, first step, in its per-example units."""
+    ess = n / beta
+    delta = beta * prior_precision / n  # the weight decay
+    h = 1.0 / (ess * sigma**2) - delta
+    h_hat = g * eps / sigma
+    h = b2 * h + (1 - b2) * h_hat + 0.5 * (1 - b2) ** 2 * (h - h_hat) ** 2 / (h + delta)
+    g_bar = (1 - b1) * g / (1 - b1)  # momentum from zero, debiased
+    step = ((g_bar + delta * mu) / (h + delta)).clamp(-radius, radius)
+    return mu - lr * step, (ess * (h + delta)).rsqrt()
+
+
+def test_one_step_is_ivons_update(digits):
+    torch.manual_seed(0)
+    net = MLP(64, (16,), 10).double()
+    n, beta, prior_scale = len(digits.train), 0.1, 0.5
+    model = BNNModel(net, prior=NormalPrior(prior_scale), likelihood=Categorical(n))
+    guide = MeanFieldGuide(model, init_scale=0.05)
+    x, y = digits.train.tensors[0][:64].double(), digits.train.tensors[1][:64]
+    b1, b2, lr, radius = 0.9, 0.99, 0.3, 1e-3
+    opt = build_optimizer(
+        model,
+        guide,
+        {"loc": lr, "scale": lr},
+        functools.partial(VariationalOnlineNewton, kl_weight=beta, beta1=b1, beta2=b2),
+    )
+    mu0 = {s.name: guide.loc(s.name).detach().clone() for s in guide.sites}
+    sigma0 = {s.name: guide.scale(s.name).detach().clone() for s in guide.sites}
+    torch.manual_seed(7)  # the guide's draw: one standard normal per site, in site order
+    eps = {s.name: torch.randn(s.shape, dtype=torch.float64) for s in guide.sites}
+    w = {k: mu0[k] + sigma0[k] * eps[k] for k in mu0}
+    w_req = {k: v.clone().requires_grad_() for k, v in w.items()}
+    mean_nll = nn.functional.cross_entropy(model.network_forward(w_req, x), y)
+    grads = dict(zip(w_req, torch.autograd.grad(mean_nll, list(w_req.values())), strict=True))
+
+    torch.manual_seed(7)
+    elbo = DecomposedELBO(beta=beta)
+    loss = elbo.combine(elbo.loss_terms(model, guide, x, y))
+    loss.backward()
+    opt.step()
+    for s in guide.sites:
+        mu, sigma = _ivon_by_hand(
+            mu0[s.name], sigma0[s.name], grads[s.name], eps[s.name], n, beta,
+            prior_scale**-2, lr, b1, b2, radius,
+        )  # fmt: skip
+        torch.testing.assert_close(guide.loc(s.name).detach(), mu, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(guide.scale(s.name).detach(), sigma, rtol=1e-7, atol=1e-12)
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.2])
+def test_reaches_the_mean_field_optimum_of_bayesian_linear_regression(beta):
+    """Mean-field VI of a Gaussian posterior has a closed-form optimum: the exact mean and
+    the diagonal of the precision, :math:`S_{ii} = (X^\\top X / s_n^2)_{ii} / \\beta + P`."""
+    data = load_diabetes()
+    x = torch.tensor(data.data, dtype=torch.float64)
+    x = (x - x.mean(0)) / x.std(0)
+    y = torch.tensor(data.target, dtype=torch.float64)
+    y = (y - y.mean()) / y.std()
+    n, noise, prior_scale = len(y), 0.7, 1.0
+    torch.manual_seed(0)
+    model = BNNModel(
+        nn.Linear(10, 1, bias=False).double(),
+        prior=NormalPrior(prior_scale),
+        likelihood=Gaussian(n, scale=noise),
+    )
+    precision = x.T @ x / noise**2 / beta + torch.eye(10) / prior_scale**2
+    mean = torch.linalg.solve(precision, x.T @ y / noise**2 / beta)
+    guide = MeanFieldGuide(model, init_scale=0.1)
+    steps = 2500
+    von = functools.partial(
+        VariationalOnlineNewton,
+        kl_weight=beta,
+        beta2=0.998,
+        clip_radius=None,
+        warmup_steps=100,
+        total_steps=steps,
+    )
+    fit(
+        model,
+        guide,
+        [(x, y)],
+        epochs=steps,
+        lr={"loc": 0.5, "scale": 0.5},
+        elbo=DecomposedELBO(beta=beta),
+        optimizer=von,
+        progress=False,
+    )
+    mu, sigma = guide.means_and_scales()
+    # within a fifth of a posterior standard deviation, and 6 % (the Price estimates' noise)
+    assert float(((mu - mean).abs() / sigma).max()) < 0.2
+    torch.testing.assert_close(sigma, precision.diagonal().rsqrt(), rtol=0.06, atol=0)
+
+
+def test_bad_settings_and_groups_are_named(digits):
+    model = BNNModel(MLP(64, (8,), 10), likelihood=Categorical(100))
+    guide = MeanFieldGuide(model)
+    with pytest.raises(ValueError, match="beta2 = 1.0 is out of range"):
+        build_optimizer(model, guide, 0.1, functools.partial(VariationalOnlineNewton, beta2=1.0))
+    with pytest.raises(ValueError, match=r"got groups \['loc'\]"):
+        VariationalOnlineNewton([{"name": "loc", "params": list(guide.locs.values())}])
+    with pytest.raises(ConfigError, match="kl_warmup_epochs.*trainer = 'von'"):
+        config_from_dict({"stage1": {"trainer": "von", "kl_warmup_epochs": 2}})
+
+
+TINY_VON = {
+    "methods": ["mean_field", "2dg"],
+    "seed": 3,
+    "num_samples": 8,
+    "progress": False,
+    "checkpoint_every": 2,
+    "diagnostics": {"enabled": False},
+    "network": {"arch": "mlp", "hidden": [32]},
+    "prior": {"kind": "layerwise"},
+    "stage1": {
+        "epochs": 12,
+        "trainer": "von",
+        "init_scale": "hess_init",
+        "kl_weight": 0.1,
+        "von_lr": 0.1,
+        "von_beta2": 0.999,
+        "von_clip_radius": float("inf"),
+        "von_warmup_epochs": 1,
+    },
+    "sharing": {"outlier_rule": "quantile", "mu_quantile": 0.99, "n_components": 8, "n_min": 10},
+    "stage3": {"epochs": 2, "lr_centre": 1e-2, "lr_outlier": 1e-2},
+}
+
+
+def test_pipeline_trains_checkpoints_and_resumes_with_von(tmp_path, monkeypatch):
+    import json
+
+    from twodg_pyro.infer import checkpoint as ckpt_mod
+
+    ref = run(config_from_dict(TINY_VON), tmp_path / "ref")
+    mf = next(r for r in ref.records if r["method"] == "mean_field")
+    assert mf["trainer"] == "von" and mf["accuracy"] > 0.9
+    assert next(r for r in ref.records if r["method"] == "2dg")["accuracy"] > 0.85
+
+    real_save = ckpt_mod.Checkpoint.save
+
+    def save_then_die(self, state):
+        path = real_save(self, state)
+        if self.stage == "stage1" and state.epoch == 4:
+            raise KeyboardInterrupt
+        return path
+
+    monkeypatch.setattr(ckpt_mod.Checkpoint, "save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        run(config_from_dict(TINY_VON), tmp_path / "cut")
+    monkeypatch.setattr(ckpt_mod.Checkpoint, "save", real_save)
+    run(config_from_dict(TINY_VON), tmp_path / "cut", resume=True)
+
+    def untimed(obj):  # results.json without its timings
+        if isinstance(obj, dict):
+            return {k: untimed(v) for k, v in obj.items() if not k.endswith("seconds")}
+        return [untimed(v) for v in obj] if isinstance(obj, list) else obj
+
+    def rows(folder):
+        return untimed(json.loads((folder / "results.json").read_text())["records"])
+
+    assert rows(tmp_path / "cut") == rows(tmp_path / "ref")
