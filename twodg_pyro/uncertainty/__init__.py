@@ -10,6 +10,8 @@ shift and selective prediction.
 * :mod:`.corruptions` -- seven corruption families at five severities (and CIFAR-10-C);
 * :mod:`.draws` -- NLL and OOD AUROC against the number of posterior draws, and the
   fewest draws that keep them within a tolerance of 30 draws;
+* :mod:`.calibration` -- post-hoc temperature scaling of a predictive, fitted on held-out
+  data;
 * :mod:`.report` -- the whole record of a prediction function, a BNN or a plain network;
 * :mod:`.plots` -- score histograms and metric-versus-severity figures (imported on
   first use: matplotlib stays out of the start-up of everything that imports this).
@@ -17,6 +19,7 @@ shift and selective prediction.
 Library code: nothing here imports :mod:`twodg_pyro.pipeline`.
 """
 
+from .calibration import apply_temperature, fit_temperature
 from .corruptions import (
     CORRUPTIONS,
     SEVERITIES,
@@ -43,11 +46,13 @@ __all__ = [
     "FOLDER_OOD_SETS",
     "SEVERITIES",
     "SEVERITY_PARAMETERS",
+    "apply_temperature",
     "aurc",
     "builtin_ood_sets",
     "corrupt",
     "draws_curve",
     "evaluate_uncertainty",
+    "fit_temperature",
     "evaluate_uncertainty_net",
     "expected_entropy",
     "folder_ood_set",
