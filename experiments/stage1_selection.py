@@ -1,0 +1,214 @@
+"""Choosing stage 1 on the validation split (issue 43): the trainer (SVI or variational
+online Newton), BatchNorm's statistics and the temperature (KL weight), for one network.
+
+The recommended recipe's deterministic network (``mnist-resnet20-bayes`` with
+``experiments/uncertainty.py``'s CPU epochs; ``--arch lenet5``: ``mnist-lenet5-bayes``)
+is trained once; every point of :data:`GRID` (or ``--points``) trains stage 1 alone from
+a copy of it, and is scored on the **validation split** (the 10 % of the training images
+no stage trains on): accuracy, NLL, ECE, clean mutual information, OOD AUROC of the
+entropy and of the mutual information on the built-in sets made from the validation
+images, the severity-5 NLL of each corruption family, and whether its scales settled
+(the median scale's change over the last tenth of the epochs).  The deterministic
+network is scored alike, with and without post-hoc temperature scaling (fitted on the
+same split: an optimistic row for it).  The test images play no part.
+
+    python experiments/stage1_selection.py --arch resnet20 --points svi von_b0.023 ...
+    python experiments/stage1_selection.py --arch lenet5 --stem stage1_lenet5
+
+Results: ``experiments/results/recipe_selection/<stem>.{json,md}``, saved after every
+point (a sweep stopped half-way keeps what it measured).  The choice: the point of lowest
+validation NLL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recipe_selection import PRESETS, settings_of  # noqa: E402
+
+from twodg_pyro.evaluation import seeded_predict  # noqa: E402
+from twodg_pyro.infer import data_size_kl_weight  # noqa: E402
+from twodg_pyro.metrics import accuracy, ece, nll  # noqa: E402
+from twodg_pyro.nn import find_sites  # noqa: E402
+from twodg_pyro.pipeline import config_from_dict, run  # noqa: E402
+from twodg_pyro.pipeline.algorithm1 import Runtime, stage1_mean_field  # noqa: E402
+from twodg_pyro.pipeline.baseline_methods import method_probs  # noqa: E402
+from twodg_pyro.pipeline.builders import eval_data, seed_everything  # noqa: E402
+from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
+from twodg_pyro.pipeline.config_evaluation import UncertaintyConfig  # noqa: E402
+from twodg_pyro.pipeline.context import scale_convergence  # noqa: E402
+from twodg_pyro.pipeline.results import atomic_write_text  # noqa: E402
+from twodg_pyro.pipeline.uncertainty_step import UncertaintySets  # noqa: E402
+from twodg_pyro.uncertainty import apply_temperature, fit_temperature  # noqa: E402
+
+_VON = {"trainer": "von", "von_lr": 0.1, "von_beta2": 0.99}
+#: KL weights of the grid, as multiples of the recipe's data-size rule (``kl_weight =
+#: "data_size"``: 0.1 on LeNet-5, 0.023 on ResNet-20): one grid for every network
+MULTIPLES = (1.0, 0.3, 0.1, 0.03)
+#: stage-1 settings over the recipe's, by name, and their KL weight as a multiple of the
+#: data-size rule's: the recipe (SVI), and variational online Newton from the same
+#: pretrained network and curvature scales, with BatchNorm's statistics frozen (the
+#: recipe's) or accumulated under the sampled weights (``batch``)
+GRID: dict[str, tuple[dict, float]] = {
+    "svi": ({}, 1.0),
+    "svi, batch": ({"network": {"norm_stats": "batch"}}, 1.0),
+    **{
+        f"von, {bn}, x{m:g}": ({"network": {"norm_stats": bn}, "stage1": _VON}, m)
+        for bn in ("frozen", "batch")
+        for m in MULTIPLES
+    },
+}
+
+
+def score(probs_fn, ev: UncertaintySets, trained, draws: int, y, bayesian: bool) -> dict:
+    """The validation scores of one predictive."""
+    probs = probs_fn()
+    u = ev.record(trained, bayesian, draws, "cpu")
+    ood = u["ood"]
+    return {
+        "accuracy": accuracy(probs, y),
+        "nll": nll(probs, y),
+        "ece": ece(probs, y),
+        "mean_mi_clean": u["mean_mi_clean"],
+        "entropy_auroc": statistics.fmean(v["entropy_auroc"] for v in ood.values()),
+        "mi_auroc": statistics.fmean(v["mi_auroc"] for v in ood.values()) if bayesian else None,
+        "severity5_nll": {f: v["5"]["nll"] for f, v in u["shift"].items() if "5" in v},
+    }
+
+
+def _f(x, fmt=".3f"):
+    return "-" if x is None else format(x, fmt)
+
+
+def markdown(doc: dict) -> str:
+    recs = doc["records"]
+    bayes = [r for r in recs if r["point"] not in ("deterministic", "deterministic, scaled")]
+    chosen = min(bayes, key=lambda r: r["nll"])["point"] if bayes else None
+    lines = [
+        f"# Choosing stage 1 on the validation split: {doc['arch']}, seed {doc['seed']}",
+        "",
+        f"Command: `{doc['command']}`.  One pretrained network; each point trains stage 1 "
+        f"from a copy of it.  {doc['draws']} seeded draws on the validation images; OOD sets "
+        f"of {doc['ood_size']} images made from them; severity-5 corruptions of "
+        f"{doc['shift_size']}.  `scales`: the median scale's change over the last tenth of "
+        "the epochs.  Chosen (lowest validation NLL): "
+        f"**{chosen}**.",
+        "",
+        "| point | kl_weight | acc | NLL | ECE | clean MI | OOD AUROC entropy (MI) "
+        "| severity-5 NLL (mean) | scales | stage-1 s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in recs:
+        sev = statistics.fmean(r["severity5_nll"].values()) if r["severity5_nll"] else None
+        mi = f" ({_f(r['mi_auroc'])})" if r.get("mi_auroc") is not None else ""
+        conv = r.get("scale_convergence")
+        change = "-" if not conv else f"{conv['median_scale_change']:.1%}"
+        lines.append(
+            f"| {r['point']} | {_f(r.get('kl_weight'), '.4g')} | {r['accuracy']:.4f} "
+            f"| {r['nll']:.3f} | {r['ece']:.3f} | {r['mean_mi_clean']:.3f} "
+            f"| {r['entropy_auroc']:.3f}{mi} | {_f(sev)} | {change} "
+            f"| {_f(r.get('seconds'), '.0f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", choices=list(PRESETS), default="resnet20")
+    p.add_argument("--root", default="data/mnist_subset", help="folder with MNIST/raw")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--points", nargs="+", default=list(GRID), choices=list(GRID))
+    p.add_argument("--draws", type=int, default=10)
+    p.add_argument("--ood-size", type=int, default=400)
+    p.add_argument("--shift-size", type=int, default=200)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="an epoch per stage (a check)")
+    p.add_argument(
+        "--out", default=str(Path(__file__).resolve().parent / "results" / "recipe_selection")
+    )
+    p.add_argument("--stem", default=None, help="default: stage1_<arch>")
+    p.add_argument("--from-json", default=None, help="write the markdown of a saved run")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.stem or f"stage1_{args.arch}"
+    if args.from_json:
+        atomic_write_text(
+            out / f"{stem}.md", markdown(json.loads(Path(args.from_json).read_text()))
+        )
+        return 0
+    torch.set_num_threads(args.threads)
+    base = settings_of(args.arch, args.root, args.seed, args.quick)
+    det_cfg = config_from_dict(merge_settings(base, {"methods": ["deterministic"]}))
+    doc = {
+        "arch": args.arch,
+        "seed": args.seed,
+        "command": "python experiments/stage1_selection.py "
+        + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "draws": args.draws,
+        "ood_size": args.ood_size,
+        "shift_size": args.shift_size,
+        "settings": det_cfg.to_dict(),
+        "records": [],
+    }
+    t0 = time.perf_counter()
+
+    def save(rec: dict) -> None:
+        doc["records"].append(rec)
+        atomic_write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
+        atomic_write_text(out / f"{stem}.md", markdown(doc))
+        print(
+            f"[{time.perf_counter() - t0:.0f} s] {rec['point']}: val acc {rec['accuracy']:.4f} "
+            f"nll {rec['nll']:.3f} ece {rec['ece']:.3f} OOD {rec['entropy_auroc']:.3f}",
+            flush=True,
+        )
+
+    art = run(det_cfg)
+    det = art.trained["deterministic"]
+    net = det[0]
+    batches = [b[:2] for b in eval_data(art.split.val)]  # the validation images, in order
+    xv, yv = (torch.cat(t) for t in zip(*batches, strict=True))
+    ucfg = UncertaintyConfig(ood_size=args.ood_size, shift_size=args.shift_size, severities=[5])
+    ev = UncertaintySets(art.split, (xv, yv), ucfg, args.seed)
+    det_probs = method_probs(det, xv, 1, args.seed).mean(0)
+    row = score(lambda: det_probs, ev, det, 1, yv, False)
+    save({"point": "deterministic", **row})
+    # temperature scaling changes the clean scores (the OOD and shift ones: the network's)
+    t = fit_temperature(det_probs, yv)
+    scaled = apply_temperature(det_probs, t)
+    clean = {"nll": nll(scaled, yv), "ece": ece(scaled, yv)}
+    save({**row, **clean, "point": "deterministic, scaled", "temperature": t})
+    n_weights = sum(site.numel for site in find_sites(net))
+    beta0 = data_size_kl_weight(len(art.split.train), n_weights)
+    for name in args.points:
+        over, multiple = GRID[name]
+        over = merge_settings(over, {"stage1": {"kl_weight": multiple * beta0}})
+        cfg = config_from_dict(merge_settings(base, {**over, "methods": ["mean_field"]}))
+        seed_everything(cfg.seed)
+        t1 = time.perf_counter()
+        model, guide, state, _ = stage1_mean_field(Runtime(cfg), art.split, copy.deepcopy(net))
+        seconds = time.perf_counter() - t1
+
+        def probs(model=model, guide=guide):
+            return seeded_predict(model, guide, (xv, yv), args.draws, args.seed).mean
+
+        beta = state.elbo.beta
+        rec = score(probs, ev, (model, guide), args.draws, yv, True)
+        conv = scale_convergence(state.history)
+        save({"point": name, "kl_weight": beta, **rec, "scale_convergence": conv,
+              "seconds": seconds, "history": state.history})  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
