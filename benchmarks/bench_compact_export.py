@@ -64,10 +64,11 @@ from twodg_pyro.io.compact import (  # noqa: E402
 from twodg_pyro.io.model_file import load_model_file  # noqa: E402
 from twodg_pyro.metrics import classification_metrics  # noqa: E402
 from twodg_pyro.pipeline import config_from_dict  # noqa: E402
-from twodg_pyro.pipeline.algorithm1 import Runtime, run_2dg, stage1_mean_field  # noqa: E402
 from twodg_pyro.pipeline.artifacts import network_spec  # noqa: E402
 from twodg_pyro.pipeline.builders import build_net, load_data, seed_everything  # noqa: E402
 from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
+from twodg_pyro.pipeline.context import RunContext  # noqa: E402
+from twodg_pyro.pipeline.methods.algorithm1 import run_2dg, stage1_mean_field  # noqa: E402
 from twodg_pyro.pipeline.presets import preset  # noqa: E402
 from twodg_pyro.pipeline.saved_models import evaluate_model_file  # noqa: E402
 from twodg_pyro.pipeline.trained import RunArtifacts  # noqa: E402
@@ -144,10 +145,11 @@ def train(cfg):
     seed_everything(cfg.seed)
     net = build_net(cfg.network, split)
     seed_everything(cfg.seed)
-    art.mean_field = stage1_mean_field(Runtime(cfg), split, copy.deepcopy(net))
-    mean_field = copy.deepcopy(art.mean_field[:2])
-    predict(*art.mean_field[:2], (x, y), cfg.num_samples)  # as run() does (same RNG stream)
-    record = run_2dg(Runtime(cfg), split, art.mean_field, art, (x, y))
+    stage1 = stage1_mean_field(RunContext(cfg=cfg), split, copy.deepcopy(net))
+    art.trained["mean_field"] = stage1
+    mean_field = copy.deepcopy((stage1.model, stage1.guide))
+    predict(stage1.model, stage1.guide, (x, y), cfg.num_samples)  # as run() does (same RNG)
+    record = run_2dg(RunContext(cfg=cfg), split, stage1, art, (x, y))
     return art, mean_field, record
 
 

@@ -415,7 +415,7 @@ def section_float64(device: str, work: Path) -> dict:
 
     art = run(config_from_dict(_tiny(device, network={"dtype": "float64"})), work / "f64")
     model, guide = art.trained["2dg"].model, art.trained["2dg"].guide
-    mf_guide = art.mean_field.guide
+    mf_guide = art.trained["mean_field"].guide
     dtypes = {
         "network": str(model.dtype),
         "prior": str(model.prior_distribution(model.sites[0]).base_dist.loc.dtype),

@@ -11,7 +11,7 @@ Rerun::
     .venv/bin/python experiments/compare_guides.py            # 3 seeds, 300 epochs
     .venv/bin/python experiments/compare_guides.py --epochs 50 --seeds 0   # a quick look
 
-If the 2DG pipeline (``twodg_pyro.pipeline.algorithm1.run_2dg``) is not available, or
+If the 2DG pipeline (``twodg_pyro.pipeline.methods.algorithm1.run_2dg``) is not available, or
 fails, its row is skipped with a printed note and the other methods still run.
 """
 
@@ -50,7 +50,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def twodg_available() -> bool:
     """Whether the pipeline can run the 2DG method."""
     try:
-        from twodg_pyro.pipeline.algorithm1 import run_2dg  # noqa: F401
+        from twodg_pyro.pipeline.methods.algorithm1 import run_2dg  # noqa: F401
     except ImportError:
         return False
     return True

@@ -31,12 +31,10 @@ from pathlib import Path
 import torch
 
 from twodg_pyro.pipeline import config_from_dict, run
-from twodg_pyro.pipeline.baseline_methods import method_probs
 from twodg_pyro.pipeline.config import merge_settings
-from twodg_pyro.pipeline.context import BAYESIAN_METHODS
 from twodg_pyro.pipeline.presets import preset
 from twodg_pyro.pipeline.results import atomic_write_text
-from twodg_pyro.pipeline.uncertainty_step import UncertaintySets, trained_of
+from twodg_pyro.pipeline.uncertainty_step import UncertaintySets
 from twodg_pyro.uncertainty import draws_curve, sufficient_draws
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -60,7 +58,7 @@ RECORD_KEYS = (
 def pool_probs(trained, x: torch.Tensor, pool: int, seed: int) -> torch.Tensor:
     """``(pool, N, C)`` per-draw probabilities (a rank-1 BNN's ``K`` components of one
     draw averaged: one draw is one prediction of its ``K`` members)."""
-    probs = method_probs(trained, x, pool, seed)
+    probs = trained.sample_probs(x, pool, seed)
     if probs.shape[0] != pool and probs.shape[0] % pool == 0:  # (S K, N, C), sample-major
         probs = probs.reshape(pool, -1, *probs.shape[1:]).mean(1)
     return probs
@@ -90,12 +88,12 @@ def one_seed(args, seed: int) -> dict:
         "methods": {},
     }
     for method in args.methods:
-        if method not in BAYESIAN_METHODS:
+        trained = art.trained[method]
+        if not trained.bayesian:
             continue
-        trained = trained_of(art, method)
-        ensemble = method == "ensemble"
-        pool = trained.model.num_members if ensemble else args.pool
-        reference = pool if ensemble else REFERENCE
+        fixed = trained.num_draws(args.pool) != args.pool  # an ensemble's members
+        pool = trained.num_draws(args.pool)
+        reference = pool if fixed else REFERENCE
         probs_in = pool_probs(trained, sets.x, pool, seed)
         probs_out = {k: pool_probs(trained, v, pool, seed) for k, v in sets.ood.items()}
         curve = draws_curve(probs_in, sets.y, probs_out, range(1, reference + 1), args.max_blocks)

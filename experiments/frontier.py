@@ -57,19 +57,18 @@ from torch import nn
 from twodg_pyro.accounting import network_bytes
 from twodg_pyro.data import DatasetNotFoundError, load_dataset
 from twodg_pyro.guides import prune_guide
-from twodg_pyro.io import load_compact
 from twodg_pyro.io.compact import export_compact, export_int8_mean_field
 from twodg_pyro.io.compact_format import index_symbols
 from twodg_pyro.io.entropy import empirical_entropy_bits
+from twodg_pyro.methods import Network, load_method
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.pipeline import config_from_dict
 from twodg_pyro.pipeline.artifacts import write_model_files
-from twodg_pyro.pipeline.baseline_methods import method_probs
 from twodg_pyro.pipeline.builders import network_spec
 from twodg_pyro.pipeline.config import UncertaintyConfig, merge_settings
 from twodg_pyro.pipeline.presets import preset
 from twodg_pyro.pipeline.results import atomic_write_text
-from twodg_pyro.pipeline.uncertainty_step import UncertaintySets, _tensors
+from twodg_pyro.pipeline.uncertainty_step import UncertaintySets, data_tensors
 from twodg_pyro.pipeline.variants import run_variants
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -161,13 +160,14 @@ def order1_entropy(structure) -> float:
     return empirical_entropy_bits(sym, site * (int(sym.max()) + 2) + prev)
 
 
-def score(trained, x, y, ev: UncertaintySets, bayesian: bool, draws: int, ood_draws: int, seed):
-    """Accuracy / NLL / ECE on ``(x, y)`` and the mean OOD AUROCs of one point."""
-    probs = method_probs(trained, x, draws, seed)
+def score(method, x, y, ev: UncertaintySets, draws: int, ood_draws: int, seed):
+    """Accuracy / NLL / ECE on ``(x, y)`` and the mean OOD AUROCs of one point (a trained
+    method)."""
+    probs = method.sample_probs(x, draws, seed)
     out = classification_metrics(probs.mean(0), y)
-    u = ev.record(trained, bayesian, ood_draws, "cpu")
+    u = ev.record(method, ood_draws, "cpu")
     out["mean_ood_auroc"] = statistics.fmean(v["entropy_auroc"] for v in u["ood"].values())
-    if bayesian:
+    if method.bayesian:
         out["mean_mi_auroc"] = statistics.fmean(v["mi_auroc"] for v in u["ood"].values())
     out["forwards_per_prediction"] = int(probs.shape[0])
     return out
@@ -191,20 +191,20 @@ def run_seed(args, seed: int) -> list[dict]:
     t0 = time.perf_counter()
     records, art = run_variants(cfg, VARIANTS)
     print(f"[seed {seed}] trained in {time.perf_counter() - t0:.0f} s", flush=True)
-    x, y = _tensors(art.eval_data)
+    x, y = data_tensors(art.eval_data)
     ev = UncertaintySets(
         art.split, art.eval_data, UncertaintyConfig(ood_size=args.ood_size, corruptions=[]), seed
     )
     S = cfg.num_samples
-    det = art.trained["deterministic"].model
+    det = art.trained["deterministic"].net
     sizes = network_bytes(det)
     f32, n_params = sizes["float32"], sizes["params"]
     spec = network_spec(cfg.network, art.split)
     points: list[dict] = []
 
-    def add(name, family, trained, bayesian, file_bytes, file, **extra):
+    def add(name, family, method, file_bytes, file, **extra):
         t1 = time.perf_counter()
-        m = score(trained, x, y, ev, bayesian, S, args.draws, seed)
+        m = score(method, x, y, ev, S, args.draws, seed)
         row = {"point": name, "family": family, "seed": seed, "file": file}
         row.update(file_bytes=int(file_bytes), bytes_per_weight=file_bytes / n_params)
         row.update(float32_ratio=f32 / file_bytes, **m, **extra)
@@ -218,31 +218,23 @@ def run_seed(args, seed: int) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="frontier-") as tmp:
         folder = Path(tmp)
         files = write_model_files(art, cfg, folder)["files"]
-        add("deterministic float32", "deterministic", det, False, f32, "computed")
+        add("deterministic float32", "deterministic", Network(det), f32, "computed")
         calib = x[:512]
         q8, b8 = int8_network(det, calib, folder / "det_int8.pt")
-        add("deterministic INT8 (torch.ao)", "deterministic", q8, False, b8, "state_dict .pt")
+        add("deterministic INT8 (torch.ao)", "deterministic", Network(q8), b8, "state_dict .pt")
         q4, b4 = four_bit_network(det)
-        add("deterministic 4-bit", "deterministic", q4, False, b4, "computed")
+        add("deterministic 4-bit", "deterministic", Network(q4), b4, "computed")
         for method in ("ensemble", "laplace"):
             path = Path(files[f"model_{method}"])
-            add(method, method, art.trained[method].model, True, path.stat().st_size, path.name)
-        mf = art.mean_field
+            add(method, method, art.trained[method], path.stat().st_size, path.name)
+        mf = art.trained["mean_field"]
         path = Path(files["model_mean_field"])
-        add(
-            "mean-field float32",
-            "mean_field",
-            (mf.model, mf.guide),
-            True,
-            path.stat().st_size,
-            path.name,
-        )
+        add("mean-field float32", "mean_field", mf, path.stat().st_size, path.name)
         for bits in (1, 4):
             path = folder / f"mf_int8_s{bits}.2dgz"
             export_int8_mean_field(path, mf.model, mf.guide, sigma_bits=bits, network=spec)
-            loaded = load_compact(path)
             name = f"mean-field INT8 mu, {bits}-bit sigma"
-            add(name, "mean_field", loaded, True, path.stat().st_size, path.name)
+            add(name, "mean_field", load_method(path), path.stat().st_size, path.name)
         for r in records:
             if r["method"] != "2dg":
                 continue
@@ -251,7 +243,7 @@ def run_seed(args, seed: int) -> list[dict]:
             for coding, options in (("", {}), (" small", SMALL)):
                 path = folder / f"2dg_{len(points)}.2dgz"
                 rep = export_compact(path, trained.model, trained.guide, network=spec, **options)
-                loaded = load_compact(path)
+                loaded = load_method(path)
                 extra = {
                     k: r.get(k)
                     for k in ("n_gaussians", "n_outliers", "n_ellipses", "trainable_params")
@@ -261,7 +253,6 @@ def run_seed(args, seed: int) -> list[dict]:
                     f"2dg {variant}{coding}",
                     "2dg",
                     loaded,
-                    True,
                     path.stat().st_size,
                     path.name,
                     **extra,
@@ -275,8 +266,7 @@ def run_seed(args, seed: int) -> list[dict]:
                 add(
                     f"2dg {variant} small pruned SNR<{snr:g} {spread}",
                     "2dg",
-                    load_compact(path),
-                    True,
+                    load_method(path),
                     path.stat().st_size,
                     path.name,
                     n_gaussians=guide.n_components,

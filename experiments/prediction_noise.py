@@ -46,8 +46,9 @@ def trained_models(seed: int) -> tuple[dict[str, tuple], object]:
     )
     tyings = ("representative", "stochastic")
     _, art = run_variants(config_from_dict(settings), {t: {"stage3": {"tying": t}} for t in tyings})
-    models = {"mean_field": art.mean_field[:2]}
-    model, guide = art.mean_field[:2]
+    mf = art.trained["mean_field"]
+    models = {"mean_field": (mf.model, mf.guide)}
+    model, guide = mf.model, mf.guide
     models["mean_field INT8 mu + 4-bit sigma"] = (model, quantize_mean_field(guide, 4))
     for t in tyings:
         two = art.variants[t]

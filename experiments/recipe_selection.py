@@ -39,17 +39,12 @@ from uncertainty import QUICK, RESNET_CPU_EPOCHS  # noqa: E402
 
 from twodg_pyro.metrics import accuracy, ece, nll  # noqa: E402
 from twodg_pyro.pipeline import config_from_dict  # noqa: E402
-from twodg_pyro.pipeline.baseline_methods import method_probs  # noqa: E402
 from twodg_pyro.pipeline.builders import eval_data  # noqa: E402
 from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
 from twodg_pyro.pipeline.config_evaluation import UncertaintyConfig  # noqa: E402
 from twodg_pyro.pipeline.presets import preset  # noqa: E402
 from twodg_pyro.pipeline.results import atomic_write_text  # noqa: E402
-from twodg_pyro.pipeline.uncertainty_step import (  # noqa: E402
-    BAYESIAN_METHODS,
-    UncertaintySets,
-    trained_of,
-)
+from twodg_pyro.pipeline.uncertainty_step import UncertaintySets  # noqa: E402
 from twodg_pyro.pipeline.variants import run_variants  # noqa: E402
 
 #: stage-2/3 variants on one stage-1 posterior: the recipe as it is, and each change
@@ -87,12 +82,13 @@ def settings_of(arch: str, root: str, seed: int, quick: bool, over: dict | None 
     return merge_settings(s, {**over, "diagnostics": {"enabled": False}})
 
 
-def scores(trained, bayesian: bool, sets: dict, draws: int, seed: int) -> dict:
-    """Clean metrics and uncertainty fields of one method on each split of ``sets``."""
+def scores(trained, sets: dict, draws: int, seed: int) -> dict:
+    """Clean metrics and uncertainty fields of one trained method on each split of
+    ``sets``."""
     out = {}
     for split, ev in sets.items():
-        probs = method_probs(trained, (ev.x, ev.y), draws, seed).mean(0)
-        u = ev.record(trained, bayesian, draws, "cpu")
+        probs = trained.sample_probs((ev.x, ev.y), draws, seed).mean(0)
+        u = ev.record(trained, draws, "cpu")
         ood = u["ood"]
         sev5 = {f: v["5"]["nll"] for f, v in u["shift"].items() if "5" in v}
         out[split] = {
@@ -101,7 +97,9 @@ def scores(trained, bayesian: bool, sets: dict, draws: int, seed: int) -> dict:
             "ece": ece(probs, ev.y),
             "mean_mi_clean": u["mean_mi_clean"],
             "entropy_auroc": statistics.fmean(v["entropy_auroc"] for v in ood.values()),
-            "mi_auroc": statistics.fmean(v["mi_auroc"] for v in ood.values()) if bayesian else None,
+            "mi_auroc": (
+                statistics.fmean(v["mi_auroc"] for v in ood.values()) if trained.bayesian else None
+            ),
             "severity5_nll": sev5,
         }
     return out
@@ -231,11 +229,11 @@ def main(argv: list[str] | None = None) -> int:
                 data = eval_data(getattr(art.split, split))
                 sets[split] = UncertaintySets(art.split, data, ucfg, args.seed)
             for r in art.records:
-                trained, bayes = trained_of(art, r["method"]), r["method"] in BAYESIAN_METHODS
-                save(_record(r, "-", scores(trained, bayes, sets, args.draws, args.seed)))
+                trained = art.trained[r["method"]]
+                save(_record(r, "-", scores(trained, sets, args.draws, args.seed)))
             return
         trained = art.variants[name]
-        save(_record(record, name, scores(trained, True, sets, args.draws, args.seed)))
+        save(_record(record, name, scores(trained, sets, args.draws, args.seed)))
 
     variants = {v: VARIANTS[v] for v in args.variants}
     run_variants(cfg, variants, on_variant)

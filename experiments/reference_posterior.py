@@ -21,7 +21,7 @@ every corruption family at severity ``--severity`` (``--shift-size`` test images
 predictive of each method (``--draws`` seeded draws; the ensemble its members; HMC all
 its kept draws) is scored against HMC's (:mod:`twodg_pyro.uncertainty.fidelity`): top-1
 agreement, total variation and, where labels exist, the NLL and ECE gaps to HMC.  The
-chains' diagnostics (:func:`twodg_pyro.diagnostics.mcmc.mcmc_report`): R-hat and bulk /
+chains' diagnostics (:func:`twodg_pyro.methods.mcmc.mcmc_report`): R-hat and bulk /
 tail ESS per site and on the test images' predictive probabilities, divergences, tree
 depth, step size, E-BFMI.
 
@@ -41,14 +41,18 @@ from pathlib import Path
 
 import torch
 
-from twodg_pyro.diagnostics.mcmc import RHAT_TARGET, mcmc_report, plot_mcmc_chains, report_lines
+from twodg_pyro.methods.mcmc.arviz import (
+    RHAT_TARGET,
+    mcmc_report,
+    plot_mcmc_chains,
+    report_lines,
+)
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.pipeline import config_from_dict
-from twodg_pyro.pipeline.baseline_methods import method_probs
 from twodg_pyro.pipeline.config import UncertaintyConfig, merge_settings
 from twodg_pyro.pipeline.presets import preset
 from twodg_pyro.pipeline.results import atomic_write_text, jsonable
-from twodg_pyro.pipeline.uncertainty_step import UncertaintySets, trained_of
+from twodg_pyro.pipeline.uncertainty_step import UncertaintySets
 from twodg_pyro.pipeline.variants import run_variants
 from twodg_pyro.uncertainty import CORRUPTIONS, corrupt
 from twodg_pyro.uncertainty.fidelity import fidelity
@@ -113,9 +117,9 @@ def select_prior_scale(args, gains) -> dict:
         short.prior_scale = float(g)
         s = merge_settings(settings(short), {"methods": ["mcmc"]})
         art = run(config_from_dict(s))
-        post = art.trained["mcmc"].model
+        post = art.trained["mcmc"]
         xv, yv = art.split.val.tensors
-        m = classification_metrics(post.predict((xv, yv), num_samples=None).mean, yv)
+        m = classification_metrics(post.predict((xv, yv)).mean, yv)
         nll[str(g)], acc[str(g)] = m["nll"], m["accuracy"]
         print(
             f"  prior gain {g}: validation NLL {m['nll']:.4f} accuracy {m['accuracy']:.4f}",
@@ -192,7 +196,7 @@ def main(argv=None) -> int:
     train_seconds = time.perf_counter() - t0
     print(f"trained every method in {train_seconds:.0f} s", flush=True)
 
-    post = art.trained["mcmc"].model
+    post = art.trained["mcmc"]
     sets = UncertaintySets(
         art.split,
         art.eval_data,
@@ -212,7 +216,7 @@ def main(argv=None) -> int:
         if r["method"] == "2dg":
             trained = art.variants[r["variant"]]
         else:
-            trained = trained_of(art, r["method"])
+            trained = art.trained[r["method"]]
         row = {
             "method": label,
             "accuracy": r["accuracy"],
@@ -225,7 +229,7 @@ def main(argv=None) -> int:
             if r["method"] == "mcmc":
                 probs = reference[name]
             else:
-                probs = method_probs(trained, x, args.draws, args.seed)
+                probs = trained.sample_probs(x, args.draws, args.seed)
             row["sets"][name] = fidelity(probs.mean(0), reference[name].mean(0), y)
         rows.append(row)
         t = row["sets"]["test"]

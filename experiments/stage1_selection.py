@@ -36,17 +36,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipe_selection import PRESETS, settings_of  # noqa: E402
 
-from twodg_pyro.evaluation import seeded_predict  # noqa: E402
 from twodg_pyro.infer import data_size_kl_weight  # noqa: E402
 from twodg_pyro.metrics import accuracy, ece, nll  # noqa: E402
 from twodg_pyro.nn import find_sites  # noqa: E402
 from twodg_pyro.pipeline import config_from_dict, run  # noqa: E402
-from twodg_pyro.pipeline.algorithm1 import Runtime, stage1_mean_field  # noqa: E402
-from twodg_pyro.pipeline.baseline_methods import method_probs  # noqa: E402
 from twodg_pyro.pipeline.builders import eval_data, seed_everything  # noqa: E402
 from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
 from twodg_pyro.pipeline.config_evaluation import UncertaintyConfig  # noqa: E402
-from twodg_pyro.pipeline.context import scale_convergence  # noqa: E402
+from twodg_pyro.pipeline.context import RunContext  # noqa: E402
+from twodg_pyro.pipeline.methods.algorithm1 import stage1_mean_field  # noqa: E402
+from twodg_pyro.pipeline.methods.mean_field import scale_convergence  # noqa: E402
 from twodg_pyro.pipeline.results import atomic_write_text  # noqa: E402
 from twodg_pyro.pipeline.uncertainty_step import UncertaintySets  # noqa: E402
 from twodg_pyro.uncertainty import apply_temperature, fit_temperature  # noqa: E402
@@ -70,10 +69,10 @@ GRID: dict[str, tuple[dict, float]] = {
 }
 
 
-def score(probs_fn, ev: UncertaintySets, trained, draws: int, y, bayesian: bool) -> dict:
-    """The validation scores of one predictive."""
-    probs = probs_fn()
-    u = ev.record(trained, bayesian, draws, "cpu")
+def score(probs, ev: UncertaintySets, trained, draws: int, y) -> dict:
+    """The validation scores of one trained method's predictive ``probs``."""
+    bayesian = trained.bayesian
+    u = ev.record(trained, draws, "cpu")
     ood = u["ood"]
     return {
         "accuracy": accuracy(probs, y),
@@ -175,13 +174,13 @@ def main(argv: list[str] | None = None) -> int:
 
     art = run(det_cfg)
     det = art.trained["deterministic"]
-    net = det[0]
+    net = det.net
     batches = [b[:2] for b in eval_data(art.split.val)]  # the validation images, in order
     xv, yv = (torch.cat(t) for t in zip(*batches, strict=True))
     ucfg = UncertaintyConfig(ood_size=args.ood_size, shift_size=args.shift_size, severities=[5])
     ev = UncertaintySets(art.split, (xv, yv), ucfg, args.seed)
-    det_probs = method_probs(det, xv, 1, args.seed).mean(0)
-    row = score(lambda: det_probs, ev, det, 1, yv, False)
+    det_probs = det.sample_probs(xv, 1, args.seed).mean(0)
+    row = score(det_probs, ev, det, 1, yv)
     save({"point": "deterministic", **row})
     # temperature scaling changes the clean scores (the OOD and shift ones: the network's)
     t = fit_temperature(det_probs, yv)
@@ -196,14 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_dict(merge_settings(base, {**over, "methods": ["mean_field"]}))
         seed_everything(cfg.seed)
         t1 = time.perf_counter()
-        model, guide, state, _ = stage1_mean_field(Runtime(cfg), art.split, copy.deepcopy(net))
+        stage1 = stage1_mean_field(RunContext(cfg=cfg), art.split, copy.deepcopy(net))
         seconds = time.perf_counter() - t1
-
-        def probs(model=model, guide=guide):
-            return seeded_predict(model, guide, (xv, yv), args.draws, args.seed).mean
-
+        state = stage1.state
+        probs = stage1.predict((xv, yv), args.draws, args.seed).mean
         beta = state.elbo.beta
-        rec = score(probs, ev, (model, guide), args.draws, yv, True)
+        rec = score(probs, ev, stage1, args.draws, yv)
         conv = scale_convergence(state.history)
         save({"point": name, "kl_weight": beta, **rec, "scale_convergence": conv,
               "seconds": seconds, "history": state.history})  # fmt: skip

@@ -76,7 +76,7 @@ def base_settings(dataset: str | None, root: str | None, seed: int) -> tuple[dic
 
 
 def _int8_rows(art, eval_data) -> list[dict]:
-    model, guide = art.mean_field.model, art.mean_field.guide
+    model, guide = art.trained["mean_field"].model, art.trained["mean_field"].guide
     n_det = sum(p.numel() for p in model.deterministic_parameters())
     rows = []
     for bits in (4, 2, 1):

@@ -56,12 +56,11 @@ import torch
 from twodg_pyro.data import DatasetNotFoundError, load_dataset
 from twodg_pyro.metrics import ece, nll
 from twodg_pyro.pipeline import config_from_dict
-from twodg_pyro.pipeline.baseline_methods import method_probs
 from twodg_pyro.pipeline.builders import eval_data
 from twodg_pyro.pipeline.config import UncertaintyConfig, merge_settings
 from twodg_pyro.pipeline.presets import preset
 from twodg_pyro.pipeline.results import atomic_write_text
-from twodg_pyro.pipeline.uncertainty_step import BAYESIAN_METHODS, UncertaintySets, trained_of
+from twodg_pyro.pipeline.uncertainty_step import UncertaintySets
 from twodg_pyro.pipeline.variants import run_variants
 from twodg_pyro.uncertainty import (
     BUILTIN_OOD_SETS,
@@ -226,13 +225,10 @@ def run_recipe(
         variant = r.get("variant", "-")
         if method == "2dg":
             trained, label = art.variants[variant], f"2dg ({variant})"
-        elif method == "mean_field":
-            trained, label = art.mean_field, method
         else:
-            trained, label = trained_of(art, method), method
+            trained, label = art.trained[method], method
         t1 = time.perf_counter()
-        bayesian = method in BAYESIAN_METHODS
-        u = ev.record(trained, bayesian, ev_args["draws"], DEVICE[0], return_scores=True)
+        u = ev.record(trained, ev_args["draws"], DEVICE[0], return_scores=True)
         scores[label] = u.pop("scores")
         del u["uncertainty_draws"]  # the file's "evaluation" states the draws once
         recipe = spec.get("label", name)
@@ -265,8 +261,8 @@ def temperature_scaled(trained, val, test, draws: int, seed: int) -> dict:
     fitted by NLL on the validation split, scored on the test images: the temperature and
     the test NLL / ECE before and after (the same draws)."""
     (xv, yv), (xt, yt) = eval_data(val), test
-    t = fit_temperature(method_probs(trained, xv, draws, seed).mean(0), yv)
-    probs = method_probs(trained, xt, draws, seed).mean(0)
+    t = fit_temperature(trained.sample_probs(xv, draws, seed).mean(0), yv)
+    probs = trained.sample_probs(xt, draws, seed).mean(0)
     scaled = apply_temperature(probs, t)
     return {
         "temperature": t,

@@ -12,25 +12,24 @@ import sys
 import pytest
 import torch
 
-from twodg_pyro.baselines import (
+from twodg_pyro.baselines import train_deterministic, train_early_stopped
+from twodg_pyro.baselines.early_stopping import validation_nll
+from twodg_pyro.cli import main
+from twodg_pyro.data import make_loader
+from twodg_pyro.io import load_model
+from twodg_pyro.methods import (
     Ensemble,
     LaplacePosterior,
     MissingLaplaceError,
-    draw_probs,
+    Network,
     fit_laplace,
-    train_deterministic,
-    train_early_stopped,
+    load_method,
     train_ensemble,
 )
-from twodg_pyro.baselines.early_stopping import validation_nll
-from twodg_pyro.baselines.laplace_fit import require_laplace
-from twodg_pyro.cli import main
-from twodg_pyro.data import make_loader
-from twodg_pyro.io import load_baseline, load_model, save_baseline
+from twodg_pyro.methods.laplace_fit import require_laplace
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.models import MLP, LeNet5
 from twodg_pyro.pipeline import ConfigError, config_from_dict, run
-from twodg_pyro.pipeline.baseline_methods import method_probs
 from twodg_pyro.pipeline.saved_models import evaluate_model_file
 
 torch.set_num_threads(1)
@@ -60,7 +59,7 @@ def ensemble(digits):
 # ---------------------------------------------------------------- ensemble
 def test_ensemble_beats_its_members_on_average_and_has_epistemic_spread(ensemble, digits):
     x, y = digits.test.tensors
-    samples = draw_probs(ensemble, x, num_samples=30, seed=0)
+    samples = ensemble.sample_probs(x, num_samples=30, seed=0)
     assert samples.shape == (3, len(y), 10)  # S = M whatever num_samples says
     pred = ensemble.predict((x, y))
     torch.testing.assert_close(pred.mean, samples.mean(0))
@@ -280,11 +279,11 @@ def test_the_baseline_rows_of_a_run(baseline_run):
     # the matched row: pretrain 0 + stage-1 4 + stage-3 3 epochs, best validation epoch
     assert matched["epochs"] == matched["epochs_trained"] == 7
     assert 1 <= matched["best_epoch"] <= 7 and matched["validation"] == "val"
-    net = art.trained["deterministic_matched"].model
+    net = art.trained["deterministic_matched"].net
     assert validation_nll(net, art.split.val.tensors) == pytest.approx(matched["best_val_nll"])
     # per-draw probabilities of every trained method on other inputs
     x = art.split.val.tensors[0][:5]
-    shapes = {m: tuple(method_probs(art.trained[m], x, 4, 0).shape) for m in art.trained}
+    shapes = {m: tuple(method.sample_probs(x, 4, 0).shape) for m, method in art.trained.items()}
     assert shapes == {
         "deterministic": (1, 5, 10),
         "deterministic_matched": (1, 5, 10),
@@ -292,7 +291,7 @@ def test_the_baseline_rows_of_a_run(baseline_run):
         "laplace": (4, 5, 10),
     }
     torch.testing.assert_close(
-        method_probs(art.trained["laplace"], art.eval_data[0], 6, 0).mean(0),
+        art.trained["laplace"].sample_probs(art.eval_data[0], 6, 0).mean(0),
         art.predictions["laplace"].mean,
     )
 
@@ -325,13 +324,11 @@ def test_baseline_model_files_evaluate_to_the_records_numbers(baseline_run, meth
 def test_baseline_files_are_safe_and_say_how_to_read_them(baseline_run, tmp_path):
     out, art = baseline_run
     path = out / "model_laplace.pt"
-    loaded = load_baseline(path)
+    loaded = load_method(path)
     assert isinstance(loaded, LaplacePosterior)
     x = art.split.test.tensors[0][:10]
-    assert torch.equal(
-        loaded.sample_probs(x, 6, 0), art.trained["laplace"].model.sample_probs(x, 6, 0)
-    )
-    with pytest.raises(ValueError, match="load_baseline"):
+    assert torch.equal(loaded.sample_probs(x, 6, 0), art.trained["laplace"].sample_probs(x, 6, 0))
+    with pytest.raises(ValueError, match="load_method"):
         load_model(path)
     damaged = tmp_path / "damaged.pt"
     data = bytearray(path.read_bytes())
@@ -339,12 +336,13 @@ def test_baseline_files_are_safe_and_say_how_to_read_them(baseline_run, tmp_path
     data[i] ^= 0xFF
     damaged.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="damaged.pt"):
-        load_baseline(damaged)
+        load_method(damaged)
     # a network alone round-trips too
     own = tmp_path / "net.pt"
-    save_baseline(own, art.trained["deterministic"].model, network=None)
-    net = load_baseline(own, net=MLP(64, (16,), 10))
-    assert torch.equal(draw_probs(net, x), draw_probs(art.trained["deterministic"].model, x))
+    art.trained["deterministic"].save(own, network=None)
+    net = load_method(own, net=MLP(64, (16,), 10))
+    assert isinstance(net, Network) and net.name == "deterministic"
+    assert torch.equal(net.sample_probs(x), art.trained["deterministic"].sample_probs(x))
 
 
 def test_existing_rows_report_their_stored_numbers(tiny_run):

@@ -277,7 +277,7 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
 def test_ctrl_c_without_checkpoints_says_the_run_cannot_be_resumed(
     tmp_path, capsys, monkeypatch, tiny_run_config
 ):
-    from twodg_pyro.pipeline import context as context_mod
+    from twodg_pyro.pipeline.methods import mean_field as context_mod
 
     def interrupt(*a, **k):
         raise KeyboardInterrupt
@@ -307,7 +307,7 @@ def test_debug_shows_the_traceback_and_unexpected_failures_are_one_line(
     assert main(["--debug", "train", "--config", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "Traceback" in capsys.readouterr().err
 
-    from twodg_pyro.pipeline import context as context_mod
+    from twodg_pyro.pipeline.methods import mean_field as context_mod
 
     def bug(*a, **k):
         raise RuntimeError("an internal error\nover two lines")

@@ -12,8 +12,9 @@ import torch
 from twodg_pyro.accounting import network_bytes
 from twodg_pyro.io import load_compact, load_model
 from twodg_pyro.io.compact import read_compact
+from twodg_pyro.methods import Network
 from twodg_pyro.models import MLP
-from twodg_pyro.pipeline.costs import DETERMINISTIC_FILE, forwards_per_prediction, time_call
+from twodg_pyro.pipeline.costs import DETERMINISTIC_FILE, time_call
 from twodg_pyro.pipeline.results import format_table
 from twodg_pyro.settings import ConfigError
 
@@ -118,7 +119,7 @@ def test_network_bytes_and_forwards():
     bn = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
     # 6 + 4 parameters, 4 float statistics (num_batches_tracked is not counted)
     assert network_bytes(bn) == {"params": 10, "float32": 56, "int8": 10 + 16 + 16}
-    assert forwards_per_prediction((net, None), 30) == 1
+    assert Network(net).forwards_per_prediction(30) == 1
     calls = []
     assert time_call(lambda: calls.append(1), min_seconds=0.0) >= 0 and calls == [1]
     time_call(lambda: calls.append(1), min_seconds=10.0, max_repeats=3)

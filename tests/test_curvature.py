@@ -175,7 +175,7 @@ def test_fisher_of_a_subset_equals_that_of_its_tensors():
 
 
 def test_scale_convergence_reads_the_last_tenth_of_the_epochs():
-    from twodg_pyro.pipeline.context import scale_convergence
+    from twodg_pyro.pipeline.methods.mean_field import scale_convergence
 
     settled = [{"sigma_median": 1.0 + 0.5 * (i < 10)} for i in range(20)]
     got = scale_convergence(settled)
@@ -203,8 +203,8 @@ def test_recipe_presets_are_one_recipe_for_every_network():
 
 def test_stage1_learns_the_prior_and_starts_at_the_curvature_scales_on_digits():
     from twodg_pyro.pipeline import config_from_dict
-    from twodg_pyro.pipeline.algorithm1 import stage1_model
     from twodg_pyro.pipeline.builders import build_net, load_data
+    from twodg_pyro.pipeline.methods.algorithm1 import stage1_model
 
     cfg = config_from_dict(
         {

@@ -263,7 +263,7 @@ TINY = {
 
 def test_pipeline_float64_every_method_dtype(tmp_path, monkeypatch):
     """Every method of the pipeline trains float64 parameters and ends in float64."""
-    import twodg_pyro.pipeline.alternatives as alt
+    import twodg_pyro.pipeline.methods.guide_row as alt
 
     seen = {}
     real_fit = alt.fit
@@ -276,7 +276,7 @@ def test_pipeline_float64_every_method_dtype(tmp_path, monkeypatch):
     monkeypatch.setattr(alt, "fit", spy)
     art = run(config_from_dict(TINY), tmp_path)
     assert seen == {"Rank1Guide": {F64}, "SSVIGuide": {F64}}
-    assert {p.dtype for p in art.mean_field[1].parameters()} == {F64}
+    assert {p.dtype for p in art.trained["mean_field"].guide.parameters()} == {F64}
     entry = art.trained["2dg"]
     assert {p.dtype for p in entry.guide.parameters()} == {F64}
     assert entry.structure.means.dtype == F64

@@ -13,15 +13,19 @@ from torch import nn
 
 from twodg_pyro.bnn import BNNModel
 from twodg_pyro.diagnostics._arviz import chain_stats
-from twodg_pyro.diagnostics.mcmc import ebfmi, mcmc_report, mcmc_tree, report_lines
-from twodg_pyro.infer.mcmc import (
+from twodg_pyro.likelihoods import Gaussian
+from twodg_pyro.methods import load_method
+from twodg_pyro.methods.mcmc import (
     MCMCPosterior,
     TooLargeForMCMCError,
     flat_potential,
-    linear_chain,
+    mcmc_report,
+    mcmc_tree,
+    report_lines,
     run_mcmc,
 )
-from twodg_pyro.likelihoods import Gaussian
+from twodg_pyro.methods.mcmc.arviz import ebfmi
+from twodg_pyro.methods.mcmc.potential import linear_chain
 from twodg_pyro.priors import NormalPrior
 from twodg_pyro.uncertainty.fidelity import fidelity, top1_agreement, total_variation
 
@@ -105,9 +109,9 @@ def test_a_network_too_large_is_refused_naming_the_limit():
 def test_bad_settings_and_data_are_named():
     model = BNNModel(nn.Linear(3, 2), likelihood=5)
     x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
-    with pytest.raises(ValueError, match="thin = 10 keeps no draw"):
+    with pytest.raises(ValueError, match="mcmc.thin = 10: keeps no draw"):
         run_mcmc(model, (x, y), num_samples=5, thin=10)
-    with pytest.raises(ValueError, match="kernel must be 'nuts' or 'hmc', got 'gibbs'"):
+    with pytest.raises(ValueError, match=r"mcmc.kernel = 'gibbs': must be one of \['nuts'"):
         run_mcmc(model, (x, y), kernel="gibbs")
     with pytest.raises(ValueError, match="dataset_size = 5 .* hold 3"):
         run_mcmc(model, (x[:3], y[:3]))
@@ -214,12 +218,10 @@ def test_the_report_and_the_tree_of_the_chains():
 
 
 def test_the_posterior_round_trips_through_a_model_file(tmp_path):
-    from twodg_pyro.io import load_baseline, save_baseline
-
     post = _posterior()
     x = torch.randn(7, 3)
-    path = save_baseline(tmp_path / "model_mcmc.pt", post, network=None, method="mcmc")
-    back = load_baseline(path, net=nn.Sequential(nn.Linear(3, 2)))
+    path = post.save(tmp_path / "model_mcmc.pt", network=None)
+    back = load_method(path, net=nn.Sequential(nn.Linear(3, 2)))
     assert isinstance(back, MCMCPosterior)
     assert torch.equal(back.draws, post.draws)
     assert back.settings == post.settings
@@ -260,7 +262,6 @@ def test_evaluate_and_diagnose_an_mcmc_model_file(tmp_path, capsys):
 
     from twodg_pyro.cli import main
     from twodg_pyro.data.digits import load_digits_split
-    from twodg_pyro.io import save_baseline
     from twodg_pyro.models import MLP
 
     split = load_digits_split(seed=0)
@@ -268,9 +269,9 @@ def test_evaluate_and_diagnose_an_mcmc_model_file(tmp_path, capsys):
     torch.manual_seed(0)
     model = BNNModel(MLP(64, (3,), 10), likelihood=len(y))
     post = run_mcmc(model, (x, y), num_samples=12, warmup_steps=8, num_chains=2, max_tree_depth=3)
-    evaluation = {"num_samples": post.num_draws, "seed": 0, "data": {"name": "digits"}}
+    evaluation = {"num_samples": post.num_draws(), "seed": 0, "data": {"name": "digits"}}
     spec = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [3], "num_classes": 10}}
-    path = save_baseline(tmp_path / "model_mcmc.pt", post, spec, evaluation, method="mcmc")
+    path = post.save(tmp_path / "model_mcmc.pt", spec, evaluation)
     assert main(["evaluate", str(path)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["method"] == "mcmc" and result["num_samples"] == 24
@@ -290,10 +291,80 @@ def test_evaluate_and_diagnose_an_mcmc_model_file(tmp_path, capsys):
 def test_costs_count_an_mcmc_posterior_by_its_kept_draws():
     """The run's cost fields predict an MCMC posterior as its table row does (all kept
     draws), not as a deterministic network (it has no ``forward``)."""
-    from twodg_pyro.pipeline.costs import forwards_per_prediction, predictor
-
     post = _posterior(chains=2, draws=7)
     x = torch.randn(5, 3)
-    assert forwards_per_prediction((post, None), num_samples=30) == 14
-    pred = predictor((post, None), (x, torch.zeros(5, dtype=torch.long)), 30, 0)()
+    assert post.forwards_per_prediction(num_samples=30) == 14
+    pred = post.predict((x, torch.zeros(5, dtype=torch.long)), 30, 0)
     assert torch.allclose(pred.mean, post.sample_probs(x, num_samples=None).mean(0))
+
+
+def test_compare_ranks_nuts_beside_mean_field_and_2dg_without_a_warning(tmp_path):
+    """Issue 45, item 2: the chains' tree carries ``log_likelihood`` and ``observed_data``
+    on the examples a guide's export takes, so one ``compare`` ranks NUTS, the mean-field
+    and the 2DG BNN of one run -- on ArviZ 0.x and 1.x, without an error or a warning
+    (the file of ``diagnose`` holds them too)."""
+    import warnings
+
+    from twodg_pyro.diagnostics import compare, group, load_inference_data, loo, to_inference_data
+    from twodg_pyro.pipeline import config_from_dict, run
+
+    cfg = {
+        "methods": ["mean_field", "2dg", "mcmc"],
+        "num_samples": 30,
+        "progress": False,
+        "network": {"hidden": [4]},
+        "stage1": {"epochs": 3},
+        "sharing": {"outlier_rule": "quantile", "n_components": 4, "n_min": 5, "k_nearest": 4},
+        "stage3": {"epochs": 2},
+        "mcmc": {"num_samples": 20, "warmup_steps": 10, "num_chains": 2, "max_tree_depth": 3},
+        "diagnostics": {"enabled": False},
+    }
+    art = run(config_from_dict(cfg))
+    data = tuple(t[:60] for t in art.split.test.tensors)
+    trees = {
+        name: to_inference_data(art.trained[name].model, art.trained[name].guide, data, 30)
+        for name in ("mean_field", "2dg")
+    }
+    trees["nuts"] = mcmc_tree(art.trained["mcmc"], data)
+    assert group(trees["nuts"], "log_likelihood")["y"].shape == (2, 20, 60)
+    y = group(trees["nuts"], "observed_data")["y"].values
+    assert (y == data[1].numpy()).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = compare(trees)
+        assert loo(trees["nuts"])["n_data_points"] == 60
+    assert set(table.index) == {"nuts", "mean_field", "2dg"}
+    assert float(table["weight"].sum()) == pytest.approx(1.0)
+    # the chains' pointwise log-likelihood is that of their own predictive
+    probs = art.trained["mcmc"].sample_probs(data[0], None)
+    ll = group(trees["nuts"], "log_likelihood")["y"].values.reshape(40, 60)
+    expected = probs.double().gather(2, data[1].view(1, -1, 1).expand(40, -1, 1)).squeeze(2).log()
+    np.testing.assert_allclose(ll, expected.numpy(), rtol=1e-4, atol=1e-6)
+    from twodg_pyro.diagnostics import save_inference_data
+
+    path = save_inference_data(trees["nuts"], tmp_path / "nuts.nc")
+    assert loo(load_inference_data(path))["n_data_points"] == 60
+
+
+def test_the_pinned_pyro_has_the_private_methods_the_kernels_override():
+    """The recording kernels override private methods of Pyro 1.9 (the pin in
+    pyproject.toml, ``<1.10``): a Pyro whose methods moved fails here, not in a run."""
+    import inspect
+    from importlib.metadata import version
+
+    from pyro.infer.mcmc import HMC, NUTS
+
+    major, minor = (int(v) for v in version("pyro-ppl").split(".")[:2])
+    assert (major, minor) == (1, 9)
+    for name in ("_sample_r", "_fetch_from_cache", "_kinetic_energy", "sample"):
+        assert callable(getattr(HMC, name)), name
+    tree = list(inspect.signature(NUTS._build_tree).parameters)
+    assert tree == ["self", "z", "r", "z_grads", "log_slice", "direction", "tree_depth"] + [
+        "energy_current"
+    ]
+    assert callable(NUTS._build_basetree)
+    x, y = torch.randn(6, 3), torch.tensor([0, 1] * 3)  # the attributes read at each step
+    model = BNNModel(nn.Sequential(nn.Linear(3, 2)), likelihood=6)
+    post = run_mcmc(model, (x, y), num_samples=3, warmup_steps=2, num_chains=1)
+    assert post.sample_stats["accept_prob"].shape == (1, 3)
+    assert post.settings["divergences"] == [0] and post.settings["step_size"] == 0.01

@@ -293,7 +293,7 @@ def test_stage3_trains_its_own_copy_of_the_network_state(tmp_path):
         }
     )
     art = run(cfg)
-    mf_net, tdg_net = art.mean_field.model.net, art.trained["2dg"].model.net
+    mf_net, tdg_net = art.trained["mean_field"].model.net, art.trained["2dg"].model.net
     assert mf_net is not tdg_net
     bn = [n for n, _ in mf_net.named_buffers() if n.endswith("running_mean")]
     mf_buf, tdg_buf = dict(mf_net.named_buffers()), dict(tdg_net.named_buffers())

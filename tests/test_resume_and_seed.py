@@ -96,7 +96,7 @@ def test_interrupted_run_resumes_to_identical_results(reference, tmp_path, monke
     assert load_checkpoint(tmp_path / "checkpoints" / f"{stage}.pt").epoch == at
     art = run(config_from_dict(TINY), tmp_path, resume=True)
     assert results(tmp_path) == results(reference)
-    assert art.mean_field is not None
+    assert art.trained.get("mean_field") is not None
 
 
 def test_resume_refuses_other_settings(reference, tmp_path):

@@ -10,8 +10,8 @@ import pytest
 
 from twodg_pyro.io import load_model
 from twodg_pyro.pipeline import config_from_dict, run
-from twodg_pyro.pipeline import context as context_module
 from twodg_pyro.pipeline.config import ConfigError
+from twodg_pyro.pipeline.methods import deterministic, mean_field
 from twodg_pyro.pipeline.results import format_results, read_results
 
 #: the tiny run's 64-16-10 MLP: 64 * 16 + 16 + 16 * 10 + 10 Bayesian weights
@@ -24,8 +24,8 @@ def _no_training(monkeypatch):
     def trained(*a, **k):
         raise AssertionError("training started before the settings were checked")
 
-    monkeypatch.setattr(context_module, "stage1_mean_field", trained)
-    monkeypatch.setattr(context_module.RunContext, "train_deterministic", trained)
+    monkeypatch.setattr(mean_field, "stage1_mean_field", trained)
+    monkeypatch.setattr(deterministic, "train", trained)
 
 
 @pytest.mark.parametrize(

@@ -84,7 +84,7 @@ def test_a_digits_run_records_the_beta_the_rule_gave():
         }
     )
     art = run(cfg)
-    model = art.mean_field.model
+    model = art.trained["mean_field"].model
     expected = data_size_kl_weight(model.likelihood.dataset_size, model.num_weights)
     assert model.num_weights == 64 * 512 + 512 + 512 * 10 + 10
     assert 0 < expected < 1  # a tempered posterior: 1 would leave no kl_weight field

@@ -115,7 +115,7 @@ def test_float64_end_to_end_with_the_baselines():
         assert all(v == v and abs(v) < float("inf") for v in values), r["method"]
     ens = next(r for r in art.records if r["method"] == "ensemble")
     assert ens["mean_mi_clean"] > 0
-    net = art.trained["laplace"].model.net
+    net = art.trained["laplace"].net
     assert next(net.parameters()).dtype == torch.float64
 
 

@@ -21,9 +21,9 @@ sub-packages (``twodg_pyro.guides``, ``twodg_pyro.sharing``, ...).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_names
 from ._version import __version__ as __version__
 
 #: exported name -> the module that defines it
@@ -91,14 +91,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .sharing.hooks import MahalanobisHook, MergeHook
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'twodg_pyro' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

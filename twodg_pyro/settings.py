@@ -18,6 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
+#: the recipes of the deterministic network (:func:`~twodg_pyro.baselines.train_deterministic`,
+#: ``stage1.deterministic_optimizer``)
+Optimizer = Literal["adam", "sgd"]
+
 
 class ConfigError(ValueError):
     """A setting is unknown or out of range; the message names it."""

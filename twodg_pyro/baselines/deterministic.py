@@ -18,15 +18,14 @@ It is both a baseline and the pretraining that initialises the means of stage 1
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-#: the recipes :func:`train_deterministic` knows
-Optimizer = Literal["adam", "sgd"]
+from ..settings import Optimizer
 
 
 def _epoch_lr(

@@ -2,7 +2,7 @@ r"""The model-file format: the kinds of full model files, the header fields they
 and each method's file support as one registration.
 
 Every full model file (:func:`~twodg_pyro.io.save_model`,
-:func:`~twodg_pyro.io.save_baseline`) is the container of :mod:`twodg_pyro.files.payload`:
+:meth:`~twodg_pyro.methods.TrainedMethod.save`) is the container of :mod:`twodg_pyro.files.payload`:
 plain tensors plus a JSON header (``torch.load(weights_only=True)``), sealed with a
 SHA-256 content checksum verified on load, NaN/inf parameters refused.
 
@@ -33,15 +33,19 @@ field; the guide's fields are ``tying`` and ``coordinates``, its section the sha
 structure, and ``site_names`` follows the network spec.
 
 **A baseline's file** (``kind = "twodg_pyro.Baseline"``, format version 1,
-:data:`BASELINE_FORMAT`): a deep ensemble, a post-hoc Laplace approximation (nothing of
-laplace-torch is pickled: its network plus the fitted precision factors, rebuilt as a
-:class:`~twodg_pyro.baselines.LaplacePosterior`), the thinned chains of a reference
-posterior by MCMC (:class:`~twodg_pyro.infer.mcmc.MCMCPosterior`) or one deterministic
-network:
+:data:`BASELINE_FORMAT`), the file of every trained method but a model and guide
+(:meth:`~twodg_pyro.methods.TrainedMethod.save`; its fields and tensors are the method's
+``file_content``, read back by the class registered under its ``baseline`` tag): a deep
+ensemble, a post-hoc Laplace approximation (nothing of laplace-torch is pickled: its
+network plus the fitted precision factors, rebuilt as a
+:class:`~twodg_pyro.methods.LaplacePosterior`), the thinned chains of a reference
+posterior by MCMC (:class:`~twodg_pyro.methods.mcmc.MCMCPosterior`), one deterministic
+network, or a method registered elsewhere:
 
 * ``header``: ``kind``, ``format_version``, ``method`` (the results row:
   ``"ensemble"``, ``"laplace"``, ``"deterministic_matched"``, ...), ``baseline``
-  (``"ensemble"``, ``"laplace"``, ``"mcmc"`` or ``"network"``), the network spec (``{"name",
+  (the method class's ``file_tag``: ``"ensemble"``, ``"laplace"``, ``"mcmc"``,
+  ``"network"``, ...), the network spec (``{"name",
   "kwargs"}`` for :func:`twodg_pyro.models.build_network`, or ``None``: pass ``net=``),
   the network's ``dtype``, optionally ``evaluation`` (the run's seed, draws, data and
   metrics); an ensemble's ``members``; a Laplace approximation's ``laplace`` table
@@ -56,9 +60,9 @@ network:
   covered tensor ``i``) or ``laplace/diag``;
 * ``checksum``.
 
-**A method's file support** is one :class:`GuideFile` in a registry
-(:func:`register_guide_file`; the library's methods are registered at the end of this
-module): a new method is one call, e.g. ``register_guide_file(MyGuide)`` (under the name
+**A guide's file support** is one :class:`GuideFile` in a registry
+(:func:`register_guide_file`; the library's guides are registered at the end of this
+module): a new guide is one call, e.g. ``register_guide_file(MyGuide)`` (under the name
 ``MyGuide.method``) when ``MyGuide(model)`` has the shapes of every trained ``MyGuide``.
 """
 
@@ -194,7 +198,7 @@ SHARED_GMM_FILE = ModelFileLayout(
     method="2dg",
     misfit="sharing structure or guide",
 )
-#: The baselines' files (:func:`~twodg_pyro.io.save_baseline`).
+#: The baselines' files (:meth:`~twodg_pyro.methods.TrainedMethod.save`).
 BASELINE_FORMAT = PayloadFormat(
     kind="twodg_pyro.Baseline",
     version=1,

@@ -7,8 +7,9 @@ line's help lists, does not import torch and the whole pipeline.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 #: exported name -> the module that defines or re-exports it
 _EXPORTS: dict[str, str] = {
@@ -72,14 +73,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .runner import run
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'twodg_pyro.pipeline' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

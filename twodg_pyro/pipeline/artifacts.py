@@ -2,16 +2,17 @@
 InferenceData, diagnostics and figures (the ``evaluate`` / ``diagnose`` jobs on a saved
 model file are in :mod:`.saved_models`).
 
-Files written by :func:`write_artifacts` into the run folder:
+Files written into the run folder, the model files by :func:`write_model_files` (once,
+before the run measures them, :mod:`.costs`), the rest by :func:`write_artifacts`:
 
 ``model_<method>.pt``
     one per method trained whose registry entry has a model file
-    (:attr:`~twodg_pyro.pipeline.context.Method.model_file`): a Bayesian model and guide
-    (``mean_field``, ``2dg``, ``rank1``, ``ssvi``; :func:`~twodg_pyro.io.save_model`) or a
-    baseline's object (:func:`~twodg_pyro.io.save_baseline`), with its network spec (so
-    that :func:`~twodg_pyro.io.load_model` rebuilds it without being passed the network)
+    (:attr:`~twodg_pyro.pipeline.config_methods.Method.model_file`): the trained method's
+    :meth:`~twodg_pyro.methods.TrainedMethod.save` (a Bayesian model and guide, or a
+    baseline's file), with its network spec (so that
+    :func:`~twodg_pyro.methods.load_method` rebuilds it without being passed the network)
     and an ``evaluation`` record: the seed, draws, data settings and metrics of the run's
-    evaluation (a baseline's own draws: an ensemble's members, a network's one forward
+    evaluation (a method's own draws: an ensemble's members, a network's one forward
     pass), from which ``twodg-pyro evaluate`` takes its defaults;
 ``model_2dg.2dgz``
     the 2DG BNN's compact file (:func:`~twodg_pyro.io.export_compact` at its default
@@ -62,10 +63,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..baselines.draws import prediction_draws
 from ..evaluation import data_to_device, n_examples
 from .builders import network_spec
-from .context import METHOD_REGISTRY
+from .config_methods import METHOD_REGISTRY
 from .diagnostics_steps import (
     StepWriter,
     compare_step,
@@ -86,16 +86,16 @@ COMPACT_2DG = "model_2dg_compact"
 COMPACT_2DG_FILE = "model_2dg.2dgz"
 
 
-def _trained(art) -> dict:
-    """``{method: (model, guide, [training states])}`` of the Bayesian methods of a run."""
+def _variational(art) -> dict:
+    """``{method: (model, guide, [training states])}`` of the variational methods of a run
+    with a row (stage 1's states before the 2DG BNN's own)."""
+    recorded = {r.get("method") for r in art.records}
+    mf = art.trained.get("mean_field")
     out = {}
-    mf = art.mean_field
-    if mf is not None and any(r.get("method") == "mean_field" for r in art.records):
-        out["mean_field"] = (mf.model, mf.guide, [mf.state])
-    for method, entry in art.trained.items():
-        if entry.guide is not None:
-            stage1 = [mf.state] if method == "2dg" and mf is not None else []
-            out[method] = (entry.model, entry.guide, stage1 + [entry.state])
+    for name, method in art.trained.items():
+        if method.variational and name in recorded:
+            stage1 = [mf.state] if name == "2dg" and mf is not None else []
+            out[name] = (method.model, method.guide, stage1 + [method.state])
     return out
 
 
@@ -122,67 +122,43 @@ def model_evaluation(cfg, method: str, record: dict | None, draws: dict) -> dict
     }
 
 
-def _write_model_files(writer: StepWriter, art, cfg, trained: dict, baselines: dict, draws):
-    """``model_<method>.pt`` of every Bayesian method (``trained``) and baseline, and the
-    2DG BNN's compact ``model_2dg.2dgz`` (one step each); files already in
-    ``art.model_files`` (written by :func:`~twodg_pyro.pipeline.costs.add_costs`) are
-    recorded, not written again."""
-    from ..io import save_baseline, save_model
+def write_model_files(art, cfg, out_dir) -> dict:
+    """Write the model files of the methods of a run that have a row and a file
+    (:attr:`~twodg_pyro.pipeline.config_methods.Method.model_file`) into ``out_dir``: each
+    method's :meth:`~twodg_pyro.methods.TrainedMethod.save` (``model_<method>.pt``) and
+    the 2DG BNN's compact ``model_2dg.2dgz``, one step each.  Returns ``{"files": {name:
+    path}, "errors": {name: message}}`` (a file that cannot be written is a warning and an
+    error entry)."""
     from ..io.compact import compact_evaluation, export_compact
 
+    out = Path(out_dir)
     records = {r.get("method"): r for r in art.records}
     spec = network_spec(cfg.network, art.split)
-    done = getattr(art, "model_files", {}) or {}
-    for method, obj in {**trained, **baselines}.items():
-        # a baseline's own draws (an ensemble's members, an MCMC posterior's kept draws,
-        # a network's one forward pass), as the costs count them
-        own_draws = draws
-        if method in baselines:
-            own_draws = {**draws, "num_samples": prediction_draws(obj, draws["num_samples"])}
-        evaluation = model_evaluation(cfg, method, records.get(method), own_draws)
-        names = [f"model_{method}"] + ([COMPACT_2DG] if method == "2dg" else [])
-        for name in names:
-            if name in done and Path(done[name]).parent == writer.out:
-                writer.files[name] = str(done[name])
-                writer.bar.update(1)
-                continue
-
-            def save(name=name, method=method, obj=obj, evaluation=evaluation):
-                if name == COMPACT_2DG:  # what a user deploys: the .2dgz, same record
-                    path = writer.out / COMPACT_2DG_FILE
-                    ev = compact_evaluation(evaluation, f"model_{method}.pt")
-                    export_compact(path, obj[0], obj[1], network=spec, evaluation=ev)
-                    return path
-                path = writer.out / f"{name}.pt"
-                if method in trained:  # (model, guide, states)
-                    save_model(path, obj[0], obj[1], network=spec, evaluation=evaluation)
-                    return path
-                return save_baseline(path, obj, network=spec, evaluation=evaluation, method=method)
-
-            writer.step(name, save)
-
-
-def write_model_files(art, cfg, out_dir) -> dict:
-    """Write the model files of a finished run into ``out_dir`` (``model_<method>.pt`` of
-    every method with one, ``model_2dg.2dgz``): ``{"files": {name: path}, "errors":
-    {name: message}}`` (a file that cannot be written is a warning and an error entry)."""
-    out = Path(out_dir)
-    trained = _trained(art)
-    baselines = _baselines(art)
-    writer = StepWriter(out, 0, progress=False)
     draws = evaluation_of(cfg, _eval_data(art, cfg))
-    _write_model_files(writer, art, cfg, trained, baselines, draws)
+    writer = StepWriter(out, 0, progress=False)
+    for name, method in art.trained.items():
+        if name not in records or not METHOD_REGISTRY[name].model_file:
+            continue
+        # the method's own draws (an ensemble's members, an MCMC posterior's kept draws,
+        # a network's one forward pass), as its evaluation counts them
+        own = {**draws, "num_samples": method.num_draws(draws["num_samples"])}
+        evaluation = model_evaluation(cfg, name, records[name], own)
+
+        def save(method=method, name=name, evaluation=evaluation):
+            return method.save(out / f"model_{name}.pt", network=spec, evaluation=evaluation)
+
+        writer.step(f"model_{name}", save)
+        if name == "2dg":  # what a user deploys: the .2dgz, the same record less the metrics
+
+            def compact(method=method, evaluation=evaluation):
+                ev = compact_evaluation(evaluation, "model_2dg.pt")
+                path = out / COMPACT_2DG_FILE
+                export_compact(path, method.model, method.guide, network=spec, evaluation=ev)
+                return path
+
+            writer.step(COMPACT_2DG, compact)
     writer.close()
     return writer.record()
-
-
-def _baselines(art) -> dict:
-    """``{method: object}`` of the baselines of a run that have a model file."""
-    return {
-        m: e.model
-        for m, e in art.trained.items()
-        if e.guide is None and METHOD_REGISTRY[m].model_file
-    }
 
 
 def _eval_data(art, cfg):
@@ -192,7 +168,9 @@ def _eval_data(art, cfg):
 
 
 def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> dict:
-    """Write the model files, InferenceData, diagnostics and figures of a finished run.
+    """Write the InferenceData, diagnostics and figures of a finished run whose model
+    files :func:`write_model_files` wrote (``art.model_files``: they are recorded in
+    ``diagnostics.json``, not written again).
 
     Args:
         art: the :class:`~twodg_pyro.pipeline.trained.RunArtifacts` of
@@ -200,20 +178,18 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         cfg: its :class:`~twodg_pyro.pipeline.config.RunConfig` (``cfg.diagnostics``: on
             or off, draws and examples; :func:`diagnostics_budget`).
         out_dir: the run folder.
-        skip_diagnostics: write the model files only, with this reason in
-            ``diagnostics.json`` (an incomplete run's finished methods).
+        skip_diagnostics: write ``diagnostics.json`` with this reason only (an incomplete
+            run's finished methods).
 
     Returns:
-        ``{"files": {name: path}, "errors": {name: message}}``.  Only the baselines'
-        model files are written when the run trained no Bayesian method.
+        ``{"files": {name: path}, "errors": {name: message}}``, the model files' among
+        them.  Nothing is written when the run trained no variational method.
     """
     from ..diagnostics import plot_elbo_terms, plot_merges, plot_sharing_plane
     from ..distributed import env
-    from ..evaluation import seeded_predict
 
     out = Path(out_dir)
-    trained = _trained(art)
-    baselines = _baselines(art)
+    trained = _variational(art)
     dcfg = cfg.diagnostics
     split = art.split
     device = cfg.device
@@ -222,12 +198,11 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
     records = {r.get("method"): r for r in art.records}
     primary = next((m for m in ("2dg", *trained) if m in trained), None)
     diagnose = primary is not None and dcfg.enabled and skip_diagnostics is None
-    n_steps = len(trained) + len(baselines) + ("2dg" in trained)
-    if diagnose:
-        n_steps += 3 * len(trained) + 4 + (2 if primary == "2dg" else 0) + 1
+    n_steps = 3 * len(trained) + 4 + (2 if primary == "2dg" else 0) + 1 if diagnose else 0
     writer = StepWriter(out, n_steps, progress=cfg.progress and env.is_main())
-    _write_model_files(writer, art, cfg, trained, baselines, draws)
-    if primary is None:  # no Bayesian method: no diagnostics
+    writer.files.update(art.model_files)
+    writer.errors.update(art.model_file_errors)
+    if primary is None:  # no variational method: no diagnostics
         writer.close()
         return writer.record()
     if not diagnose:
@@ -276,7 +251,7 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
     report["loo"] = primary_section.get("loo")
     pred = predictions.get(primary)
     if pred is None:  # e.g. a record restored from a checkpoint: the same seeded draws
-        pred = seeded_predict(model, guide, eval_data, cfg.num_samples, cfg.seed)
+        pred = art.trained[primary].predict(eval_data, cfg.num_samples, cfg.seed)
     summary_and_reliability(writer, idatas.get(primary), pred, primary, draws)
     over_budget = "over the diagnostics budget (diagnostics.budget)"
     report["vi"] = khat_step(
@@ -293,8 +268,8 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
     if primary == "2dg":
         writer.step("sharing_plane", lambda: plot_sharing_plane(guide, out / "sharing_plane.png"))
     histories = {}
-    if art.mean_field is not None:
-        histories["stage 1 (mean-field SVI)"] = art.mean_field.state.history
+    if "mean_field" in art.trained:
+        histories["stage 1 (mean-field SVI)"] = art.trained["mean_field"].state.history
     if primary == "2dg":
         histories["stage 3 (shared-GMM SVI)"] = states[-1].history
     elif primary != "mean_field":

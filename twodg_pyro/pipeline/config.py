@@ -16,8 +16,8 @@ file) and reading it from files and dicts.  The rules a setting obeys are in
 :mod:`twodg_pyro.settings`; the sections, one per table of the file, in
 :mod:`.config_sections` (data, network, prior, the stages; ``[sharing]`` is the 2DG
 method's own :class:`~twodg_pyro.sharing.SharingConfig`), :mod:`.config_methods`
-(the compared methods: each is the section of a method of the registry,
-:data:`~twodg_pyro.pipeline.context.METHOD_REGISTRY`) and :mod:`.config_evaluation`
+(the registry of methods, :data:`~twodg_pyro.pipeline.config_methods.METHOD_REGISTRY`,
+and the sections of the compared methods) and :mod:`.config_evaluation`
 (uncertainty, diagnostics); all are importable from here.
 """
 
@@ -48,9 +48,11 @@ from ..settings import (
 from ..sharing.config import SharingConfig
 from .config_evaluation import DiagnosticsConfig, UncertaintyConfig
 from .config_methods import (
+    METHOD_REGISTRY,
     EnsembleConfig,
     LaplaceConfig,
     MatchedDeterministicConfig,
+    MCMCConfig,
     Rank1Config,
     SSVIConfig,
 )
@@ -63,7 +65,6 @@ from .config_sections import (
     Stage3Config,
     torch_dtype,
 )
-from .context import METHOD_REGISTRY
 from .presets import merge_settings
 from .results import jsonable
 
@@ -80,6 +81,7 @@ __all__ = [
     "MatchedDeterministicConfig",
     "EnsembleConfig",
     "LaplaceConfig",
+    "MCMCConfig",
     "UncertaintyConfig",
     "DiagnosticsConfig",
     "RunConfig",
@@ -177,7 +179,7 @@ RunConfig = dataclasses.make_dataclass(
         "__module__": __name__,
         "__doc__": """A whole run: which methods, data, network, prior and the stages'
     settings, and the section of every method that has settings of its own (``rank1``,
-    ``ssvi``, ...: :attr:`~twodg_pyro.pipeline.context.Method.settings`).""",
+    ``ssvi``, ...: :attr:`~twodg_pyro.pipeline.config_methods.Method.settings`).""",
     },
 )
 

@@ -1,26 +1,33 @@
-"""The settings of the methods compared with 2DG: rank-1 BNN, Sparse Subspace VI, the
-matched deterministic network, the deep ensemble, post-hoc Laplace and the MCMC reference
-posterior (tables ``[rank1]``, ``[ssvi]``, ``[deterministic_matched]``, ``[ensemble]``,
-``[laplace]``, ``[mcmc]``).
+"""The methods a run can train, as settings: the registry :data:`METHOD_REGISTRY` (each
+method's module, settings section and what the run does with it) and the sections of
+the methods compared with 2DG: rank-1 BNN, Sparse Subspace VI, the matched deterministic
+network and the deep ensemble (tables ``[rank1]``, ``[ssvi]``,
+``[deterministic_matched]``, ``[ensemble]``; post-hoc Laplace's ``[laplace]`` and MCMC's
+``[mcmc]`` live with those methods, :mod:`twodg_pyro.methods.laplace_settings` and
+:mod:`twodg_pyro.methods.mcmc.settings`).
+
+Nothing here imports a method's implementation: a method's module is imported when a
+run trains it (:func:`method_runner`), so that loading settings loads no method.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, NamedTuple
 
-from ..baselines.laplace import LaplaceHessian, LaplacePredictive, LaplaceSubset, PriorStructure
 from ..guides.rank1 import InitMean, Rank1PriorKind, Routing
 from ..guides.ssvi_subspace import AdditionCriterion, RemovalCriterion
+from ..methods.laplace_settings import LaplaceConfig
+from ..methods.mcmc.settings import MCMCConfig
 from ..settings import (
-    BOOLEAN,
     UNIT,
     Section,
     at_least,
     in_range,
     optional_at_least,
     positive,
-    require,
 )
 
 
@@ -96,68 +103,42 @@ class EnsembleConfig(Section):
     epochs: Annotated[int | None, optional_at_least(0, "or absent for deterministic_epochs")] = None
 
 
-@dataclass
-class LaplaceConfig(Section):
-    """Post-hoc Laplace (method ``laplace``; needs ``pip install laplace-torch``) on the
-    run's deterministic network: over the ``last_layer`` or ``all`` weights with a
-    ``kron`` or ``diag`` GGN, the prior precision (``scalar`` or, with ``subset =
-    "all"``, ``layerwise``) fitted by ``marglik_steps`` steps on the marginal likelihood;
-    predicted by ``num_samples`` seeded draws of the linearised (``glm``) or the plain
-    (``nn``) network (:mod:`twodg_pyro.baselines.laplace`); the curvature is summed over
-    the training set in batches of ``batch_size``."""
+# ---------------------------------------------------------------------------- registry
+class Method(NamedTuple):
+    """A method a run can train, a row of the results table: one registration.
 
-    section: ClassVar[str] = "laplace"
-    subset: LaplaceSubset = "last_layer"
-    hessian: LaplaceHessian = "kron"
-    pred_type: LaplacePredictive = "glm"
-    prior_structure: PriorStructure = "scalar"
-    marglik_steps: Annotated[int, at_least(0)] = 100
-    marglik_lr: Annotated[float, positive()] = 0.1
-    #: examples per batch of the curvature pass (with ``subset = "all"``, ``hessian =
-    #: "diag"`` laplace-torch forms each batch's Jacobian, batch x classes x weights)
-    batch_size: Annotated[int, at_least(1)] = 32
+    ``module``: the module of :mod:`twodg_pyro.pipeline.methods` whose ``run(ctx)`` trains and
+    evaluates it and returns its record (``None``: none, e.g. restored from a
+    checkpoint); ``settings``: its section of the settings (``[<name>]``, a field of
+    :class:`~twodg_pyro.pipeline.config.RunConfig`; ``None``: it has none);
+    ``distributed``: it runs under ``torchrun``
+    (:func:`~twodg_pyro.pipeline.run_distributed`); ``model_file``: the run writes
+    ``model_<name>.pt`` for it.  Whether its draws differ is its trained method's
+    (:attr:`~twodg_pyro.methods.TrainedMethod.bayesian`)."""
 
-    def _check(self) -> None:
-        require(
-            not (self.subset == "last_layer" and self.prior_structure == "layerwise"),
-            "laplace.prior_structure",
-            self.prior_structure,
-            "laplace-torch fits a scalar prior precision for subset = 'last_layer'; use "
-            "'scalar' (or subset = 'all')",
-        )
+    module: str
+    settings: type | None = None
+    distributed: bool = False
+    model_file: bool = True
 
 
-@dataclass
-class MCMCConfig(Section):
-    """The reference posterior by MCMC (method ``mcmc``,
-    :func:`~twodg_pyro.infer.mcmc.run_mcmc`): Pyro's ``nuts`` (or ``hmc`` with
-    ``num_steps`` leapfrog steps) on the run's network, prior and likelihood, on the whole
-    training set at once; ``num_chains`` chains (chain ``c`` seeded ``seed + c``) of
-    ``warmup_steps`` adaptation and ``num_samples`` kept iterations, every ``thin``-th
-    stored; chains start at prior draws times ``init_scale`` (``init = "prior"``) or at
-    the network plus that much noise (``"network"``).  A network of more than
-    ``max_params`` Bayesian scalars is refused."""
+#: The methods a run can train, in the order they run: the choices of ``methods`` in the
+#: settings (:data:`~twodg_pyro.pipeline.config.METHODS`).
+METHOD_REGISTRY: dict[str, Method] = {
+    "deterministic": Method("deterministic", distributed=True, model_file=False),
+    "mean_field": Method("mean_field", distributed=True),
+    "2dg": Method("two_dg", distributed=True),
+    "rank1": Method("rank1", Rank1Config),
+    "ssvi": Method("ssvi", SSVIConfig),
+    "deterministic_matched": Method("deterministic_matched", MatchedDeterministicConfig),
+    "ensemble": Method("ensemble", EnsembleConfig),
+    "laplace": Method("laplace", LaplaceConfig),
+    "mcmc": Method("mcmc", MCMCConfig),
+}
 
-    section: ClassVar[str] = "mcmc"
-    kernel: Literal["nuts", "hmc"] = "nuts"
-    num_samples: Annotated[int, at_least(1)] = 500
-    warmup_steps: Annotated[int, at_least(0)] = 500
-    num_chains: Annotated[int, at_least(1)] = 4
-    thin: Annotated[int, at_least(1)] = 1
-    init: Literal["prior", "network"] = "prior"
-    init_scale: Annotated[float, positive()] = 0.1
-    target_accept_prob: Annotated[float, in_range(0, 1, (False, False))] = 0.8
-    max_tree_depth: Annotated[int, at_least(1)] = 10
-    step_size: Annotated[float, positive()] = 1e-2
-    num_steps: Annotated[int, at_least(1)] = 32
-    temperature: Annotated[float, positive()] = 1.0
-    jit_compile: Annotated[bool, BOOLEAN] = False
-    max_params: Annotated[int, at_least(1)] = 5000
 
-    def _check(self) -> None:
-        require(
-            self.thin <= self.num_samples,
-            "mcmc.thin",
-            self.thin,
-            f"keeps no draw of mcmc.num_samples = {self.num_samples}",
-        )
+def method_runner(name: str) -> Callable:
+    """The function that trains and evaluates method ``name``: ``run`` of its module,
+    imported now (its module registers the file of its trained method, if any)."""
+    module = f"twodg_pyro.pipeline.methods.{METHOD_REGISTRY[name].module}"
+    return importlib.import_module(module).run

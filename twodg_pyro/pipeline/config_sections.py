@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar, Literal, get_args
 
-from ..baselines.deterministic import Optimizer
 from ..bnn import NormStats
 from ..data import available_datasets
 from ..guides.tyings import TyingName
@@ -29,6 +28,7 @@ from ..settings import (
     POSITIVE_OR_INF,
     SEED,
     ConfigError,
+    Optimizer,
     Section,
     at_least,
     finite_at_least_zero,

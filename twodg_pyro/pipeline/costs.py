@@ -36,13 +36,14 @@ runs many forward passes.  :func:`add_costs` adds to every record of a run's tab
     machine and its load; only their ratio is comparable across machines.
 
 Records of methods whose trained object the run does not hold (a record restored from a
-checkpoint) get the fields that do not need it.
+checkpoint) get the fields that do not need it.  The model files are written before
+(:func:`~twodg_pyro.pipeline.artifacts.write_model_files`); this module only measures
+them and the predictions, through the trained methods' one protocol
+(:class:`~twodg_pyro.methods.TrainedMethod`).
 """
 
 from __future__ import annotations
 
-import copy
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,32 +52,10 @@ import torch
 from torch import nn
 
 from ..accounting import network_bytes
-from ..baselines.draws import DrawBaseline, prediction_draws
-from ..evaluation import seeded_predict
-from ..prediction import deterministic_predict
+from ..methods import Network
 
 #: The ``file`` of the deterministic row: a computed size, no file.
 DETERMINISTIC_FILE = "float32 parameters and buffers (computed: 4 bytes per value)"
-
-
-def forwards_per_prediction(entry, num_samples: int) -> int:
-    """Network evaluations per example of one prediction of a trained method's ``entry``
-    (an ``art.trained`` item: ``(model, guide, ...)``, or a baseline's object as its
-    model): see the module docstring."""
-    model, guide = entry[0], entry[1]
-    if guide is not None:
-        return int(num_samples) * int(getattr(model, "output_components", 1) or 1)
-    return prediction_draws(model, num_samples)
-
-
-def predictor(entry, eval_data, num_samples: int, seed: int) -> Callable[[], object]:
-    """The call that predicts ``eval_data`` as the run's table did, for timing."""
-    model, guide = entry[0], entry[1]
-    if guide is not None:
-        return lambda: seeded_predict(model, guide, eval_data, num_samples, seed)
-    if isinstance(model, DrawBaseline):
-        return lambda: model.predict(eval_data, model.draws_per_prediction(num_samples), seed)
-    return lambda: deterministic_predict(model, eval_data)
 
 
 def time_call(fn: Callable[[], object], min_seconds: float = 1.0, max_repeats: int = 5) -> float:
@@ -93,98 +72,57 @@ def time_call(fn: Callable[[], object], min_seconds: float = 1.0, max_repeats: i
     return min(times)
 
 
-def _entries(art) -> dict:
-    """``{method: (model, guide)}`` of every trained method the run holds."""
-    out = {}
-    if art.mean_field is not None:
-        out["mean_field"] = (art.mean_field.model, art.mean_field.guide)
-    for method, e in art.trained.items():
-        out[method] = (e.model, e.guide)
-    return out
-
-
-def _file_prob_diff(path: Path, entry, art, cfg) -> float:
+def _file_prob_diff(path: Path, method, art, cfg) -> float:
     """The largest difference of a predicted probability between the compact file at
     ``path`` and the run's 2DG BNN (the run's seeded draws on its evaluation data)."""
-    from ..io import load_compact
+    from ..methods import load_method
 
-    model, guide = load_compact(path, device=cfg.device)
-    mine = seeded_predict(model, guide, art.eval_data, cfg.num_samples, cfg.seed).mean
+    mine = load_method(path, device=cfg.device).predict(art.eval_data, cfg.num_samples, cfg.seed)
     run = art.predictions.get("2dg")
-    ref = run.mean if run is not None else None
-    if ref is None:
-        ref = seeded_predict(entry[0], entry[1], art.eval_data, cfg.num_samples, cfg.seed).mean
-    return float((mine.cpu().double() - ref.cpu().double()).abs().max())
+    ref = run if run is not None else method.predict(art.eval_data, cfg.num_samples, cfg.seed)
+    return float((mine.mean.cpu().double() - ref.mean.cpu().double()).abs().max())
 
 
-def add_costs(art, cfg, reference_net: nn.Module, out_dir: str | Path | None = None) -> None:
+def add_costs(art, cfg, reference_net: nn.Module, files: dict[str, str]) -> None:
     """Add the fields of the module docstring to every record of ``art`` (a
     :class:`~twodg_pyro.pipeline.trained.RunArtifacts`; ``cfg``: the run's settings).
 
-    The model files are written by
-    :func:`~twodg_pyro.pipeline.artifacts.write_model_files` into ``out_dir`` (then kept
-    in ``art.model_files``: the run does not write them again) or, without one, into a
-    temporary folder removed afterwards.  ``reference_net``: the deterministic network
-    (trained or not: its timing and size are the architecture's) when the run trained
-    no ``deterministic`` row."""
-    from .artifacts import COMPACT_2DG, write_model_files
+    ``files``: the model files written for the run, by step name (``model_<method>``,
+    ``model_2dg_compact``).  ``reference_net``: the deterministic network (trained or
+    not: its timing and size are the architecture's) when the run trained no
+    ``deterministic`` row."""
+    from .artifacts import COMPACT_2DG
 
-    entries = _entries(art)
-    det = entries.get("deterministic", (reference_net, None))[0]
-    sizes = network_bytes(det)
+    det = art.trained.get("deterministic") or Network(reference_net)
+    sizes = network_bytes(det.net)
     net_params = sizes["params"]
     S, seed = cfg.num_samples, cfg.seed
-    det_seconds = time_call(predictor((det, None), art.eval_data, S, seed))
 
-    def fill(record: dict, files: dict) -> None:
-        method = record.get("method")
-        entry = entries.get(method)
-        if method == "deterministic":
+    def seconds_of(method) -> float:
+        return time_call(lambda: method.predict(art.eval_data, S, seed))
+
+    det_seconds = seconds_of(det)
+    for record in art.records:
+        name = record.get("method")
+        method = det if name == "deterministic" else art.trained.get(name)
+        if name == "deterministic":
             record.update(
                 file=DETERMINISTIC_FILE,
                 file_bytes=sizes["float32"],
                 file_bytes_int8=sizes["int8"],
             )
         else:
-            name = COMPACT_2DG if method == "2dg" else f"model_{method}"
-            path = files.get(name)
+            path = files.get(COMPACT_2DG if name == "2dg" else f"model_{name}")
             if path is not None and Path(path).is_file():
                 record.update(file=Path(path).name, file_bytes=Path(path).stat().st_size)
-                if method == "2dg" and entry is not None:
-                    record["file_prob_diff"] = _file_prob_diff(Path(path), entry, art, cfg)
+                if name == "2dg" and method is not None:
+                    record["file_prob_diff"] = _file_prob_diff(Path(path), method, art, cfg)
         if "file_bytes" in record:
             record["bytes_per_weight"] = record["file_bytes"] / max(net_params, 1)
             record["float32_ratio"] = sizes["float32"] / max(record["file_bytes"], 1)
-        if method == "deterministic":
-            entry = (det, None)
-        if entry is not None:
-            record["forwards_per_prediction"] = forwards_per_prediction(entry, S)
+        if method is not None:
+            record["forwards_per_prediction"] = method.forwards_per_prediction(S)
             # the deterministic row is the reference itself: one timing, ratio 1
-            seconds = (
-                det_seconds
-                if method == "deterministic"
-                else time_call(predictor(entry, art.eval_data, S, seed))
-            )
+            seconds = det_seconds if method is det else seconds_of(method)
             record["predict_seconds"] = seconds
             record["relative_predict_seconds"] = seconds / max(det_seconds, 1e-12)
-
-    def fill_all(folder: Path) -> dict:
-        written = write_model_files(art, cfg, folder)
-        for record in art.records:
-            fill(record, written["files"])
-        return written
-
-    if out_dir is not None:
-        art.model_files = dict(fill_all(Path(out_dir))["files"])
-        return
-    with tempfile.TemporaryDirectory(prefix="twodg-costs-") as tmp:
-        fill_all(Path(tmp))
-
-
-def reference_network(ctx) -> nn.Module:
-    """The deterministic network of a run for :func:`add_costs`: its trained
-    ``deterministic`` row, else a copy of the seeded initial network (same architecture:
-    the same bytes and forward time)."""
-    if ctx.deterministic is not None:
-        return ctx.deterministic[0]
-    return copy.deepcopy(ctx.net)

@@ -52,8 +52,9 @@ from ..distributed.parallel import (
 )
 from ..distributed.train import average_buffers, fit_distributed
 from .config import RunConfig
+from .config_methods import METHOD_REGISTRY
 from .execution import Execution
-from .runner import METHOD_REGISTRY, run
+from .runner import run
 from .trained import RunArtifacts
 
 #: Methods that run under torch.distributed.

@@ -2,12 +2,12 @@
 
 :func:`run` reads top-down: check the device and the output folder, load and check the
 data, then run every method of the registry
-:data:`~twodg_pyro.pipeline.context.METHOD_REGISTRY` that the settings ask for, in the
+:data:`~twodg_pyro.pipeline.config_methods.METHOD_REGISTRY` that the settings ask for, in the
 registry's order (each returns its row of the table), then print the table and write
 the results, model files and diagnostics.  What the methods share (the data, the seeded
 initial network, stage 1, checkpoints) is a
 :class:`~twodg_pyro.pipeline.context.RunContext`; the 2DG BNN's stages are
-:mod:`twodg_pyro.pipeline.algorithm1`'s.
+:mod:`twodg_pyro.pipeline.methods.algorithm1`'s.
 
 One orchestration for a plain run and a data-parallel one under ``torchrun``: the
 pieces that differ come in as an :class:`~twodg_pyro.pipeline.execution.Execution`, and
@@ -16,6 +16,8 @@ every file is written on rank 0 only.
 
 from __future__ import annotations
 
+import copy
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -24,8 +26,9 @@ from . import artifacts
 from .builders import build_net, check_device, eval_data, load_data, seed_everything, train_loader
 from .checks import check_sharing_sizes, check_split
 from .config import RunConfig
-from .context import METHOD_REGISTRY, RunContext
-from .costs import add_costs, reference_network
+from .config_methods import METHOD_REGISTRY, method_runner
+from .context import RunContext
+from .costs import add_costs
 from .execution import LOCAL, Execution
 from .results import evaluation_of, format_table, uncertainty_table, write_results
 from .resume import RunCheckpoints
@@ -96,10 +99,10 @@ def _run(
     """:func:`run` once the device and the output folder are checked."""
     ctx = _context(cfg, out_dir, resume, execution, folder)
     art = ctx.art
-    for name, method in METHOD_REGISTRY.items():
+    for name in METHOD_REGISTRY:
         if name in cfg.methods:
             try:
-                record = method.run(ctx)
+                record = method_runner(name)(ctx)
             except Exception as error:
                 # rank 0 alone, no barrier: the other ranks may not have failed here
                 if out_dir is not None and art.records and env.is_main():
@@ -109,21 +112,40 @@ def _run(
                 art.records.append(record)
     if cfg.uncertainty.enabled and env.is_main():  # OOD, shift, selective prediction
         add_uncertainty(art, cfg)
-    # bytes on disk (the model files are written here, rank 0), forward passes, seconds
-    env.on_main(
-        lambda: add_costs(art, cfg, reference_network(ctx), out_dir),
-        "write and measure the model files",
-    )
+    # the model files, written once (rank 0), and what they cost: bytes on disk,
+    # forward passes, seconds
+    env.on_main(lambda: _measure(ctx, out_dir), "write and measure the model files")
     if env.is_main():
         print(format_table(art.records) + uncertainty_table(art.records))
     if out_dir is not None:
 
         def write():
             write_results(out_dir, art.records, cfg.to_dict(), evaluation_of(cfg, art.eval_data))
-            artifacts.write_artifacts(art, cfg, out_dir)  # model files, diagnostics, ...
+            artifacts.write_artifacts(art, cfg, out_dir)  # diagnostics, figures, ...
 
         env.on_main(write, f"write the results to {out_dir}")
     return art
+
+
+def _write_model_files(art: RunArtifacts, cfg: RunConfig, folder) -> None:
+    """Write the run's model files into ``folder`` (:func:`.artifacts.write_model_files`),
+    recorded in ``art``."""
+    written = artifacts.write_model_files(art, cfg, folder)
+    art.model_files, art.model_file_errors = written["files"], written["errors"]
+
+
+def _measure(ctx: RunContext, out_dir) -> None:
+    """Write the model files (into the run folder, or a temporary one removed afterwards)
+    and add what each method costs to its record (:func:`~.costs.add_costs`; the
+    deterministic network of the architecture is the reference of the timings)."""
+    art = ctx.art
+    reference = ctx.deterministic[0] if ctx.deterministic is not None else copy.deepcopy(ctx.net)
+    if out_dir is not None:
+        _write_model_files(art, ctx.cfg, out_dir)
+        add_costs(art, ctx.cfg, reference, art.model_files)
+        return
+    with tempfile.TemporaryDirectory(prefix="twodg-costs-") as tmp:
+        add_costs(art, ctx.cfg, reference, artifacts.write_model_files(art, ctx.cfg, tmp)["files"])
 
 
 def _keep_finished(out_dir, art: RunArtifacts, cfg: RunConfig, failed: str, error) -> None:
@@ -139,6 +161,7 @@ def _keep_finished(out_dir, art: RunArtifacts, cfg: RunConfig, failed: str, erro
     try:
         evaluation = evaluation_of(cfg, art.eval_data)
         write_results(out_dir, art.records, cfg.to_dict(), evaluation, incomplete=status)
+        _write_model_files(art, cfg, out_dir)
         artifacts.write_artifacts(art, cfg, out_dir, skip_diagnostics=f"{failed} failed")
     except Exception as e:  # keep the original error
         warnings.warn(f"could not keep the finished methods' files in {out_dir}: {e}", stacklevel=2)

@@ -12,6 +12,7 @@ import torch
 from ..evaluation import data_to_device
 from ..likelihoods import Categorical
 from .builders import check_device, eval_data, load_data
+from .config_methods import METHOD_REGISTRY, method_runner
 from .config_sections import DataConfig
 from .diagnostics_steps import (
     KHAT_BLOCK_COMPONENTS,
@@ -58,49 +59,46 @@ def evaluation_defaults(model_file, data=None, num_samples=None, seed=None) -> d
     }
 
 
-def _load(model_file, d: dict, root: str | None, device: str, baselines: bool = False):
-    """The saved model -- ``(model, guide)`` of a full or compact file of any Bayesian
-    method, or (``baselines``) a baseline's object -- and the data split it is evaluated
-    on (with the run's split settings, e.g. ``test_fraction``, from ``d``)."""
-    from ..io import load_baseline, load_model
-    from ..io.model_file import BASELINE_FILE_KIND
+def load_saved(model_file, header: dict | None = None, device: str = "cpu"):
+    """The trained method of a model file of any method
+    (:func:`~twodg_pyro.methods.load_method`), after importing the module of the run's
+    method that the header names (a method defined by the pipeline registers its file
+    there)."""
+    from ..methods import load_method
+
+    name = (header or {}).get("method")
+    if name in METHOD_REGISTRY:
+        method_runner(name)
+    return load_method(model_file, device=device)
+
+
+def _load(model_file, d: dict, root: str | None, device: str):
+    """The saved trained method and the data split it is evaluated on (with the run's
+    split settings, e.g. ``test_fraction``, from ``d``)."""
     from ..models import MLP
 
     check_device(device)
-    if baselines and d["header"].get("kind") == BASELINE_FILE_KIND:
-        saved = load_baseline(model_file, device=device)
-        model = saved if hasattr(saved, "net") else _AsModel(saved)
-    else:
-        saved = load_model(model_file, device=device)
-        model = saved[0]
+    method = load_saved(model_file, d["header"], device)
     run = d["data_settings"]
     settings = {
         k: v for k, v in run.items() if k in ("val_fraction", "test_fraction", "split_seed")
     }
     cfg = DataConfig(name=d["data"], root=run.get("root") if root is None else root, **settings)
-    split = load_data(cfg, image=not isinstance(model.net, MLP))
+    split = load_data(cfg, image=not isinstance(method.net, MLP))
     try:
-        check_fits(model, split, model_file, device)
+        check_fits(method, split, model_file, device)
     except ValueError as e:
         if d["data_known"]:
             raise
         raise ValueError(  # e.g. a .2dgz written before compact files kept the data set
             f"{e} (the file records no data set, so {d['data']!r} was assumed: pass --data)"
         ) from e
-    return saved, split
+    return method, split
 
 
-class _AsModel:
-    """A plain network seen as a model for :func:`check_fits` (``net``, ``dtype``)."""
-
-    def __init__(self, net):
-        self.net = net
-        self.dtype = next(net.parameters()).dtype
-
-
-def check_fits(model, split, model_file, device: str = "cpu") -> None:
-    """Check that the saved ``model`` can be evaluated on ``split``: its network takes
-    the split's inputs and has one output per class, and the labels are in range.
+def check_fits(method, split, model_file, device: str = "cpu") -> None:
+    """Check that the saved trained ``method`` can be evaluated on ``split``: its network
+    takes the split's inputs and has one output per class, and the labels are in range.
 
     Raises:
         ValueError: naming the model file, the data set and what does not fit (e.g. a
@@ -116,9 +114,9 @@ def check_fits(model, split, model_file, device: str = "cpu") -> None:
         raise ValueError(f"data set {name!r} is empty")
     x0 = first[0][0]
     x0 = torch.as_tensor(x0).unsqueeze(0).to(device)
+    net = method.net
     if x0.is_floating_point():  # the network's dtype (a float64 model takes float64 inputs)
-        x0 = x0.to(getattr(model, "dtype", x0.dtype))
-    net = model.net
+        x0 = x0.to(next(net.parameters()).dtype)
     was_training = net.training
     net.eval()
     try:
@@ -142,7 +140,7 @@ def check_fits(model, split, model_file, device: str = "cpu") -> None:
             f"{name} has {split.num_classes} classes"
         )
     check_split(split)  # integer class labels in [0, num_classes)
-    lik = getattr(model, "likelihood", None)
+    lik = method.likelihood
     if lik is not None and not isinstance(lik, Categorical):  # a hand-edited header
         raise ValueError(
             f"{where!r} does not fit data set {name!r}: its likelihood is "
@@ -160,12 +158,11 @@ def evaluate_model_file(
     device: str = "cpu",
     uncertainty=None,
 ) -> dict:
-    """Accuracy, NLL, ECE and Brier of a saved model of any method, over ``num_samples``
-    posterior draws seeded with ``seed`` (:func:`~twodg_pyro.evaluation.evaluate`), run on
-    ``device`` in the dtype the model was saved in.  A baseline's file
-    (:func:`~twodg_pyro.io.save_baseline`) is evaluated by its own draws: an ensemble's
-    members, a network's one forward pass, a Laplace approximation's ``num_samples``
-    draws seeded with ``seed`` (``num_samples`` in the output says how many).
+    """Accuracy, NLL, ECE and Brier of a saved model of any method: the prediction of its
+    trained method (:meth:`~twodg_pyro.methods.TrainedMethod.predict`) asked for
+    ``num_samples`` draws seeded with ``seed``, run on ``device`` in the dtype the model
+    was saved in: a posterior's seeded draws, an ensemble's members, MCMC's kept draws, a
+    network's one forward pass (``num_samples`` in the output says how many).
 
     ``data``, ``num_samples`` and ``seed`` default to those of the run that wrote the file
     (its ``evaluation`` record; else digits, 30, 0), and the run's split settings are
@@ -177,42 +174,38 @@ def evaluate_model_file(
     output also has ``uncertainty``: OOD detection, shift and selective prediction on the
     same draws (:mod:`twodg_pyro.pipeline.uncertainty_step`).
     """
-    from ..baselines import draw_probs
-    from ..diagnostics import method_of
-    from ..evaluation import SAMPLE_CHUNK, evaluate
-    from ..metrics import classification_metrics
+    from ..evaluation import SAMPLE_CHUNK
+    from ..metrics import check_labels, classification_metrics
     from .uncertainty_step import UncertaintySets
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
-    saved, split = _load(model_file, d, root, device, baselines=True)
+    method, split = _load(model_file, d, root, device)
     dataset = getattr(split, split_name)
     if len(dataset) == 0:
         raise ValueError(f"the {split_name} split of {d['data']!r} is empty")
     data = eval_data(dataset, device)
-    result = {"model_file": str(model_file), "data": d["data"], "split": split_name}
-    if isinstance(saved, tuple):  # a Bayesian model and guide
-        model, guide = saved
-        result["method"] = d["recorded"].get("method") or method_of(guide)
-        result["sample_chunk"] = SAMPLE_CHUNK
-        result.update(evaluate(model, guide, data, d["num_samples"], d["seed"], device=device))
-        bayesian = seeded = True
-    else:  # a baseline: its own draws
-        samples = draw_probs(saved, data, d["num_samples"], d["seed"])
-        labels = data[1] if isinstance(data, tuple) else torch.cat([y for _, y in data])
-        result["method"] = d["recorded"].get("method") or d["header"].get("method")
-        result.update(classification_metrics(samples.mean(0), labels))
-        result.update(
-            num_samples=int(samples.shape[0]), seed=int(d["seed"]), n_examples=int(samples.shape[1])
-        )
-        bayesian, seeded = hasattr(saved, "sample_probs"), hasattr(saved, "sample_params")
+    if isinstance(data, tuple):
+        check_labels(data[1])  # dtype and sign now; the classes' range once C is known
+    pred = method.predict(data, d["num_samples"], d["seed"])
+    result = {
+        "model_file": str(model_file),
+        "data": d["data"],
+        "split": split_name,
+        "method": d["recorded"].get("method") or method.name,
+        **({"sample_chunk": SAMPLE_CHUNK} if method.variational else {}),
+        **classification_metrics(pred.mean, pred.targets),
+        "num_samples": method.num_draws(d["num_samples"]),
+        "seed": int(d["seed"]),
+        "n_examples": int(pred.mean.shape[0]),
+    }
     if uncertainty is not None:
         sets = UncertaintySets(split, data, uncertainty, d["seed"])
         draws = uncertainty.draws if uncertainty.draws is not None else d["num_samples"]
-        result["uncertainty"] = sets.record(saved, bayesian, draws, device)
+        result["uncertainty"] = sets.record(method, draws, device)
     rec = d["recorded"]
     if (  # the run's metrics, when it used the same draws and examples
         rec.get("metrics")
-        and (not seeded or rec.get("seed") == result["seed"])
+        and (not method.seeded or rec.get("seed") == result["seed"])
         and rec.get("num_samples") == result["num_samples"]
         and rec.get("n_examples") == result["n_examples"]
         and rec.get("split", "test") == result["split"]
@@ -262,7 +255,14 @@ def diagnose_model_file(
     d = evaluation_defaults(model_file, data, num_samples, seed)
     if (d["header"].get("baseline")) == "mcmc":
         return diagnose_mcmc_file(model_file, out_dir, d, root, device, max_eval_examples, progress)
-    (model, guide), split = _load(model_file, d, root, device)
+    trained, split = _load(model_file, d, root, device)
+    if not trained.variational:
+        raise ValueError(
+            f"{str(model_file)!r} holds a {trained.name} ({type(trained).__name__}), not a "
+            "model and guide: diagnose takes a BNN's file or MCMC chains; evaluate it with "
+            "twodg-pyro evaluate"
+        )
+    model, guide = trained.model, trained.guide
     method = method_of(guide)
     S, seed = d["num_samples"], d["seed"]
     out = Path(out_dir)
@@ -325,7 +325,7 @@ def diagnose_mcmc_file(
 ) -> dict:
     """The chains' diagnostics of an MCMC model file (``d``: its
     :func:`evaluation_defaults`): the metrics of all its kept draws on the test split,
-    the convergence report (:func:`~twodg_pyro.diagnostics.mcmc.mcmc_report`: R-hat and
+    the convergence report (:func:`~twodg_pyro.methods.mcmc.arviz.mcmc_report`: R-hat and
     bulk / tail ESS per site and on the predictive probabilities of at most
     ``max_eval_examples`` test inputs, divergences, tree depth, step size, E-BFMI) under
     ``mcmc``, with its printable ``mcmc_lines``.  Writes ``inference_data_mcmc.nc`` (the
@@ -333,14 +333,15 @@ def diagnose_mcmc_file(
     ``mcmc_trace_rank.png`` (ArviZ's trace and rank plots of the log density and the
     least mixed probabilities) and ``diagnostics.json``; returns its content."""
     from ..diagnostics import save_inference_data
-    from ..diagnostics.mcmc import mcmc_report, mcmc_tree, plot_mcmc_chains, report_lines
+    from ..methods.mcmc.arviz import mcmc_report, mcmc_tree, plot_mcmc_chains, report_lines
     from ..metrics import classification_metrics
 
-    post, split = _load(model_file, d, root, device, baselines=True)
+    post, split = _load(model_file, d, root, device)
     out = Path(out_dir)
     writer = StepWriter(out, 5, progress=progress)
     test = data_to_device(xy(split.test), device)
-    x = test[0] if max_eval_examples is None else test[0][: int(max_eval_examples)]
+    n = len(split.test) if max_eval_examples is None else int(max_eval_examples)
+    x, y = test[0][:n], test[1][:n]
     probs = writer.step("predict", lambda: post.chain_probs(x))
     pooled = post.sample_probs(test, num_samples=None)
     metrics = classification_metrics(pooled.mean(0), test[1])
@@ -350,7 +351,7 @@ def diagnose_mcmc_file(
         "data": d["data"],
         "metrics": metrics,
         "draws": {
-            "num_samples": post.num_draws,
+            "num_samples": post.num_draws(),
             "seed": post.settings.get("seed"),
             "n_examples": len(split.test),
             "split": "test",
@@ -363,7 +364,7 @@ def diagnose_mcmc_file(
         report["mcmc_lines"] = report_lines(rep)
     writer.step(
         "inference_data",
-        lambda: save_inference_data(mcmc_tree(post, x), out / "inference_data_mcmc.nc"),
+        lambda: save_inference_data(mcmc_tree(post, (x, y)), out / "inference_data_mcmc.nc"),
     )
     writer.step("trace", lambda: plot_mcmc_chains(post, out / "mcmc_trace.png", probs))
     return jsonable(write_report(writer, report))

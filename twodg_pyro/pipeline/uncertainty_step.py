@@ -24,11 +24,10 @@ from __future__ import annotations
 import torch
 
 from ..uncertainty import builtin_ood_sets, folder_ood_set, uncertainty_report
-from .baseline_methods import method_probs
-from .context import BAYESIAN_METHODS
 
 
-def _tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
+def data_tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(X, y)`` on the CPU of ``(X, y)`` tensors or ``(x, y)`` batches."""
     if isinstance(data, tuple):
         return data[0].cpu(), data[1].cpu()
     xs, ys = [], []
@@ -49,7 +48,7 @@ class UncertaintySets:
 
     def __init__(self, split, eval_data, settings, seed: int):
         self.settings, self.seed = settings, int(seed)
-        self.x, self.y = _tensors(eval_data)
+        self.x, self.y = data_tensors(eval_data)
         info = getattr(split, "info", {}) or {}
         self.mean = info.get("mean")
         self.std = info.get("std")
@@ -90,17 +89,17 @@ class UncertaintySets:
         rows = _subset(torch.arange(self.x.shape[0]), settings.shift_size, g)
         self.shift_data = (self.x[rows], self.y[rows])
 
-    def record(
-        self, trained, bayesian: bool, num_samples: int, device, return_scores: bool = False
-    ) -> dict:
-        """The uncertainty fields of one trained method (with ``return_scores``, also the
-        per-example scores of the clean and OOD inputs under ``"scores"``, for figures)."""
+    def record(self, method, num_samples: int, device, return_scores: bool = False) -> dict:
+        """The uncertainty fields of one trained method (a
+        :class:`~twodg_pyro.methods.TrainedMethod`, by its ``num_samples`` draws seeded
+        with the run's seed; with ``return_scores``, also the per-example scores of the
+        clean and OOD inputs under ``"scores"``, for figures)."""
 
         def fn(x):
-            return method_probs(trained, x.to(device), num_samples, self.seed)
+            return method.sample_probs(x.to(device), num_samples, self.seed)
 
         common = {
-            "bayesian": bayesian,
+            "bayesian": method.bayesian,
             "pixel_mean": self.mean,
             "pixel_std": self.std,
             "seed": self.seed,
@@ -127,13 +126,6 @@ class UncertaintySets:
         return out
 
 
-def trained_of(art, method: str):
-    """The trained object of ``method`` in a run's artifacts (``None``: not kept)."""
-    if method == "mean_field":
-        return art.mean_field
-    return art.trained.get(method)
-
-
 def add_uncertainty(art, cfg) -> None:
     """Add the uncertainty fields (module docstring) to every record of ``art`` whose
     trained model the run kept."""
@@ -141,7 +133,6 @@ def add_uncertainty(art, cfg) -> None:
     sets = UncertaintySets(art.split, art.eval_data, s, cfg.seed)
     draws = s.draws if s.draws is not None else cfg.num_samples
     for record in art.records:
-        trained = trained_of(art, record["method"])
-        if trained is None:
-            continue
-        record.update(sets.record(trained, record["method"] in BAYESIAN_METHODS, draws, cfg.device))
+        method = art.trained.get(record["method"])
+        if method is not None:
+            record.update(sets.record(method, draws, cfg.device))

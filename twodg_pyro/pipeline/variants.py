@@ -8,12 +8,15 @@ mean-field BNN once and runs each variant on a copy of it.
 from __future__ import annotations
 
 import copy
+import tempfile
 from collections.abc import Callable
 
-from .algorithm1 import Runtime, run_2dg
+from .artifacts import write_model_files
 from .builders import build_net, seed_everything
 from .config import RunConfig, config_from_dict, merge_settings
+from .context import RunContext
 from .costs import add_costs
+from .methods.algorithm1 import run_2dg
 from .runner import run
 from .trained import RunArtifacts
 
@@ -28,7 +31,8 @@ def run_variants(
     """Run ``base.methods`` once, then the 2DG stages for each variant.
 
     Args:
-        base: settings of the shared part (stage 1 and the baselines).
+        base: settings of the shared part (stage 1, trained when there are variants,
+            and the baselines).
         variants: ``{name: overrides}``; overrides may touch ``sharing`` and ``stage3``
             (and ``num_samples``), never stage-1 settings.
         on_variant: called as ``on_variant(name, record, artifacts)`` after each variant
@@ -42,7 +46,7 @@ def run_variants(
         ``file_bytes`` of its ``.2dgz`` file, ``forwards_per_prediction``, the prediction
         time over the deterministic network's; :mod:`~twodg_pyro.pipeline.costs`);
         ``artifacts.variants[name]`` holds each variant's trained 2DG BNN
-        (:class:`~twodg_pyro.pipeline.trained.Trained`).
+        (:class:`~twodg_pyro.methods.GuidePosterior`).
     """
     for name, over in variants.items():
         bad = [k for k in over if k in _STAGE1_KEYS]
@@ -53,7 +57,7 @@ def run_variants(
         name: config_from_dict(merge_settings(base.to_dict(), o)) for name, o in variants.items()
     }
     methods = [m for m in base.methods if m != "2dg"] or ["mean_field"]
-    if "mean_field" not in methods:
+    if variants and "mean_field" not in methods:  # the variants' stage 1
         methods.append("mean_field")
     shared = config_from_dict(merge_settings(base.to_dict(), {"methods": methods}))
     art = run(shared)
@@ -62,9 +66,10 @@ def run_variants(
     if on_variant is not None:
         on_variant("-", {}, art)
     for name, cfg in configs.items():
-        v_art = RunArtifacts(mean_field=copy.deepcopy(art.mean_field))
+        stage1 = copy.deepcopy(art.trained["mean_field"])
+        v_art = RunArtifacts(trained={"mean_field": stage1})
         seed_everything(cfg.seed)
-        rec = run_2dg(Runtime(cfg), art.split, v_art.mean_field, v_art, eval_data)
+        rec = run_2dg(RunContext(cfg=cfg), art.split, stage1, v_art, eval_data)
         rec["variant"] = name
         _variant_costs(rec, v_art, art, cfg)
         records.append(rec)
@@ -80,7 +85,7 @@ def _variant_costs(record: dict, v_art: RunArtifacts, art: RunArtifacts, cfg: Ru
     network of the same architecture when the run trained none: the same bytes and
     forward time)."""
     det = art.trained.get("deterministic")
-    reference = det.model if det is not None else build_net(cfg.network, art.split)
+    reference = det.net if det is not None else build_net(cfg.network, art.split)
     one = RunArtifacts(
         records=[record],
         split=art.split,
@@ -88,4 +93,5 @@ def _variant_costs(record: dict, v_art: RunArtifacts, art: RunArtifacts, cfg: Ru
         trained={"2dg": v_art.trained["2dg"]},
         predictions={"2dg": v_art.predictions["2dg"]},
     )
-    add_costs(one, cfg, reference.to(cfg.device))
+    with tempfile.TemporaryDirectory(prefix="twodg-costs-") as tmp:
+        add_costs(one, cfg, reference.to(cfg.device), write_model_files(one, cfg, tmp)["files"])

@@ -25,66 +25,28 @@ import copy
 import functools
 import math
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..accounting import compression_report
-from ..distributed import MainOnly, env
-from ..evaluation import seeded_predict
-from ..guides import MeanFieldGuide, SharedGMMGuide
-from ..infer import DecomposedELBO, KLAnnealing, ScaleTrajectory
-from ..infer.checkpoint import CheckpointData, restore_state
-from ..infer.curvature import curvature_scales, diagonal_fisher, empirical_bayes_scales
-from ..infer.temperature import resolve_kl_weight
-from ..infer.von import VariationalOnlineNewton
-from ..metrics import classification_metrics
-from ..prediction import deterministic_predict
-from ..priors import LayerwiseNormalPrior, PerSiteNormalPrior
-from ..sharing import MahalanobisHook, MergeHook, SharingStructure, build_sharing
-from .builders import build_model, build_prior, train_loader
-from .execution import LOCAL, Execution
-from .results import kl_weight_field
-from .trained import RunArtifacts, Trained
+from ...accounting import compression_report
+from ...distributed import MainOnly
+from ...guides import MeanFieldGuide, SharedGMMGuide
+from ...infer import DecomposedELBO, KLAnnealing, ScaleTrajectory
+from ...infer.checkpoint import CheckpointData, restore_state
+from ...infer.curvature import curvature_scales, diagonal_fisher, empirical_bayes_scales
+from ...infer.temperature import resolve_kl_weight
+from ...infer.von import VariationalOnlineNewton
+from ...methods import GuidePosterior
+from ...metrics import classification_metrics
+from ...priors import LayerwiseNormalPrior, PerSiteNormalPrior
+from ...sharing import MahalanobisHook, MergeHook, SharingStructure, build_sharing
+from ..builders import build_model, build_prior, train_loader
+from ..results import kl_weight_field
 
-
-# ---------------------------------------------------------------------------- runtime
-@dataclass
-class Runtime:
-    """How the stages of one run train: the settings (a
-    :class:`~twodg_pyro.pipeline.config.RunConfig`), the run's checkpoint folder (a
-    :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`; ``None``: no checkpoints) and
-    where the SVI loops run (``execution``: one process, or every rank).  Every stage
-    takes it first, in place of these as parameters.
-
-    With ``checkpoints`` a stage writes its checkpoints on rank 0 and continues from one
-    when resuming.
-    """
-
-    cfg: Any
-    checkpoints: Any = None
-    execution: Execution = LOCAL
-
-    @property
-    def progress(self) -> bool:
-        """Progress bars: when the settings ask for them, on rank 0."""
-        return bool(self.cfg.progress) and env.is_main()
-
-    def predict(self, model, guide, eval_data):
-        """The run's prediction of ``eval_data``: ``num_samples`` draws seeded with the
-        run's seed (:mod:`twodg_pyro.evaluation`); a plain network (``guide`` ``None``):
-        one forward pass."""
-        cfg = self.cfg
-
-        def fn(d):
-            if guide is None:
-                return deterministic_predict(model, d)
-            return seeded_predict(
-                model, guide, d, cfg.num_samples, cfg.seed, progress=self.progress
-            )
-
-        return self.execution.predict(fn, eval_data, cfg.device)
+if TYPE_CHECKING:
+    from ..context import RunContext
+    from ..trained import RunArtifacts
 
 
 # ---------------------------------------------------------------------------- stage 1
@@ -139,7 +101,7 @@ def stage1_model(cfg, split, net, prior_scales: dict | None = None, resumed: boo
     return model, curvature_scales(model, fisher, beta) if curvature else init
 
 
-def stage1_mean_field(rt: Runtime, split, net, extra: dict | None = None) -> Trained:
+def stage1_mean_field(rt: RunContext, split, net, extra: dict | None = None) -> GuidePosterior:
     """Stage 1: a mean-field BNN over ``net`` (:func:`stage1_model`) trained by SVI on the
     (annealed) ELBO; returns it (the input of :func:`run_2dg`).  Its checkpoints
     (``stage1.pt``) also hold ``extra``.
@@ -184,11 +146,11 @@ def stage1_mean_field(rt: Runtime, split, net, extra: dict | None = None) -> Tra
         resumed=resumed,
         optimizer=optimizer,
     )
-    return Trained(model, guide, state)
+    return GuidePosterior(model, guide, "mean_field", state)
 
 
 # ---------------------------------------------------------------------------- stage 2
-def stage2_sharing(rt: Runtime, model, guide, loader) -> tuple[SharingStructure, dict]:
+def stage2_sharing(rt: RunContext, model, guide, loader) -> tuple[SharingStructure, dict]:
     """Stage 2: the sharing structure of the trained mean-field ``guide`` and its report.
 
     Every rank builds it from the same, unsharded minibatches of ``loader`` under a common
@@ -240,10 +202,10 @@ def stage3_hooks(cfg, loader) -> list:
 
 
 def stage3_shared_gmm(
-    rt: Runtime, model, structure: SharingStructure, loader, extra: dict | None = None
-) -> tuple[Trained, list]:
+    rt: RunContext, model, structure: SharingStructure, loader, extra: dict | None = None
+) -> tuple[GuidePosterior, list]:
     """Stage 3: the shared-GMM guide over ``structure`` trained with the refinement hooks;
-    returns ``(Trained(model, guide, state, structure), hooks)``.
+    returns ``(GuidePosterior(model, guide, "2dg", state, structure), hooks)``.
 
     ``loader`` is the seeded training loader: the merge hook's gradients use it as it is
     (the same minibatches on every rank), the SVI loop ``rt.execution.shard(loader)``.
@@ -260,12 +222,12 @@ def stage3_shared_gmm(
     state = train_svi(
         rt, "stage3", model, guide, loader, s3.epochs, lr, hooks, extra, kl_weight=beta
     )
-    return Trained(model, guide, state, structure), hooks
+    return GuidePosterior(model, guide, "2dg", state, structure), hooks
 
 
 # ---------------------------------------------------------------------------- SVI of a stage
 def train_svi(
-    rt: Runtime,
+    rt: RunContext,
     stage: str,
     model,
     guide,
@@ -314,7 +276,7 @@ def train_svi(
 
 
 # ---------------------------------------------------------------------------- the 2DG row
-def run_2dg(rt: Runtime, split, stage1: Trained, art: RunArtifacts, eval_data) -> dict:
+def run_2dg(rt: RunContext, split, stage1: GuidePosterior, art: RunArtifacts, eval_data) -> dict:
     """Stages 2-3 on top of ``stage1``, the trained mean-field BNN that
     :func:`stage1_mean_field` returned; returns the 2DG record and keeps the trained 2DG
     BNN in ``art.trained["2dg"]``, its prediction in ``art.predictions["2dg"]``.
@@ -339,7 +301,7 @@ def run_2dg(rt: Runtime, split, stage1: Trained, art: RunArtifacts, eval_data) -
     trained, hooks = stage3_shared_gmm(rt, model, structure, loader, extra)
     seconds = time.perf_counter() - t0
     guide, state = trained.guide, trained.state
-    pred = rt.predict(model, guide, eval_data)
+    pred = rt.predict(trained, eval_data)
     art.predictions["2dg"] = pred
     record = {
         "method": "2dg",

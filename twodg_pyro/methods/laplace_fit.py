@@ -1,17 +1,19 @@
-"""Fitting a :class:`~twodg_pyro.baselines.laplace.LaplacePosterior` with laplace-torch
+"""Fitting a :class:`~twodg_pyro.methods.laplace.LaplacePosterior` with laplace-torch
 (the optional dependency ``pip install laplace-torch``, imported when a fit runs): see
-:mod:`twodg_pyro.baselines.laplace` for the approximation and its predictive."""
+:mod:`twodg_pyro.methods.laplace` for the approximation and its predictive."""
 
 from __future__ import annotations
 
 import copy
 import warnings
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from ..bnn import match_input
-from .laplace import LaplacePosterior, check_laplace_settings
+from .laplace import LaplacePosterior
+from .laplace_settings import LaplaceConfig
 
 
 class MissingLaplaceError(ImportError, ValueError):
@@ -57,14 +59,10 @@ class _CastLoader:
 def fit_laplace(
     net: nn.Module,
     train_loader,
+    settings: LaplaceConfig | None = None,
     *,
-    subset: str = "last_layer",
-    hessian: str = "kron",
-    prior_structure: str = "scalar",
-    marglik_steps: int = 100,
-    marglik_lr: float = 0.1,
-    pred_type: str = "glm",
     progress: bool = False,
+    **fields,
 ) -> LaplacePosterior:
     """Fit a Laplace approximation around the trained ``net`` with laplace-torch.
 
@@ -74,20 +72,20 @@ def fit_laplace(
             ``len(train_loader.dataset)``).  With ``subset="all", hessian="diag"``
             laplace-torch forms each batch's Jacobian (batch x classes x weights): keep
             its batches small (32 for LeNet-5: about 1 GB; 256 needs far more).
-        subset, hessian: ``"last_layer"``/``"all"``, ``"kron"``/``"diag"``.
-        prior_structure: ``"scalar"`` or ``"layerwise"`` prior precision, fitted by
-            ``marglik_steps`` Adam steps at ``marglik_lr`` on the log marginal likelihood.
-        pred_type: the Monte Carlo predictive of the result (``"glm"`` or ``"nn"``).
+        settings: the :class:`~twodg_pyro.methods.laplace_settings.LaplaceConfig`
+            (default: its defaults: the last layer, a Kronecker-factored GGN, a scalar
+            prior precision by 100 marginal-likelihood steps, the ``glm`` predictive);
+            ``fields`` replace some of them (``subset="all"``), checked by the same rules.
         progress: laplace-torch's progress bars.
 
     Raises:
-        ValueError: unknown settings (named), or an approximation laplace-torch cannot
-            fit on this network (e.g. Kronecker factors of BatchNorm layers).
+        ConfigError: unknown settings (named).
+        ValueError: an approximation laplace-torch cannot fit on this network (e.g.
+            Kronecker factors of BatchNorm layers).
         MissingLaplaceError: laplace-torch is not installed.
     """
-    check_laplace_settings(subset, hessian, pred_type, prior_structure)
-    if isinstance(marglik_steps, bool) or not isinstance(marglik_steps, int) or marglik_steps < 0:
-        raise ValueError(f"marglik_steps = {marglik_steps!r}: must be an integer >= 0")
+    cfg = replace(settings or LaplaceConfig(), **fields)
+    subset, hessian, pred_type = cfg.subset, cfg.hessian, cfg.pred_type
     laplace = require_laplace()
     work = copy.deepcopy(net).eval()
     like = next(work.parameters())
@@ -111,9 +109,9 @@ def fit_laplace(
         la.optimize_prior_precision(
             method="marglik",
             pred_type=pred_type,
-            prior_structure=prior_structure,
-            n_steps=int(marglik_steps),
-            lr=float(marglik_lr),
+            prior_structure=cfg.prior_structure,
+            n_steps=cfg.marglik_steps,
+            lr=float(cfg.marglik_lr),
             progress_bar=progress,
         )
     return from_laplace(la, net, subset, hessian, pred_type)

@@ -1,6 +1,6 @@
 r"""The potential of a reference posterior: the model's unnormalised posterior over the flat
 vector of its Bayesian tensors, full batch, as one function for Pyro's HMC/NUTS kernels
-(:func:`flat_potential`; see :mod:`twodg_pyro.infer.mcmc`).
+(:func:`flat_potential`; see :mod:`twodg_pyro.methods.mcmc.sampler`).
 
 .. math::
     U(w) = -\log p(w) - \frac1T \sum_{n=1}^{N} \log p(y_n \mid f_w(x_n))
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..prediction import _batches
+from ...prediction import _batches
 
 __all__ = ["FlatPotential", "chain_forward", "flat_potential", "linear_chain"]
 

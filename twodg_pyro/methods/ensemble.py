@@ -22,12 +22,14 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
+from ..baselines.deterministic import train_deterministic
+from ..files.payload import payload_section
+from ..io.model_format import state_tensors
 from ..prediction import deterministic_predict
-from .deterministic import train_deterministic
-from .draws import DrawBaseline
+from .base import TrainedMethod
 
 
-class Ensemble(DrawBaseline):
+class Ensemble(TrainedMethod):
     """``M`` trained networks of one architecture, predicting by their average softmax.
 
     Args:
@@ -38,7 +40,18 @@ class Ensemble(DrawBaseline):
 
     Raises:
         ValueError: no members.
+
+    Example::
+
+        ensemble = train_ensemble(make_member, members=5, epochs=30)
+        pred = ensemble.predict((X, y))            # the average of the 5 members
+        ensemble.sample_probs(X).shape             # (5, N, C): the members' draws
+        ensemble.save("model_ensemble.pt")
     """
+
+    name = "ensemble"
+    seeded = False
+    file_tag = "ensemble"
 
     def __init__(self, members: Sequence[nn.Module]):
         super().__init__()
@@ -51,7 +64,7 @@ class Ensemble(DrawBaseline):
     def num_members(self) -> int:
         return len(self.members)
 
-    def draws_per_prediction(self, num_samples: int) -> int:
+    def num_draws(self, num_samples: int) -> int:
         """Its ``M`` members, whatever ``num_samples``."""
         return self.num_members
 
@@ -68,8 +81,31 @@ class Ensemble(DrawBaseline):
         """Floating-point numbers of all members (trained and stored: ``M`` networks)."""
         return sum(p.numel() for p in self.parameters())
 
+    @property
+    def settings(self) -> dict:
+        return {"members": self.num_members}
+
     def _draws(self, parts, num_samples, seed) -> torch.Tensor:
         return torch.stack([deterministic_predict(m, parts).mean for m in self.members])
+
+    def file_content(self) -> tuple[dict, dict]:
+        tensors = {}
+        for m, member in enumerate(self.members):
+            tensors.update(state_tensors(member, f"member/{m}/"))
+        return {"members": self.num_members}, tensors
+
+    @classmethod
+    def from_file(cls, header, payload, network, where):
+        n = header.get("members")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{where!r}: the header's members = {n!r:.80} is not an integer >= 1")
+        members = []
+        for m in range(n):
+            state = payload_section(payload, f"member/{m}/")
+            if not state:
+                raise ValueError(f"{where!r}: ensemble member {m} is missing")
+            members.append(network(state))
+        return cls(members)
 
 
 def train_ensemble(

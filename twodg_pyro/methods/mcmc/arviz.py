@@ -1,5 +1,6 @@
-r"""The chains of an :class:`~twodg_pyro.infer.mcmc.MCMCPosterior` in ArviZ: the tree
-(posterior per site, ``sample_stats``, the predictive of given inputs) and the
+r"""The chains of an :class:`~twodg_pyro.methods.mcmc.MCMCPosterior` in ArviZ: the tree
+(posterior per site, ``sample_stats``, the predictive of given inputs, and on labelled
+inputs the pointwise log-likelihood that PSIS-LOO and ``compare`` read) and the
 convergence report.
 
 Convergence is judged in function space (Izmailov et al. 2021): weight posteriors of a
@@ -22,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._arviz import build_tree, chain_stats, plot
+from ...diagnostics._arviz import build_tree, chain_stats, plot
+from ...diagnostics._draws import batches, forward
+from ...evaluation import SAMPLE_CHUNK
 
 __all__ = [
     "RHAT_TARGET",
@@ -52,15 +55,20 @@ def _np(t) -> np.ndarray:
     return t.detach().cpu().double().numpy() if torch.is_tensor(t) else np.asarray(t, float)
 
 
-def mcmc_tree(posterior, x=None, max_examples: int | None = None):
-    """The ArviZ tree of the chains (``DataTree`` on ArviZ 1.x, ``InferenceData`` on 0.x):
+def mcmc_tree(posterior, x=None, max_examples: int | None = None, seed: int = 0):
+    r"""The ArviZ tree of the chains (``DataTree`` on ArviZ 1.x, ``InferenceData`` on 0.x):
 
     * ``posterior``: each site's draws ``(chain, draw, *site.shape)``;
     * ``sample_stats``: ``diverging`` (0 / 1: netCDF files hold no booleans),
       ``tree_depth``, ``n_steps``, ``step_size``, ``energy``, ``lp`` (the log density),
       ``acceptance_rate``;
     * with inputs ``x``: ``predictions``, ``probs`` ``(chain, draw, example, class)``,
-      the class probabilities of every draw on the first ``max_examples`` inputs.
+      the class probabilities of every draw on the first ``max_examples`` inputs;
+    * with labelled data ``x = (X, y)``: also ``log_likelihood`` ``y`` ``(chain, draw,
+      obs)`` (float64, :math:`\log p(y_n \mid x_n, w)`) and ``observed_data`` ``y``, on the
+      examples a guide's export takes with the same ``max_examples`` and ``seed``
+      (:func:`~twodg_pyro.diagnostics.to_inference_data`): PSIS-LOO and ``compare`` rank
+      the chains beside the variational methods.
 
     The settings are the root's (and every group's) attributes."""
     dims: dict[str, list[str]] = {}
@@ -75,9 +83,18 @@ def mcmc_tree(posterior, x=None, max_examples: int | None = None):
         v = _np(posterior.sample_stats[key])
         stats[name] = v.astype(np.int8) if key == "diverging" else v  # netCDF has no bool
     groups = {"posterior": post, "sample_stats": stats}
-    if x is not None:
-        probs = _np(posterior.chain_probs(_head(x, max_examples)))
+    labelled = isinstance(x, (tuple, list)) and len(x) == 2
+    if labelled:
+        parts, index = batches(tuple(x), 512, max_examples, seed, with_index=True)
+        ll, probs = _log_likelihood(posterior, parts)
+        groups["log_likelihood"] = {"y": ll}
+        groups["observed_data"] = {"y": _np(torch.cat([yb for _, yb in parts])).astype(np.int64)}
+        dims["y"] = ["obs"]
+        coords["obs"] = _np(index).astype(np.int64)
         groups["predictions"] = {"probs": probs}
+    elif x is not None:
+        groups["predictions"] = {"probs": _np(posterior.chain_probs(_head(x, max_examples)))}
+    if "predictions" in groups:
         dims["probs"] = ["example", "class"]
     attrs = {  # netCDF attributes: numbers and strings (booleans as 0 / 1)
         k: int(v) if isinstance(v, bool) else v
@@ -85,7 +102,24 @@ def mcmc_tree(posterior, x=None, max_examples: int | None = None):
         if isinstance(v, (int, float, str))
     }
     attrs["inference_library"] = "pyro"
-    return build_tree(groups, set(groups), coords, dims, attrs)
+    sampled = set(groups) - {"observed_data"}
+    return build_tree(groups, sampled, coords, dims, attrs)
+
+
+def _log_likelihood(posterior, parts) -> tuple[np.ndarray, np.ndarray]:
+    """``(log p(y | x, w) (C, D, N) in float64, probabilities (C, D, N, K))`` of every kept
+    draw on the labelled batches ``parts``."""
+    lead = tuple(posterior.draws.shape[:2])
+    draws = {k: v.flatten(0, 1) for k, v in posterior.site_draws().items()}
+    device = posterior.draws.device
+    lls, probs = [], []
+    for a in range(0, lead[0] * lead[1], SAMPLE_CHUNK):
+        w = {k: v[a : a + SAMPLE_CHUNK] for k, v in draws.items()}
+        ll, out = forward(posterior.model, w, parts, device, outputs=True)
+        lls.append(ll.cpu())
+        probs.append(out.softmax(-1).cpu())
+    ll, p = torch.cat(lls), torch.cat(probs)
+    return _np(ll).reshape(*lead, -1), _np(p).reshape(*lead, *p.shape[1:])
 
 
 def _head(x, n: int | None):

@@ -2,7 +2,7 @@ r"""Post-hoc Laplace approximation of a trained network, fitted with laplace-tor
 (Daxberger et al. 2021; the optional dependency ``pip install laplace-torch``, imported
 only when a Laplace approximation is fitted).
 
-:func:`~twodg_pyro.baselines.laplace_fit.fit_laplace` fits
+:func:`~twodg_pyro.methods.laplace_fit.fit_laplace` fits
 :math:`q(\theta) = \mathcal N(\theta_\text{MAP}, P^{-1})` around a trained network: by
 default over the **last layer** with a **Kronecker-factored** generalised Gauss-Newton
 (``subset_of_weights="last_layer", hessian_structure="kron"``), or over all layers with
@@ -15,7 +15,7 @@ with ``subset="all"``). The posterior precision is, per parameter tensor,
 The result is a :class:`LaplacePosterior`: the network plus the fitted precision
 **factors as plain tensors** (the raw Kronecker factors or the diagonal, and the prior
 precision). It predicts without laplace-torch, so a saved one
-(:func:`~twodg_pyro.io.save_baseline`) loads with safe loading only and predicts exactly
+(:meth:`~twodg_pyro.methods.TrainedMethod.save`) loads with safe loading only and predicts exactly
 as before.
 
 **The predictive is Monte Carlo**, not laplace-torch's probit approximation: ``S`` joint
@@ -37,57 +37,17 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Literal, get_args
 
 import torch
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
 from ..bnn import match_input
-from .draws import DrawBaseline
-
-#: which weights the approximation covers
-LaplaceSubset = Literal["last_layer", "all"]
-#: the structure of the Hessian (GGN) approximation
-LaplaceHessian = Literal["kron", "diag"]
-#: the Monte Carlo predictive: linearised (``glm``) or the network with drawn weights
-LaplacePredictive = Literal["glm", "nn"]
-#: the prior precision fitted by marginal likelihood: one number, or one per tensor
-PriorStructure = Literal["scalar", "layerwise"]
+from ..io.model_format import state_tensors
+from .base import TrainedMethod, net_section
+from .laplace_settings import LaplaceConfig
 
 _DRAW_CHUNK = 10
-
-
-def _one_of(name: str, value, literal) -> None:
-    options = get_args(literal)
-    if not (isinstance(value, str) and value in options):
-        raise ValueError(f"{name} = {value!r}: must be one of {list(options)}")
-
-
-def check_laplace_settings(
-    subset: str = "last_layer",
-    hessian: str = "kron",
-    pred_type: str = "glm",
-    prior_structure: str = "scalar",
-) -> None:
-    """Refuse settings :func:`~twodg_pyro.baselines.laplace_fit.fit_laplace` cannot use,
-    naming the value.
-
-    Raises:
-        ValueError: an unknown ``subset``, ``hessian``, ``pred_type`` or
-            ``prior_structure``, or a layer-wise prior for a last-layer approximation
-            (laplace-torch has only a scalar one there).
-    """
-    _one_of("subset", subset, LaplaceSubset)
-    _one_of("hessian", hessian, LaplaceHessian)
-    _one_of("pred_type", pred_type, LaplacePredictive)
-    _one_of("prior_structure", prior_structure, PriorStructure)
-    if (subset, prior_structure) == ("last_layer", "layerwise"):
-        raise ValueError(
-            "prior_structure = 'layerwise' with subset = 'last_layer': laplace-torch's "
-            "last-layer approximations fit a scalar prior precision only; use 'scalar' "
-            "(or subset = 'all')"
-        )
 
 
 def _symeig(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,7 +61,7 @@ def _symeig(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.nan_to_num(eigval.clamp(min=0.0)), torch.nan_to_num(vec)
 
 
-class LaplacePosterior(DrawBaseline):
+class LaplacePosterior(TrainedMethod):
     r"""A Laplace approximation :math:`\mathcal N(\theta_\text{MAP}, P^{-1})` over some of a
     network's parameters, as plain tensors.
 
@@ -119,7 +79,17 @@ class LaplacePosterior(DrawBaseline):
     Raises:
         ValueError: unknown settings, names the network lacks, or factors whose sizes do
             not fit the covered tensors.
+
+    Example::
+
+        post = fit_laplace(net, loader, subset="last_layer", hessian="kron")
+        pred = post.predict((X, y), num_samples=30, seed=0)   # seeded joint draws
+        post.sample_probs(X, 10, seed=0).shape                # (10, N, C)
+        post.save("model_laplace.pt")                         # no laplace-torch needed to load
     """
+
+    name = "laplace"
+    file_tag = "laplace"
 
     def __init__(
         self,
@@ -134,7 +104,7 @@ class LaplacePosterior(DrawBaseline):
         pred_type: str = "glm",
     ):
         super().__init__()
-        check_laplace_settings(subset, hessian, pred_type)
+        LaplaceConfig(subset=subset, hessian=hessian, pred_type=pred_type)  # refuses others
         self.net = net
         self.subset, self.hessian, self.pred_type = subset, hessian, pred_type
         self.param_names = list(param_names)
@@ -201,6 +171,67 @@ class LaplacePosterior(DrawBaseline):
         if self.hessian == "diag":
             return extra + self.diag_h.numel()
         return extra + sum(f.numel() for block in self.factors for f in block)
+
+    @property
+    def settings(self) -> dict:
+        return {"subset": self.subset, "hessian": self.hessian, "pred_type": self.pred_type}
+
+    def file_content(self) -> tuple[dict, dict]:
+        fields = {
+            "laplace": {
+                **self.settings,
+                "param_names": self.param_names,
+                "block_sizes": self.block_sizes,
+                "h_factor": self.h_factor,
+            }
+        }
+        tensors = state_tensors(self.net, "net/")
+        tensors["laplace/prior_precision"] = self.prior_precision.detach().cpu().clone()
+        if self.hessian == "diag":
+            tensors["laplace/diag"] = self.diag_h.detach().cpu().clone()
+        for i, block in enumerate(self.factors if self.hessian == "kron" else []):
+            for j, f in enumerate(block):
+                tensors[f"laplace/kfac/{i}/{j}"] = f.detach().cpu().clone()
+        return fields, tensors
+
+    @classmethod
+    def from_file(cls, header, payload, network, where):
+        la = header.get("laplace")
+        if not (
+            isinstance(la, dict)
+            and all(isinstance(la.get(k), str) for k in ("subset", "hessian", "pred_type"))
+            and isinstance(la.get("param_names"), list)
+            and isinstance(la.get("block_sizes"), list)
+            and isinstance(la.get("h_factor"), (int, float))
+        ):
+            raise ValueError(
+                f"{where!r}: the header's laplace = {la!r:.80} is not a table of the "
+                "approximation's settings"
+            )
+        net = net_section(payload, network)
+        try:
+            if la["hessian"] == "diag":
+                factors = payload["laplace/diag"]
+            else:
+                factors = [
+                    [payload[f"laplace/kfac/{i}/{j}"] for j in range(len(sizes))]
+                    for i, sizes in enumerate(la["block_sizes"])
+                ]
+            return cls(
+                net,
+                subset=la["subset"],
+                hessian=la["hessian"],
+                param_names=la["param_names"],
+                factors=factors,
+                prior_precision=payload["laplace/prior_precision"],
+                h_factor=float(la["h_factor"]),
+                pred_type=la["pred_type"],
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise ValueError(
+                f"{where!r}: its Laplace approximation does not fit the saved network: "
+                f"{type(e).__name__}: {e}"
+            ) from e
 
     def mean(self) -> torch.Tensor:
         r""":math:`\theta_\text{MAP}`: the covered tensors of the network, flattened."""

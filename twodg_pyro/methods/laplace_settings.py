@@ -1,0 +1,57 @@
+"""The settings of post-hoc Laplace, stated once: the run's ``[laplace]`` table and the
+one argument of :func:`~twodg_pyro.methods.laplace_fit.fit_laplace`, checked by the
+library's settings rules when built (:mod:`twodg_pyro.settings`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal
+
+from ..settings import Section, at_least, positive, require
+
+#: which weights the approximation covers
+LaplaceSubset = Literal["last_layer", "all"]
+#: the structure of the Hessian (GGN) approximation
+LaplaceHessian = Literal["kron", "diag"]
+#: the Monte Carlo predictive: linearised (``glm``) or the network with drawn weights
+LaplacePredictive = Literal["glm", "nn"]
+#: the prior precision fitted by marginal likelihood: one number, or one per tensor
+PriorStructure = Literal["scalar", "layerwise"]
+
+
+@dataclass
+class LaplaceConfig(Section):
+    """Post-hoc Laplace (method ``laplace``; needs ``pip install laplace-torch``) on the
+    run's deterministic network: over the ``last_layer`` or ``all`` weights with a
+    ``kron`` or ``diag`` GGN, the prior precision (``scalar`` or, with ``subset =
+    "all"``, ``layerwise``) fitted by ``marglik_steps`` steps on the marginal likelihood;
+    predicted by ``num_samples`` seeded draws of the linearised (``glm``) or the plain
+    (``nn``) network (:mod:`twodg_pyro.methods.laplace`); the curvature is summed over
+    the training set in batches of ``batch_size``.
+
+    Example::
+
+        settings = LaplaceConfig(subset="all", hessian="diag", prior_structure="layerwise")
+        post = fit_laplace(net, loader, settings)
+        LaplaceConfig(subset="middle")  # ConfigError: laplace.subset = 'middle': ...
+    """
+
+    section: ClassVar[str] = "laplace"
+    subset: LaplaceSubset = "last_layer"
+    hessian: LaplaceHessian = "kron"
+    pred_type: LaplacePredictive = "glm"
+    prior_structure: PriorStructure = "scalar"
+    marglik_steps: Annotated[int, at_least(0)] = 100
+    marglik_lr: Annotated[float, positive()] = 0.1
+    #: examples per batch of the curvature pass (with ``subset = "all"``, ``hessian =
+    #: "diag"`` laplace-torch forms each batch's Jacobian, batch x classes x weights)
+    batch_size: Annotated[int, at_least(1)] = 32
+
+    def _check(self) -> None:
+        require(
+            not (self.subset == "last_layer" and self.prior_structure == "layerwise"),
+            "laplace.prior_structure",
+            self.prior_structure,
+            "laplace-torch fits a scalar prior precision for subset = 'last_layer'; use "
+            "'scalar' (or subset = 'all')",
+        )

@@ -1,0 +1,104 @@
+"""The ``mean_field`` row: stage 1 of Algorithm 1
+(:func:`~twodg_pyro.pipeline.methods.algorithm1.stage1_mean_field`), trained once per run
+(:func:`stage1`) for every method that builds on it, and whether its scales settled."""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import TYPE_CHECKING
+
+from ...infer.temperature import resolve_kl_weight
+from ...methods import GuidePosterior
+from ..builders import seed_everything
+from ..results import kl_weight_field
+from .algorithm1 import stage1_mean_field
+from .deterministic import initial_network
+
+if TYPE_CHECKING:
+    from ..context import RunContext
+
+
+def stage1(ctx: RunContext) -> tuple[GuidePosterior, float]:
+    """Stage 1's mean-field BNN, trained once per run on first request (from the
+    pretrained network, :func:`~.deterministic.initial_network`), and its seconds; kept
+    in ``ctx.art.trained["mean_field"]``."""
+    if ctx.stage1 is None:
+        net = initial_network(ctx)
+        seed_everything(ctx.cfg.seed)
+        t0 = time.perf_counter()
+        trained = stage1_mean_field(
+            ctx,
+            ctx.art.split,
+            copy.deepcopy(net),
+            {"records": ctx.art.records},  # the live list: checkpoints see new rows
+        )
+        ctx.stage1 = (trained, time.perf_counter() - t0)
+        ctx.art.trained["mean_field"] = trained
+    return ctx.stage1
+
+
+def run(ctx: RunContext) -> dict | None:
+    """Stage 1's mean-field BNN (its record was restored when resuming from stage 3)."""
+    method, seconds = stage1(ctx)
+    if ctx.resume_from == "stage3":
+        return None
+    model, guide, state = method.model, method.guide, method.state
+    pred = ctx.predict(method)
+    ctx.art.predictions["mean_field"] = pred
+    # 2 per Bayesian weight + the deterministic ones
+    n_train = guide.num_trainable() + sum(p.numel() for p in model.deterministic_parameters())
+    return ctx.record(
+        "mean_field",
+        pred,
+        seconds,
+        n_train,
+        state=state,
+        scale_trajectory=scale_trajectory(state.history),
+        scale_convergence=scale_convergence(state.history),
+        trainer=ctx.cfg.stage1.trainer,
+        **kl_weight_field(resolve_kl_weight(ctx.cfg.stage1.kl_weight, model)),
+    )
+
+
+_TRAJECTORY_KEYS = ("loss", "kl", "nll", "sigma_median", "sigma_ratio_median", "sigma_over_spread")
+
+
+def scale_trajectory(history: list[dict], points: int = 11) -> list[dict]:
+    """About ``points`` evenly spaced epochs of a fit's history (always the last), each
+    with its ELBO terms and the scales' summary of
+    :class:`~twodg_pyro.infer.ScaleTrajectory`: whether the fit converged, in a few
+    numbers."""
+    if not history:
+        return []
+    step = max(1, len(history) // max(1, points - 1))
+    picked = list(range(0, len(history), step))
+    if picked[-1] != len(history) - 1:
+        picked.append(len(history) - 1)
+    return [
+        {
+            "epoch": history[i].get("epoch", i),
+            **{k: history[i][k] for k in _TRAJECTORY_KEYS if k in history[i]},
+        }
+        for i in picked
+    ]
+
+
+def scale_convergence(history: list[dict], tail: float = 0.1, tol: float = 0.02) -> dict | None:
+    r"""Whether a fit's scales settled: the relative change of the median scale over the
+    last ``tail`` of its epochs (at least one epoch),
+    :math:`|\tilde\sigma_{E} / \tilde\sigma_{E - \lceil tail\,E \rceil} - 1|`, and
+    ``converged`` when it is below ``tol``; ``None`` for a history without scales."""
+    scales = [h.get("sigma_median") for h in history]
+    if len(scales) < 2 or any(v is None for v in scales):
+        return None
+    back = max(1, math.ceil(tail * len(scales)))
+    start, end = scales[-1 - back], scales[-1]
+    change = abs(end / start - 1.0) if start > 0 else math.inf
+    return {
+        "median_scale_change": change,
+        "over_epochs": back,
+        "tolerance": tol,
+        "converged": bool(change < tol),
+    }
