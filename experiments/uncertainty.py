@@ -87,6 +87,7 @@ BASELINES: dict = {
         "mean_field",
         "rank1",
         "ensemble",
+        "mc_dropout",
         "laplace",
     ],
     "ensemble": {"members": 5},

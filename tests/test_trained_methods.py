@@ -1,11 +1,12 @@
 """The trained-method protocol (issue 44): every method of a run predicts, counts its
-forward passes and saves through :class:`~twodg_pyro.methods.TrainedMethod`; the settings
-load no method; nothing outside the implementations branches on a guide being ``None``
-or on a method's class."""
+forward passes and saves through :class:`~twodg_pyro.methods.TrainedMethod`; MC dropout
+is one module and one registration; the settings load no method; nothing outside the
+implementations branches on a guide being ``None`` or on a method's class."""
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -15,8 +16,12 @@ import pytest
 import torch
 
 import twodg_pyro
-from twodg_pyro.methods import Ensemble, GuidePosterior, Network, TrainedMethod
+from twodg_pyro.cli import main
+from twodg_pyro.methods import Ensemble, GuidePosterior, Network, TrainedMethod, load_method
 from twodg_pyro.models import MLP
+from twodg_pyro.pipeline import config_from_dict, run
+from twodg_pyro.pipeline.config_methods import METHOD_REGISTRY
+from twodg_pyro.pipeline.saved_models import evaluate_model_file
 
 PACKAGE = Path(twodg_pyro.__file__).parent
 ROOT = PACKAGE.parent
@@ -25,6 +30,69 @@ ROOT = PACKAGE.parent
 def _sources(*folders: str):
     for folder in folders:
         yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+def test_mc_dropout_is_one_module_and_one_registration():
+    """Adding MC dropout changed no other module: its name appears in its own module and
+    in the registry of methods (its entry and settings section) only, and no consumer
+    (costs, artifacts, files, uncertainty, evaluate) names it."""
+    mentions = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if re.search(r"mc_dropout|MCDropout", path.read_text())
+    }
+    assert mentions == {"pipeline/methods/mc_dropout.py", "pipeline/config_methods.py"}
+    registry = (PACKAGE / "pipeline" / "config_methods.py").read_text()
+    assert len(re.findall(r"mc_dropout", registry.split("class MCDropoutConfig")[0])) == 0
+    assert METHOD_REGISTRY["mc_dropout"].module == "mc_dropout"
+
+
+@pytest.fixture(scope="module")
+def mc_dropout_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mcd") / "run"
+    cfg = {
+        "methods": ["deterministic", "mc_dropout"],
+        "num_samples": 6,
+        "progress": False,
+        "network": {"hidden": [32]},
+        "stage1": {"deterministic_epochs": 4},
+        "mc_dropout": {"p": 0.2},
+        "uncertainty": {
+            "enabled": True,
+            "draws": 4,
+            "ood_size": 40,
+            "shift_size": 40,
+            "corruptions": ["gaussian_noise"],
+            "severities": [3],
+        },
+    }
+    return out, run(config_from_dict(cfg), out)
+
+
+def test_mc_dropout_predicts_counts_saves_and_evaluates_like_every_method(mc_dropout_run):
+    out, art = mc_dropout_run
+    records = {r["method"]: r for r in json.loads((out / "results.json").read_text())["records"]}
+    r, det = records["mc_dropout"], records["deterministic"]
+    assert r["p"] == 0.2 and r["epochs"] == 4 and 0.5 < r["accuracy"] <= 1
+    assert r["trainable_params"] == det["trainable_params"] == 64 * 32 + 32 + 32 * 10 + 10
+    # its costs and uncertainty columns, from the protocol alone
+    assert r["forwards_per_prediction"] == 6 and r["file"] == "model_mc_dropout.pt"
+    assert r["file_bytes"] == (out / "model_mc_dropout.pt").stat().st_size
+    assert r["mean_mi_clean"] > 0 and det["mean_mi_clean"] == 0  # its draws differ
+    assert all(v["mi_auroc"] is not None for v in r["ood"].values())
+    # the file reads back and evaluates to the row's numbers (the same seeded draws)
+    method = load_method(out / "model_mc_dropout.pt")
+    assert type(method).__name__ == "MCDropout" and method.p == 0.2
+    result = evaluate_model_file(out / "model_mc_dropout.pt")
+    for key in ("accuracy", "nll", "ece", "brier"):
+        assert result[key] == r[key], key
+    assert result["num_samples"] == 6 and result["recorded_metrics"]["nll"] == r["nll"]
+    # seeded: the same draws for the same seed, others for another
+    x = art.split.test.tensors[0][:20]
+    a, b = method.sample_probs(x, 5, seed=1), method.sample_probs(x, 5, seed=1)
+    assert torch.equal(a, b) and not torch.equal(a, method.sample_probs(x, 5, seed=2))
+    assert a.shape == (5, 20, 10) and not torch.equal(a[0], a[1])
+    assert main(["evaluate", str(out / "model_mc_dropout.pt"), "--seed", "3"]) == 0
 
 
 def test_every_trained_method_predicts_through_the_protocol(digits):
@@ -51,7 +119,7 @@ def test_the_settings_load_no_method():
     code = (
         "import sys\n"
         "from twodg_pyro.pipeline.config import config_from_dict\n"
-        "config_from_dict({'methods': ['mcmc', 'laplace', 'ensemble']})\n"
+        "config_from_dict({'methods': ['mcmc', 'laplace', 'ensemble', 'mc_dropout']})\n"
         "print('\\n'.join(m for m in sys.modules if m.startswith('twodg_pyro')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -103,6 +103,19 @@ class EnsembleConfig(Section):
     epochs: Annotated[int | None, optional_at_least(0, "or absent for deterministic_epochs")] = None
 
 
+@dataclass
+class MCDropoutConfig(Section):
+    """Monte Carlo dropout (method ``mc_dropout``): the run's network with dropout of rate
+    ``p`` before every weight layer but the first, trained with the deterministic recipe
+    (``stage1.deterministic_*``) for ``epochs`` epochs (absent:
+    ``stage1.deterministic_epochs``), predicting by ``num_samples`` seeded draws of
+    dropout masks (:mod:`twodg_pyro.pipeline.methods.mc_dropout`)."""
+
+    section: ClassVar[str] = "mc_dropout"
+    p: Annotated[float, in_range(0, 1, (False, False))] = 0.1
+    epochs: Annotated[int | None, optional_at_least(0, "or absent for deterministic_epochs")] = None
+
+
 # ---------------------------------------------------------------------------- registry
 class Method(NamedTuple):
     """A method a run can train, a row of the results table: one registration.
@@ -132,6 +145,7 @@ METHOD_REGISTRY: dict[str, Method] = {
     "ssvi": Method("ssvi", SSVIConfig),
     "deterministic_matched": Method("deterministic_matched", MatchedDeterministicConfig),
     "ensemble": Method("ensemble", EnsembleConfig),
+    "mc_dropout": Method("mc_dropout", MCDropoutConfig),
     "laplace": Method("laplace", LaplaceConfig),
     "mcmc": Method("mcmc", MCMCConfig),
 }
