@@ -64,14 +64,14 @@ from twodg_pyro.io.compact import (  # noqa: E402
 from twodg_pyro.io.model_file import load_model_file  # noqa: E402
 from twodg_pyro.metrics import classification_metrics  # noqa: E402
 from twodg_pyro.pipeline import config_from_dict  # noqa: E402
-from twodg_pyro.pipeline.artifacts import network_spec  # noqa: E402
-from twodg_pyro.pipeline.builders import build_net, load_data, seed_everything  # noqa: E402
-from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
-from twodg_pyro.pipeline.context import RunContext  # noqa: E402
 from twodg_pyro.pipeline.methods.algorithm1 import run_2dg, stage1_mean_field  # noqa: E402
-from twodg_pyro.pipeline.presets import preset  # noqa: E402
-from twodg_pyro.pipeline.saved_models import evaluate_model_file  # noqa: E402
-from twodg_pyro.pipeline.trained import RunArtifacts  # noqa: E402
+from twodg_pyro.pipeline.outputs.artifacts import network_spec  # noqa: E402
+from twodg_pyro.pipeline.outputs.saved_models import evaluate_model_file  # noqa: E402
+from twodg_pyro.pipeline.runtime.context import RunContext  # noqa: E402
+from twodg_pyro.pipeline.runtime.trained import RunArtifacts  # noqa: E402
+from twodg_pyro.pipeline.settings.build import build_net, load_data, seed_everything  # noqa: E402
+from twodg_pyro.pipeline.settings.config import merge_settings  # noqa: E402
+from twodg_pyro.pipeline.settings.presets import preset  # noqa: E402
 from twodg_pyro.prediction import predict  # noqa: E402
 
 TOL = {"accuracy": 0.001, "nll": 0.01, "ece": 0.005}
@@ -134,7 +134,7 @@ def _metrics(probs, targets) -> dict:
 
 
 def train(cfg):
-    """Stages 1-3 as :func:`~twodg_pyro.pipeline.runner.run` does them, keeping a copy of
+    """Stages 1-3 as :func:`~twodg_pyro.pipeline.runtime.runner.run` does them, keeping a copy of
     the mean-field BNN from before stage 3 (stage 3 goes on training the same network's
     deterministic parts, e.g. BatchNorm, so afterwards the mean-field model in the run's
     artifacts carries the 2DG BNN's BatchNorm state)."""

@@ -10,7 +10,7 @@ and reported as ``ok`` or with its error (a failing section does not stop the ot
     epochs: every method (``deterministic``, ``mean_field``, ``2dg``, ``rank1``,
     ``ssvi``) with checkpoints, the model file, InferenceData, k-hat, PSIS-LOO and
     figures; then the ``stochastic`` and ``tied`` tyings on the same stage 1
-    (:func:`~twodg_pyro.pipeline.variants.run_variants`); then ``mean_field`` and
+    (:func:`~twodg_pyro.pipeline.runtime.variants.run_variants`); then ``mean_field`` and
     ``2dg`` on a convolutional network with BatchNorm (ResNet-20 on 1x8x8 digits).
 ``float64``
     the same five methods with ``network.dtype = "float64"``: everything must come out
@@ -362,14 +362,14 @@ def _metrics(records: list[dict]) -> dict:
 
 
 def _tiny(device: str, **over) -> dict:
-    from twodg_pyro.pipeline.config import merge_settings
+    from twodg_pyro.pipeline.settings.config import merge_settings
 
     return merge_settings(copy.deepcopy(TINY), {"device": device, **over})
 
 
 def section_surface(device: str, work: Path, quick: bool) -> dict:
     from twodg_pyro.pipeline import config_from_dict, run
-    from twodg_pyro.pipeline.variants import run_variants
+    from twodg_pyro.pipeline.runtime.variants import run_variants
 
     out: dict = {"problems": []}
     run_dir = work / "surface"

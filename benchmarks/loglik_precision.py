@@ -39,8 +39,8 @@ from twodg_pyro.evaluation import SAMPLE_CHUNK, seeded  # noqa: E402
 from twodg_pyro.files.atomic import atomic_write_text  # noqa: E402
 from twodg_pyro.io import load_model  # noqa: E402
 from twodg_pyro.pipeline import config_from_dict, run  # noqa: E402
-from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
-from twodg_pyro.pipeline.presets import preset  # noqa: E402
+from twodg_pyro.pipeline.settings.config import merge_settings  # noqa: E402
+from twodg_pyro.pipeline.settings.presets import preset  # noqa: E402
 
 
 @torch.no_grad()

@@ -27,10 +27,11 @@ import time
 from pathlib import Path
 
 import torch
+from common import command, setup
 
+from twodg_pyro.files import atomic_write_text
 from twodg_pyro.pipeline import RunConfig, config_from_dict, run
-from twodg_pyro.pipeline.presets import preset
-from twodg_pyro.pipeline.results import atomic_write_text
+from twodg_pyro.pipeline.settings.presets import preset
 
 METHODS = ["deterministic", "mean_field", "rank1", "ssvi", "2dg"]
 METRICS = [
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    setup(args.threads)
 
     methods = list(args.methods)
     notes: list[str] = []
@@ -181,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     settings.pop("seed")
     payload = {
         "schema": 1,
-        "command": "python experiments/compare_guides.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("compare_guides.py", argv),
         "seeds": args.seeds,
         "methods": methods,
         "settings": settings,

@@ -24,17 +24,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
+from common import command, setup
 
+from twodg_pyro.files import atomic_write_text
 from twodg_pyro.pipeline import config_from_dict, run
-from twodg_pyro.pipeline.config import merge_settings
-from twodg_pyro.pipeline.presets import preset
-from twodg_pyro.pipeline.results import atomic_write_text
-from twodg_pyro.pipeline.uncertainty_step import UncertaintySets
+from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets
+from twodg_pyro.pipeline.settings.config import merge_settings
+from twodg_pyro.pipeline.settings.presets import preset
 from twodg_pyro.uncertainty import draws_curve, sufficient_draws
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -264,14 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.pool < REFERENCE:
         p.error(f"--pool {args.pool}: must be at least {REFERENCE}")
-    torch.set_num_threads(args.threads)
+    setup(args.threads)
     t0 = time.perf_counter()
     per_seed = {str(s): one_seed(args, s) for s in args.seeds}
     summary = summarise(per_seed)
     sampled = [m for m in summary if m != "ensemble"]
     payload = {
-        "command": "python experiments/draws.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("draws.py", argv),
         "preset": args.preset,
         "seeds": args.seeds,
         "pool": args.pool,
@@ -288,7 +287,6 @@ def main(argv: list[str] | None = None) -> int:
         "per_seed": per_seed,
         "seconds": time.perf_counter() - t0,
     }
-    payload["command"] = payload["command"].strip()
     args.out.mkdir(parents=True, exist_ok=True)
     text = markdown(payload)
     atomic_write_text(args.out / f"{args.name}.json", json.dumps(payload, indent=2) + "\n")

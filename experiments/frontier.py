@@ -7,7 +7,7 @@ of the file a user deploys, LeNet-5 on the MNIST subset.
     python experiments/frontier.py --from-json experiments/results/frontier.json
 
 Each seed runs the recommended recipe (``mnist-lenet5-bayes``) once
-(:func:`~twodg_pyro.pipeline.variants.run_variants`: deterministic, mean-field, a
+(:func:`~twodg_pyro.pipeline.runtime.variants.run_variants`: deterministic, mean-field, a
 5-member ensemble and last-layer Laplace, then 2DG for every variant of
 :data:`VARIANTS` on copies of one stage-1 posterior), and every point below is scored
 on the model **read back from the file it measures** where the library writes one:
@@ -44,7 +44,6 @@ import copy
 import itertools
 import json
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -52,10 +51,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import cell, check, command, setup
 from torch import nn
+from uncertainty import QUICK  # --quick: every stage for an epoch or two
 
 from twodg_pyro.accounting import network_bytes
-from twodg_pyro.data import DatasetNotFoundError, load_dataset
+from twodg_pyro.files import atomic_write_text
 from twodg_pyro.guides import prune_guide
 from twodg_pyro.io.compact import export_compact, export_int8_mean_field
 from twodg_pyro.io.compact_format import index_symbols
@@ -63,16 +64,12 @@ from twodg_pyro.io.entropy import empirical_entropy_bits
 from twodg_pyro.methods import Network, load_method
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.pipeline import config_from_dict
-from twodg_pyro.pipeline.artifacts import write_model_files
-from twodg_pyro.pipeline.builders import network_spec
-from twodg_pyro.pipeline.config import UncertaintyConfig, merge_settings
-from twodg_pyro.pipeline.presets import preset
-from twodg_pyro.pipeline.results import atomic_write_text
-from twodg_pyro.pipeline.uncertainty_step import UncertaintySets, data_tensors
-from twodg_pyro.pipeline.variants import run_variants
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from uncertainty import QUICK  # noqa: E402  (--quick: every stage for an epoch or two)
+from twodg_pyro.pipeline.outputs.artifacts import write_model_files
+from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets, data_tensors
+from twodg_pyro.pipeline.runtime.variants import run_variants
+from twodg_pyro.pipeline.settings.build import network_spec
+from twodg_pyro.pipeline.settings.config import UncertaintyConfig, merge_settings
+from twodg_pyro.pipeline.settings.presets import preset
 
 #: 2DG variants (stage 2/3 settings over the recipe): K, and fewer outliers at K = 16
 VARIANTS: dict[str, dict] = {
@@ -304,10 +301,6 @@ def summarise(points: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: r["file_bytes"])
 
 
-def _check(value, target, met) -> dict:
-    return {"value": value, "target": target, "met": bool(met)}
-
-
 def targets(rows: list[dict]) -> dict:
     """Issue 31's frontier targets on the seeds' means."""
     by = {r["point"]: r for r in rows}
@@ -324,12 +317,12 @@ def targets(rows: list[dict]) -> dict:
     best = min(good, key=lambda r: r["file_bytes"]) if good else None
     ratio = best["float32_ratio"] if best else max(r["float32_ratio"] for r in ours)
     where = best["point"] if best else "none keeps the uncertainty targets"
-    out["smallest 2DG file keeping acc >= det - 0.5 pp, NLL <= det, OOD >= ensemble"] = _check(
+    out["smallest 2DG file keeping acc >= det - 0.5 pp, NLL <= det, OOD >= ensemble"] = check(
         f"{where}: {ratio:.1f}x smaller than float32 det",
         ">= 30x",
         best is not None and ratio >= 30,
     )
-    out["moonshot: that file >= 50x smaller"] = _check(
+    out["moonshot: that file >= 50x smaller"] = check(
         f"{ratio:.1f}x", ">= 50x", best is not None and ratio >= 50
     )
     beat4 = [
@@ -339,7 +332,7 @@ def targets(rows: list[dict]) -> dict:
         and r["nll"] < det4["nll"]
         and r["mean_ood_auroc"] > det4["mean_ood_auroc"]
     ]
-    out["a 2DG point beats 4-bit det on NLL and OOD AUROC at a smaller file"] = _check(
+    out["a 2DG point beats 4-bit det on NLL and OOD AUROC at a smaller file"] = check(
         ", ".join(r["point"] for r in beat4) or "none", "at least one", bool(beat4)
     )
     beat_mf = [
@@ -350,14 +343,10 @@ def targets(rows: list[dict]) -> dict:
         and r["nll"] <= mf1["nll"]
         and r["mean_ood_auroc"] >= mf1["mean_ood_auroc"]
     ]
-    out["a 2DG point beats INT8-mu / 1-bit-sigma mean-field on every axis"] = _check(
+    out["a 2DG point beats INT8-mu / 1-bit-sigma mean-field on every axis"] = check(
         ", ".join(r["point"] for r in beat_mf) or "none", "at least one", bool(beat_mf)
     )
     return out
-
-
-def _f(x, fmt=".4f"):
-    return "-" if x is None else format(x, fmt)
 
 
 def markdown(rows, checks, seeds, command) -> str:
@@ -378,9 +367,9 @@ def markdown(rows, checks, seeds, command) -> str:
         lines.append(
             f"| {r['point']} | {r['file_bytes']:,.0f} | {r['bytes_per_weight']:.3f} | "
             f"{r['float32_ratio']:.1f}x | {r['forwards_per_prediction']:.0f} | "
-            f"{_f(r['accuracy'])} | {_f(r['nll'])} | {_f(r['ece'])} | "
-            f"{_f(r['mean_ood_auroc'], '.3f')} | {_f(r['mean_mi_auroc'], '.3f')} | "
-            f"{_f(r['n_gaussians'], '.0f')} | {_f(r.get('pruned_fraction'), '.1%')} |"
+            f"{cell(r['accuracy'], '.4f')} | {cell(r['nll'], '.4f')} | {cell(r['ece'], '.4f')} | "
+            f"{cell(r['mean_ood_auroc'], '.3f')} | {cell(r['mean_mi_auroc'], '.3f')} | "
+            f"{cell(r['n_gaussians'], '.0f')} | {cell(r.get('pruned_fraction'), '.1%')} |"
         )
     lines += ["", "## Targets (issue 31)", ""]
     for name, c in checks.items():
@@ -427,16 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stem", default="frontier")
     p.add_argument("--from-json", nargs="+", default=None, metavar="JSON")
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
     points: list[dict] = []
     if args.from_json:
         for path in args.from_json:
             points += json.loads(Path(path).read_text())["points"]
     else:
-        try:
-            load_dataset("mnist", args.root)
-        except DatasetNotFoundError as e:
-            print(f"{e}\nWrite it first: python experiments/mnist_subset_data.py", file=sys.stderr)
+        if not setup(args.threads, args.root):
             return 2
         for seed in args.seeds:
             points += run_seed(args, seed)
@@ -446,10 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     payload = {"seeds": seeds, "points": points, "summary": rows, "targets": checks}
     atomic_write_text(out / f"{args.stem}.json", json.dumps(payload, indent=1))
-    command = "python experiments/frontier.py " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    text = markdown(rows, checks, seeds, command.strip())
+    text = markdown(rows, checks, seeds, command("frontier.py", argv))
     atomic_write_text(out / f"{args.stem}.md", text)
     figure(rows, out / f"{args.stem}.png")
     print(text)

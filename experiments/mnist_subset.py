@@ -37,18 +37,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-import torch
+from common import command, setup
 
-from twodg_pyro.data import DatasetNotFoundError, load_dataset
+from twodg_pyro.files import atomic_write_text
 from twodg_pyro.pipeline import config_from_dict, run
-from twodg_pyro.pipeline.config import merge_settings
-from twodg_pyro.pipeline.presets import preset
-from twodg_pyro.pipeline.results import atomic_write_text
-from twodg_pyro.pipeline.variants import run_variants
+from twodg_pyro.pipeline.runtime.variants import run_variants
+from twodg_pyro.pipeline.settings.config import merge_settings
+from twodg_pyro.pipeline.settings.presets import preset
 
 FAST = {
     "stage1": {"lr_loc": 1e-3, "lr_scale": 1e-2},
@@ -96,18 +94,21 @@ RESNET_EPOCHS = {
     "stage3": {"epochs": 6, "merge_every": 3, "reassign_every": 3},
 }
 
-DEVICE = ["cpu"]  # set by --device
-
 FIELDS = ("method", "arch", "seed", "recipe", "accuracy", "nll", "ece", "trainable_params")
 
 
 def run_recipe(
-    name: str, settings: dict, seed: int, arch: str, variants: dict | None = None
+    name: str,
+    settings: dict,
+    seed: int,
+    arch: str,
+    variants: dict | None = None,
+    device: str = "cpu",
 ) -> list[dict]:
     """Records of one recipe and seed, each with the fields of ``FIELDS``; with
     ``variants``, the 2DG rows of each variant on the recipe's one stage-1 run (named by
     the variant)."""
-    over = {"seed": seed, "progress": False, "device": DEVICE[0]}
+    over = {"seed": seed, "progress": False, "device": device}
     cfg = config_from_dict(merge_settings(settings, over))
     t0 = time.perf_counter()
     if variants:
@@ -218,16 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--full", action="store_true", help="ResNet-20: the preset's full epochs")
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    DEVICE[0] = args.device
-    try:
-        load_dataset("mnist", args.root)
-    except DatasetNotFoundError as e:
-        print(
-            f"{e}\nWrite the subset first: python experiments/mnist_subset_data.py "
-            f"--root {args.root}",
-            file=sys.stderr,
-        )
+    if not setup(args.threads, args.root):
         return 2
     seeds = args.seeds or ([0, 1, 2] if args.arch == "lenet5" else [0])
     records: list[dict] = []
@@ -239,14 +231,14 @@ def main(argv: list[str] | None = None) -> int:
                     settings, variants = merge_settings(base, PAPER), PAPER_VARIANTS
                 else:
                     settings, variants = merge_settings(base, RECIPES[name]), None
-                records += run_recipe(name, settings, seed, "lenet5", variants)
+                records += run_recipe(name, settings, seed, "lenet5", variants, args.device)
         stem = "mnist_subset"
     else:
         base = merge_settings(preset("mnist-resnet20"), {"data": {"root": args.root}})
         recipe = "paper recipe" if args.full else "paper recipe (CPU epochs)"
         settings = base if args.full else merge_settings(base, RESNET_EPOCHS)
         for seed in seeds:
-            records += run_recipe(recipe, settings, seed, "resnet20")
+            records += run_recipe(recipe, settings, seed, "resnet20", device=args.device)
         stem = "mnist_subset_resnet20" + ("_full" if args.full else "")
     summary = summarise(records)
     recipe = "paper recipe" if args.arch == "lenet5" else recipe
@@ -260,10 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": checks,
     }
     atomic_write_text(out / f"{stem}.json", json.dumps(payload, indent=2))
-    command = "python experiments/mnist_subset.py " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    text = markdown(summary, checks, args.arch, seeds, command.strip())
+    text = markdown(summary, checks, args.arch, seeds, command("mnist_subset.py", argv))
     atomic_write_text(out / f"{stem}.md", text)
     print(text)
     return 0

@@ -19,19 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from common import command, setup
 
 from twodg_pyro.baselines import quantize_mean_field
+from twodg_pyro.files import atomic_write_text
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.pipeline import config_from_dict
-from twodg_pyro.pipeline.config import merge_settings
-from twodg_pyro.pipeline.presets import preset
-from twodg_pyro.pipeline.results import atomic_write_text
-from twodg_pyro.pipeline.variants import run_variants
+from twodg_pyro.pipeline.runtime.variants import run_variants
+from twodg_pyro.pipeline.settings.config import merge_settings
+from twodg_pyro.pipeline.settings.presets import preset
 from twodg_pyro.prediction import predict
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    setup(args.threads)
     t0 = time.perf_counter()
     models, eval_data = trained_models(args.seed)
     rows = {}
@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             "s1000": evaluate(model, guide, eval_data, 1000, 0),
         }
     payload = {
-        "command": "python experiments/prediction_noise.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("prediction_noise.py", argv),
         "seed": args.seed,
         "prediction_seeds": args.prediction_seeds,
         "threads": args.threads,

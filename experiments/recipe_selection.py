@@ -26,26 +26,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from common import cell, command
+from uncertainty import QUICK, RESNET_CPU_EPOCHS
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from uncertainty import QUICK, RESNET_CPU_EPOCHS  # noqa: E402
-
-from twodg_pyro.metrics import accuracy, ece, nll  # noqa: E402
-from twodg_pyro.pipeline import config_from_dict  # noqa: E402
-from twodg_pyro.pipeline.builders import eval_data  # noqa: E402
-from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
-from twodg_pyro.pipeline.config_evaluation import UncertaintyConfig  # noqa: E402
-from twodg_pyro.pipeline.presets import preset  # noqa: E402
-from twodg_pyro.pipeline.results import atomic_write_text  # noqa: E402
-from twodg_pyro.pipeline.uncertainty_step import UncertaintySets  # noqa: E402
-from twodg_pyro.pipeline.variants import run_variants  # noqa: E402
+from twodg_pyro.files import atomic_write_text
+from twodg_pyro.metrics import accuracy, ece, nll
+from twodg_pyro.pipeline import config_from_dict
+from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets
+from twodg_pyro.pipeline.runtime.variants import run_variants
+from twodg_pyro.pipeline.settings.build import eval_data
+from twodg_pyro.pipeline.settings.config import merge_settings
+from twodg_pyro.pipeline.settings.evaluation import UncertaintyConfig
+from twodg_pyro.pipeline.settings.presets import preset
 
 #: stage-2/3 variants on one stage-1 posterior: the recipe as it is, and each change
 #: that the ResNet-20 diagnosis of issue 30 points at (merging at an absolute W2
@@ -128,10 +125,6 @@ def base_settings(doc: dict) -> str:
     )
 
 
-def _f(x, fmt=".3f"):
-    return "-" if x is None else format(x, fmt)
-
-
 def markdown(doc: dict) -> str:
     recs, chosen = doc["records"], choose(doc["records"])
     lines = [
@@ -158,11 +151,11 @@ def markdown(doc: dict) -> str:
         for r in recs:
             s = r[split]
             sev = statistics.fmean(s["severity5_nll"].values()) if s["severity5_nll"] else None
-            mi = f" ({_f(s['mi_auroc'])})" if s["mi_auroc"] is not None else ""
+            mi = f" ({cell(s['mi_auroc'])})" if s["mi_auroc"] is not None else ""
             lines.append(
                 f"| {r['method']} | {r['variant']} | {s['accuracy']:.4f} | {s['nll']:.3f} "
                 f"| {s['ece']:.3f} | {s['mean_mi_clean']:.3f} | {s['entropy_auroc']:.3f}{mi} "
-                f"| {_f(sev)} | {r.get('n_gaussians', '-')} | {r['trainable_params']:,} |"
+                f"| {cell(sev)} | {r.get('n_gaussians', '-')} | {r['trainable_params']:,} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -197,11 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     over = json.loads(args.settings)
     cfg = config_from_dict(settings_of(args.arch, args.root, args.seed, args.quick, over))
-    argv_s = shlex.join(argv if argv is not None else sys.argv[1:])
     doc = {
         "arch": args.arch,
         "seed": args.seed,
-        "command": f"python experiments/recipe_selection.py {argv_s}".strip(),
+        "command": command("recipe_selection.py", argv),
         "draws": args.draws,
         "ood_size": args.ood_size,
         "shift_size": args.shift_size,

@@ -10,11 +10,11 @@ full-batch NUTS on a CPU) under the layer-wise prior N(0, g^2/fan_in) (``--prior
 g, or ``--select-prior`` G...: the gain whose NUTS predictive has the lowest validation
 NLL) and the true ELBO
 (KL weight 1: the posterior HMC samples, temperature 1).  One run
-(:func:`twodg_pyro.pipeline.variants.run_variants`, the same data, network, prior,
+(:func:`twodg_pyro.pipeline.runtime.variants.run_variants`, the same data, network, prior,
 likelihood and seed for every method) trains deterministic, mean-field, 2DG with each
 tying (representative, stochastic, tied; one stage 1), rank-1, SSVI, a 5-member deep
 ensemble, last-layer Laplace and ``mcmc``: Pyro's NUTS, ``--chains`` chains of
-``--warmup`` + ``--samples`` iterations (:class:`~twodg_pyro.pipeline.config.MCMCConfig`).
+``--warmup`` + ``--samples`` iterations (:class:`~twodg_pyro.pipeline.settings.config.MCMCConfig`).
 
 Then, on the test images, on every built-in OOD set (``--ood-size`` images each) and on
 every corruption family at severity ``--severity`` (``--shift-size`` test images), the
@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-import torch
+from common import cell, check, command, setup
 
+from twodg_pyro.files import atomic_write_text, jsonable
 from twodg_pyro.methods.mcmc.arviz import (
     RHAT_TARGET,
     mcmc_report,
@@ -49,11 +49,10 @@ from twodg_pyro.methods.mcmc.arviz import (
 )
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.pipeline import config_from_dict
-from twodg_pyro.pipeline.config import UncertaintyConfig, merge_settings
-from twodg_pyro.pipeline.presets import preset
-from twodg_pyro.pipeline.results import atomic_write_text, jsonable
-from twodg_pyro.pipeline.uncertainty_step import UncertaintySets
-from twodg_pyro.pipeline.variants import run_variants
+from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets
+from twodg_pyro.pipeline.runtime.variants import run_variants
+from twodg_pyro.pipeline.settings.config import UncertaintyConfig, merge_settings
+from twodg_pyro.pipeline.settings.presets import preset
 from twodg_pyro.uncertainty import CORRUPTIONS, corrupt
 from twodg_pyro.uncertainty.fidelity import fidelity
 
@@ -183,7 +182,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.warmup, args.samples, args.chains, args.draws = 20, 20, 2, 10
-    torch.set_num_threads(1)
+    setup(threads=1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -244,30 +243,27 @@ def main(argv=None) -> int:
     pred = report.get("predictive", {})
     mf_agree = by["mean_field"]["sets"]["test"]["agreement"]
     checks = {
-        "predictive max R-hat <= 1.01": _check(
+        "predictive max R-hat <= 1.01": check(
             pred.get("max_rhat"), f"<= {RHAT_TARGET}", (pred.get("max_rhat") or 9) <= RHAT_TARGET
         ),
-        "predictive min bulk ESS >= 400": _check(
+        "predictive min bulk ESS >= 400": check(
             pred.get("min_ess_bulk"), ">= 400", (pred.get("min_ess_bulk") or 0) >= 400
         ),
-        "divergences < 1 %": _check(
+        "divergences < 1 %": check(
             report["sampler"]["divergence_share"],
             "< 0.01",
             report["sampler"]["divergence_share"] < 0.01,
         ),
-        "whole run <= 30 min": _check(seconds, "<= 1800 s", seconds <= 1800),
-        "HMC NLL < deterministic NLL (clean test)": _check(
+        "whole run <= 30 min": check(seconds, "<= 1800 s", seconds <= 1800),
+        "HMC NLL < deterministic NLL (clean test)": check(
             hmc_nll, f"< {det_nll:.4f}", hmc_nll < det_nll
         ),
     }
     for t in TYINGS:
         a = by[f"2dg ({t})"]["sets"]["test"]["agreement"]
-        checks[f"2dg ({t}) agreement >= mean-field"] = _check(
-            a, f">= {mf_agree:.4f}", a >= mf_agree
-        )
+        checks[f"2dg ({t}) agreement >= mean-field"] = check(a, f">= {mf_agree:.4f}", a >= mf_agree)
     result = {
-        "command": "python experiments/reference_posterior.py"
-        + (" " + " ".join(sys.argv[1:]) if argv is None and sys.argv[1:] else ""),
+        "command": command("reference_posterior.py", argv),
         "settings": cfg.to_dict(),
         "hidden": args.hidden,
         "prior_scale": args.prior_scale,
@@ -293,14 +289,6 @@ def main(argv=None) -> int:
     plot(rows, out / f"{args.stem}.png")
     print(f"done in {seconds:.0f} s; wrote {out / args.stem}.{{json,md,png}}")
     return 0
-
-
-def _check(value, target: str, met: bool) -> dict:
-    return {"value": value, "target": target, "met": bool(met)}
-
-
-def _f(x, fmt=".3f"):
-    return "-" if x is None else format(x, fmt)
 
 
 def _groups(row: dict) -> dict:
@@ -359,10 +347,10 @@ def markdown(result: dict, report: dict) -> str:
         "```",
         "",
         f"Predictive (the 10 class probabilities of the {pred.get('n_values', 0) // 10} test "
-        f"images): max R-hat {_f(pred.get('max_rhat'))}, "
-        f"{_f(share, '.1f')} "
-        f"% of them at most {RHAT_TARGET}; bulk ESS min {_f(pred.get('min_ess_bulk'), '.0f')}, "
-        f"median {_f(pred.get('median_ess_bulk'), '.0f')}.  Divergences: {sm['divergences']} "
+        f"images): max R-hat {cell(pred.get('max_rhat'))}, "
+        f"{cell(share, '.1f')} "
+        f"% of them at most {RHAT_TARGET}; bulk ESS min {cell(pred.get('min_ess_bulk'), '.0f')}, "
+        f"median {cell(pred.get('median_ess_bulk'), '.0f')}.  Divergences: {sm['divergences']} "
         f"({100 * sm['divergence_share']:.2f} %).  Trace and rank plots: "
         f"`{result['stem']}_trace.png`, "
         "`..._trace_rank.png` (the log density and the three least mixed probabilities).",
@@ -385,11 +373,11 @@ def markdown(result: dict, report: dict) -> str:
         t = r["sets"]["test"]
         g = _groups(r)
         lines.append(
-            f"| {r['method']} | {_f(r['accuracy'], '.4f')} | {_f(t['nll'], '.4f')} "
-            f"| {t['nll_gap']:+.4f} | {t['ece_gap']:+.4f} | {_f(t['agreement'], '.4f')} "
-            f"| {_f(t['tv'], '.4f')} | {_f(g['ood']['agreement'], '.4f')} "
-            f"| {_f(g['ood']['tv'], '.4f')} | {_f(g['shift']['agreement'], '.4f')} "
-            f"| {_f(g['shift']['tv'], '.4f')} |"
+            f"| {r['method']} | {cell(r['accuracy'], '.4f')} | {cell(t['nll'], '.4f')} "
+            f"| {t['nll_gap']:+.4f} | {t['ece_gap']:+.4f} | {cell(t['agreement'], '.4f')} "
+            f"| {cell(t['tv'], '.4f')} | {cell(g['ood']['agreement'], '.4f')} "
+            f"| {cell(g['ood']['tv'], '.4f')} | {cell(g['shift']['agreement'], '.4f')} "
+            f"| {cell(g['shift']['tv'], '.4f')} |"
         )
     sets = [k for k in result["rows"][0]["sets"] if k != "test"]
     lines += [
@@ -401,13 +389,13 @@ def markdown(result: dict, report: dict) -> str:
     ]
     for r in result["rows"]:
         lines.append(
-            f"| {r['method']} | " + " | ".join(_f(r["sets"][k]["tv"]) for k in sets) + " |"
+            f"| {r['method']} | " + " | ".join(cell(r["sets"][k]["tv"]) for k in sets) + " |"
         )
     lines += ["", "## Targets", "", "| target | value | goal | met |", "|---|---|---|---|"]
     for name, c in result["checks"].items():
         v = c["value"]
         lines.append(
-            f"| {name} | {_f(v, '.4f') if isinstance(v, float) else v} | {c['target']} "
+            f"| {name} | {cell(v, '.4f') if isinstance(v, float) else v} | {c['target']} "
             f"| {'yes' if c['met'] else '**no**'} |"
         )
     if result["quick"]:

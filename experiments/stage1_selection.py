@@ -25,30 +25,27 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from common import cell, command, setup
+from recipe_selection import PRESETS, settings_of
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_selection import PRESETS, settings_of  # noqa: E402
-
-from twodg_pyro.infer import data_size_kl_weight  # noqa: E402
-from twodg_pyro.metrics import accuracy, ece, nll  # noqa: E402
-from twodg_pyro.nn import find_sites  # noqa: E402
-from twodg_pyro.pipeline import config_from_dict, run  # noqa: E402
-from twodg_pyro.pipeline.builders import eval_data, seed_everything  # noqa: E402
-from twodg_pyro.pipeline.config import merge_settings  # noqa: E402
-from twodg_pyro.pipeline.config_evaluation import UncertaintyConfig  # noqa: E402
-from twodg_pyro.pipeline.context import RunContext  # noqa: E402
-from twodg_pyro.pipeline.methods.algorithm1 import stage1_mean_field  # noqa: E402
-from twodg_pyro.pipeline.methods.mean_field import scale_convergence  # noqa: E402
-from twodg_pyro.pipeline.results import atomic_write_text  # noqa: E402
-from twodg_pyro.pipeline.uncertainty_step import UncertaintySets  # noqa: E402
-from twodg_pyro.uncertainty import apply_temperature, fit_temperature  # noqa: E402
+from twodg_pyro.files import atomic_write_text
+from twodg_pyro.infer import data_size_kl_weight
+from twodg_pyro.metrics import accuracy, ece, nll
+from twodg_pyro.nn import find_sites
+from twodg_pyro.pipeline import config_from_dict, run
+from twodg_pyro.pipeline.methods.algorithm1 import stage1_mean_field
+from twodg_pyro.pipeline.methods.mean_field import scale_convergence
+from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets
+from twodg_pyro.pipeline.runtime.context import RunContext
+from twodg_pyro.pipeline.settings.build import eval_data, seed_everything
+from twodg_pyro.pipeline.settings.config import merge_settings
+from twodg_pyro.pipeline.settings.evaluation import UncertaintyConfig
+from twodg_pyro.uncertainty import apply_temperature, fit_temperature
 
 _VON = {"trainer": "von", "von_lr": 0.1, "von_beta2": 0.99}
 #: KL weights of the grid, as multiples of the recipe's data-size rule (``kl_weight =
@@ -85,10 +82,6 @@ def score(probs, ev: UncertaintySets, trained, draws: int, y) -> dict:
     }
 
 
-def _f(x, fmt=".3f"):
-    return "-" if x is None else format(x, fmt)
-
-
 def markdown(doc: dict) -> str:
     recs = doc["records"]
     bayes = [r for r in recs if r["point"] not in ("deterministic", "deterministic, scaled")]
@@ -109,14 +102,14 @@ def markdown(doc: dict) -> str:
     ]
     for r in recs:
         sev = statistics.fmean(r["severity5_nll"].values()) if r["severity5_nll"] else None
-        mi = f" ({_f(r['mi_auroc'])})" if r.get("mi_auroc") is not None else ""
+        mi = f" ({cell(r['mi_auroc'])})" if r.get("mi_auroc") is not None else ""
         conv = r.get("scale_convergence")
         change = "-" if not conv else f"{conv['median_scale_change']:.1%}"
         lines.append(
-            f"| {r['point']} | {_f(r.get('kl_weight'), '.4g')} | {r['accuracy']:.4f} "
+            f"| {r['point']} | {cell(r.get('kl_weight'), '.4g')} | {r['accuracy']:.4f} "
             f"| {r['nll']:.3f} | {r['ece']:.3f} | {r['mean_mi_clean']:.3f} "
-            f"| {r['entropy_auroc']:.3f}{mi} | {_f(sev)} | {change} "
-            f"| {_f(r.get('seconds'), '.0f')} |"
+            f"| {r['entropy_auroc']:.3f}{mi} | {cell(sev)} | {change} "
+            f"| {cell(r.get('seconds'), '.0f')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -146,14 +139,13 @@ def main(argv: list[str] | None = None) -> int:
             out / f"{stem}.md", markdown(json.loads(Path(args.from_json).read_text()))
         )
         return 0
-    torch.set_num_threads(args.threads)
+    setup(args.threads)
     base = settings_of(args.arch, args.root, args.seed, args.quick)
     det_cfg = config_from_dict(merge_settings(base, {"methods": ["deterministic"]}))
     doc = {
         "arch": args.arch,
         "seed": args.seed,
-        "command": "python experiments/stage1_selection.py "
-        + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "command": command("stage1_selection.py", argv),
         "draws": args.draws,
         "ood_size": args.ood_size,
         "shift_size": args.shift_size,

@@ -23,16 +23,16 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+from common import setup
 
 from twodg_pyro.baselines import quantize_mean_field, quantized_size_mb
 from twodg_pyro.data import DatasetNotFoundError, load_dataset
+from twodg_pyro.files import atomic_write_text
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.pipeline import config_from_dict, format_table
-from twodg_pyro.pipeline.config import merge_settings
-from twodg_pyro.pipeline.presets import preset
-from twodg_pyro.pipeline.results import atomic_write_text
-from twodg_pyro.pipeline.variants import run_variants
+from twodg_pyro.pipeline.runtime.variants import run_variants
+from twodg_pyro.pipeline.settings.config import merge_settings
+from twodg_pyro.pipeline.settings.presets import preset
 from twodg_pyro.prediction import predict
 
 MERGING = {"sharing": {"n_components": 64, "tau_d": 0.05}, "stage3": {"merge_every": 10}}
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
         help="torch CPU threads (results are reproducible for a fixed count)",
     )
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    setup(args.threads)
     names = ["table4", *VARIANTS] if args.table == "all" else [args.table]
     for name in names:
         t0 = time.perf_counter()

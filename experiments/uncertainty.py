@@ -45,23 +45,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import statistics
-import sys
 import time
 from pathlib import Path
 
-import torch
+from common import cell, check, command, mean, setup
 
-from twodg_pyro.data import DatasetNotFoundError, load_dataset
+from twodg_pyro.files import atomic_write_text
 from twodg_pyro.metrics import ece, nll
 from twodg_pyro.pipeline import config_from_dict
-from twodg_pyro.pipeline.builders import eval_data
-from twodg_pyro.pipeline.config import UncertaintyConfig, merge_settings
-from twodg_pyro.pipeline.presets import preset
-from twodg_pyro.pipeline.results import atomic_write_text
-from twodg_pyro.pipeline.uncertainty_step import UncertaintySets
-from twodg_pyro.pipeline.variants import run_variants
+from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets
+from twodg_pyro.pipeline.runtime.variants import run_variants
+from twodg_pyro.pipeline.settings.build import eval_data
+from twodg_pyro.pipeline.settings.config import UncertaintyConfig, merge_settings
+from twodg_pyro.pipeline.settings.presets import preset
 from twodg_pyro.uncertainty import (
     BUILTIN_OOD_SETS,
     CORRUPTIONS,
@@ -169,7 +165,6 @@ QUICK = {
     "deterministic_matched": {"epochs": 2},
     "laplace": {"marglik_steps": 5},
 }
-DEVICE = ["cpu"]
 
 
 FIELDS = ("accuracy", "nll", "ece", "trainable_params", "stored_params")
@@ -187,6 +182,7 @@ def run_recipe(
     quick: bool = False,
     arch: str = "lenet5",
     methods: list[str] | None = None,
+    device: str = "cpu",
 ) -> tuple[list[dict], dict]:
     """Records of one recipe and seed (and the per-example scores, for figures); with
     ``methods``, only those of the recipe's methods (``"2dg"``: its tyings)."""
@@ -209,7 +205,7 @@ def run_recipe(
             "data": {"root": root},
             "seed": seed,
             "progress": False,
-            "device": DEVICE[0],
+            "device": device,
             "diagnostics": {"enabled": False},
         },
     )
@@ -229,7 +225,7 @@ def run_recipe(
         else:
             trained, label = art.trained[method], method
         t1 = time.perf_counter()
-        u = ev.record(trained, ev_args["draws"], DEVICE[0], return_scores=True)
+        u = ev.record(trained, ev_args["draws"], device, return_scores=True)
         scores[label] = u.pop("scores")
         del u["uncertainty_draws"]  # the file's "evaluation" states the draws once
         recipe = spec.get("label", name)
@@ -275,11 +271,6 @@ def temperature_scaled(trained, val, test, draws: int, seed: int) -> dict:
 
 
 # ---------------------------------------------------------------------------- summary
-def _mean(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.fmean(xs) if xs else None
-
-
 def summarise(records: list[dict]) -> list[dict]:
     """Means over seeds per (recipe, method): clean metrics, OOD AUROCs per set, the most
     severe level's NLL per family."""
@@ -290,24 +281,24 @@ def summarise(records: list[dict]) -> list[dict]:
     for (recipe, method), rs in groups.items():
         row = {"recipe": recipe, "method": method, "seeds": len(rs)}
         for k in ("accuracy", "nll", "ece", "mean_mi_clean", "aurc"):
-            row[k] = _mean(r[k] for r in rs)
+            row[k] = mean(r[k] for r in rs)
         for k in ("trainable_params", "stored_params"):
-            row[k] = round(_mean(r.get(k) for r in rs) or 0)
+            row[k] = round(mean(r.get(k) for r in rs) or 0)
         if all("temperature_scaled" in r for r in rs):  # absent before issue 43
             ts = [r["temperature_scaled"] for r in rs]
-            row["temperature_scaled"] = {k: _mean(t[k] for t in ts) for k in ts[0]}
+            row["temperature_scaled"] = {k: mean(t[k] for t in ts) for k in ts[0]}
         for k in COSTS:  # absent from records written before issue 31
             if any(k in r for r in rs):
-                row[k] = _mean(r.get(k) for r in rs)
+                row[k] = mean(r.get(k) for r in rs)
         row["ood"] = {
             s: {
-                m: _mean(r["ood"][s].get(m) for r in rs)
+                m: mean(r["ood"][s].get(m) for r in rs)
                 for m in ("entropy_auroc", "mi_auroc", "aupr", "fpr95")
             }
             for s in rs[0]["ood"]
         }
         row["shift5"] = {
-            f: {m: _mean(r["shift"][f]["5"][m] for r in rs) for m in ("accuracy", "nll", "ece")}
+            f: {m: mean(r["shift"][f]["5"][m] for r in rs) for m in ("accuracy", "nll", "ece")}
             for f in rs[0]["shift"]
         }
         changes = [
@@ -318,10 +309,6 @@ def summarise(records: list[dict]) -> list[dict]:
         row["recommended"] = rs[0]["recommended"]
         rows.append(row)
     return rows
-
-
-def _check(value, target: str, met: bool) -> dict:
-    return {"value": value, "target": target, "met": bool(met)}
 
 
 #: fewer trainable parameters than mean-field that the issues ask of 2DG, per network
@@ -341,55 +328,51 @@ def targets(summary: list[dict], arch: str = "lenet5") -> dict:
         if not label.startswith("2dg"):
             continue
         t = {}
-        t["accuracy >= det - 0.005"] = _check(
+        t["accuracy >= det - 0.005"] = check(
             row["accuracy"],
             f">= {det['accuracy'] - 0.005:.4f}",
             row["accuracy"] >= det["accuracy"] - 0.005,
         )
-        t["nll <= det"] = _check(row["nll"], f"<= {det['nll']:.4f}", row["nll"] <= det["nll"])
+        t["nll <= det"] = check(row["nll"], f"<= {det['nll']:.4f}", row["nll"] <= det["nll"])
         for s in sets:
             d, v = det["ood"][s]["entropy_auroc"], row["ood"][s]["entropy_auroc"]
             goal = d + 0.5 * (1 - d)
-            t[f"entropy AUROC {s}"] = _check(v, f">= {goal:.3f}", v >= goal)
-        mean_auc = _mean(row["ood"][s]["entropy_auroc"] for s in sets)
+            t[f"entropy AUROC {s}"] = check(v, f">= {goal:.3f}", v >= goal)
+        mean_auc = mean(row["ood"][s]["entropy_auroc"] for s in sets)
         if ens is not None:
-            goal = _mean(ens["ood"][s]["entropy_auroc"] for s in sets)
-            t["mean entropy AUROC >= ensemble"] = _check(
+            goal = mean(ens["ood"][s]["entropy_auroc"] for s in sets)
+            t["mean entropy AUROC >= ensemble"] = check(
                 mean_auc, f">= {goal:.3f}", mean_auc >= goal
             )
-        mi_auc = _mean(row["ood"][s]["mi_auroc"] for s in sets)
-        t["mean MI AUROC >= 0.90"] = _check(mi_auc, ">= 0.90", mi_auc >= 0.90)
-        t["mean clean MI >= 0.02"] = _check(
+        mi_auc = mean(row["ood"][s]["mi_auroc"] for s in sets)
+        t["mean MI AUROC >= 0.90"] = check(mi_auc, ">= 0.90", mi_auc >= 0.90)
+        t["mean clean MI >= 0.02"] = check(
             row["mean_mi_clean"], ">= 0.02", row["mean_mi_clean"] >= 0.02
         )
         ratios = []
         for f in det["shift5"]:
             a, b = row["shift5"][f]["nll"], det["shift5"][f]["nll"]
             ratios.append(a / b)
-            t[f"severity-5 NLL {f} <= det"] = _check(a, f"<= {b:.3f}", a <= b)
-        r = _mean(ratios)
-        t["mean severity-5 NLL ratio <= 0.8"] = _check(r, "<= 0.8", r <= 0.8)
+            t[f"severity-5 NLL {f} <= det"] = check(a, f"<= {b:.3f}", a <= b)
+        r = mean(ratios)
+        t["mean severity-5 NLL ratio <= 0.8"] = check(r, "<= 0.8", r <= 0.8)
         if mf is not None:
             q = mf["trainable_params"] / row["trainable_params"]
             goal = TRAINABLE_RATIO.get(arch, 50)
-            t[f"trainable: mean-field / 2DG >= {goal}"] = _check(q, f">= {goal}", q >= goal)
+            t[f"trainable: mean-field / 2DG >= {goal}"] = check(q, f">= {goal}", q >= goal)
         if ens is not None and row.get("stored_params"):
             q = ens["stored_params"] / row["stored_params"]
-            t["stored: ensemble / 2DG >= 250"] = _check(q, ">= 250", q >= 250)
+            t["stored: ensemble / 2DG >= 250"] = check(q, ">= 250", q >= 250)
         if mf is not None and mf.get("scale_change") is not None:  # issue 30: converged
             c = mf["scale_change"]
-            t["stage 1 converged: median scale change over the last 10 % < 2 %"] = _check(
+            t["stage 1 converged: median scale change over the last 10 % < 2 %"] = check(
                 c, "< 0.02 (worst seed)", c < 0.02
             )
         if det.get("file_bytes") and row.get("file_bytes"):  # issue 31: bytes, index included
             q = det["file_bytes"] / row["file_bytes"]
-            t["file bytes: float32 deterministic / 2DG >= 30"] = _check(q, ">= 30", q >= 30)
+            t["file bytes: float32 deterministic / 2DG >= 30"] = check(q, ">= 30", q >= 30)
         out[label] = t
     return out
-
-
-def _f(x, fmt=".3f"):
-    return "-" if x is None else format(x, fmt)
 
 
 def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> str:
@@ -412,9 +395,10 @@ def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> 
     for r in summary:
         rec = " (recommended)" if r["recommended"] else ""
         lines.append(
-            f"| {r['recipe']}{rec} | {r['method']} | {r['seeds']} | {_f(r['accuracy'], '.4f')} "
-            f"| {_f(r['nll'])} "
-            f"| {_f(r['ece'], '.4f')} | {_f(r['mean_mi_clean'], '.4f')} | {_f(r['aurc'], '.4f')} "
+            f"| {r['recipe']}{rec} | {r['method']} | {r['seeds']} | {cell(r['accuracy'], '.4f')} "
+            f"| {cell(r['nll'])} "
+            f"| {cell(r['ece'], '.4f')} | {cell(r['mean_mi_clean'], '.4f')} "
+            f"| {cell(r['aurc'], '.4f')} "
             f"| {r['trainable_params']:,} | {r['stored_params']:,} |"
         )
     scaled = [r for r in summary if "temperature_scaled" in r]
@@ -434,8 +418,8 @@ def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> 
             t = r["temperature_scaled"]
             lines.append(
                 f"| {r['recipe']} | {r['method']} | {t['temperature']:.2f} "
-                f"| {_f(t['nll_before'])} | {_f(t['nll'])} | {_f(t['ece_before'], '.4f')} "
-                f"| {_f(t['ece'], '.4f')} |"
+                f"| {cell(t['nll_before'])} | {cell(t['nll'])} | {cell(t['ece_before'], '.4f')} "
+                f"| {cell(t['ece'], '.4f')} |"
             )
     det = next((r for r in summary if r["recommended"] and r["method"] == "deterministic"), None)
     lines += [
@@ -455,19 +439,19 @@ def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> 
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary:
-        me = _mean(r["ood"][s]["entropy_auroc"] for s in sets)
-        mm = _mean(r["ood"][s]["mi_auroc"] for s in sets)
+        me = mean(r["ood"][s]["entropy_auroc"] for s in sets)
+        mm = mean(r["ood"][s]["mi_auroc"] for s in sets)
         ratio = None
         if det is not None:
-            ratio = _mean(r["shift5"][f]["nll"] / det["shift5"][f]["nll"] for f in fams)
+            ratio = mean(r["shift5"][f]["nll"] / det["shift5"][f]["nll"] for f in fams)
         lines.append(
-            f"| {r['recipe']} | {r['method']} | {_f(r['accuracy'], '.4f')} | {_f(r['nll'])} "
-            f"| {_f(r['mean_mi_clean'], '.4f')} | {_f(me)}"
-            + ("" if mm is None else f" ({_f(mm)})")
-            + f" | {_f(ratio, '.2f')} | {r['trainable_params']:,} "
-            f"| {_f(r.get('file_bytes'), ',.0f')} | {_f(r.get('bytes_per_weight'), '.2f')} "
-            f"| {_f(r.get('forwards_per_prediction'), '.0f')} "
-            f"| {_f(r.get('relative_predict_seconds'), '.1f')} |"
+            f"| {r['recipe']} | {r['method']} | {cell(r['accuracy'], '.4f')} | {cell(r['nll'])} "
+            f"| {cell(r['mean_mi_clean'], '.4f')} | {cell(me)}"
+            + ("" if mm is None else f" ({cell(mm)})")
+            + f" | {cell(ratio, '.2f')} | {r['trainable_params']:,} "
+            f"| {cell(r.get('file_bytes'), ',.0f')} | {cell(r.get('bytes_per_weight'), '.2f')} "
+            f"| {cell(r.get('forwards_per_prediction'), '.0f')} "
+            f"| {cell(r.get('relative_predict_seconds'), '.1f')} |"
         )
     lines += [
         "",
@@ -481,10 +465,10 @@ def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> 
         cells = []
         for s in sets:
             e, m = r["ood"][s]["entropy_auroc"], r["ood"][s]["mi_auroc"]
-            cells.append(_f(e) + ("" if m is None else f" ({_f(m)})"))
-        me = _mean(r["ood"][s]["entropy_auroc"] for s in sets)
-        mm = _mean(r["ood"][s]["mi_auroc"] for s in sets)
-        cells.append(_f(me) + ("" if mm is None else f" ({_f(mm)})"))
+            cells.append(cell(e) + ("" if m is None else f" ({cell(m)})"))
+        me = mean(r["ood"][s]["entropy_auroc"] for s in sets)
+        mm = mean(r["ood"][s]["mi_auroc"] for s in sets)
+        cells.append(cell(me) + ("" if mm is None else f" ({cell(mm)})"))
         lines.append(f"| {r['recipe']} | {r['method']} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -496,7 +480,7 @@ def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> 
     for r in summary:
         lines.append(
             f"| {r['recipe']} | {r['method']} | "
-            + " | ".join(_f(r["ood"][s]["fpr95"]) for s in sets)
+            + " | ".join(cell(r["ood"][s]["fpr95"]) for s in sets)
             + " |"
         )
     lines += [
@@ -510,7 +494,7 @@ def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> 
         lines.append(
             f"| {r['recipe']} | {r['method']} | "
             + " | ".join(
-                f"{_f(r['shift5'][f]['nll'])} ({_f(r['shift5'][f]['accuracy'])})" for f in fams
+                f"{cell(r['shift5'][f]['nll'])} ({cell(r['shift5'][f]['accuracy'])})" for f in fams
             )
             + " |"
         )
@@ -523,7 +507,7 @@ def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> 
             lines.append("")
             for name, c in t.items():
                 mark = "met" if c["met"] else "**missed**"
-                lines.append(f"- {name}: {_f(c['value'], '.4f')} (target {c['target']}): {mark}")
+                lines.append(f"- {name}: {cell(c['value'], '.4f')} (target {c['target']}): {mark}")
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -571,16 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         help="train nothing: merge the records of earlier runs' JSON files (e.g. one per seed)",
     )
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    DEVICE[0] = args.device
-    try:
-        load_dataset("mnist", args.root)
-    except DatasetNotFoundError as e:
-        print(
-            f"{e}\nWrite the subset first: python experiments/mnist_subset_data.py "
-            f"--root {args.root}",
-            file=sys.stderr,
-        )
+    if not setup(args.threads, args.root):
         return 2
     ev_args = {"draws": args.draws, "ood_size": args.ood_size, "shift_size": args.shift_size}
     records: list[dict] = []
@@ -614,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in [] if args.merge else recipes:
         for seed in args.seeds:
             recs, sc = run_recipe(
-                name, args.root, seed, ev_args, args.quick, args.arch, args.methods
+                name, args.root, seed, ev_args, args.quick, args.arch, args.methods, args.device
             )
             records += recs
             if name == RECOMMENDED and seed == args.seeds[0]:
@@ -633,11 +608,9 @@ def main(argv: list[str] | None = None) -> int:
         "targets": checks,
     }
     atomic_write_text(out / f"{args.stem}.json", json.dumps(payload, indent=1))
-    # quoted as a shell takes it (a recipe's name holds spaces)
-    command = "python experiments/uncertainty.py " + shlex.join(
-        argv if argv is not None else sys.argv[1:]
+    text = markdown(
+        summary, checks, args.seeds, command("uncertainty.py", argv), ev_args, args.arch
     )
-    text = markdown(summary, checks, args.seeds, command.strip(), ev_args, args.arch)
     atomic_write_text(out / f"{args.stem}.md", text)
     figures(records, scores, out, args.stem)
     print(text)

@@ -306,7 +306,7 @@ def test_lower_layers_do_not_import_higher_ones():
 def test_the_2dg_settings_are_the_methods_and_the_pipeline_reuses_them():
     import twodg_pyro.pipeline as pipeline
     import twodg_pyro.sharing as sharing
-    from twodg_pyro.pipeline.config import RunConfig
+    from twodg_pyro.pipeline.settings.config import RunConfig
     from twodg_pyro.settings import ConfigError
 
     assert twodg_pyro.SharingConfig is sharing.SharingConfig is pipeline.SharingConfig
@@ -367,3 +367,26 @@ def test_library_size_counts_docstrings_and_blank_lines(tmp_path):
     lines = sum(len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py"))
     assert rows["total"]["lines"] == lines
     assert sum(r["lines"] for k, r in rows.items() if k != "total") == lines
+
+
+#: the pipeline's layers, bottom to top: a layer imports only the layers below it
+PIPELINE_LAYERS = ("settings", "outputs", "methods", "runtime")
+
+
+def test_the_pipeline_is_in_layers_its_folders_show():
+    """``twodg_pyro.pipeline``'s folders are its layers: the settings (imported by every
+    other layer, importing none), what a run writes and measures of its trained methods,
+    the methods (one module each), and the run around them; a layer imports only those
+    below it (type-only imports aside), and every module of the pipeline is in one."""
+    graph = import_graph()
+    prefix = "twodg_pyro.pipeline."
+    modules = [m for m in graph if m.startswith(prefix)]
+    layer = {m: m[len(prefix) :].split(".")[0] for m in modules}
+    assert set(layer.values()) == set(PIPELINE_LAYERS), sorted(set(layer.values()))
+    upward = [
+        (a, b)
+        for a in modules
+        for b in graph[a]
+        if b in layer and PIPELINE_LAYERS.index(layer[b]) > PIPELINE_LAYERS.index(layer[a])
+    ]
+    assert upward == []

@@ -23,7 +23,7 @@ from twodg_pyro.io import load_2dg
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline import config_from_dict, run
-from twodg_pyro.pipeline import runner as runner_mod
+from twodg_pyro.pipeline.runtime import runner as runner_mod
 
 
 # ---------------------------------------------------------------------- fixtures
@@ -115,7 +115,7 @@ def test_preset_key_starts_from_the_main_jobs_settings(tmp_path):
     assert c.sharing.n_components == 32 and c.stage1.epochs == 150
     assert c.sharing.outlier_rule == "quantile"
     # with a base (train --preset NAME --config FILE) an empty file runs the base
-    from twodg_pyro.pipeline.presets import preset
+    from twodg_pyro.pipeline.settings.presets import preset
 
     empty = tmp_path / "empty.toml"
     empty.write_text("# nothing\n")
@@ -175,7 +175,7 @@ def test_a_config_file_nested_too_deeply_is_one_line(tmp_path, capsys, name, tex
 
 
 def test_the_nesting_of_a_config_file_is_measured_without_recursion():
-    from twodg_pyro.pipeline.config import MAX_NESTING, _nesting
+    from twodg_pyro.pipeline.settings.config import MAX_NESTING, _nesting
 
     deep: list = []
     node = deep

@@ -30,7 +30,7 @@ from twodg_pyro.methods.laplace_fit import require_laplace
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.models import MLP, LeNet5
 from twodg_pyro.pipeline import ConfigError, config_from_dict, run
-from twodg_pyro.pipeline.saved_models import evaluate_model_file
+from twodg_pyro.pipeline.outputs.saved_models import evaluate_model_file
 
 torch.set_num_threads(1)
 

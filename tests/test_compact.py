@@ -25,7 +25,7 @@ from twodg_pyro.io.compact import (
 )
 from twodg_pyro.io.model_file import load_model_file
 from twodg_pyro.models import MLP
-from twodg_pyro.pipeline.saved_models import evaluate_model_file
+from twodg_pyro.pipeline.outputs.saved_models import evaluate_model_file
 
 SPEC = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [128], "num_classes": 10}}
 
@@ -286,8 +286,8 @@ def test_resnet20_round_trip_on_digits_images(tmp_path):
     from twodg_pyro.infer import fit
     from twodg_pyro.models import resnet20
     from twodg_pyro.pipeline import SharingConfig
-    from twodg_pyro.pipeline.builders import build_model, load_data
-    from twodg_pyro.pipeline.config import DataConfig, PriorConfig
+    from twodg_pyro.pipeline.settings.build import build_model, load_data
+    from twodg_pyro.pipeline.settings.config import DataConfig, PriorConfig
     from twodg_pyro.sharing import build_sharing
 
     split = load_data(DataConfig(name="digits"), image=True)
@@ -366,7 +366,7 @@ def test_compact_file_keeps_the_runs_data_set_and_draws(
     """``export`` carries the full file's evaluation record into the ``.2dgz``:
     ``evaluate`` then uses the run's data set, split settings, seed and draws without
     being told them (issue 31: an MNIST model's compact file failed on 'digits')."""
-    from twodg_pyro.pipeline.saved_models import evaluation_defaults
+    from twodg_pyro.pipeline.outputs.saved_models import evaluation_defaults
 
     model, _ = trained_mean_field
     record = {

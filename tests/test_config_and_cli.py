@@ -30,7 +30,7 @@ def test_config_round_trip_and_types(tmp_path):
 
 
 def test_booleans_are_not_numbers_in_settings_built_directly():
-    from twodg_pyro.pipeline.config import PriorConfig, Stage1Config
+    from twodg_pyro.pipeline.settings.config import PriorConfig, Stage1Config
 
     with pytest.raises(ConfigError, match=r"stage1.epochs = True: must be an integer >= 0"):
         Stage1Config(epochs=True)
@@ -64,7 +64,7 @@ def test_booleans_are_not_numbers_in_settings_built_directly():
 )
 def test_every_setting_is_checked_when_built_directly(section, kwargs, named):
     """Every field, stage 2's included, is validated when the settings are built."""
-    from twodg_pyro.pipeline import config as config_mod
+    from twodg_pyro.pipeline.settings import config as config_mod
 
     with pytest.raises(ConfigError, match=re.escape(named)):
         getattr(config_mod, section)(**kwargs)
@@ -82,7 +82,7 @@ def test_cli_reports_config_errors(tmp_path, capsys):
 def test_help_names_every_preset_of_the_registry(command, capsys, monkeypatch):
     """Issue 33: the help listed five presets and missed ``mnist-lenet5-bayes``; the list
     now comes from ``PRESETS``, and a name stays whole on an 80-column terminal."""
-    from twodg_pyro.pipeline.presets import PRESETS
+    from twodg_pyro.pipeline.settings.presets import PRESETS
 
     monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit) as e:
@@ -103,7 +103,7 @@ def test_help_is_fast_it_imports_no_torch():
 
     code = (
         "import sys; from twodg_pyro.cli_parser import build_parser; build_parser(); "
-        "print('torch' in sys.modules, 'twodg_pyro.pipeline.config' in sys.modules)"
+        "print('torch' in sys.modules, 'twodg_pyro.pipeline.settings.config' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
@@ -119,7 +119,7 @@ def test_an_unknown_preset_on_the_command_line_is_named(capsys):
 def test_the_cli_guide_names_every_preset():
     from pathlib import Path
 
-    from twodg_pyro.pipeline.presets import PRESETS
+    from twodg_pyro.pipeline.settings.presets import PRESETS
 
     guide = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
     assert [name for name in PRESETS if f"`{name}`" not in guide] == []

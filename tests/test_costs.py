@@ -14,8 +14,8 @@ from twodg_pyro.io import load_compact, load_model
 from twodg_pyro.io.compact import read_compact
 from twodg_pyro.methods import Network
 from twodg_pyro.models import MLP
-from twodg_pyro.pipeline.costs import DETERMINISTIC_FILE, time_call
-from twodg_pyro.pipeline.results import format_table
+from twodg_pyro.pipeline.outputs.costs import DETERMINISTIC_FILE, time_call
+from twodg_pyro.pipeline.outputs.results import format_table
 from twodg_pyro.settings import ConfigError
 
 COST_FIELDS = (
@@ -82,7 +82,7 @@ def test_the_compact_file_of_a_run_predicts_the_rows_numbers(costs_run):
     """``model_2dg.2dgz`` loads back to the row's predictions (``file_prob_diff``: the
     largest probability difference, same seeded draws) and knows its data set."""
     from twodg_pyro.evaluation import seeded_predict
-    from twodg_pyro.pipeline.saved_models import evaluate_model_file
+    from twodg_pyro.pipeline.outputs.saved_models import evaluate_model_file
 
     r = _records(costs_run)["2dg"]
     cfg = json.loads((costs_run / "results.json").read_text())["config"]
@@ -95,8 +95,8 @@ def test_the_compact_file_of_a_run_predicts_the_rows_numbers(costs_run):
     assert abs(small["accuracy"] - r["accuracy"]) <= 2 / small["n_examples"]
     assert small["nll"] == pytest.approx(r["nll"], abs=0.01)
     # the largest probability difference, recomputed from the two files
-    from twodg_pyro.pipeline.builders import eval_data, load_data
-    from twodg_pyro.pipeline.config import DataConfig
+    from twodg_pyro.pipeline.settings.build import eval_data, load_data
+    from twodg_pyro.pipeline.settings.config import DataConfig
 
     data = eval_data(load_data(DataConfig(name="digits"), image=False).test, "cpu")
     S, seed = cfg["num_samples"], cfg["seed"]
@@ -132,7 +132,7 @@ def test_variant_records_carry_their_own_files_bytes_and_forwards(tiny_run_confi
     """``run_variants`` builds its 2DG rows outside ``run``: they get the same cost
     fields, measured on each variant's own ``.2dgz`` (more components: more bytes)."""
     from twodg_pyro.pipeline import config_from_dict
-    from twodg_pyro.pipeline.variants import run_variants
+    from twodg_pyro.pipeline.runtime.variants import run_variants
 
     cfg = dict(tiny_run_config, methods=["deterministic", "2dg"], checkpoint_every=0)
     variants = {"K2": {"sharing": {"n_components": 2, "k_nearest": 2}}, "K4": {}}

@@ -188,7 +188,7 @@ def test_scale_convergence_reads_the_last_tenth_of_the_epochs():
 
 def test_recipe_presets_are_one_recipe_for_every_network():
     from twodg_pyro.pipeline import config_from_dict
-    from twodg_pyro.pipeline.presets import BAYES_RECIPE, PRESETS, preset
+    from twodg_pyro.pipeline.settings.presets import BAYES_RECIPE, PRESETS, preset
 
     bayes = [n for n in PRESETS if n.endswith("-bayes")]
     assert {"mnist-lenet5-bayes", "mnist-resnet20-bayes"} <= set(bayes)
@@ -203,8 +203,8 @@ def test_recipe_presets_are_one_recipe_for_every_network():
 
 def test_stage1_learns_the_prior_and_starts_at_the_curvature_scales_on_digits():
     from twodg_pyro.pipeline import config_from_dict
-    from twodg_pyro.pipeline.builders import build_net, load_data
     from twodg_pyro.pipeline.methods.algorithm1 import stage1_model
+    from twodg_pyro.pipeline.settings.build import build_net, load_data
 
     cfg = config_from_dict(
         {

@@ -35,7 +35,7 @@ from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
 from twodg_pyro.nn.sites import BayesianSite
 from twodg_pyro.pipeline import ConfigError, SharingConfig, config_from_dict, load_config, run
-from twodg_pyro.pipeline.saved_models import diagnose_model_file, evaluate_model_file
+from twodg_pyro.pipeline.outputs.saved_models import diagnose_model_file, evaluate_model_file
 from twodg_pyro.prediction import predict
 from twodg_pyro.priors import (
     LaplacePrior,

@@ -10,8 +10,8 @@ import pytest
 from twodg_pyro import diagnostics as D
 from twodg_pyro.cli import main
 from twodg_pyro.pipeline import ConfigError, config_from_dict, run
-from twodg_pyro.pipeline.config import DiagnosticsConfig
-from twodg_pyro.pipeline.diagnostics_steps import diagnostics_budget
+from twodg_pyro.pipeline.outputs.diagnostics_steps import diagnostics_budget
+from twodg_pyro.pipeline.settings.config import DiagnosticsConfig
 
 TINY = {
     "methods": ["mean_field", "2dg"],
@@ -75,7 +75,7 @@ def test_diagnostics_settings_are_validated():
 
 
 def test_run_holds_diagnostics_to_the_budget_after_writing_results(tmp_path, monkeypatch):
-    import twodg_pyro.pipeline.artifacts as artifacts
+    import twodg_pyro.pipeline.outputs.artifacts as artifacts
 
     real = artifacts.write_artifacts
     seen = {}

@@ -112,7 +112,7 @@ def _worker(tmp: Path) -> None:  # pragma: no cover - runs in the launched proce
     from twodg_pyro.distributed import DistributedGaussianMixture2D, MainOnly, env
     from twodg_pyro.distributed.train import fit_distributed, state_checksum
     from twodg_pyro.infer.checkpoint import Checkpoint
-    from twodg_pyro.pipeline.results import write_results
+    from twodg_pyro.pipeline.outputs.results import write_results
     from twodg_pyro.sharing import MahalanobisHook, MergeHook
 
     rank = int(os.environ["RANK"])
@@ -472,7 +472,7 @@ def test_run_distributed_rejects_methods_without_support():
 
 def test_data_parallel_execution_refuses_resume():
     from twodg_pyro.pipeline import RunConfig, run
-    from twodg_pyro.pipeline.data_parallel import DataParallel
+    from twodg_pyro.pipeline.runtime.data_parallel import DataParallel
 
     with pytest.raises(ValueError, match="--resume runs in one process"):
         run(RunConfig(methods=["mean_field"]), "unused", resume=True, execution=DataParallel())

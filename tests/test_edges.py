@@ -18,7 +18,7 @@ from twodg_pyro.cli import main
 from twodg_pyro.files import atomic as files
 from twodg_pyro.files.atomic import NoSpaceError, atomic_torch_save, atomic_write, atomic_write_text
 from twodg_pyro.pipeline import ConfigError, config_from_dict, load_config
-from twodg_pyro.pipeline.results import format_table
+from twodg_pyro.pipeline.outputs.results import format_table
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -192,7 +192,7 @@ def test_export_bit_widths_are_checked_by_the_parser(tmp_path, capsys, flag, val
     ],
 )
 def test_diagnose_flags_are_checked_on_entry(tmp_path, capsys, monkeypatch, argv, named):
-    from twodg_pyro.pipeline import saved_models
+    from twodg_pyro.pipeline.outputs import saved_models
 
     def never(*a, **k):
         raise AssertionError("the diagnostics ran")
@@ -211,7 +211,7 @@ def test_diagnose_flags_are_checked_on_entry(tmp_path, capsys, monkeypatch, argv
     ],
 )
 def test_evaluate_flags_are_checked_on_entry(tmp_path, capsys, monkeypatch, argv, named):
-    from twodg_pyro.pipeline import saved_models
+    from twodg_pyro.pipeline.outputs import saved_models
 
     monkeypatch.setattr(saved_models, "evaluate_model_file", lambda *a, **k: 1 / 0)
     one_line(capsys, 2, ["evaluate", str(tmp_path / "m.pt"), *argv], named)
@@ -265,7 +265,7 @@ def test_report_prints_nan_as_nan_and_missing_as_dash():
 def test_report_of_a_partial_uncertainty_record_is_a_table():
     """A hand-edited (or older) record with part of the uncertainty fields: ``-`` where a
     value is missing, never a KeyError (exit 1)."""
-    from twodg_pyro.pipeline.results import uncertainty_table
+    from twodg_pyro.pipeline.outputs.results import uncertainty_table
 
     table = uncertainty_table(
         [{"method": "2dg", "ood": {"noise": {"mi_auroc": 0.5}}, "aurc": math.nan, "shift": 3}]

@@ -35,7 +35,7 @@ from twodg_pyro.io.model_file import load_model
 from twodg_pyro.io.network_size import MAX_NETWORK_VALUES
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import build_network
-from twodg_pyro.pipeline.saved_models import evaluate_model_file
+from twodg_pyro.pipeline.outputs.saved_models import evaluate_model_file
 
 SPEC = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [8], "num_classes": 10}}
 HUGE = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [200000, 200000]}}

@@ -246,7 +246,7 @@ def test_fidelity_by_hand():
 
 def test_the_run_settings_have_an_mcmc_section():
     from twodg_pyro.pipeline import config_from_dict
-    from twodg_pyro.pipeline.config import METHODS, ConfigError
+    from twodg_pyro.pipeline.settings.config import METHODS, ConfigError
 
     assert "mcmc" in METHODS
     cfg = config_from_dict({"methods": ["mcmc"], "mcmc": {"num_chains": 3}})

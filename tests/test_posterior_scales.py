@@ -15,7 +15,7 @@ from twodg_pyro.infer import ScaleTrajectory, fit
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline import config_from_dict
-from twodg_pyro.pipeline.presets import preset
+from twodg_pyro.pipeline.settings.presets import preset
 from twodg_pyro.priors import LayerwiseNormalPrior
 
 

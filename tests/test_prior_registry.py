@@ -23,8 +23,8 @@ from twodg_pyro.io import PriorNotStoredWarning, UnavailablePrior, load_model, s
 from twodg_pyro.io.specs import likelihood_spec, prior_spec, rebuild_likelihood, rebuild_prior
 from twodg_pyro.likelihoods import LIKELIHOODS, Categorical, Gaussian, Likelihood
 from twodg_pyro.models import MLP
-from twodg_pyro.pipeline.builders import build_prior
-from twodg_pyro.pipeline.config import PriorConfig
+from twodg_pyro.pipeline.settings.build import build_prior
+from twodg_pyro.pipeline.settings.config import PriorConfig
 from twodg_pyro.priors import (
     PRIORS,
     CauchyPrior,

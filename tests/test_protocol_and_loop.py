@@ -23,9 +23,9 @@ from twodg_pyro.guides import (
 from twodg_pyro.infer import DecomposedELBO, TrainingStep, fit, remap_optimizer_rows
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
-from twodg_pyro.pipeline.config import METHODS
-from twodg_pyro.pipeline.data_parallel import SUPPORTED_METHODS
-from twodg_pyro.pipeline.runner import METHOD_REGISTRY
+from twodg_pyro.pipeline.runtime.data_parallel import SUPPORTED_METHODS
+from twodg_pyro.pipeline.runtime.runner import METHOD_REGISTRY
+from twodg_pyro.pipeline.settings.config import METHODS
 from twodg_pyro.sharing import SharingStructure, SiteLayout
 
 

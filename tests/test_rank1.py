@@ -18,7 +18,7 @@ from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.models import MLP, LeNet5
 from twodg_pyro.nn.rank1 import find_rank1_layers, rank1_factors, rank1_weight
 from twodg_pyro.pipeline import ConfigError, RunConfig, config_from_dict
-from twodg_pyro.pipeline.config import Rank1Config
+from twodg_pyro.pipeline.settings.config import Rank1Config
 from twodg_pyro.prediction import predict
 
 

@@ -19,7 +19,7 @@ from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import accuracy
 from twodg_pyro.pipeline import ConfigError, config_from_dict
-from twodg_pyro.pipeline.presets import PRESETS, preset
+from twodg_pyro.pipeline.settings.presets import PRESETS, preset
 from twodg_pyro.prediction import predict
 from twodg_pyro.priors import PretrainedPrior
 from twodg_pyro.sharing import MahalanobisHook, MergeHook

@@ -10,9 +10,9 @@ import pytest
 
 from twodg_pyro.io import load_model
 from twodg_pyro.pipeline import config_from_dict, run
-from twodg_pyro.pipeline.config import ConfigError
 from twodg_pyro.pipeline.methods import deterministic, mean_field
-from twodg_pyro.pipeline.results import format_results, read_results
+from twodg_pyro.pipeline.outputs.results import format_results, read_results
+from twodg_pyro.pipeline.settings.config import ConfigError
 
 #: the tiny run's 64-16-10 MLP: 64 * 16 + 16 + 16 * 10 + 10 Bayesian weights
 N_WEIGHTS = 1210
@@ -45,7 +45,7 @@ def test_sizes_larger_than_the_bayesian_weights_fail_before_training(
 
 def test_sizes_at_the_bound_pass_the_check(tiny_run_config):
     from twodg_pyro.models import MLP
-    from twodg_pyro.pipeline.checks import check_sharing_sizes
+    from twodg_pyro.pipeline.settings.checks import check_sharing_sizes
 
     cfg = config_from_dict(tiny_run_config).sharing
     net = MLP(64, (16,), 10)

@@ -16,9 +16,9 @@ import pytest
 
 from twodg_pyro.cli import main
 from twodg_pyro.pipeline import config_from_dict, run
-from twodg_pyro.pipeline import run_folder as rf
-from twodg_pyro.pipeline import runner as runner_mod
-from twodg_pyro.pipeline.run_folder import (
+from twodg_pyro.pipeline.runtime import run_folder as rf
+from twodg_pyro.pipeline.runtime import runner as runner_mod
+from twodg_pyro.pipeline.runtime.run_folder import (
     LOCK_NAME,
     RunFolder,
     RunFolderError,

@@ -7,7 +7,7 @@ import torch
 
 from twodg_pyro.data import make_loader
 from twodg_pyro.pipeline import SharingConfig
-from twodg_pyro.pipeline.config import ConfigError
+from twodg_pyro.pipeline.settings.config import ConfigError
 from twodg_pyro.sharing import (
     SharingStructure,
     build_sharing,

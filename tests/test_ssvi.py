@@ -21,7 +21,7 @@ from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.models import MLP
 from twodg_pyro.nn.functional import inverse_softplus
 from twodg_pyro.pipeline import ConfigError, config_from_dict
-from twodg_pyro.pipeline.config import SSVIConfig
+from twodg_pyro.pipeline.settings.config import SSVIConfig
 from twodg_pyro.prediction import predict
 from twodg_pyro.priors import LaplacePrior
 

@@ -20,8 +20,8 @@ from twodg_pyro.cli import main
 from twodg_pyro.methods import Ensemble, GuidePosterior, Network, TrainedMethod, load_method
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline import config_from_dict, run
-from twodg_pyro.pipeline.config_methods import METHOD_REGISTRY
-from twodg_pyro.pipeline.saved_models import evaluate_model_file
+from twodg_pyro.pipeline.outputs.saved_models import evaluate_model_file
+from twodg_pyro.pipeline.settings.registry import METHOD_REGISTRY
 
 PACKAGE = Path(twodg_pyro.__file__).parent
 ROOT = PACKAGE.parent
@@ -41,8 +41,8 @@ def test_mc_dropout_is_one_module_and_one_registration():
         for path in PACKAGE.rglob("*.py")
         if re.search(r"mc_dropout|MCDropout", path.read_text())
     }
-    assert mentions == {"pipeline/methods/mc_dropout.py", "pipeline/config_methods.py"}
-    registry = (PACKAGE / "pipeline" / "config_methods.py").read_text()
+    assert mentions == {"pipeline/methods/mc_dropout.py", "pipeline/settings/registry.py"}
+    registry = (PACKAGE / "pipeline" / "settings" / "registry.py").read_text()
     assert len(re.findall(r"mc_dropout", registry.split("class MCDropoutConfig")[0])) == 0
     assert METHOD_REGISTRY["mc_dropout"].module == "mc_dropout"
 
@@ -118,13 +118,16 @@ def test_the_settings_load_no_method():
     methods of the pipeline, the trained methods, the samplers and fitters."""
     code = (
         "import sys\n"
-        "from twodg_pyro.pipeline.config import config_from_dict\n"
+        "from twodg_pyro.pipeline.settings.config import config_from_dict\n"
         "config_from_dict({'methods': ['mcmc', 'laplace', 'ensemble', 'mc_dropout']})\n"
         "print('\\n'.join(m for m in sys.modules if m.startswith('twodg_pyro')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(out.stdout.split())
-    assert "twodg_pyro.pipeline.config" in loaded and "twodg_pyro.methods.mcmc.settings" in loaded
+    assert (
+        "twodg_pyro.pipeline.settings.config" in loaded
+        and "twodg_pyro.methods.mcmc.settings" in loaded
+    )
     implementations = [
         m
         for m in loaded

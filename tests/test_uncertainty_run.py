@@ -11,7 +11,7 @@ import torch
 
 from twodg_pyro.cli import main as cli_main
 from twodg_pyro.pipeline import config_from_dict, run
-from twodg_pyro.pipeline.config import ConfigError
+from twodg_pyro.pipeline.settings.config import ConfigError
 
 SETTINGS = {
     "methods": ["deterministic", "mean_field", "2dg", "ensemble"],
@@ -125,7 +125,7 @@ def test_diagnostics_report_the_mutual_information_and_the_scales():
     import math
 
     from twodg_pyro.diagnostics._arviz import build_tree
-    from twodg_pyro.pipeline.diagnostics_steps import posterior_uncertainty
+    from twodg_pyro.pipeline.outputs.diagnostics_steps import posterior_uncertainty
 
     def idata(draws):  # an InferenceData on ArviZ 0.x, a DataTree on 1.x
         probs = {"class_probs": torch.tensor(draws)[None].numpy()}

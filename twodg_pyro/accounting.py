@@ -16,7 +16,7 @@ r"""Compression accounting of a shared-weight BNN (Tables 1-5 of the paper).
 
 These count floating-point numbers; what a file takes on disk is in bytes
 (:func:`network_bytes` for a plain network, the ``file_bytes`` of a run's records,
-:mod:`twodg_pyro.pipeline.costs`).
+:mod:`twodg_pyro.pipeline.outputs.costs`).
 """
 
 from __future__ import annotations

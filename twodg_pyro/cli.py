@@ -106,9 +106,9 @@ def _run_or_train(args, ctx: dict) -> int:
     from .distributed import env_rank, env_world_size
     from .pipeline import config_from_dict, load_config, run_distributed
     from .pipeline import run as run_pipeline
-    from .pipeline.config import merge_settings
-    from .pipeline.presets import preset
-    from .pipeline.resume import load_run_config
+    from .pipeline.runtime.resume import load_run_config
+    from .pipeline.settings.config import merge_settings
+    from .pipeline.settings.presets import preset
 
     over = _overrides(args)
     resume = getattr(args, "resume", None)
@@ -149,7 +149,7 @@ def _interrupted(args, ctx: dict) -> str:
     out, cfg = ctx.get("out"), ctx.get("cfg")
     if out is None:
         return "interrupted"
-    from .pipeline.resume import STAGES
+    from .pipeline.runtime.resume import STAGES
 
     command = f"twodg-pyro {args.command} --resume {out}"
     for stage in STAGES:  # latest first
@@ -184,7 +184,7 @@ def _check_data_args(args, min_samples: int = 1, why: str = "") -> None:
     before any work: ``--data``, ``--num-samples`` (at least ``min_samples``), ``--seed``."""
     from .data import available_datasets
     from .pipeline import ConfigError
-    from .pipeline.config import SEED
+    from .pipeline.settings.config import SEED
 
     if args.data is not None and args.data.strip().lower().replace("-", "_") not in (
         available_datasets()
@@ -199,7 +199,7 @@ def _check_data_args(args, min_samples: int = 1, why: str = "") -> None:
 def _check_count(flag: str, value: int, low: int, why: str = "") -> None:
     """``value`` of the integer option ``flag`` is at least ``low`` and fits 64 bits."""
     from .pipeline import ConfigError
-    from .pipeline.config import INT64_LIMIT
+    from .pipeline.settings.config import INT64_LIMIT
 
     if value < low:
         raise ConfigError(f"{flag} {value}: must be >= {low}{why}")
@@ -208,8 +208,9 @@ def _check_count(flag: str, value: int, low: int, why: str = "") -> None:
 
 
 def _report(args, ctx: dict) -> int:
+    from .files import atomic_write_text
     from .pipeline import read_results
-    from .pipeline.results import atomic_write_text, format_results
+    from .pipeline.outputs.results import format_results
 
     payload = read_results(args.run_dir)
     table = format_results(payload)
@@ -221,10 +222,10 @@ def _report(args, ctx: dict) -> int:
 def _evaluate(args, ctx: dict) -> int:
     import json
 
-    from .pipeline.builders import check_device
-    from .pipeline.results import atomic_write_text
-    from .pipeline.run_folder import check_output_file, model_files
-    from .pipeline.saved_models import evaluate_model_file
+    from .files import atomic_write_text
+    from .pipeline.outputs.saved_models import evaluate_model_file
+    from .pipeline.runtime.run_folder import check_output_file, model_files
+    from .pipeline.settings.build import check_device
 
     check_device(args.device, "--device")
     _check_data_args(args)
@@ -234,7 +235,7 @@ def _evaluate(args, ctx: dict) -> int:
     files = model_files(args.model_file) if Path(args.model_file).is_dir() else None
     uncertainty = None
     if args.uncertainty:
-        from .pipeline.config import UncertaintyConfig, config_from_dict
+        from .pipeline.settings.config import UncertaintyConfig, config_from_dict
 
         keys = ("folder_sets", "folder_root", "ood_size", "shift_size", "ood_sets")
         settings = {k: getattr(args, k) for k in keys} | {"draws": args.uncertainty_draws}
@@ -267,7 +268,7 @@ def _evaluate(args, ctx: dict) -> int:
 
 def _export(args, ctx: dict) -> int:
     from .io.compact import FAITHFUL_OPTIONS, export_compact_file, resolve_model_file
-    from .pipeline.run_folder import check_output_file
+    from .pipeline.runtime.run_folder import check_output_file
 
     src = resolve_model_file(args.source)
     out = Path(args.out) if args.out else src.with_suffix(".2dgz")
@@ -312,9 +313,9 @@ def _export(args, ctx: dict) -> int:
 
 def _diagnose(args, ctx: dict) -> int:
     from .diagnostics.vi import MIN_KHAT_SAMPLES
-    from .pipeline.builders import check_device
-    from .pipeline.run_folder import check_output_folder
-    from .pipeline.saved_models import diagnose_model_file
+    from .pipeline.outputs.saved_models import diagnose_model_file
+    from .pipeline.runtime.run_folder import check_output_folder
+    from .pipeline.settings.build import check_device
 
     check_device(args.device, "--device")
     _check_data_args(args, 2, " (PSIS-LOO needs at least 2 posterior draws)")

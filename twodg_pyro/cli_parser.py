@@ -8,7 +8,7 @@ import argparse
 import re
 import textwrap
 
-from .pipeline.presets import PRESETS
+from .pipeline.settings.presets import PRESETS
 
 __all__ = ["EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "build_parser"]
 
@@ -30,8 +30,9 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def preset_names() -> str:
-    """The presets' names, from the registry (:data:`~twodg_pyro.pipeline.presets.PRESETS`),
-    in its order: ``"digits, mnist-lenet5, ..."`` for the help of every command."""
+    """The presets' names, from the registry
+    (:data:`~twodg_pyro.pipeline.settings.presets.PRESETS`), in its order: ``"digits,
+    mnist-lenet5, ..."`` for the help of every command."""
     return ", ".join(PRESETS)
 
 

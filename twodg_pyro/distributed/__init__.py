@@ -12,7 +12,7 @@
 
 Everything also runs in a single process without a process group.  Nothing here knows
 the pipeline: the whole main job under ``torchrun`` is
-:func:`twodg_pyro.pipeline.run_distributed` (:mod:`twodg_pyro.pipeline.data_parallel`).
+:func:`twodg_pyro.pipeline.run_distributed` (:mod:`twodg_pyro.pipeline.runtime.data_parallel`).
 """
 
 from .data import ShardedLoader, local_batch_size

@@ -3,7 +3,7 @@ network, sharded prediction, the ranks' agreement on stage 2's sharing structure
 the process-group backend for a device.
 
 The pipeline's data-parallel execution
-(:class:`~twodg_pyro.pipeline.data_parallel.DataParallel`) is built from these pieces;
+(:class:`~twodg_pyro.pipeline.runtime.data_parallel.DataParallel`) is built from these pieces;
 nothing here knows the pipeline.
 """
 

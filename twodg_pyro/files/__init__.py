@@ -9,6 +9,7 @@ from .atomic import (
     atomic_torch_save,
     atomic_write,
     atomic_write_text,
+    jsonable,
     safe_torch_load,
 )
 from .integrity import ChecksumError, content_digest, seal, verify_checksum
@@ -22,6 +23,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_text",
     "content_digest",
+    "jsonable",
     "read_payload",
     "safe_torch_load",
     "seal",

@@ -11,6 +11,7 @@ dicts only, never arbitrary pickled code.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import shutil
@@ -171,3 +172,17 @@ def safe_torch_load(path: str | Path, map_location="cpu"):
             f"holds objects other than plain tensors and data): {type(e).__name__}: "
             f"{_load_error(e)}"
         ) from e
+
+
+def jsonable(obj):
+    """``obj`` as JSON takes it: string keys, lists for tuples, Python numbers for 0-d
+    tensors and arrays, and ``"inf"``, ``"-inf"``, ``"nan"`` for the floats JSON lacks."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if hasattr(obj, "item") and getattr(obj, "ndim", 1) == 0:
+        return jsonable(obj.item())
+    return obj

@@ -1,7 +1,7 @@
 """Algorithm 1 end to end, its settings, and the results table.
 
 The names load on first use (PEP 562, as ``twodg_pyro``'s): importing one module of the
-package, such as the preset registry :mod:`twodg_pyro.pipeline.presets` that the command
+package, such as the preset registry :mod:`twodg_pyro.pipeline.settings.presets` that the command
 line's help lists, does not import torch and the whole pipeline.
 """
 
@@ -13,24 +13,24 @@ from .._lazy import lazy_names
 
 #: exported name -> the module that defines or re-exports it
 _EXPORTS: dict[str, str] = {
-    "ConfigError": "twodg_pyro.pipeline.config",
-    "DataConfig": "twodg_pyro.pipeline.config",
-    "NetworkConfig": "twodg_pyro.pipeline.config",
-    "PriorConfig": "twodg_pyro.pipeline.config",
-    "RunConfig": "twodg_pyro.pipeline.config",
-    "SharingConfig": "twodg_pyro.pipeline.config",
-    "Stage1Config": "twodg_pyro.pipeline.config",
-    "Stage3Config": "twodg_pyro.pipeline.config",
-    "config_from_dict": "twodg_pyro.pipeline.config",
-    "load_config": "twodg_pyro.pipeline.config",
-    "run_distributed": "twodg_pyro.pipeline.data_parallel",
-    "format_table": "twodg_pyro.pipeline.results",
-    "read_results": "twodg_pyro.pipeline.results",
-    "write_results": "twodg_pyro.pipeline.results",
-    "RunFolder": "twodg_pyro.pipeline.run_folder",
-    "RunFolderError": "twodg_pyro.pipeline.run_folder",
-    "RunFolderLocked": "twodg_pyro.pipeline.run_folder",
-    "run": "twodg_pyro.pipeline.runner",
+    "ConfigError": "twodg_pyro.pipeline.settings.config",
+    "DataConfig": "twodg_pyro.pipeline.settings.config",
+    "NetworkConfig": "twodg_pyro.pipeline.settings.config",
+    "PriorConfig": "twodg_pyro.pipeline.settings.config",
+    "RunConfig": "twodg_pyro.pipeline.settings.config",
+    "SharingConfig": "twodg_pyro.pipeline.settings.config",
+    "Stage1Config": "twodg_pyro.pipeline.settings.config",
+    "Stage3Config": "twodg_pyro.pipeline.settings.config",
+    "config_from_dict": "twodg_pyro.pipeline.settings.config",
+    "load_config": "twodg_pyro.pipeline.settings.config",
+    "run_distributed": "twodg_pyro.pipeline.runtime.data_parallel",
+    "format_table": "twodg_pyro.pipeline.outputs.results",
+    "read_results": "twodg_pyro.pipeline.outputs.results",
+    "write_results": "twodg_pyro.pipeline.outputs.results",
+    "RunFolder": "twodg_pyro.pipeline.runtime.run_folder",
+    "RunFolderError": "twodg_pyro.pipeline.runtime.run_folder",
+    "RunFolderLocked": "twodg_pyro.pipeline.runtime.run_folder",
+    "run": "twodg_pyro.pipeline.runtime.runner",
 }
 
 __all__ = [
@@ -55,7 +55,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from .config import (
+    from .outputs.results import format_table, read_results, write_results
+    from .runtime.data_parallel import run_distributed
+    from .runtime.run_folder import RunFolder, RunFolderError, RunFolderLocked
+    from .runtime.runner import run
+    from .settings.config import (
         ConfigError,
         DataConfig,
         NetworkConfig,
@@ -67,10 +71,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         config_from_dict,
         load_config,
     )
-    from .data_parallel import run_distributed
-    from .results import format_table, read_results, write_results
-    from .run_folder import RunFolder, RunFolderError, RunFolderLocked
-    from .runner import run
 
 
 __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -3,7 +3,7 @@ steps 3-5 and stage 2 of Algorithm 1), read by :func:`~twodg_pyro.sharing.build_
 and the refinement hooks.
 
 They belong to the method, not to the application on top: the pipeline's config table
-``[sharing]`` is this class as it is (:mod:`twodg_pyro.pipeline.config_sections`), and
+``[sharing]`` is this class as it is (:mod:`twodg_pyro.pipeline.settings.sections`), and
 ``tp.SharingConfig`` is this class too.  Every threshold of the paper (spec section 4)
 is a field with the paper's value as default; a bad value raises
 :class:`~twodg_pyro.settings.ConfigError` naming it (``sharing.gmm_max_iter = -1: must

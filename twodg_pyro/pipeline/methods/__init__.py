@@ -1,7 +1,7 @@
 """The methods a run trains, one module each: its ``run(ctx)`` trains the method on the
-run's :class:`~twodg_pyro.pipeline.context.RunContext`, keeps its trained method
+run's :class:`~twodg_pyro.pipeline.runtime.context.RunContext`, keeps its trained method
 (:class:`~twodg_pyro.methods.TrainedMethod`) and returns its row of the results table.
-Each is registered once, in :data:`~twodg_pyro.pipeline.config_methods.METHOD_REGISTRY`,
+Each is registered once, in :data:`~twodg_pyro.pipeline.settings.registry.METHOD_REGISTRY`,
 and imported when a run trains it.
 
 ``deterministic``, ``mean_field`` and ``two_dg`` (Algorithm 1's stages:

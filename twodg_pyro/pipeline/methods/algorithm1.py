@@ -12,11 +12,11 @@
 
 :func:`run_2dg` runs stages 2-3 on a trained stage 1 and evaluates the result; the
 main job (:func:`~twodg_pyro.pipeline.run`) calls it as the ``2dg`` method, the
-experiments' variants (:func:`~twodg_pyro.pipeline.variants.run_variants`) once per
+experiments' variants (:func:`~twodg_pyro.pipeline.runtime.variants.run_variants`) once per
 variant.  Every stage runs through an
-:class:`~twodg_pyro.pipeline.execution.Execution`: in one process (the default), or on
+:class:`~twodg_pyro.pipeline.runtime.execution.Execution`: in one process (the default), or on
 every rank of a process group with the same result on each
-(:class:`~twodg_pyro.pipeline.data_parallel.DataParallel`).
+(:class:`~twodg_pyro.pipeline.runtime.data_parallel.DataParallel`).
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ from ...methods import GuidePosterior
 from ...metrics import classification_metrics
 from ...priors import LayerwiseNormalPrior, PerSiteNormalPrior
 from ...sharing import MahalanobisHook, MergeHook, SharingStructure, build_sharing
-from ..builders import build_model, build_prior, train_loader
-from ..results import kl_weight_field
+from ..outputs.results import kl_weight_field
+from ..settings.build import build_model, build_prior, train_loader
 
 if TYPE_CHECKING:
-    from ..context import RunContext
-    from ..trained import RunArtifacts
+    from ..runtime.context import RunContext
+    from ..runtime.trained import RunArtifacts
 
 
 # ---------------------------------------------------------------------------- stage 1

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from ...methods import Network
-from ..builders import seed_everything, train_loader
+from ..settings.build import seed_everything, train_loader
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..runtime.context import RunContext
 
 
 def recipe(ctx: RunContext) -> dict:

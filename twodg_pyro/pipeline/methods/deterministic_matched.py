@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from ...baselines import train_early_stopped
 from ...methods import Network
-from ..builders import eval_data, seed_everything, train_loader
+from ..settings.build import eval_data, seed_everything, train_loader
 from .deterministic import recipe
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..runtime.context import RunContext
 
 
 def matched_epochs(cfg) -> int:

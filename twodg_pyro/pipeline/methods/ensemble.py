@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 from ...methods import train_ensemble
 from ...metrics import classification_metrics
-from ..builders import build_net, seed_everything
+from ..settings.build import build_net, seed_everything
 from .deterministic import recipe
 from .deterministic_matched import fresh_loader
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..runtime.context import RunContext
 
 
 def run(ctx: RunContext) -> dict:

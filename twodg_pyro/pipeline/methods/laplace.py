@@ -13,7 +13,7 @@ from ...methods import fit_laplace
 from .deterministic import map_network
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..runtime.context import RunContext
 
 
 def run(ctx: RunContext) -> dict:

@@ -16,8 +16,8 @@ the network keeps its parameter names, and its file is the network's
 (``net/<name>``) plus ``p``.
 
 The whole method is this module and one entry of the registry
-(:data:`~twodg_pyro.pipeline.config_methods.METHOD_REGISTRY`, with its settings
-:class:`~twodg_pyro.pipeline.config_methods.MCDropoutConfig`): its trained method
+(:data:`~twodg_pyro.pipeline.settings.registry.METHOD_REGISTRY`, with its settings
+:class:`~twodg_pyro.pipeline.settings.registry.MCDropoutConfig`): its trained method
 (:class:`MCDropout`) predicts, counts its forward passes and saves through the
 protocol every consumer uses (:class:`~twodg_pyro.methods.TrainedMethod`).
 """
@@ -36,12 +36,12 @@ from ...evaluation import seeded
 from ...io.model_format import state_tensors
 from ...methods.base import TrainedMethod, net_section
 from ...prediction import _first_tensor, deterministic_predict
-from ..builders import seed_everything
+from ..settings.build import seed_everything
 from .deterministic import recipe
 from .deterministic_matched import fresh_loader
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..runtime.context import RunContext
 
 
 class _DropInput:

@@ -9,10 +9,10 @@ import time
 from typing import TYPE_CHECKING
 
 from ...methods import run_mcmc
-from ..builders import build_model, eval_data, seed_everything
+from ..settings.build import build_model, eval_data, seed_everything
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..runtime.context import RunContext
 
 
 def run(ctx: RunContext) -> dict:

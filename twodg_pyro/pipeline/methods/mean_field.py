@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 from ...infer.temperature import resolve_kl_weight
 from ...methods import GuidePosterior
-from ..builders import seed_everything
-from ..results import kl_weight_field
+from ..outputs.results import kl_weight_field
+from ..settings.build import seed_everything
 from .algorithm1 import stage1_mean_field
 from .deterministic import initial_network
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..runtime.context import RunContext
 
 
 def stage1(ctx: RunContext) -> tuple[GuidePosterior, float]:

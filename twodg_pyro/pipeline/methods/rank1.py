@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from ...guides.rank1 import Rank1BNNModel, Rank1Guide, rank1_kl_annealing, rank1_prior
 from ...likelihoods import Categorical
-from ..builders import build_net, seed_everything, train_loader
+from ..settings.build import build_net, seed_everything, train_loader
 from .guide_row import train_and_record
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..runtime.context import RunContext
 
 
 def run(ctx: RunContext) -> dict:

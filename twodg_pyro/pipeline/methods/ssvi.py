@@ -12,14 +12,14 @@ from ...guides.ssvi_subspace import SubspaceUpdate
 from ...infer import KLAnnealing
 from ...infer.temperature import resolve_kl_weight
 from ...priors import LayerwiseNormalPrior, prior_class
-from ..builders import build_model, build_net, seed_everything, train_loader
-from ..results import kl_weight_field, size_mb
+from ..outputs.results import kl_weight_field, size_mb
+from ..settings.build import build_model, build_net, seed_everything, train_loader
 from .algorithm1 import EMPIRICAL_BAYES_KINDS
 from .guide_row import train_and_record
 from .mean_field import stage1
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..runtime.context import RunContext
 
 
 def run(ctx: RunContext) -> dict:

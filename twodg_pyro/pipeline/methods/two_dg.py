@@ -10,7 +10,7 @@ from .algorithm1 import run_2dg
 from .mean_field import stage1
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from ..runtime.context import RunContext
 
 
 def run(ctx: RunContext) -> dict:

@@ -9,14 +9,14 @@ in a late stage fails before anything trains.
 A config file that sets nothing (empty, or comments only) is an error: it would
 silently run the library defaults (300 epochs, ``K = 2000``), which suit no data set
 in particular.  ``preset = "digits"`` at the top of a file starts from the main job's
-settings (:mod:`~twodg_pyro.pipeline.presets`), the file's other settings override it.
+settings (:mod:`~twodg_pyro.pipeline.settings.presets`), the file's other settings override it.
 
 This module is the settings' home: :class:`RunConfig` (the top level of a config
 file) and reading it from files and dicts.  The rules a setting obeys are in
 :mod:`twodg_pyro.settings`; the sections, one per table of the file, in
 :mod:`.config_sections` (data, network, prior, the stages; ``[sharing]`` is the 2DG
 method's own :class:`~twodg_pyro.sharing.SharingConfig`), :mod:`.config_methods`
-(the registry of methods, :data:`~twodg_pyro.pipeline.config_methods.METHOD_REGISTRY`,
+(the registry of methods, :data:`~twodg_pyro.pipeline.settings.registry.METHOD_REGISTRY`,
 and the sections of the compared methods) and :mod:`.config_evaluation`
 (uncertainty, diagnostics); all are importable from here.
 """
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, get_args, get_origin, get_type_hints
 
-from ..settings import (
+from ...files.atomic import jsonable
+from ...settings import (
     BOOLEAN,
     DEVICE,
     INT64_LIMIT,
@@ -45,9 +46,10 @@ from ..settings import (
     one_of,
     require,
 )
-from ..sharing.config import SharingConfig
-from .config_evaluation import DiagnosticsConfig, UncertaintyConfig
-from .config_methods import (
+from ...sharing.config import SharingConfig
+from .evaluation import DiagnosticsConfig, UncertaintyConfig
+from .presets import merge_settings
+from .registry import (
     METHOD_REGISTRY,
     EnsembleConfig,
     LaplaceConfig,
@@ -56,7 +58,7 @@ from .config_methods import (
     Rank1Config,
     SSVIConfig,
 )
-from .config_sections import (
+from .sections import (
     DTYPES,
     DataConfig,
     NetworkConfig,
@@ -65,8 +67,6 @@ from .config_sections import (
     Stage3Config,
     torch_dtype,
 )
-from .presets import merge_settings
-from .results import jsonable
 
 __all__ = [
     "ConfigError",
@@ -179,7 +179,7 @@ RunConfig = dataclasses.make_dataclass(
         "__module__": __name__,
         "__doc__": """A whole run: which methods, data, network, prior and the stages'
     settings, and the section of every method that has settings of its own (``rank1``,
-    ``ssvi``, ...: :attr:`~twodg_pyro.pipeline.config_methods.Method.settings`).""",
+    ``ssvi``, ...: :attr:`~twodg_pyro.pipeline.settings.registry.Method.settings`).""",
     },
 )
 
@@ -352,7 +352,7 @@ def load_config(
 
     ``base`` (e.g. a preset's settings, ``train --preset NAME``) is what the file's
     settings override; a top-level ``preset = "<name>"`` in the file names that base
-    instead (:func:`~twodg_pyro.pipeline.presets.preset`).  The ``overrides``
+    instead (:func:`~twodg_pyro.pipeline.settings.presets.preset`).  The ``overrides``
     (command-line options) override both.  A file that sets nothing is an error unless a
     base is given.
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar, Literal, get_args
 
-from ..bnn import NormStats
-from ..data import available_datasets
-from ..guides.tyings import TyingName
-from ..priors import PRIORS
-from ..settings import (
+from ...bnn import NormStats
+from ...data import available_datasets
+from ...guides.tyings import TyingName
+from ...priors import PRIORS
+from ...settings import (
     BOOLEAN,
     EPOCH_LIST,
     FOLDER,
@@ -92,7 +92,7 @@ class NetworkConfig(Section):
     dtype: DType = "float32"
 
     def _check(self) -> None:
-        from ..models import available_networks
+        from ...models import available_networks
 
         known = available_networks()
         require(

@@ -194,7 +194,7 @@ PRESETS: dict[str, dict] = {
 
 def merge_settings(base: dict, over: dict) -> dict:
     """Recursively update nested settings ``base`` with ``over`` (a new dict; re-exported
-    by :mod:`~twodg_pyro.pipeline.config`)."""
+    by :mod:`~twodg_pyro.pipeline.settings.config`)."""
     out = dict(base)
     for k, v in over.items():
         nested = isinstance(v, dict) and isinstance(out.get(k), dict)

@@ -10,12 +10,12 @@ import pyro
 import torch
 from torch import nn
 
-from ..bnn import BNNModel
-from ..data import DataSplit, load_dataset, make_loader
-from ..likelihoods import Categorical
-from ..priors import Prior, prior_class
-from ..settings import ConfigError
-from .config_sections import DataConfig, NetworkConfig, PriorConfig, torch_dtype
+from ...bnn import BNNModel
+from ...data import DataSplit, load_dataset, make_loader
+from ...likelihoods import Categorical
+from ...priors import Prior, prior_class
+from ...settings import ConfigError
+from .sections import DataConfig, NetworkConfig, PriorConfig, torch_dtype
 
 
 def check_device(device: str | torch.device, name: str = "device") -> torch.device:
@@ -108,7 +108,7 @@ def network_spec(cfg: NetworkConfig, split: DataSplit) -> dict:
 def build_net(cfg: NetworkConfig, split: DataSplit) -> nn.Module:
     """The deterministic network of :func:`network_spec`, its parameters in ``cfg.dtype``
     (initialised in float32, then cast: the same start in either dtype)."""
-    from ..models import build_network
+    from ...models import build_network
 
     spec = network_spec(cfg, split)
     return build_network(spec["name"], **spec["kwargs"]).to(torch_dtype(cfg.dtype))

@@ -18,7 +18,7 @@ Records of weight-sharing methods add ``n_outliers``, ``n_ellipses``,
 ``n_gaussians``, ``compression_ratio`` (floating-point numbers: mean-field's over the
 trainable ones, no index), ``size_mb`` and ``size_mb_with_index``.
 
-What a user deploys (:mod:`twodg_pyro.pipeline.costs`): every record of a method the run
+What a user deploys (:mod:`twodg_pyro.pipeline.outputs.costs`): every record of a method the run
 trained has ``file`` and ``file_bytes`` (the size of the smallest file the library
 writes for it and loads back: ``model_2dg.2dgz`` for 2DG, ``model_<method>.pt`` for the
 others, the computed float32 size for the deterministic network, which also has
@@ -39,8 +39,8 @@ import json
 import math
 from pathlib import Path
 
-from ..evaluation import draws_record, n_examples
-from ..files.atomic import atomic_write_text
+from ...evaluation import draws_record, n_examples
+from ...files.atomic import atomic_write_text
 
 SCHEMA_VERSION = 1
 
@@ -236,20 +236,6 @@ def read_results(run_dir: str | Path) -> dict:
     if not isinstance(payload.get("config", {}), dict):
         raise ValueError(f"{where!r}: 'config' must be a table of settings")
     return payload
-
-
-def jsonable(obj):
-    """``obj`` as JSON takes it: string keys, lists for tuples, Python numbers for 0-d
-    tensors and arrays, and ``"inf"``, ``"-inf"``, ``"nan"`` for the floats JSON lacks."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if hasattr(obj, "item") and getattr(obj, "ndim", 1) == 0:
-        return jsonable(obj.item())
-    return obj
 
 
 def evaluation_of(cfg, eval_data) -> dict:

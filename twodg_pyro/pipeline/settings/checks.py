@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Subset, TensorDataset
 
-from ..metrics import check_labels
-from ..nn import find_sites
+from ...metrics import check_labels
+from ...nn import find_sites
 from .config import ConfigError
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ..uncertainty import builtin_ood_sets, folder_ood_set, uncertainty_report
+from ...uncertainty import builtin_ood_sets, folder_ood_set, uncertainty_report
 
 
 def data_tensors(data) -> tuple[torch.Tensor, torch.Tensor]:

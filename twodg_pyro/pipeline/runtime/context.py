@@ -15,11 +15,11 @@ from typing import Any
 
 from torch import nn
 
-from ..distributed import env
-from ..metrics import classification_metrics
-from ..prediction import Prediction
+from ...distributed import env
+from ...metrics import classification_metrics
+from ...prediction import Prediction
+from ..outputs.results import size_mb
 from .execution import LOCAL, Execution
-from .results import size_mb
 from .trained import RunArtifacts
 
 
@@ -29,9 +29,9 @@ class RunContext:
     first, in place of these as parameters.
 
     Attributes:
-        cfg: the settings (a :class:`~twodg_pyro.pipeline.config.RunConfig`).
+        cfg: the settings (a :class:`~twodg_pyro.pipeline.settings.config.RunConfig`).
         checkpoints: the run's checkpoint folder (a
-            :class:`~twodg_pyro.pipeline.resume.RunCheckpoints`; ``None``: none); with it
+            :class:`~twodg_pyro.pipeline.runtime.resume.RunCheckpoints`; ``None``: none); with it
             a stage writes its checkpoints on rank 0 and continues from one when resuming.
         execution: where the SVI loops run (one process, or every rank).
         art: what the run produced so far.

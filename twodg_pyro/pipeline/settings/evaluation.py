@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
-from ..settings import (
+from ...settings import (
     BOOLEAN,
     FOLDER,
     Section,
@@ -18,13 +18,13 @@ from ..settings import (
     positive,
     require,
 )
-from ..uncertainty import BUILTIN_OOD_SETS, CORRUPTIONS, FOLDER_OOD_SETS, SEVERITIES
+from ...uncertainty import BUILTIN_OOD_SETS, CORRUPTIONS, FOLDER_OOD_SETS, SEVERITIES
 
 
 @dataclass
 class UncertaintyConfig(Section):
     """OOD detection, shift and selective prediction in the results of a run
-    (:mod:`twodg_pyro.pipeline.uncertainty_step`): off unless ``enabled``.  ``draws``
+    (:mod:`twodg_pyro.pipeline.outputs.uncertainty_step`): off unless ``enabled``.  ``draws``
     (absent: ``num_samples``) seeded draws per method; every built-in OOD set of
     ``ood_sets`` and every folder set of ``folder_sets`` (read from ``folder_root``), at
     most ``ood_size`` images each; every corruption family of ``corruptions`` at
@@ -73,7 +73,7 @@ class DiagnosticsConfig(Section):
     example as the unit, the diagnostics' passes (``khat_samples * n_train + E *
     num_samples * (n_eval + n_train)`` for ``E`` exported methods, plus ``khat_samples *
     n_train`` per block k-hat when they fit; see
-    :func:`~twodg_pyro.pipeline.diagnostics_steps.diagnostics_budget`)
+    :func:`~twodg_pyro.pipeline.outputs.diagnostics_steps.diagnostics_budget`)
     are further held to ``budget`` times the passes of the exported model's training
     (epochs times training examples, over its SVI stages; a training pass also runs the
     backward, so ``budget = 1`` keeps the diagnostics to about a third of the training

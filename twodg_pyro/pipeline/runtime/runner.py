@@ -2,15 +2,15 @@
 
 :func:`run` reads top-down: check the device and the output folder, load and check the
 data, then run every method of the registry
-:data:`~twodg_pyro.pipeline.config_methods.METHOD_REGISTRY` that the settings ask for, in the
+:data:`~twodg_pyro.pipeline.settings.registry.METHOD_REGISTRY` that the settings ask for, in the
 registry's order (each returns its row of the table), then print the table and write
 the results, model files and diagnostics.  What the methods share (the data, the seeded
 initial network, stage 1, checkpoints) is a
-:class:`~twodg_pyro.pipeline.context.RunContext`; the 2DG BNN's stages are
+:class:`~twodg_pyro.pipeline.runtime.context.RunContext`; the 2DG BNN's stages are
 :mod:`twodg_pyro.pipeline.methods.algorithm1`'s.
 
 One orchestration for a plain run and a data-parallel one under ``torchrun``: the
-pieces that differ come in as an :class:`~twodg_pyro.pipeline.execution.Execution`, and
+pieces that differ come in as an :class:`~twodg_pyro.pipeline.runtime.execution.Execution`, and
 every file is written on rank 0 only.
 """
 
@@ -21,20 +21,27 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from ..distributed import env
-from . import artifacts
-from .builders import build_net, check_device, eval_data, load_data, seed_everything, train_loader
-from .checks import check_sharing_sizes, check_split
-from .config import RunConfig
-from .config_methods import METHOD_REGISTRY, method_runner
+from ...distributed import env
+from ..outputs import artifacts
+from ..outputs.costs import add_costs
+from ..outputs.results import evaluation_of, format_table, uncertainty_table, write_results
+from ..outputs.uncertainty_step import add_uncertainty
+from ..settings.build import (
+    build_net,
+    check_device,
+    eval_data,
+    load_data,
+    seed_everything,
+    train_loader,
+)
+from ..settings.checks import check_sharing_sizes, check_split
+from ..settings.config import RunConfig
+from ..settings.registry import METHOD_REGISTRY, method_runner
 from .context import RunContext
-from .costs import add_costs
 from .execution import LOCAL, Execution
-from .results import evaluation_of, format_table, uncertainty_table, write_results
 from .resume import RunCheckpoints
 from .run_folder import RunFolder
 from .trained import RunArtifacts
-from .uncertainty_step import add_uncertainty
 
 
 # ---------------------------------------------------------------------------- run
@@ -50,24 +57,25 @@ def run(
 
     Returns the records and trained objects.  The table is also printed.  Before
     anything is trained or written: the device is checked (it exists on this machine),
-    the output folder is checked and locked (:class:`~twodg_pyro.pipeline.run_folder.RunFolder`:
-    a writable folder, no other run in it, no earlier run's files unless ``resume`` or
-    ``overwrite``; temporary files of an interrupted write removed), and the data are
-    checked (finite inputs, labels of every split in range, not empty).  With
-    ``overwrite`` an earlier run's files are removed only then.  With
+    the output folder is checked and locked
+    (:class:`~twodg_pyro.pipeline.runtime.run_folder.RunFolder`: a writable folder, no
+    other run in it, no earlier run's files unless ``resume`` or ``overwrite``; temporary
+    files of an interrupted write removed), and the data are checked (finite inputs,
+    labels of every split in range, not empty).  With ``overwrite`` an earlier run's files
+    are removed only then.  With
     ``cfg.checkpoint_every > 0`` stages 1 and 3 write checkpoints under
     ``out_dir/checkpoints``; ``resume=True`` continues a killed run from them (see
-    :mod:`twodg_pyro.pipeline.resume`).
+    :mod:`twodg_pyro.pipeline.runtime.resume`).
 
     Every stage runs on ``cfg.device`` in the network's dtype (``cfg.network.dtype``): the
     priors, guides, stage 2's mixture, draws and predictions follow the network.  The
     results are written before the diagnostics start (``cfg.diagnostics``: budget, or
     ``enabled = false`` for none); the model files before the results, whose
-    ``file_bytes`` are their sizes (:mod:`twodg_pyro.pipeline.costs`).
+    ``file_bytes`` are their sizes (:mod:`twodg_pyro.pipeline.outputs.costs`).
 
     ``execution`` says where the stages run: in this process (the default), or on every
     rank of a process group (:func:`~twodg_pyro.pipeline.run_distributed` passes a
-    :class:`~twodg_pyro.pipeline.data_parallel.DataParallel`; every rank then calls this
+    :class:`~twodg_pyro.pipeline.runtime.data_parallel.DataParallel`; every rank then calls this
     with the same settings, and rank 0 alone prints, writes files and holds the folder's
     lock).
 

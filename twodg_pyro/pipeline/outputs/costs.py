@@ -37,7 +37,7 @@ runs many forward passes.  :func:`add_costs` adds to every record of a run's tab
 
 Records of methods whose trained object the run does not hold (a record restored from a
 checkpoint) get the fields that do not need it.  The model files are written before
-(:func:`~twodg_pyro.pipeline.artifacts.write_model_files`); this module only measures
+(:func:`~twodg_pyro.pipeline.outputs.artifacts.write_model_files`); this module only measures
 them and the predictions, through the trained methods' one protocol
 (:class:`~twodg_pyro.methods.TrainedMethod`).
 """
@@ -51,8 +51,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..accounting import network_bytes
-from ..methods import Network
+from ...accounting import network_bytes
+from ...methods import Network
 
 #: The ``file`` of the deterministic row: a computed size, no file.
 DETERMINISTIC_FILE = "float32 parameters and buffers (computed: 4 bytes per value)"
@@ -75,7 +75,7 @@ def time_call(fn: Callable[[], object], min_seconds: float = 1.0, max_repeats: i
 def _file_prob_diff(path: Path, method, art, cfg) -> float:
     """The largest difference of a predicted probability between the compact file at
     ``path`` and the run's 2DG BNN (the run's seeded draws on its evaluation data)."""
-    from ..methods import load_method
+    from ...methods import load_method
 
     mine = load_method(path, device=cfg.device).predict(art.eval_data, cfg.num_samples, cfg.seed)
     run = art.predictions.get("2dg")
@@ -85,7 +85,7 @@ def _file_prob_diff(path: Path, method, art, cfg) -> float:
 
 def add_costs(art, cfg, reference_net: nn.Module, files: dict[str, str]) -> None:
     """Add the fields of the module docstring to every record of ``art`` (a
-    :class:`~twodg_pyro.pipeline.trained.RunArtifacts`; ``cfg``: the run's settings).
+    :class:`~twodg_pyro.pipeline.runtime.trained.RunArtifacts`; ``cfg``: the run's settings).
 
     ``files``: the model files written for the run, by step name (``model_<method>``,
     ``model_2dg_compact``).  ``reference_net``: the deterministic network (trained or

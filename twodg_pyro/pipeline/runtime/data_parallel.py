@@ -21,7 +21,7 @@ execution, which differs from the single-process one in these pieces:
 Only rank 0 prints the table and writes files (the pipeline does so through
 :func:`~twodg_pyro.distributed.env.on_main` and :class:`~twodg_pyro.distributed.MainOnly`):
 ``results.json``/``results.md``, the model file, diagnostics and figures
-(:func:`~twodg_pyro.pipeline.artifacts.write_artifacts`), and with
+(:func:`~twodg_pyro.pipeline.outputs.artifacts.write_artifacts`), and with
 ``checkpoint_every > 0`` the stage checkpoints under ``checkpoints/`` (the pipeline's
 format; resuming them is single-process only for now).
 
@@ -40,19 +40,19 @@ from pathlib import Path
 import pyro
 import torch
 
-from ..baselines import train_deterministic
-from ..distributed import env
-from ..distributed.data import ShardedLoader, local_batch_size
-from ..distributed.gmm import DistributedGaussianMixture2D
-from ..distributed.parallel import (
+from ...baselines import train_deterministic
+from ...distributed import env
+from ...distributed.data import ShardedLoader, local_batch_size
+from ...distributed.gmm import DistributedGaussianMixture2D
+from ...distributed.parallel import (
     agree_on_structure,
     ddp_network,
     default_backend,
     sharded_predict,
 )
-from ..distributed.train import average_buffers, fit_distributed
-from .config import RunConfig
-from .config_methods import METHOD_REGISTRY
+from ...distributed.train import average_buffers, fit_distributed
+from ..settings.config import RunConfig
+from ..settings.registry import METHOD_REGISTRY
 from .execution import Execution
 from .runner import run
 from .trained import RunArtifacts

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .results import atomic_write_text, jsonable
+from ...files.atomic import atomic_write_text, jsonable
 
 #: Draws from q for the Pareto k-hat (Yao et al. recommend at least about 100).
 KHAT_SAMPLES = 100
@@ -153,8 +153,8 @@ def export_step(
     ArviZ 1.x, an InferenceData on 0.x) and its PSIS-LOO; returns ``(tree or None, report
     section)`` (2 steps of ``writer``).  ``train_data`` (a seeded subset of at most
     ``max_train_examples``) is the data of the tree's ``sample_stats.log_p``."""
-    from .. import diagnostics as D
-    from ..metrics import classification_metrics
+    from ... import diagnostics as D
+    from ...metrics import classification_metrics
 
     section: dict = {}
     idata = writer.step(
@@ -213,9 +213,9 @@ def posterior_uncertainty(guide, idata) -> dict:
       the means (about 0.04 for the paper recipe on LeNet-5, 1.5 for the recommended
       one: ``experiments/results/uncertainty.json``'s ``scale_trajectory``).
     """
-    from ..diagnostics import group
-    from ..infer.callbacks import scale_summary
-    from ..uncertainty import mutual_information
+    from ...diagnostics import group
+    from ...infer.callbacks import scale_summary
+    from ...uncertainty import mutual_information
 
     out: dict = {}
     pp = group(idata, "posterior_predictive")
@@ -245,7 +245,7 @@ def khat_step(
     ``max_components`` largest components), on the same draws' count and examples (1 step;
     a failure of the blocks is recorded as ``khat_blocks`` in the errors).  With
     ``skip_blocks`` (the reason) the blocks are not computed: ``{"skipped": reason}``."""
-    from .. import diagnostics as D
+    from ... import diagnostics as D
 
     draws = {"num_samples": khat_samples, "seed": seed, "max_examples": max_train_examples}
 
@@ -273,15 +273,15 @@ def khat_step(
 
 def khat_block_count(guide, max_components: int = KHAT_BLOCK_COMPONENTS) -> int:
     """How many block k-hats :func:`khat_step` computes for ``guide`` (for the budget)."""
-    from ..diagnostics import default_blocks
+    from ...diagnostics import default_blocks
 
     return len(default_blocks(guide, max_components))
 
 
 def summary_and_reliability(writer: StepWriter, idata, pred, method: str, draws: dict) -> None:
     """``posterior_summary.csv`` and ``reliability.png`` of the primary method (2 steps)."""
-    from .. import diagnostics as D
-    from ..evaluation import draws_sentence
+    from ... import diagnostics as D
+    from ...evaluation import draws_sentence
 
     def write_summary():
         path = writer.out / "posterior_summary.csv"
@@ -311,7 +311,7 @@ def write_report(writer: StepWriter, report: dict) -> dict:
 def compare_step(writer: StepWriter, idatas: dict) -> list | None:
     """ArviZ's comparison of the methods' PSIS-LOO (``diagnostics.compare``: stable
     stacking weights) as a list of rows, best first (1 step)."""
-    from .. import diagnostics as D
+    from ... import diagnostics as D
 
     def rows():
         table = D.compare(idatas)

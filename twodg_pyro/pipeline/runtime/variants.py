@@ -11,12 +11,12 @@ import copy
 import tempfile
 from collections.abc import Callable
 
-from .artifacts import write_model_files
-from .builders import build_net, seed_everything
-from .config import RunConfig, config_from_dict, merge_settings
+from ..methods.algorithm1 import run_2dg
+from ..outputs.artifacts import write_model_files
+from ..outputs.costs import add_costs
+from ..settings.build import build_net, seed_everything
+from ..settings.config import RunConfig, config_from_dict, merge_settings
 from .context import RunContext
-from .costs import add_costs
-from .methods.algorithm1 import run_2dg
 from .runner import run
 from .trained import RunArtifacts
 
@@ -44,7 +44,7 @@ def run_variants(
         ``(records, artifacts)``: the baseline records then one 2DG record per variant
         (with a ``variant`` key and, as every record of a run, what a user deploys:
         ``file_bytes`` of its ``.2dgz`` file, ``forwards_per_prediction``, the prediction
-        time over the deterministic network's; :mod:`~twodg_pyro.pipeline.costs`);
+        time over the deterministic network's; :mod:`~twodg_pyro.pipeline.outputs.costs`);
         ``artifacts.variants[name]`` holds each variant's trained 2DG BNN
         (:class:`~twodg_pyro.methods.GuidePosterior`).
     """
@@ -80,7 +80,7 @@ def run_variants(
 
 
 def _variant_costs(record: dict, v_art: RunArtifacts, art: RunArtifacts, cfg: RunConfig) -> None:
-    """Add the cost fields of :func:`~twodg_pyro.pipeline.costs.add_costs` to a variant's
+    """Add the cost fields of :func:`~twodg_pyro.pipeline.outputs.costs.add_costs` to a variant's
     2DG ``record``, measured against the shared run's deterministic network (an untrained
     network of the same architecture when the run trained none: the same bytes and
     forward time)."""

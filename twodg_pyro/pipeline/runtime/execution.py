@@ -5,7 +5,7 @@ between a plain run and a data-parallel one under ``torchrun`` (the training fun
 the data their loops iterate, predictions, stage 2's mixture and the ranks' agreement
 on it, the fields of every record) is injected as an :class:`Execution`.  This module
 holds the single-process one (the default);
-:class:`~twodg_pyro.pipeline.data_parallel.DataParallel` is the multi-process one (its
+:class:`~twodg_pyro.pipeline.runtime.data_parallel.DataParallel` is the multi-process one (its
 module lists how each piece differs).  Files are written the same way by both: through
 :func:`~twodg_pyro.distributed.env.on_main` and
 :class:`~twodg_pyro.distributed.MainOnly`, which run on rank 0 only and are plain calls
@@ -14,14 +14,14 @@ in one process.
 
 from __future__ import annotations
 
-from ..baselines import train_deterministic
-from ..infer import fit
+from ...baselines import train_deterministic
+from ...infer import fit
 
 
 class Execution:
     """One process: the plain training loop on the seeded loader (the default).
 
-    Subclasses (:class:`~twodg_pyro.pipeline.data_parallel.DataParallel`) override the
+    Subclasses (:class:`~twodg_pyro.pipeline.runtime.data_parallel.DataParallel`) override the
     pieces that run differently on several processes.
     """
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..data import DataSplit
-    from ..methods import TrainedMethod
-    from ..prediction import Prediction
+    from ...data import DataSplit
+    from ...methods import TrainedMethod
+    from ...prediction import Prediction
 
 
 @dataclass
@@ -26,10 +26,10 @@ class RunArtifacts:
             ``"ensemble"``, ...).
         predictions: each method's prediction of ``eval_data`` (the table's numbers).
         variants: the 2DG BNN of each variant of
-            :func:`~twodg_pyro.pipeline.variants.run_variants`, by variant name.
+            :func:`~twodg_pyro.pipeline.runtime.variants.run_variants`, by variant name.
         model_files: the model files written into the run folder, by step name
             (``model_<method>``, ``model_2dg_compact``;
-            :func:`~twodg_pyro.pipeline.artifacts.write_model_files`), and
+            :func:`~twodg_pyro.pipeline.outputs.artifacts.write_model_files`), and
             ``model_file_errors`` those that could not be written.
     """
 

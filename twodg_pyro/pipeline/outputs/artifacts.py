@@ -7,7 +7,7 @@ before the run measures them, :mod:`.costs`), the rest by :func:`write_artifacts
 
 ``model_<method>.pt``
     one per method trained whose registry entry has a model file
-    (:attr:`~twodg_pyro.pipeline.config_methods.Method.model_file`): the trained method's
+    (:attr:`~twodg_pyro.pipeline.settings.registry.Method.model_file`): the trained method's
     :meth:`~twodg_pyro.methods.TrainedMethod.save` (a Bayesian model and guide, or a
     baseline's file), with its network spec (so that
     :func:`~twodg_pyro.methods.load_method` rebuilds it without being passed the network)
@@ -47,7 +47,7 @@ draws; when the diagnostics budget exports a subset of the test examples,
 ``methods[<method>]["inference_data"]`` says how many and gives the metrics on them.
 
 Everything after the model files is bounded by the run's ``diagnostics`` settings
-(:class:`~twodg_pyro.pipeline.config.DiagnosticsConfig`, :func:`diagnostics_budget`:
+(:class:`~twodg_pyro.pipeline.settings.config.DiagnosticsConfig`, :func:`diagnostics_budget`:
 draws, and seeded subsets of the training and evaluation examples, held to a fraction of
 the training's forward passes) and shows a progress bar, one step per item; with
 ``diagnostics.enabled = false`` (``--no-diagnostics``) only the model files and a
@@ -63,9 +63,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..evaluation import data_to_device, n_examples
-from .builders import network_spec
-from .config_methods import METHOD_REGISTRY
+from ...evaluation import data_to_device, n_examples
+from ..settings.build import network_spec
+from ..settings.registry import METHOD_REGISTRY
 from .diagnostics_steps import (
     StepWriter,
     compare_step,
@@ -124,12 +124,12 @@ def model_evaluation(cfg, method: str, record: dict | None, draws: dict) -> dict
 
 def write_model_files(art, cfg, out_dir) -> dict:
     """Write the model files of the methods of a run that have a row and a file
-    (:attr:`~twodg_pyro.pipeline.config_methods.Method.model_file`) into ``out_dir``: each
+    (:attr:`~twodg_pyro.pipeline.settings.registry.Method.model_file`) into ``out_dir``: each
     method's :meth:`~twodg_pyro.methods.TrainedMethod.save` (``model_<method>.pt``) and
     the 2DG BNN's compact ``model_2dg.2dgz``, one step each.  Returns ``{"files": {name:
     path}, "errors": {name: message}}`` (a file that cannot be written is a warning and an
     error entry)."""
-    from ..io.compact import compact_evaluation, export_compact
+    from ...io.compact import compact_evaluation, export_compact
 
     out = Path(out_dir)
     records = {r.get("method"): r for r in art.records}
@@ -173,9 +173,9 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
     ``diagnostics.json``, not written again).
 
     Args:
-        art: the :class:`~twodg_pyro.pipeline.trained.RunArtifacts` of
+        art: the :class:`~twodg_pyro.pipeline.runtime.trained.RunArtifacts` of
             :func:`~twodg_pyro.pipeline.run`.
-        cfg: its :class:`~twodg_pyro.pipeline.config.RunConfig` (``cfg.diagnostics``: on
+        cfg: its :class:`~twodg_pyro.pipeline.settings.config.RunConfig` (``cfg.diagnostics``: on
             or off, draws and examples; :func:`diagnostics_budget`).
         out_dir: the run folder.
         skip_diagnostics: write ``diagnostics.json`` with this reason only (an incomplete
@@ -185,8 +185,8 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         ``{"files": {name: path}, "errors": {name: message}}``, the model files' among
         them.  Nothing is written when the run trained no variational method.
     """
-    from ..diagnostics import plot_elbo_terms, plot_merges, plot_sharing_plane
-    from ..distributed import env
+    from ...diagnostics import plot_elbo_terms, plot_merges, plot_sharing_plane
+    from ...distributed import env
 
     out = Path(out_dir)
     trained = _variational(art)

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, ClassVar, NamedTuple
 
-from ..guides.rank1 import InitMean, Rank1PriorKind, Routing
-from ..guides.ssvi_subspace import AdditionCriterion, RemovalCriterion
-from ..methods.laplace_settings import LaplaceConfig
-from ..methods.mcmc.settings import MCMCConfig
-from ..settings import (
+from ...guides.rank1 import InitMean, Rank1PriorKind, Routing
+from ...guides.ssvi_subspace import AdditionCriterion, RemovalCriterion
+from ...methods.laplace_settings import LaplaceConfig
+from ...methods.mcmc.settings import MCMCConfig
+from ...settings import (
     UNIT,
     Section,
     at_least,
@@ -123,7 +123,7 @@ class Method(NamedTuple):
     ``module``: the module of :mod:`twodg_pyro.pipeline.methods` whose ``run(ctx)`` trains and
     evaluates it and returns its record (``None``: none, e.g. restored from a
     checkpoint); ``settings``: its section of the settings (``[<name>]``, a field of
-    :class:`~twodg_pyro.pipeline.config.RunConfig`; ``None``: it has none);
+    :class:`~twodg_pyro.pipeline.settings.config.RunConfig`; ``None``: it has none);
     ``distributed``: it runs under ``torchrun``
     (:func:`~twodg_pyro.pipeline.run_distributed`); ``model_file``: the run writes
     ``model_<name>.pt`` for it.  Whether its draws differ is its trained method's
@@ -136,7 +136,7 @@ class Method(NamedTuple):
 
 
 #: The methods a run can train, in the order they run: the choices of ``methods`` in the
-#: settings (:data:`~twodg_pyro.pipeline.config.METHODS`).
+#: settings (:data:`~twodg_pyro.pipeline.settings.config.METHODS`).
 METHOD_REGISTRY: dict[str, Method] = {
     "deterministic": Method("deterministic", distributed=True, model_file=False),
     "mean_field": Method("mean_field", distributed=True),

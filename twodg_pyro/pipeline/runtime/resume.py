@@ -30,10 +30,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..files.atomic import atomic_write_text
-from ..infer.checkpoint import Checkpoint, CheckpointData, load_checkpoint
-from .config import ConfigError, RunConfig, config_from_dict
-from .presets import merge_settings
+from ...files.atomic import atomic_write_text
+from ...infer.checkpoint import Checkpoint, CheckpointData, load_checkpoint
+from ..settings.config import ConfigError, RunConfig, config_from_dict
+from ..settings.presets import merge_settings
 
 #: Stages with checkpoints, latest first.
 STAGES = ("stage3", "stage1")
@@ -122,7 +122,7 @@ class RunCheckpoints:
     def start(self) -> None:
         """Called once the run's inputs are validated: a fresh run clears old checkpoints
         and writes ``config.json``; a resumed run checks the settings (the
-        :class:`~twodg_pyro.pipeline.run_folder.RunFolder` removed temporary files)."""
+        :class:`~twodg_pyro.pipeline.runtime.run_folder.RunFolder` removed temporary files)."""
         if self.dir is None:
             return
         if self.resume:

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 
-from ..evaluation import data_to_device
-from ..likelihoods import Categorical
-from .builders import check_device, eval_data, load_data
-from .config_methods import METHOD_REGISTRY, method_runner
-from .config_sections import DataConfig
+from ...evaluation import data_to_device
+from ...files.atomic import jsonable
+from ...likelihoods import Categorical
+from ..settings.build import check_device, eval_data, load_data
+from ..settings.registry import METHOD_REGISTRY, method_runner
+from ..settings.sections import DataConfig
 from .diagnostics_steps import (
     KHAT_BLOCK_COMPONENTS,
     KHAT_MAX_EXAMPLES,
@@ -25,7 +26,6 @@ from .diagnostics_steps import (
     write_report,
     xy,
 )
-from .results import jsonable
 
 
 def evaluation_defaults(model_file, data=None, num_samples=None, seed=None) -> dict:
@@ -36,7 +36,7 @@ def evaluation_defaults(model_file, data=None, num_samples=None, seed=None) -> d
     assumed; ``data_settings``: the run's split settings when ``data`` is the run's
     data set; ``recorded``: the file's evaluation record, ``{}`` without one;
     ``header``: the file's header, ``{}`` when it cannot be read)."""
-    from ..io import read_model_header
+    from ...io import read_model_header
 
     try:
         header = read_model_header(model_file)
@@ -64,7 +64,7 @@ def load_saved(model_file, header: dict | None = None, device: str = "cpu"):
     (:func:`~twodg_pyro.methods.load_method`), after importing the module of the run's
     method that the header names (a method defined by the pipeline registers its file
     there)."""
-    from ..methods import load_method
+    from ...methods import load_method
 
     name = (header or {}).get("method")
     if name in METHOD_REGISTRY:
@@ -75,7 +75,7 @@ def load_saved(model_file, header: dict | None = None, device: str = "cpu"):
 def _load(model_file, d: dict, root: str | None, device: str):
     """The saved trained method and the data split it is evaluated on (with the run's
     split settings, e.g. ``test_fraction``, from ``d``)."""
-    from ..models import MLP
+    from ...models import MLP
 
     check_device(device)
     method = load_saved(model_file, d["header"], device)
@@ -104,7 +104,7 @@ def check_fits(method, split, model_file, device: str = "cpu") -> None:
         ValueError: naming the model file, the data set and what does not fit (e.g. a
             digits model on MNIST).
     """
-    from .checks import check_split
+    from ..settings.checks import check_split
 
     where, name = str(model_file), split.name
     first = next(
@@ -170,12 +170,12 @@ def evaluate_model_file(
     results table.  The output says which draws and examples it used, and gives the
     run's recorded metrics (``recorded_metrics``) when it used the same ones.
 
-    With ``uncertainty`` (an :class:`~twodg_pyro.pipeline.config.UncertaintyConfig`) the
+    With ``uncertainty`` (an :class:`~twodg_pyro.pipeline.settings.config.UncertaintyConfig`) the
     output also has ``uncertainty``: OOD detection, shift and selective prediction on the
-    same draws (:mod:`twodg_pyro.pipeline.uncertainty_step`).
+    same draws (:mod:`twodg_pyro.pipeline.outputs.uncertainty_step`).
     """
-    from ..evaluation import SAMPLE_CHUNK
-    from ..metrics import check_labels, classification_metrics
+    from ...evaluation import SAMPLE_CHUNK
+    from ...metrics import check_labels, classification_metrics
     from .uncertainty_step import UncertaintySets
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
@@ -248,9 +248,9 @@ def diagnose_model_file(
     components, on the k-hat's draws and examples); ``None`` skips them.  The model runs on
     ``device`` in the dtype it was saved in.  Returns the ``diagnostics.json`` content.
     """
-    from ..diagnostics import DEFAULT_MAX_SITE_VALUES, method_of, plot_sharing_plane
-    from ..evaluation import draws_record, seeded_predict
-    from ..metrics import classification_metrics
+    from ...diagnostics import DEFAULT_MAX_SITE_VALUES, method_of, plot_sharing_plane
+    from ...evaluation import draws_record, seeded_predict
+    from ...metrics import classification_metrics
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
     if (d["header"].get("baseline")) == "mcmc":
@@ -332,9 +332,9 @@ def diagnose_mcmc_file(
     posterior per site, ``sample_stats``, the ``predictions``), ``mcmc_trace.png`` /
     ``mcmc_trace_rank.png`` (ArviZ's trace and rank plots of the log density and the
     least mixed probabilities) and ``diagnostics.json``; returns its content."""
-    from ..diagnostics import save_inference_data
-    from ..methods.mcmc.arviz import mcmc_report, mcmc_tree, plot_mcmc_chains, report_lines
-    from ..metrics import classification_metrics
+    from ...diagnostics import save_inference_data
+    from ...methods.mcmc.arviz import mcmc_report, mcmc_tree, plot_mcmc_chains, report_lines
+    from ...metrics import classification_metrics
 
     post, split = _load(model_file, d, root, device)
     out = Path(out_dir)

@@ -1,0 +1,59 @@
+"""What the experiment scripts share: their set-up (torch's threads, the MNIST subset),
+the command that reproduces a result (quoted as a shell reads it), and the pieces of their
+tables (a target's check, a number's cell, a mean that skips what is missing).
+
+A script imports it as ``common``: the folder of a script that runs is on Python's path,
+and pytest puts ``experiments/`` there too (``pythonpath`` in ``pyproject.toml``); so does
+a script that reuses another's settings (``from uncertainty import QUICK``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+import sys
+
+import torch
+
+from twodg_pyro.data import DatasetNotFoundError, load_dataset
+
+
+def setup(threads: int, mnist_root: str | None = None) -> bool:
+    """Torch's ``threads``; with ``mnist_root``, whether the MNIST subset is there
+    (``False`` after saying on stderr how to write it)."""
+    torch.set_num_threads(threads)
+    if mnist_root is None:
+        return True
+    try:
+        load_dataset("mnist", mnist_root)
+    except DatasetNotFoundError as e:
+        print(
+            f"{e}\nWrite the subset first: python experiments/mnist_subset_data.py "
+            f"--root {mnist_root}",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
+def command(script: str, argv: list[str] | None = None) -> str:
+    """``python experiments/<script> <arguments>``, the arguments (``argv``, default the
+    process's) quoted as a shell reads them (a recipe's name holds spaces)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return f"python experiments/{script} {shlex.join(args)}".strip()
+
+
+def check(value, target: str, met: bool) -> dict:
+    """One target of a table: its value, the target as text and whether it is met."""
+    return {"value": value, "target": target, "met": bool(met)}
+
+
+def cell(x, fmt: str = ".3f") -> str:
+    """A number in a table's cell, ``-`` where there is none."""
+    return "-" if x is None else format(x, fmt)
+
+
+def mean(xs) -> float | None:
+    """The mean of the values that are not ``None`` (``None`` if there are none)."""
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
