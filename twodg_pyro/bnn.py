@@ -210,6 +210,13 @@ class BNNModel(SiteTensors):
     Calling the model ``model(x, y)`` samples every site from the prior (or replays
     the guide's values under SVI), records the outputs at the ``"logits"`` site and
     observes ``y``.  Weights may carry leading particle dimensions (see the module).
+
+    Example::
+
+        model = BNNModel(MLP(64, (128,), 10), prior=NormalPrior(1.0), likelihood=Categorical(N))
+        guide = MeanFieldGuide(model)
+        fit(model, guide, loader, epochs=150, lr={"loc": 1e-2, "scale": 1e-2})
+        probs = predict(model, guide, (x_test, y_test), num_samples=30).mean
     """
 
     #: outputs of :meth:`network_forward` per draw (a rank-1 BNN's ``M`` components)

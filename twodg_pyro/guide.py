@@ -185,6 +185,13 @@ class BNNGuide(PyroParamsMixin, nn.Module):
     A subclass sets :attr:`sites` and implements ``forward`` (the Pyro program),
     :meth:`draw`, :meth:`site_kl`, :meth:`marginal_log_density` and
     :meth:`param_groups` (:meth:`site_parameters` has a default, the rest is derived).
+
+    Example::
+
+        class MyGuide(BNNGuide):   # sites, forward, draw, site_kl, marginal_log_density, ...
+            method = "my_guide"
+        register_guide_file(MyGuide)   # its model file
+        fit(model, MyGuide(model), loader, epochs=10)
     """
 
     #: the Bayesian sites the guide covers, in the model's order

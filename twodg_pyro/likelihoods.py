@@ -123,7 +123,13 @@ def check_labels(output: torch.Tensor, y: torch.Tensor, particle_dims: int = 0) 
 
 
 class Categorical(Likelihood):
-    r"""Classification: :math:`y \sim \mathrm{Categorical}(\mathrm{softmax}(f_w(x)))`."""
+    r"""Classification: :math:`y \sim \mathrm{Categorical}(\mathrm{softmax}(f_w(x)))`.
+
+    Example::
+
+        model = BNNModel(net, likelihood=Categorical(len(train_set)))  # N scales the batch
+        model = BNNModel(net, likelihood=len(train_set))               # the same, for short
+    """
 
     kind = "Categorical"
 
@@ -147,6 +153,12 @@ class Gaussian(Likelihood):
 
     Targets of shape ``(B,)`` pair with a network output of shape ``(B, 1)`` or
     ``(B,)``; multi-output targets ``(B, D)`` are one event of dimension ``D``.
+
+    Example::
+
+        model = BNNModel(MLP(8, (32,), 1), likelihood=Gaussian(len(train_set), scale=0.5))
+        fit(model, MeanFieldGuide(model), loader, epochs=100)
+        mean = predict(model, guide, x).mean   # the predictive mean of y
     """
 
     kind = "Gaussian"

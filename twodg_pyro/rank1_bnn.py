@@ -81,6 +81,12 @@ class Rank1BNNModel(SiteTensors):
     Raises:
         ValueError: ``M < 1``, an unknown routing, a layer type without rank-1 form, or a
             factor site name that collides with a parameter of ``net``.
+
+    Example::
+
+        model = Rank1BNNModel(MLP(64, (64,), 10), likelihood=N, components=4, routing="modulo")
+        guide = Rank1Guide(model)
+        fit(model, guide, loader, epochs=40)
     """
 
     def __init__(

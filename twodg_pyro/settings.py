@@ -5,8 +5,8 @@ A field of a section carries its rules in its type, ``Annotated[type, rule, ...]
 :class:`ConfigError` naming the setting and its value (``sharing.gmm_max_iter = -1:
 must be an integer >= 1``).  The sections live with what they configure: the 2DG
 method's in :mod:`twodg_pyro.sharing.config`, the application's, one per table of the
-config file, in :mod:`twodg_pyro.pipeline.settings.sections`, ``config_methods`` and
-``config_evaluation``; :mod:`twodg_pyro.pipeline.settings.config` reads the files.
+config file, in :mod:`twodg_pyro.pipeline.settings` (``sections``, ``registry``,
+``evaluation``); :mod:`twodg_pyro.pipeline.settings.config` reads the files.
 """
 
 from __future__ import annotations

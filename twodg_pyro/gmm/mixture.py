@@ -123,6 +123,12 @@ class GaussianMixture2D:
     (online EM), ``converged_``, ``lower_bound_`` (mean log-likelihood per fit point
     under the fitted parameters), ``counts_`` (hard-assignment counts on the fit data,
     LongTensor ``(K,)``), ``n_reseeded_`` (components re-seeded because they emptied).
+
+    Example::
+
+        gmm = GaussianMixture2D(n_components=32, random_state=0).fit(points)   # (n, 2)
+        labels = gmm.predict(points)
+        gmm.means_, gmm.covariances_, gmm.weights_
     """
 
     def __init__(

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..guide import LOG_Q_METHODS, BNNGuide, MarginalDensity
-from ..sharing.structure import MIN_SIGMA
+from ..sharing.structure import plane_sigma
 
 __all__ = [
     "LOG_Q_METHODS",
@@ -87,11 +87,7 @@ def stochastic_component_marginals(
     theta = m[:, 1:2] + (2 * s11).sqrt()[:, None] * x  # (K, J) nodes over theta ~ N(m1, S11)
     cond_mean = m[:, :1] + (s01 / s11)[:, None] * (theta - m[:, 1:2])
     cond_var = (s00 - s01**2 / s11).clamp_min(0.0)[:, None]
-    if coordinates == "sigma":
-        sig = theta.abs().clamp_min(MIN_SIGMA)
-    else:
-        sig = theta.exp()
-    sd = (cond_var + sig**2).sqrt()
+    sd = (cond_var + plane_sigma(theta, coordinates) ** 2).sqrt()
     return ComponentMarginals(log_h.expand_as(theta), cond_mean, sd, "quadrature")
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..bnn import BNNModel, require_model
-from ..nn.functional import _MIN_SCALE, inverse_softplus
+from ..nn.functional import MIN_SIGMA, inverse_softplus
 from ..nn.sites import BayesianSite
 from .base import DiagonalNormalGuide, site_key
 
@@ -53,7 +53,7 @@ def paper_initial_scales(site: BayesianSite, generator: torch.Generator | None =
         fan_out = shape[0] * receptive
         bound = 0.01 * math.sqrt(6.0 / (site.fan_in + fan_out))
         scales = (torch.rand(shape, generator=generator) * 2 - 1).abs() * bound
-    return scales.clamp_min(_MIN_SCALE)
+    return scales.clamp_min(MIN_SIGMA)
 
 
 def initial_means(model, init_loc: Mapping[str, torch.Tensor] | None) -> list[torch.Tensor]:
@@ -101,7 +101,7 @@ def _given_scale(scales: Mapping[str, torch.Tensor], site: BayesianSite) -> torc
         ) from e
     if not (torch.isfinite(scale).all() and (scale > 0).all()):
         raise ValueError(f"init_scale of site {site.name!r} must be positive and finite")
-    return scale.clamp_min(_MIN_SCALE)
+    return scale.clamp_min(MIN_SIGMA)
 
 
 class MeanFieldGuide(DiagonalNormalGuide):
@@ -122,6 +122,12 @@ class MeanFieldGuide(DiagonalNormalGuide):
 
     The parameters are created on the network's device and in its dtype (a float64
     network gets a float64 guide).
+
+    Example::
+
+        guide = MeanFieldGuide(model)   # init_scale="paper": App. I.4's initial sigmas
+        fit(model, guide, loader, epochs=150, lr={"loc": 1e-2, "scale": 1e-2})
+        guide.loc("layers.0.weight"), guide.scale("layers.0.weight")   # mu, sigma of a site
     """
 
     method = "mean_field"

@@ -110,6 +110,13 @@ class Rank1Guide(DiagonalNormalGuide):
 
     Raises:
         ValueError: unknown ``init_mean`` or non-positive ``init_scale``.
+
+    Example::
+
+        model = Rank1BNNModel(LeNet5(), likelihood=N, components=4)
+        guide = Rank1Guide(model, init_scale=1e-3)
+        fit(model, guide, loader, epochs=40, callbacks=[rank1_kl_annealing(40)])
+        predict(model, guide, (x, y), num_samples=30)   # 30 draws x 4 components
     """
 
     method = "rank1"

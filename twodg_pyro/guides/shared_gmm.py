@@ -59,6 +59,13 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
     Attributes:
         tying_rule: the :class:`~twodg_pyro.guides.tyings.Tying` (``tying`` is its name).
         kinds: the number of outliers, plain inliers and ellipse weights.
+
+    Example::
+
+        structure, report = build_sharing(model, mean_field_guide, loader, SharingConfig())
+        guide = SharedGMMGuide(model, structure, tying="representative")
+        fit(model, guide, loader, epochs=100, callbacks=[MergeHook(), MahalanobisHook()])
+        guide.num_trainable()   # the outliers' and the components' numbers only
     """
 
     method = "2dg"

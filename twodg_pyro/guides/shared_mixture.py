@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..infer.elbo import DecomposedELBO
-from ..nn.functional import inverse_softplus
+from ..nn.functional import MIN_SIGMA, inverse_softplus
 from ..sharing.refine import apply_mapping, merge_point_covariances
-from ..sharing.structure import MIN_SIGMA, SharingStructure
+from ..sharing.structure import SharingStructure
 
 
 def _chol_params(covs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

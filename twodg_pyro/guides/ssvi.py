@@ -86,6 +86,13 @@ class SSVIGuide(LocScaleParameters, BNNGuide):
 
     Raises:
         ValueError: density outside (0, 1], or a bad ``init_scale``.
+
+    Example::
+
+        guide = SSVIGuide(model, density=0.1)   # a mean-field posterior on 10 % of each site
+        update = SubspaceUpdate(loader, update_every=5)
+        fit(model, guide, loader, epochs=40, callbacks=[update])
+        guide.num_active   # the coordinates in the subspace
     """
 
     method = "ssvi"

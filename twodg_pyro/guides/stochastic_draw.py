@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from ..sharing.structure import MIN_SIGMA
+from ..sharing.structure import plane_sigma
 
 if TYPE_CHECKING:
     from .assignment import TyingGuide
@@ -159,7 +159,7 @@ def draw_stochastic(
         m0, m1_, a, ba, v = p
         u, eps = torch.randn(2, *shape, device=m0.device, dtype=m0.dtype)
         t = torch.addcmul(m1_, a, u)
-        sig = t.exp() if log_sigma else t.abs().clamp_min(MIN_SIGMA)
+        sig = plane_sigma(t, guide.coordinates)
         cond_mean = torch.addcmul(m0, ba, u)
         return torch.addcmul(cond_mean, torch.sqrt(v + sig * sig), eps), cond_mean, v, sig
 

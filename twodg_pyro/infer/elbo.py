@@ -115,6 +115,12 @@ class DecomposedELBO(ELBO):
     Attributes:
         step_path: how the latest :meth:`loss_terms` ran: ``"fast"`` or ``"traced"``.
         fallback_reason: why it was traced (``None`` when fast, or ``fast_step=False``).
+
+    Example::
+
+        elbo = DecomposedELBO(beta=0.1)   # nll + 0.1 KL, the KL in closed form where it can
+        state = fit(model, guide, loader, epochs=50, elbo=elbo)
+        state.history[-1]["kl"], elbo.step_path   # the last epoch's KL; "fast" or "traced"
     """
 
     def __init__(

@@ -75,7 +75,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from ..nn.functional import _MIN_SCALE, inverse_softplus
+from ..nn.functional import MIN_SIGMA, inverse_softplus
 
 #: the parameter groups VON trains as the guide's posterior, and the rest (Adam)
 _LOC, _SCALE, _OTHER = "loc", "scale", "deterministic"
@@ -205,7 +205,7 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
             if radius is not None:
                 direction = direction.clamp_(-radius, radius)
             mu.sub_(alpha * direction)
-            rho.copy_(inverse_softplus(precision.rsqrt().clamp_min(_MIN_SCALE)))
+            rho.copy_(inverse_softplus(precision.rsqrt().clamp_min(MIN_SIGMA)))
         for group in self.param_groups:
             if group.get("name") == _OTHER:
                 self._adam(group, t)

@@ -27,7 +27,13 @@ class _LocScalePrior(Prior):
 
 
 class NormalPrior(_LocScalePrior):
-    r"""I.i.d. Normal prior :math:`w_i \sim \mathcal N(\text{loc}, \text{scale}^2)`."""
+    r"""I.i.d. Normal prior :math:`w_i \sim \mathcal N(\text{loc}, \text{scale}^2)`.
+
+    Example::
+
+        model = BNNModel(net, prior=NormalPrior(1.0), likelihood=N)   # w ~ N(0, 1)
+        NormalPrior(scale=0.1, loc=0.0).site_distribution(site)    # N(0, 0.1^2) per weight
+    """
 
     kind = "NormalPrior"
     aliases = ("normal",)  # in run settings
@@ -39,6 +45,11 @@ class LaplacePrior(_LocScalePrior):
     r"""I.i.d. Laplace prior :math:`p(w_i) = \frac{1}{2b} e^{-|w_i - \text{loc}|/b}`.
 
     No closed-form KL against a Normal guide exists: the ELBO uses Monte Carlo.
+
+    Example::
+
+        model = BNNModel(net, prior=LaplacePrior(0.1), likelihood=N)
+        fit(model, MeanFieldGuide(model), loader, epochs=50)   # its KL by Monte Carlo
     """
 
     kind = "LaplacePrior"
@@ -67,6 +78,11 @@ class LayerwiseNormalPrior(Prior):
 
     The scale follows the layer like He/LeCun initialisation, so wide layers get
     tighter priors. ``bias_scale`` (if given) overrides the scale of bias sites.
+
+    Example::
+
+        model = BNNModel(net, prior=LayerwiseNormalPrior(gain=1.0), likelihood=N)
+        # a 400-input layer's weights get N(0, 1/400), a 10-input layer's N(0, 1/10)
     """
 
     kind = "LayerwiseNormalPrior"

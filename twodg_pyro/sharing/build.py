@@ -35,19 +35,16 @@ from torch import Tensor
 
 from .outliers import check_finite, mean_gradients, select_outliers
 from .refine import drop_small_components, hard_assign, no_ellipses
-from .structure import COORDINATES, SharingStructure, SiteLayout, inlier_fields
+from .structure import SharingStructure, SiteLayout, inlier_fields, plane_coordinate
 
 #: ``step(name)`` returns a context manager around one named step (e.g. a timer)
 StepHook = Callable[[str], contextlib.AbstractContextManager]
 
 
 def weight_points(mus: torch.Tensor, sigmas: torch.Tensor, coordinates: str) -> torch.Tensor:
-    r"""Stack the 2-D points: :math:`(\mu, \sigma)` or :math:`(\mu, \log\sigma)`."""
-    if coordinates == "sigma":
-        return torch.stack([mus, sigmas], 1)
-    if coordinates == "log_sigma":
-        return torch.stack([mus, sigmas.clamp_min(1e-30).log()], 1)
-    raise ValueError(f"coordinates must be one of {list(COORDINATES)}, got {coordinates!r}")
+    r"""Stack the 2-D points: :math:`(\mu, \sigma)` or :math:`(\mu, \log\sigma)`
+    (:func:`~twodg_pyro.sharing.structure.plane_coordinate`)."""
+    return torch.stack([mus, plane_coordinate(sigmas, coordinates)], 1)
 
 
 @dataclass

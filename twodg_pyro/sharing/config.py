@@ -42,7 +42,14 @@ class SharingConfig(Section):
     Thresholds, each with one name (spec section 4): ``tau_w`` (the absolute mean rule),
     ``grad_percentile`` (:math:`P_g`), ``n_min`` (:math:`N_\\min`), ``mahalanobis_threshold``
     (:math:`T_M`), ``tau_d`` (:math:`T_W`, on :math:`W_2`), ``tau_g`` and ``tau_v`` (the
-    merge's gradient and variance tests; ``inf`` skips them)."""
+    merge's gradient and variance tests; ``inf`` skips them).
+
+    Example::
+
+        cfg = SharingConfig(outlier_rule="quantile", mu_quantile=0.995, n_components=32)
+        structure, report = build_sharing(model, guide, loader, cfg)
+        SharingConfig(n_min=0)   # ConfigError: sharing.n_min = 0: must be an integer >= 1
+    """
 
     section: ClassVar[str] = "sharing"
     coordinates: Coordinates = "sigma"

@@ -65,6 +65,12 @@ class MergeHook(_Scheduled):
         grad_batches: minibatches averaged for the gradients.
         every: run every ``every`` epochs.
         until_fixed_point: stop running once a run merges nothing.
+
+    Example::
+
+        merge = MergeHook(tau_d=0.01, every=2)   # merge components within W2 < 0.01
+        fit(model, shared_guide, loader, epochs=100, callbacks=[merge])
+        merge.log   # what each run merged
     """
 
     def __init__(
@@ -138,7 +144,14 @@ class MahalanobisHook(_Scheduled):
     components, an ellipse weight back within :math:`T_M` of its nearest component becomes
     a plain weight of it.  ``reassign=True`` first re-runs the hard assignment
     (:math:`rg\max_k \pi_k \mathcal N(x_i \mid m_k, S_k)`), which moves weights between
-    components whose centres training has already fitted to other members."""
+    components whose centres training has already fitted to other members.
+
+    Example::
+
+        hook = MahalanobisHook(threshold=5.991, k=5, every=2)
+        fit(model, shared_guide, loader, epochs=100, callbacks=[hook])
+        hook.log   # the ellipse weights each run moved back
+    """
 
     def __init__(
         self,

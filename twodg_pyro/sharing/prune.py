@@ -16,7 +16,7 @@ the index of a fraction :math:`p` of the weights costs about :math:`-\log_2 p` b
 Outliers are never pruned.  Two spreads:
 
 * ``"zero"``: one component :math:`\mathcal N(0, \sigma_{\min}^2)` with
-  :math:`\sigma_{\min}` = :data:`~twodg_pyro.sharing.structure.MIN_SIGMA`: the weight
+  :math:`\sigma_{\min}` = :data:`~twodg_pyro.nn.functional.MIN_SIGMA`: the weight
   is removed (Bayesian Compression's pruning; a point mass, whose KL to the prior is
   unbounded: a pruned guide is for prediction, not for more training);
 * ``"matched"``: one component per site, :math:`\mathcal N(0, \bar\sigma_s^2)` with
@@ -37,7 +37,8 @@ from typing import Literal, get_args
 
 import torch
 
-from .structure import MIN_SIGMA, SharingStructure, inlier_fields
+from ..nn.functional import MIN_SIGMA
+from .structure import SharingStructure, inlier_fields, plane_sigma
 
 Spread = Literal["zero", "matched"]
 SPREADS: tuple[str, ...] = get_args(Spread)
@@ -69,8 +70,7 @@ def inlier_snr(s: SharingStructure) -> torch.Tensor:
     r""":math:`|\mu_i| / \sigma_i` of every inlier's stage-1 point, in the order of
     ``inlier_points`` (plain weights, then ellipse weights)."""
     mu, m1 = s.inlier_points[:, 0], s.inlier_points[:, 1]
-    sigma = m1.exp() if s.coordinates == "log_sigma" else m1
-    return mu.abs() / sigma.clamp_min(MIN_SIGMA)
+    return mu.abs() / plane_sigma(m1, s.coordinates).clamp_min(MIN_SIGMA)
 
 
 def _centre(sigma: float, coordinates: str) -> list[float]:
@@ -142,8 +142,7 @@ def prune_structure(
         new_comp[pruned] = K
         scales["all"] = MIN_SIGMA
     else:
-        mu, m1 = points[:, 0], points[:, 1]
-        sigma = m1.exp() if s.coordinates == "log_sigma" else m1
+        mu, sigma = points[:, 0], plane_sigma(points[:, 1], s.coordinates)
         for j, site in enumerate(s.sites):
             here = pruned & (site_of == j)
             if not bool(here.any()):

@@ -29,14 +29,34 @@ from typing import Literal, get_args
 
 import torch
 
+from ..nn.functional import MIN_SIGMA
+
 FORMAT_VERSION = 1
 
 #: the plane the mixture lives in: :math:`(\mu, \sigma)` as the paper, or :math:`(\mu, \log\sigma)`
 Coordinates = Literal["sigma", "log_sigma"]
 COORDINATES: tuple[str, ...] = get_args(Coordinates)
-#: the smallest sigma a component centre or a drawn weight takes (guides clamp to it)
-MIN_SIGMA = 1e-8
 _KIND = "twodg_pyro.SharingStructure"
+
+
+def plane_coordinate(sigma: torch.Tensor, coordinates: str) -> torch.Tensor:
+    r"""The plane's second coordinate of scales ``sigma``: :math:`\sigma` (``sigma``) or
+    :math:`\log\sigma` (``log_sigma``, of :math:`\sigma` floored at
+    :data:`~twodg_pyro.nn.functional.MIN_SIGMA`); the inverse of :func:`plane_sigma`.
+
+    Raises:
+        ValueError: other coordinates (named).
+    """
+    if coordinates not in COORDINATES:
+        raise ValueError(f"coordinates must be one of {list(COORDINATES)}, got {coordinates!r}")
+    return sigma.clamp_min(MIN_SIGMA).log() if coordinates == "log_sigma" else sigma
+
+
+def plane_sigma(m1: torch.Tensor, coordinates: str) -> torch.Tensor:
+    r"""The scales :math:`\sigma` of the plane's second coordinates ``m1``: :math:`e^{m_1}`
+    (``log_sigma``), else :math:`|m_1|` floored at
+    :data:`~twodg_pyro.nn.functional.MIN_SIGMA` (a drawn coordinate may be negative)."""
+    return m1.exp() if coordinates == "log_sigma" else m1.abs().clamp_min(MIN_SIGMA)
 
 
 def inlier_fields(index, points, component, ellipses) -> dict:

@@ -113,7 +113,7 @@ def stage1_mean_field(rt: RunContext, split, net, extra: dict | None = None) -> 
     if isinstance(model.prior, PerSiteNormalPrior):  # a resumed stage 1 reads them back
         extra = {**(extra or {}), "prior_scales": model.prior.scales}
     guide = MeanFieldGuide(model, init_scale=init_scale, seed=cfg.seed).to(cfg.device)
-    beta = resolve_kl_weight(cfg.stage1.kl_weight, model)
+    beta = rt.kl_weight("stage1", model)
     callbacks = [ScaleTrajectory(guide)]  # the scales' trajectory in every epoch's record
     if cfg.stage1.kl_warmup_epochs:
         callbacks.append(KLAnnealing(cfg.stage1.kl_warmup_epochs, end=beta))
@@ -218,7 +218,7 @@ def stage3_shared_gmm(
     lr = {"centre": s3.lr_centre, "outlier": s3.lr_outlier, "default": s3.lr_centre}
     if guide.tying_rule.trains_covariances:
         lr["cov"] = s3.lr_cov
-    beta = resolve_kl_weight(s3.kl_weight, model)
+    beta = rt.kl_weight("stage3", model)
     state = train_svi(
         rt, "stage3", model, guide, loader, s3.epochs, lr, hooks, extra, kl_weight=beta
     )
@@ -313,7 +313,7 @@ def run_2dg(rt: RunContext, split, stage1: GuidePosterior, art: RunArtifacts, ev
         "outlier_rule": report["outlier_rules"].get("rule"),
         "stage2": report,
         "hooks": {type(h).__name__: h.log for h in hooks},
-        **kl_weight_field(resolve_kl_weight(cfg.stage3.kl_weight, model)),
+        **kl_weight_field(rt.kl_weight("stage3", model)),
         "train_seconds": seconds,
         "final_elbo_terms": state.history[-1] if state.history else {},
         **rt.execution.record_fields(),

@@ -9,7 +9,6 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from ...infer.temperature import resolve_kl_weight
 from ...methods import GuidePosterior
 from ..outputs.results import kl_weight_field
 from ..settings.build import seed_everything
@@ -58,7 +57,7 @@ def run(ctx: RunContext) -> dict | None:
         scale_trajectory=scale_trajectory(state.history),
         scale_convergence=scale_convergence(state.history),
         trainer=ctx.cfg.stage1.trainer,
-        **kl_weight_field(resolve_kl_weight(ctx.cfg.stage1.kl_weight, model)),
+        **kl_weight_field(ctx.kl_weight("stage1", model)),
     )
 
 

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from ...guides.ssvi import SSVIGuide
 from ...guides.ssvi_subspace import SubspaceUpdate
 from ...infer import KLAnnealing
-from ...infer.temperature import resolve_kl_weight
 from ...priors import LayerwiseNormalPrior, prior_class
 from ..outputs.results import kl_weight_field, size_mb
 from ..settings.build import build_model, build_net, seed_everything, train_loader
@@ -64,7 +63,7 @@ def run(ctx: RunContext) -> dict:
         seed=cfg.seed,
     )
     callbacks = [update]
-    beta = resolve_kl_weight(cfg.stage1.kl_weight, model)
+    beta = ctx.kl_weight("stage1", model)
     if cfg.stage1.kl_warmup_epochs:
         callbacks.insert(0, KLAnnealing(cfg.stage1.kl_warmup_epochs, end=beta))
 

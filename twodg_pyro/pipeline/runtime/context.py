@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from ...distributed import env
+from ...infer.temperature import resolve_kl_weight
 from ...metrics import classification_metrics
 from ...prediction import Prediction
 from ..outputs.results import size_mb
@@ -40,6 +41,9 @@ class RunContext:
         loader: the seeded training loader of the deterministic network and its
             pretraining (they continue one shuffling stream).
         deterministic: the deterministic network once trained, with its epochs.
+        stage1: stage 1's trained mean-field BNN and its seconds, once trained.
+        kl_weights: the KL weight of each stage's settings, once resolved
+            (:meth:`kl_weight`).
 
     Example::
 
@@ -57,11 +61,21 @@ class RunContext:
     loader: Any = None
     deterministic: tuple[nn.Module, int] | None = None
     stage1: Any = None
+    kl_weights: dict[str, float] = field(default_factory=dict)
 
     @property
     def progress(self) -> bool:
         """Progress bars: when the settings ask for them, on rank 0."""
         return bool(self.cfg.progress) and env.is_main()
+
+    def kl_weight(self, stage: str, model) -> float:
+        r""":math:`\beta` of ``cfg.<stage>.kl_weight`` for this run, resolved once (a number
+        as it is; ``"data_size"`` from the run's data and network, which ``model``
+        holds: :func:`~twodg_pyro.infer.temperature.resolve_kl_weight`)."""
+        if stage not in self.kl_weights:
+            setting = getattr(self.cfg, stage).kl_weight
+            self.kl_weights[stage] = resolve_kl_weight(setting, model)
+        return self.kl_weights[stage]
 
     def predict(self, method, eval_data=None, **kw) -> Prediction:
         """The run's prediction of ``eval_data`` (default: the run's evaluation data) by a

@@ -14,11 +14,11 @@ settings (:mod:`~twodg_pyro.pipeline.settings.presets`), the file's other settin
 This module is the settings' home: :class:`RunConfig` (the top level of a config
 file) and reading it from files and dicts.  The rules a setting obeys are in
 :mod:`twodg_pyro.settings`; the sections, one per table of the file, in
-:mod:`.config_sections` (data, network, prior, the stages; ``[sharing]`` is the 2DG
-method's own :class:`~twodg_pyro.sharing.SharingConfig`), :mod:`.config_methods`
-(the registry of methods, :data:`~twodg_pyro.pipeline.settings.registry.METHOD_REGISTRY`,
-and the sections of the compared methods) and :mod:`.config_evaluation`
-(uncertainty, diagnostics); all are importable from here.
+:mod:`.sections` (data, network, prior, the stages; ``[sharing]`` is the 2DG method's
+own :class:`~twodg_pyro.sharing.SharingConfig`), :mod:`.registry` (the registry of
+methods, :data:`~twodg_pyro.pipeline.settings.registry.METHOD_REGISTRY`, and the sections
+of the compared methods) and :mod:`.evaluation` (uncertainty, diagnostics); all are
+importable from here.
 """
 
 from __future__ import annotations
