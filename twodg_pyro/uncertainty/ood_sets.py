@@ -65,103 +65,6 @@ def _subset(t: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     return t[torch.randperm(t.shape[0], generator=_generator(seed))[:n].sort().values]
 
 
-def _transformed(
-    op: Callable[[torch.Tensor], torch.Tensor],
-    test_inputs: torch.Tensor,
-    pixel_mean: Stat,
-    pixel_std: Stat,
-    image_shape: Sequence[int] | None,
-) -> torch.Tensor:
-    u = to_pixels(test_inputs, pixel_mean, pixel_std, image_shape)
-    return from_pixels(op(u), pixel_mean, pixel_std, test_inputs)
-
-
-def rotated90(
-    test_inputs: torch.Tensor,
-    pixel_mean: Stat = MNIST_MEAN,
-    pixel_std: Stat = MNIST_STD,
-    seed: int = 0,
-    image_shape: Sequence[int] | None = None,
-) -> torch.Tensor:
-    """The test images rotated by 90 degrees counter-clockwise (square images only)."""
-    shape = image_shape_of(test_inputs, image_shape)
-    if shape[1] != shape[2]:
-        raise ValueError(f"rotated90 needs square images, got H x W = {shape[1]} x {shape[2]}")
-    return _transformed(
-        lambda u: torch.rot90(u, 1, dims=(-2, -1)), test_inputs, pixel_mean, pixel_std, shape
-    )
-
-
-def vflip(
-    test_inputs: torch.Tensor,
-    pixel_mean: Stat = MNIST_MEAN,
-    pixel_std: Stat = MNIST_STD,
-    seed: int = 0,
-    image_shape: Sequence[int] | None = None,
-) -> torch.Tensor:
-    """The test images flipped upside down (rows reversed)."""
-    return _transformed(lambda u: u.flip(-2), test_inputs, pixel_mean, pixel_std, image_shape)
-
-
-def inverted(
-    test_inputs: torch.Tensor,
-    pixel_mean: Stat = MNIST_MEAN,
-    pixel_std: Stat = MNIST_STD,
-    seed: int = 0,
-    image_shape: Sequence[int] | None = None,
-) -> torch.Tensor:
-    r"""The test images in negative: :math:`1 - u` (pixels clamped to :math:`[0, 1]` first)."""
-    return _transformed(
-        lambda u: 1.0 - u.clamp(0.0, 1.0), test_inputs, pixel_mean, pixel_std, image_shape
-    )
-
-
-def uniform_noise(
-    test_inputs: torch.Tensor,
-    pixel_mean: Stat = MNIST_MEAN,
-    pixel_std: Stat = MNIST_STD,
-    seed: int = 0,
-    image_shape: Sequence[int] | None = None,
-) -> torch.Tensor:
-    r"""``N`` images of i.i.d. uniform noise with the in-distribution pixel mean and std:
-    :math:`u = m + s\,v`, :math:`v \sim \mathcal U(-\sqrt3, \sqrt3)` (mean 0, variance 1),
-    so the normalised inputs are :math:`v` itself.  Not clamped to :math:`[0, 1]`."""
-    shape = image_shape_of(test_inputs, image_shape)
-    v = torch.rand((test_inputs.shape[0], *shape), generator=_generator(seed), dtype=torch.float64)
-    v = ((2.0 * v - 1.0) * math.sqrt(3.0)).to(test_inputs.dtype)
-    m = stat(pixel_mean, shape, test_inputs, "pixel_mean")
-    s = stat(pixel_std, shape, test_inputs, "pixel_std")
-    return from_pixels(m + s * v, pixel_mean, pixel_std, test_inputs)
-
-
-def gaussian_blobs(
-    test_inputs: torch.Tensor,
-    pixel_mean: Stat = MNIST_MEAN,
-    pixel_std: Stat = MNIST_STD,
-    seed: int = 0,
-    image_shape: Sequence[int] | None = None,
-) -> torch.Tensor:
-    r"""``N`` images, each the pixel-wise maximum of 1 to 4 isotropic Gaussian bumps
-    :math:`\exp(-\lVert p - c\rVert^2 / 2\sigma^2)` with centres uniform over the image
-    and :math:`\sigma` uniform in :math:`[1, 4]` px at 28 px (scaled with the side), the
-    same on every channel: smooth blobs, digit-like in brightness, never strokes."""
-    c, h, w = image_shape_of(test_inputs, image_shape)
-    n, g = test_inputs.shape[0], _generator(seed)
-    k = 4
-    scale = max(h, w) / 28.0
-    centres = torch.rand(n, k, 2, generator=g, dtype=torch.float64) * torch.tensor(
-        [h - 1, w - 1], dtype=torch.float64
-    )
-    sigma = (1.0 + 3.0 * torch.rand(n, k, generator=g, dtype=torch.float64)) * scale
-    present = torch.arange(k) < torch.randint(1, k + 1, (n, 1), generator=g)
-    rows = torch.arange(h, dtype=torch.float64).view(1, 1, h, 1)
-    cols = torch.arange(w, dtype=torch.float64).view(1, 1, 1, w)
-    d2 = (rows - centres[..., 0, None, None]) ** 2 + (cols - centres[..., 1, None, None]) ** 2
-    bumps = torch.exp(-d2 / (2.0 * sigma[..., None, None] ** 2)) * present[..., None, None]
-    u = bumps.amax(1, keepdim=True).expand(n, c, h, w).to(test_inputs.dtype)
-    return from_pixels(u, pixel_mean, pixel_std, test_inputs)
-
-
 def resize_images(u: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """Images ``(N, c, h, w)`` in :math:`[0, 1]` converted to ``shape = (C, H, W)``:
     bilinear resizing (antialiased when shrinking), grey to colour by repetition, colour
@@ -181,24 +84,90 @@ def resize_images(u: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     return u.clamp(0.0, 1.0)
 
 
-def digits_upsampled(
-    test_inputs: torch.Tensor,
-    pixel_mean: Stat = MNIST_MEAN,
-    pixel_std: Stat = MNIST_STD,
-    seed: int = 0,
-    image_shape: Sequence[int] | None = None,
-) -> torch.Tensor:
+def _ood_set(pixels: Callable[..., torch.Tensor]) -> OODSet:
+    """The OOD set ``fn(test_inputs, pixel_mean, pixel_std, seed, image_shape=None)`` whose
+    images in pixel space are ``pixels(test_inputs, (C, H, W), pixel_mean, pixel_std,
+    seed)``, normalised like ``test_inputs`` (name and docstring are those of ``pixels``)."""
+
+    def ood_set(
+        test_inputs: torch.Tensor,
+        pixel_mean: Stat = MNIST_MEAN,
+        pixel_std: Stat = MNIST_STD,
+        seed: int = 0,
+        image_shape: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        shape = image_shape_of(test_inputs, image_shape)
+        u = pixels(test_inputs, shape, pixel_mean, pixel_std, seed)
+        return from_pixels(u, pixel_mean, pixel_std, test_inputs)
+
+    ood_set.__name__ = ood_set.__qualname__ = pixels.__name__
+    ood_set.__doc__ = pixels.__doc__
+    return ood_set
+
+
+@_ood_set
+def rotated90(x, shape, mean, std, seed) -> torch.Tensor:
+    """The test images rotated by 90 degrees counter-clockwise (square images only)."""
+    if shape[1] != shape[2]:
+        raise ValueError(f"rotated90 needs square images, got H x W = {shape[1]} x {shape[2]}")
+    return torch.rot90(to_pixels(x, mean, std, shape), 1, dims=(-2, -1))
+
+
+@_ood_set
+def vflip(x, shape, mean, std, seed) -> torch.Tensor:
+    """The test images flipped upside down (rows reversed)."""
+    return to_pixels(x, mean, std, shape).flip(-2)
+
+
+@_ood_set
+def inverted(x, shape, mean, std, seed) -> torch.Tensor:
+    r"""The test images in negative: :math:`1 - u` (pixels clamped to :math:`[0, 1]` first)."""
+    return 1.0 - to_pixels(x, mean, std, shape).clamp(0.0, 1.0)
+
+
+@_ood_set
+def uniform_noise(x, shape, mean, std, seed) -> torch.Tensor:
+    r"""``N`` images of i.i.d. uniform noise with the in-distribution pixel mean and std:
+    :math:`u = m + s\,v`, :math:`v \sim \mathcal U(-\sqrt3, \sqrt3)` (mean 0, variance 1),
+    so the normalised inputs are :math:`v` itself.  Not clamped to :math:`[0, 1]`."""
+    v = torch.rand((x.shape[0], *shape), generator=_generator(seed), dtype=torch.float64)
+    v = ((2.0 * v - 1.0) * math.sqrt(3.0)).to(x.dtype)
+    return stat(mean, shape, x, "pixel_mean") + stat(std, shape, x, "pixel_std") * v
+
+
+@_ood_set
+def gaussian_blobs(x, shape, mean, std, seed) -> torch.Tensor:
+    r"""``N`` images, each the pixel-wise maximum of 1 to 4 isotropic Gaussian bumps
+    :math:`\exp(-\lVert p - c\rVert^2 / 2\sigma^2)` with centres uniform over the image
+    and :math:`\sigma` uniform in :math:`[1, 4]` px at 28 px (scaled with the side), the
+    same on every channel: smooth blobs, digit-like in brightness, never strokes."""
+    c, h, w = shape
+    n, g = x.shape[0], _generator(seed)
+    k = 4
+    scale = max(h, w) / 28.0
+    centres = torch.rand(n, k, 2, generator=g, dtype=torch.float64) * torch.tensor(
+        [h - 1, w - 1], dtype=torch.float64
+    )
+    sigma = (1.0 + 3.0 * torch.rand(n, k, generator=g, dtype=torch.float64)) * scale
+    present = torch.arange(k) < torch.randint(1, k + 1, (n, 1), generator=g)
+    rows = torch.arange(h, dtype=torch.float64).view(1, 1, h, 1)
+    cols = torch.arange(w, dtype=torch.float64).view(1, 1, 1, w)
+    d2 = (rows - centres[..., 0, None, None]) ** 2 + (cols - centres[..., 1, None, None]) ** 2
+    bumps = torch.exp(-d2 / (2.0 * sigma[..., None, None] ** 2)) * present[..., None, None]
+    return bumps.amax(1, keepdim=True).expand(n, c, h, w).to(x.dtype)
+
+
+@_ood_set
+def digits_upsampled(x, shape, mean, std, seed) -> torch.Tensor:
     """scikit-learn's 8x8 digits (``load_digits``) scaled from 0..16 to [0, 1], upsampled
     bilinearly (``align_corners=False``) to the test images' ``H x W``, repeated over
     their channels and normalised like them; ``min(N, 1797)`` images, a subset drawn with
     ``seed`` when ``N < 1797``."""
     from sklearn.datasets import load_digits
 
-    shape = image_shape_of(test_inputs, image_shape)
     images = np.asarray(load_digits().images, dtype=np.float32) / 16.0
-    u = torch.from_numpy(images).unsqueeze(1).to(test_inputs.dtype)
-    u = _subset(u, test_inputs.shape[0], seed)
-    return from_pixels(resize_images(u, shape), pixel_mean, pixel_std, test_inputs)
+    u = torch.from_numpy(images).unsqueeze(1).to(x.dtype)
+    return resize_images(_subset(u, x.shape[0], seed), shape)
 
 
 #: The built-in OOD sets by name (see the module docstring).
