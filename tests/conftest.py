@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 import warnings
+from pathlib import Path
 
 # under pytest-xdist (``make test`` runs one worker per core) every worker, and every
 # process a test starts, takes one torch thread: two threads per worker would
@@ -23,6 +25,9 @@ from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.infer import fit
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from fault_injection import TINY  # noqa: E402  (the tiny digits run, with checkpoints)
 
 warnings.filterwarnings("ignore", message=".*was not registered in the param store.*")
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -77,24 +82,7 @@ def stage2_structure(trained_mean_field, digits):
 
 #: The whole pipeline on digits in about two seconds, with checkpoints: a 64-16-10 MLP,
 #: two epochs per stage (``tiny_run_config``, ``tiny_run``).
-_TINY_RUN = {
-    "methods": ["mean_field", "2dg"],
-    "seed": 0,
-    "num_samples": 2,
-    "progress": False,
-    "checkpoint_every": 1,
-    "network": {"hidden": [16]},
-    "stage1": {"epochs": 2, "deterministic_epochs": 1},
-    "sharing": {
-        "outlier_rule": "quantile",
-        "mu_quantile": 0.99,
-        "grad_percentile": 0.01,
-        "n_components": 4,
-        "n_min": 5,
-        "k_nearest": 4,  # at most K (the neighbours an ellipse weight is blended from)
-    },
-    "stage3": {"epochs": 2},
-}
+_TINY_RUN = {**TINY, "seed": 0}
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ nothing (fault injection)."""
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -24,6 +25,9 @@ from twodg_pyro.files.integrity import (
 from twodg_pyro.infer.checkpoint import load_checkpoint
 from twodg_pyro.io import load_2dg, load_model
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from fault_injection import same  # noqa: E402  (bitwise equality of loaded payloads)
+
 
 @pytest.fixture
 def run_dir(tiny_run) -> Path:
@@ -32,31 +36,6 @@ def run_dir(tiny_run) -> Path:
 
 def _raw(path: Path) -> dict:
     return torch.load(path, weights_only=True)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def _same(a, b) -> bool:
-    """Bitwise equality of two loaded payloads (tensors, containers, numbers)."""
-    if torch.is_tensor(a) or torch.is_tensor(b):
-        return (
-            torch.is_tensor(a)
-            and torch.is_tensor(b)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and torch.equal(_bits(a), _bits(b))
-        )
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return (
-            type(a) is type(b)
-            and len(a) == len(b)
-            and all(_same(x, y) for x, y in zip(a, b, strict=True))
-        )
-    return type(a) is type(b) and a == b
 
 
 # ---------------------------------------------------------------------- the digest
@@ -212,6 +191,6 @@ def test_random_byte_flips_fail_clearly_or_change_nothing(run_dir, tmp_path, nam
             assert str(bad) in str(e)
             failed += 1
             continue
-        assert _same(got, reference), "a flipped byte loaded with changed content"
+        assert same(got, reference), "a flipped byte loaded with changed content"
         unchanged += 1
     assert failed + unchanged == flips and failed > flips // 2
