@@ -428,12 +428,9 @@ def section_float64(device: str, work: Path) -> dict:
     return {"dtypes": dtypes, "records": _metrics(art.records), "problems": problems}
 
 
-def _interrupt_after(stage: str, epoch: int):
-    """A patch of ``Checkpoint.save`` that raises ``KeyboardInterrupt`` right after the
-    checkpoint of ``stage`` at ``epoch`` is written; returns ``(install, remove)``."""
-    from twodg_pyro.infer import checkpoint as ckpt_mod
-
-    real = ckpt_mod.Checkpoint.save
+def interrupting_save(real, stage: str, epoch: int):
+    """``Checkpoint.save`` (``real``) raising ``KeyboardInterrupt`` right after it writes
+    the checkpoint of ``stage`` at ``epoch`` (the tests' ``interrupt_after`` uses it too)."""
 
     def save_then_die(self, state):
         path = real(self, state)
@@ -441,8 +438,18 @@ def _interrupt_after(stage: str, epoch: int):
             raise KeyboardInterrupt
         return path
 
+    return save_then_die
+
+
+def _interrupt_after(stage: str, epoch: int):
+    """A patch of ``Checkpoint.save`` (:func:`interrupting_save`); returns ``(install,
+    remove)``."""
+    from twodg_pyro.infer import checkpoint as ckpt_mod
+
+    real = ckpt_mod.Checkpoint.save
+
     def install():
-        ckpt_mod.Checkpoint.save = save_then_die
+        ckpt_mod.Checkpoint.save = interrupting_save(real, stage, epoch)
 
     def remove():
         ckpt_mod.Checkpoint.save = real

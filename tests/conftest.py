@@ -86,6 +86,23 @@ _TINY_RUN = {**TINY, "seed": 0}
 
 
 @pytest.fixture
+def interrupt_after(monkeypatch):
+    """``interrupt_after(stage, epoch)``: runs raise ``KeyboardInterrupt`` right after the
+    checkpoint of ``stage`` at ``epoch`` is written; ``interrupt_after(None)`` ends it."""
+    from gpu_check import interrupting_save
+
+    from twodg_pyro.infer.checkpoint import Checkpoint
+
+    real = Checkpoint.save
+
+    def patch(stage: str | None, epoch: int = 0) -> None:
+        save = real if stage is None else interrupting_save(real, stage, epoch)
+        monkeypatch.setattr(Checkpoint, "save", save)
+
+    return patch
+
+
+@pytest.fixture
 def tiny_run_config() -> dict:
     """The settings of the tiny digits run (a fresh copy: tests may change it)."""
     return copy.deepcopy(_TINY_RUN)

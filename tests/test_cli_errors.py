@@ -19,7 +19,6 @@ import torch
 
 from twodg_pyro.cli import main
 from twodg_pyro.files.integrity import seal
-from twodg_pyro.infer import checkpoint as ckpt_mod
 from twodg_pyro.infer.elbo import DecomposedELBO
 
 
@@ -247,17 +246,9 @@ def test_nan_loss_is_one_line_naming_the_last_checkpoint(tmp_path, capsys, confi
 
 
 def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
-    tmp_path, capsys, config, monkeypatch
+    tmp_path, capsys, config, interrupt_after
 ):
-    real_save = ckpt_mod.Checkpoint.save
-
-    def save_then_interrupt(self, state):
-        path = real_save(self, state)
-        if self.stage == "stage1" and state.epoch == 1:
-            raise KeyboardInterrupt
-        return path
-
-    monkeypatch.setattr(ckpt_mod.Checkpoint, "save", save_then_interrupt)
+    interrupt_after("stage1", 1)
     out = tmp_path / "o"
     line = one_line(
         capsys,
@@ -268,7 +259,7 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(
         f"Continue with: twodg-pyro train --resume {out}",
     )
     assert line.startswith("twodg-pyro train: ")
-    monkeypatch.setattr(ckpt_mod.Checkpoint, "save", real_save)
+    interrupt_after(None)
     one_line(capsys, 2, ["train", "--config", str(config), "--out", str(out)], "--resume")
     assert main(["train", "--resume", str(out)]) == 0  # the lock was given back
     assert (out / "results.json").exists()

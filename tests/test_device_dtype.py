@@ -288,24 +288,14 @@ def test_pipeline_float64_every_method_dtype(tmp_path, monkeypatch):
     assert model.dtype == F64 and guide.tying == "tied"
 
 
-def test_float64_checkpoint_resume_is_exact_dtype(tmp_path, monkeypatch):
-    from twodg_pyro.infer import checkpoint as ckpt_mod
-
+def test_float64_checkpoint_resume_is_exact_dtype(tmp_path, interrupt_after):
     cfg = {**TINY, "methods": ["mean_field", "2dg"], "checkpoint_every": 1}
     cfg["diagnostics"] = {"enabled": False}
     run(config_from_dict(cfg), tmp_path / "ref")
-    real = ckpt_mod.Checkpoint.save
-
-    def save_then_die(self, state):
-        path = real(self, state)
-        if self.stage == "stage3" and state.epoch == 1:
-            raise KeyboardInterrupt
-        return path
-
-    monkeypatch.setattr(ckpt_mod.Checkpoint, "save", save_then_die)
+    interrupt_after("stage3", 1)
     with pytest.raises(KeyboardInterrupt):
         run(config_from_dict(cfg), tmp_path / "r")
-    monkeypatch.setattr(ckpt_mod.Checkpoint, "save", real)
+    interrupt_after(None)
     art = run(config_from_dict(cfg), tmp_path / "r", resume=True)
     assert art.trained["2dg"].guide.centre_mu.dtype == F64
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from twodg_pyro.infer import checkpoint as ckpt_mod
 from twodg_pyro.infer.checkpoint import load_checkpoint
 from twodg_pyro.pipeline import config_from_dict, run
 
@@ -77,21 +76,15 @@ def test_same_seed_gives_identical_results_json(reference, tmp_path):
 
 
 @pytest.mark.parametrize("stage, at", [("stage1", 2), ("stage3", 2), ("stage3", 6)])
-def test_interrupted_run_resumes_to_identical_results(reference, tmp_path, monkeypatch, stage, at):
+def test_interrupted_run_resumes_to_identical_results(
+    reference, tmp_path, interrupt_after, stage, at
+):
     """Interrupted right after the stage's checkpoint of epoch ``at`` (6: stage 3 complete,
     interrupted during the final prediction)."""
-    real_save = ckpt_mod.Checkpoint.save
-
-    def save_then_die(self, state):
-        path = real_save(self, state)
-        if self.stage == stage and state.epoch == at:
-            raise KeyboardInterrupt
-        return path
-
-    monkeypatch.setattr(ckpt_mod.Checkpoint, "save", save_then_die)
+    interrupt_after(stage, at)
     with pytest.raises(KeyboardInterrupt):
         run(config_from_dict(TINY), tmp_path)
-    monkeypatch.setattr(ckpt_mod.Checkpoint, "save", real_save)
+    interrupt_after(None)
     assert not (tmp_path / "results.json").exists()
     assert load_checkpoint(tmp_path / "checkpoints" / f"{stage}.pt").epoch == at
     art = run(config_from_dict(TINY), tmp_path, resume=True)

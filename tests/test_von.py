@@ -149,28 +149,18 @@ TINY_VON = {
 }
 
 
-def test_pipeline_trains_checkpoints_and_resumes_with_von(tmp_path, monkeypatch):
+def test_pipeline_trains_checkpoints_and_resumes_with_von(tmp_path, interrupt_after):
     import json
-
-    from twodg_pyro.infer import checkpoint as ckpt_mod
 
     ref = run(config_from_dict(TINY_VON), tmp_path / "ref")
     mf = next(r for r in ref.records if r["method"] == "mean_field")
     assert mf["trainer"] == "von" and mf["accuracy"] > 0.9
     assert next(r for r in ref.records if r["method"] == "2dg")["accuracy"] > 0.85
 
-    real_save = ckpt_mod.Checkpoint.save
-
-    def save_then_die(self, state):
-        path = real_save(self, state)
-        if self.stage == "stage1" and state.epoch == 4:
-            raise KeyboardInterrupt
-        return path
-
-    monkeypatch.setattr(ckpt_mod.Checkpoint, "save", save_then_die)
+    interrupt_after("stage1", 4)
     with pytest.raises(KeyboardInterrupt):
         run(config_from_dict(TINY_VON), tmp_path / "cut")
-    monkeypatch.setattr(ckpt_mod.Checkpoint, "save", real_save)
+    interrupt_after(None)
     run(config_from_dict(TINY_VON), tmp_path / "cut", resume=True)
 
     def untimed(obj):  # results.json without its timings
