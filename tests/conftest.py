@@ -80,6 +80,26 @@ def stage2_structure(trained_mean_field, digits):
     return structure
 
 
+#: The groups of the ArviZ tree of a shared-GMM BNN (``diagnostics.to_inference_data``).
+ARVIZ_GROUPS = {
+    "posterior",
+    "posterior_predictive",
+    "log_likelihood",
+    "observed_data",
+    "constant_data",
+    "sample_stats",
+    "sharing",
+}
+
+#: Stage 2 for the small digits models: quantile outliers, 8 components of >= 5 weights.
+SMALL_SHARING = {
+    "outlier_rule": "quantile",
+    "mu_quantile": 0.99,
+    "grad_percentile": 0.005,
+    "n_components": 8,
+    "n_min": 5,
+}
+
 #: The whole pipeline on digits in about two seconds, with checkpoints: a 64-16-10 MLP,
 #: two epochs per stage (``tiny_run_config``, ``tiny_run``).
 _TINY_RUN = {**TINY, "seed": 0}

@@ -18,6 +18,7 @@ import pyro
 import pytest
 import torch
 import xarray as xr
+from conftest import ARVIZ_GROUPS, SMALL_SHARING
 from torch import nn
 
 from twodg_pyro import diagnostics as D
@@ -37,15 +38,6 @@ matplotlib.use("Agg")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 S = 30
 SITES = ["layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias"]
-GROUPS = {
-    "posterior",
-    "posterior_predictive",
-    "log_likelihood",
-    "observed_data",
-    "constant_data",
-    "sample_stats",
-    "sharing",
-}
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +49,7 @@ def small(digits):
     mf = MeanFieldGuide(model, seed=0)
     loader = make_loader(digits.train, 128, shuffle=True, seed=0)
     fit(model, mf, loader, epochs=20, lr=1e-2, progress=False)
-    cfg = SharingConfig(
-        outlier_rule="quantile", mu_quantile=0.99, grad_percentile=0.005, n_components=8, n_min=5
-    )
+    cfg = SharingConfig(**SMALL_SHARING)
     structure, _ = build_sharing(model, mf, loader, cfg, seed=0)
     guide = SharedGMMGuide(model, structure)
     fit(model, guide, loader, epochs=2, lr=1e-2, progress=False)
@@ -84,7 +74,7 @@ def _is_png(path) -> bool:
 def test_the_tree_type_groups_dims_and_dtypes(trees, small, digits):
     tree = trees["2dg"]
     assert isinstance(tree, xr.DataTree) if D.DATATREE else not isinstance(tree, xr.DataTree)
-    assert set(D.group_names(tree)) == GROUPS
+    assert set(D.group_names(tree)) == ARVIZ_GROUPS
     post = D.group(tree, "posterior")
     assert post.sizes["chain"] == 1 and post.sizes["draw"] == S
     assert post["layers.0.weight"].dims == (
@@ -171,7 +161,7 @@ def test_netcdf_round_trip_keeps_every_group(trees, tmp_path):
     tree = trees["2dg"]
     path = D.save_inference_data(tree, tmp_path / "sub" / "tree.nc")
     back = D.load_inference_data(path)
-    assert set(D.group_names(back)) == GROUPS
+    assert set(D.group_names(back)) == ARVIZ_GROUPS
     for name in ("posterior", "sample_stats", "sharing", "log_likelihood"):
         a, b = D.group(tree, name), D.group(back, name)
         for var in a.data_vars:

@@ -22,6 +22,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from conftest import SMALL_SHARING
 
 from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import make_loader
@@ -48,9 +49,7 @@ from twodg_pyro.priors import (
 from twodg_pyro.sharing import MahalanobisHook, MergeHook, build_sharing
 
 F64 = torch.float64
-SHARING = SharingConfig(
-    outlier_rule="quantile", mu_quantile=0.99, grad_percentile=0.005, n_components=8, n_min=5
-)
+SHARING = SharingConfig(**SMALL_SHARING)
 SITE = BayesianSite("w", "", "weight", torch.Size([3, 4]), "Linear", 4)
 
 
@@ -247,13 +246,7 @@ TINY = {
     "progress": False,
     "network": {"hidden": [16], "dtype": "float64"},
     "stage1": {"epochs": 3, "deterministic_epochs": 2},
-    "sharing": {
-        "outlier_rule": "quantile",
-        "mu_quantile": 0.99,
-        "grad_percentile": 0.005,
-        "n_components": 8,
-        "n_min": 5,
-    },
+    "sharing": SMALL_SHARING,
     "stage3": {"epochs": 2, "merge_every": 1, "reassign_every": 1, "tying": "tied"},
     "rank1": {"epochs": 2, "components": 2},
     "ssvi": {"epochs": 2, "update_every": 1},

@@ -10,6 +10,7 @@ import numpy as np
 import pyro
 import pytest
 import torch
+from conftest import ARVIZ_GROUPS, SMALL_SHARING
 
 from twodg_pyro import diagnostics as D
 from twodg_pyro.bnn import BNNModel
@@ -39,14 +40,7 @@ def small(digits):
     mf = MeanFieldGuide(model, seed=0)
     loader = make_loader(digits.train, 128, shuffle=True, seed=0)
     mf_state = fit(model, mf, loader, epochs=20, lr=1e-2, progress=False)
-    cfg = SharingConfig(
-        outlier_rule="quantile",
-        mu_quantile=0.99,
-        grad_percentile=0.005,
-        n_components=8,
-        n_min=5,
-    )
-    structure, report = build_sharing(model, mf, loader, cfg, seed=0)
+    structure, report = build_sharing(model, mf, loader, SharingConfig(**SMALL_SHARING), seed=0)
     guide = SharedGMMGuide(model, structure)
     state = fit(model, guide, loader, epochs=2, lr=1e-2, progress=False)
     return {
@@ -74,15 +68,7 @@ def test_inference_data_groups_shapes_and_round_trip(small, digits, tmp_path):
     x, y = digits.test.tensors
     st = guide.structure()
     idata = D.to_inference_data(model, guide, (x, y), S, seed=3)
-    assert set(D.group_names(idata)) == {
-        "posterior",
-        "posterior_predictive",
-        "log_likelihood",
-        "observed_data",
-        "constant_data",
-        "sample_stats",
-        "sharing",
-    }
+    assert set(D.group_names(idata)) == ARVIZ_GROUPS
     post, N, K = D.group(idata, "posterior"), len(y), st.n_gaussians
     assert post.sizes["chain"] == 1 and post.sizes["draw"] == S
     # one posterior variable per Pyro site, named as the site, with named dims (and a
@@ -501,13 +487,7 @@ TINY_RUN = {
     "progress": False,
     "network": {"hidden": [16]},
     "stage1": {"epochs": 3, "deterministic_epochs": 2},
-    "sharing": {
-        "outlier_rule": "quantile",
-        "mu_quantile": 0.99,
-        "grad_percentile": 0.005,
-        "n_components": 8,
-        "n_min": 5,
-    },
+    "sharing": SMALL_SHARING,
     "stage3": {"epochs": 2, "merge_every": 1},
     "diagnostics": {"khat_samples": 30},
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import SMALL_SHARING
 
 from twodg_pyro import diagnostics as D
 from twodg_pyro.cli import main
@@ -19,13 +20,7 @@ TINY = {
     "progress": False,
     "network": {"hidden": [16]},
     "stage1": {"epochs": 2},
-    "sharing": {
-        "outlier_rule": "quantile",
-        "mu_quantile": 0.99,
-        "grad_percentile": 0.005,
-        "n_components": 8,
-        "n_min": 5,
-    },
+    "sharing": SMALL_SHARING,
     "stage3": {"epochs": 1},
     "diagnostics": {"khat_samples": 30, "max_examples": 300, "min_examples": 50},
 }
