@@ -147,7 +147,8 @@ def resnet50_points(step: StepLog, grad_batches: int, grad_batch: int, image: in
     from twodg_pyro.likelihoods import Categorical
     from twodg_pyro.models import build_network
     from twodg_pyro.pipeline import SharingConfig
-    from twodg_pyro.sharing import SiteLayout, outlier_gradients, points_from_arrays
+    from twodg_pyro.sharing import outlier_gradients, points_from_arrays
+    from twodg_pyro.sharing.build import site_layouts
 
     with step("network_and_guide"):
         torch.manual_seed(0)
@@ -156,10 +157,7 @@ def resnet50_points(step: StepLog, grad_batches: int, grad_batch: int, image: in
         guide = MeanFieldGuide(model, init_scale="paper", seed=0)
     with step("points"):
         mus, s0 = guide.means_and_scales()
-        sites, off = [], 0
-        for s in guide.sites:
-            sites.append(SiteLayout(s.name, tuple(s.shape), off))
-            off += s.numel
+        sites, off = site_layouts(guide.sites)
         gen = torch.Generator().manual_seed(1)
         sd = torch.cat([mus[x.offset : x.offset + x.numel].std().expand(x.numel) for x in sites])
         sigmas = s0 * torch.exp(0.5 * torch.randn(s0.shape, generator=gen)) * (1 + mus.abs() / sd)

@@ -35,7 +35,8 @@ from twodg_pyro.infer import DecomposedELBO  # noqa: E402
 from twodg_pyro.infer.optim import build_optimizer  # noqa: E402
 from twodg_pyro.likelihoods import Categorical  # noqa: E402
 from twodg_pyro.models import MLP  # noqa: E402
-from twodg_pyro.sharing import SharingStructure, SiteLayout  # noqa: E402
+from twodg_pyro.sharing import SharingStructure  # noqa: E402
+from twodg_pyro.sharing.build import site_layouts  # noqa: E402
 
 N_DATA, BATCH = 60000, 128
 
@@ -70,10 +71,7 @@ class HandBBB(nn.Module):
 def make_structure(model, n_components=64, outlier_frac=0.01, ellipse_frac=0.005, seed=0):
     """A synthetic sharing structure of realistic proportions for timing."""
     g = torch.Generator().manual_seed(seed)
-    sites, off = [], 0
-    for s in model.sites:
-        sites.append(SiteLayout(s.name, tuple(s.shape), off))
-        off += s.numel
+    sites, off = site_layouts(model.sites)
     perm = torch.randperm(off, generator=g)
     n_out, n_ell = int(outlier_frac * off), int(ellipse_frac * off)
     out, ell, plain = perm[:n_out], perm[n_out : n_out + n_ell], perm[n_out + n_ell :]

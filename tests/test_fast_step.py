@@ -22,7 +22,8 @@ from twodg_pyro.likelihoods import Categorical, Gaussian
 from twodg_pyro.models import MLP, LeNet5
 from twodg_pyro.pipeline import config_from_dict, run
 from twodg_pyro.priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior, PretrainedPrior
-from twodg_pyro.sharing import SharingStructure, SiteLayout
+from twodg_pyro.sharing import SharingStructure
+from twodg_pyro.sharing.build import site_layouts
 
 TYINGS = ["representative", "stochastic", "tied"]
 STAGE3 = [f"stage3_{t}" for t in TYINGS]
@@ -37,10 +38,7 @@ PRIORS = {
 def _structure(model, K=6, seed=0):
     """1% outliers, 3% ellipse weights over 3 components each, the rest plain inliers."""
     g = torch.Generator().manual_seed(seed)
-    sites, off = [], 0
-    for s in model.sites:
-        sites.append(SiteLayout(s.name, tuple(s.shape), off))
-        off += s.numel
+    sites, off = site_layouts(model.sites)
     perm = torch.randperm(off, generator=g)
     n_out, n_ell = max(1, off // 100), max(1, 3 * off // 100)
     out, ell, plain = perm[:n_out], perm[n_out : n_out + n_ell], perm[n_out + n_ell :]

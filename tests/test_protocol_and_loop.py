@@ -26,7 +26,8 @@ from twodg_pyro.models import MLP
 from twodg_pyro.pipeline.runtime.data_parallel import SUPPORTED_METHODS
 from twodg_pyro.pipeline.runtime.runner import METHOD_REGISTRY
 from twodg_pyro.pipeline.settings.config import METHODS
-from twodg_pyro.sharing import SharingStructure, SiteLayout
+from twodg_pyro.sharing import SharingStructure
+from twodg_pyro.sharing.build import site_layouts
 
 
 def _model(seed=0, n=100):
@@ -38,10 +39,7 @@ def toy_structure(model, K=3, n_out=4, n_ell=3, seed=0):
     """A structure over ``model``'s weights: ``n_out`` outliers, ``n_ell`` ellipse weights
     over 2 components, the rest plain inliers spread over ``K`` components."""
     gen = torch.Generator().manual_seed(seed)
-    sites, off = [], 0
-    for s in model.sites:
-        sites.append(SiteLayout(s.name, tuple(s.shape), off))
-        off += s.numel
+    sites, off = site_layouts(model.sites)
     perm = torch.randperm(off, generator=gen)
     out, ell = perm[:n_out].sort().values, perm[n_out : n_out + n_ell].sort().values
     plain = perm[n_out + n_ell :].sort().values

@@ -26,7 +26,8 @@ from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import accuracy
 from twodg_pyro.models import MLP
 from twodg_pyro.prediction import predict
-from twodg_pyro.sharing import SharingStructure, SiteLayout
+from twodg_pyro.sharing import SharingStructure
+from twodg_pyro.sharing.build import site_layouts
 
 GUIDES = ["mean_field", "representative", "stochastic", "tied", "rank1", "ssvi"]
 
@@ -41,10 +42,7 @@ def _clean_store():
 def _structure(model, n_components=6, seed=0) -> SharingStructure:
     """A random sharing structure: 5% outliers, 5% ellipse weights, the rest plain."""
     g = torch.Generator().manual_seed(seed)
-    sites, off = [], 0
-    for s in model.sites:
-        sites.append(SiteLayout(s.name, tuple(s.shape), off))
-        off += s.numel
+    sites, off = site_layouts(model.sites)
     perm = torch.randperm(off, generator=g)
     n_out, n_ell = off // 20, off // 20
     out, ell, plain = perm[:n_out], perm[n_out : n_out + n_ell], perm[n_out + n_ell :]

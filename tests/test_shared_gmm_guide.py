@@ -16,7 +16,8 @@ from twodg_pyro.io import load_2dg, save_2dg
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.prediction import predict
 from twodg_pyro.priors import LaplacePrior, NormalPrior
-from twodg_pyro.sharing import SharingStructure, SiteLayout
+from twodg_pyro.sharing import SharingStructure
+from twodg_pyro.sharing.build import site_layouts
 
 MEANS = torch.tensor([[0.10, 0.05], [-0.20, 0.10], [0.30, 0.02]])
 COVS = torch.tensor(
@@ -30,10 +31,7 @@ def make(prior=None, seed=0):
     model = BNNModel(
         net, prior=prior if prior is not None else NormalPrior(0.5), likelihood=Categorical(100)
     )
-    sites, off = [], 0
-    for s in model.sites:
-        sites.append(SiteLayout(s.name, tuple(s.shape), off))
-        off += s.numel
+    sites, off = site_layouts(model.sites)
     g = torch.Generator().manual_seed(1)
     perm = torch.randperm(off, generator=g)
     structure = SharingStructure(

@@ -87,6 +87,16 @@ class Inliers:
     covs: Tensor | None = None
 
 
+def site_layouts(sites) -> tuple[list[SiteLayout], int]:
+    """``(layouts, n_w)``: the name, shape and flat offset of each of ``sites`` (a model's
+    or a guide's, in order) and the number of weights they hold."""
+    layouts, off = [], 0
+    for s in sites:
+        layouts.append(SiteLayout(s.name, tuple(s.shape), off))
+        off += s.numel
+    return layouts, off
+
+
 def points_from_arrays(
     mus: Tensor, sigmas: Tensor, sites: list[SiteLayout], coordinates: str
 ) -> WeightPoints:
@@ -117,11 +127,7 @@ def gather_points(guide, coordinates: str) -> WeightPoints:
     the network's device.
     """
     mus, sigmas = guide.means_and_scales()
-    sites, off = [], 0
-    for s in guide.sites:
-        sites.append(SiteLayout(s.name, tuple(s.shape), off))
-        off += s.numel
-    return points_from_arrays(mus, sigmas, sites, coordinates)
+    return points_from_arrays(mus, sigmas, site_layouts(guide.sites)[0], coordinates)
 
 
 def outlier_gradients(model, guide, data, cfg, device=None) -> Tensor | None:
