@@ -160,22 +160,28 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def selection_parser(doc: str, threads: int, stem_help: str) -> argparse.ArgumentParser:
+    """The command line this selection and ``stage1_selection.py`` share."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--arch", choices=list(PRESETS), default="resnet20")
     p.add_argument("--root", default="data/mnist_subset", help="folder with MNIST/raw")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--draws", type=int, default=10)
     p.add_argument("--ood-size", type=int, default=400)
     p.add_argument("--shift-size", type=int, default=200)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=threads)
     p.add_argument("--quick", action="store_true", help="an epoch per stage (a check)")
     p.add_argument(
         "--out", default=str(Path(__file__).resolve().parent / "results" / "recipe_selection")
     )
-    p.add_argument("--stem", default=None, help="default: the --arch")
+    p.add_argument("--stem", default=None, help=stem_help)
     p.add_argument("--from-json", default=None, help="write the markdown of a saved run")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = selection_parser(__doc__, 2, "default: the --arch")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument(
         "--settings", default="{}", help="JSON settings over the preset's (stage 1 included)"
     )

@@ -22,7 +22,6 @@ validation NLL.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import statistics
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import torch
 from common import cell, command, setup
-from recipe_selection import PRESETS, settings_of
+from recipe_selection import selection_parser, settings_of
 
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.infer import data_size_kl_weight
@@ -115,21 +114,8 @@ def markdown(doc: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arch", choices=list(PRESETS), default="resnet20")
-    p.add_argument("--root", default="data/mnist_subset", help="folder with MNIST/raw")
-    p.add_argument("--seed", type=int, default=0)
+    p = selection_parser(__doc__, 1, "default: stage1_<arch>")
     p.add_argument("--points", nargs="+", default=list(GRID), choices=list(GRID))
-    p.add_argument("--draws", type=int, default=10)
-    p.add_argument("--ood-size", type=int, default=400)
-    p.add_argument("--shift-size", type=int, default=200)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="an epoch per stage (a check)")
-    p.add_argument(
-        "--out", default=str(Path(__file__).resolve().parent / "results" / "recipe_selection")
-    )
-    p.add_argument("--stem", default=None, help="default: stage1_<arch>")
-    p.add_argument("--from-json", default=None, help="write the markdown of a saved run")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
