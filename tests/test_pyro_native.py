@@ -161,26 +161,29 @@ def test_stock_trace_elbo_agrees_with_decomposed_elbo(kind, digits):
     )
 
 
+def _same_draw_losses(elbo_a, elbo_b, model, guide, x, y, seed: int) -> tuple[float, float]:
+    """The losses of two ELBOs on the same draw (Pyro's RNG seeded with ``seed`` before each)."""
+    losses = []
+    for elbo in (elbo_a, elbo_b):
+        pyro.set_rng_seed(seed)
+        losses.append(elbo.loss(model, guide, x, y))
+    return losses[0], losses[1]
+
+
 @pytest.mark.parametrize("kind", ["representative", "stochastic", "ssvi"])
 def test_trace_mean_field_elbo_uses_the_guide_density(kind, digits):
     """TraceMeanField_ELBO finds no closed form for a GuideDraw site and falls back to
     log q - log p, so it equals Trace_ELBO on the same draws."""
     model, guide = make(kind, len(digits.train))
     x, y = _xy(digits)
-    pyro.set_rng_seed(3)
-    a = TraceMeanField_ELBO().loss(model, guide, x, y)
-    pyro.set_rng_seed(3)
-    b = Trace_ELBO().loss(model, guide, x, y)
+    a, b = _same_draw_losses(TraceMeanField_ELBO(), Trace_ELBO(), model, guide, x, y, seed=3)
     assert a == pytest.approx(b, rel=1e-5)
 
 
 def test_mean_field_trace_mean_field_elbo_equals_decomposed_elbo_on_the_same_draw(digits):
     model, guide = make("mean_field", len(digits.train))
     x, y = _xy(digits)
-    pyro.set_rng_seed(3)
-    a = TraceMeanField_ELBO().loss(model, guide, x, y)
-    pyro.set_rng_seed(3)
-    b = DecomposedELBO().loss(model, guide, x, y)
+    a, b = _same_draw_losses(TraceMeanField_ELBO(), DecomposedELBO(), model, guide, x, y, seed=3)
     assert a == pytest.approx(b, rel=1e-6)
 
 
@@ -320,10 +323,7 @@ def test_decomposed_elbo_counts_an_autoguides_auxiliary_density(digits):
     guide = AutoNormal(model, init_scale=0.05)
     x, y = _xy(digits)
     guide(x, y)  # its set-up traces the model (random draws)
-    pyro.set_rng_seed(4)
-    a = Trace_ELBO().loss(model, guide, x, y)
-    pyro.set_rng_seed(4)
-    b = DecomposedELBO().loss(model, guide, x, y)
+    a, b = _same_draw_losses(Trace_ELBO(), DecomposedELBO(), model, guide, x, y, seed=4)
     assert a == pytest.approx(b, rel=1e-5)
 
 
