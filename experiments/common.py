@@ -53,6 +53,21 @@ def cell(x, fmt: str = ".3f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def table(title: str, columns: list[str], rows) -> list[str]:
+    """The markdown lines of a table after a blank line, ``title`` and a blank line:
+    ``columns`` its header, each of ``rows`` a list of cells."""
+    lines = ["", title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def by_recipe_method(records: list[dict]) -> dict[tuple, list[dict]]:
+    """The records grouped by ``(recipe, method)``, in the order they first appear."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["recipe"], r["method"]), []).append(r)
+    return groups
+
+
 def mean(xs) -> float | None:
     """The mean of the values that are not ``None`` (``None`` if there are none)."""
     xs = [x for x in xs if x is not None]

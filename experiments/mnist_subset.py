@@ -40,7 +40,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import command, setup
+from common import by_recipe_method, command, setup
 
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.pipeline import config_from_dict, run
@@ -130,11 +130,8 @@ def run_recipe(
 
 def summarise(records: list[dict]) -> list[dict]:
     """Mean and standard deviation over seeds per (recipe, method)."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in records:
-        groups.setdefault((r["recipe"], r["method"]), []).append(r)
     rows = []
-    for (recipe, method), rs in groups.items():
+    for (recipe, method), rs in by_recipe_method(records).items():
         row = {"recipe": recipe, "method": method, "seeds": len(rs)}
         for k in ("accuracy", "nll", "ece"):
             vals = [r[k] for r in rs]

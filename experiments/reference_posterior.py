@@ -38,7 +38,7 @@ import json
 import time
 from pathlib import Path
 
-from common import cell, check, command, setup
+from common import cell, check, command, setup, table
 
 from twodg_pyro.files import atomic_write_text, jsonable
 from twodg_pyro.methods.mcmc.arviz import (
@@ -380,17 +380,11 @@ def markdown(result: dict, report: dict) -> str:
             f"| {cell(g['shift']['tv'], '.4f')} |"
         )
     sets = [k for k in result["rows"][0]["sets"] if k != "test"]
-    lines += [
-        "",
+    lines += table(
         "Total variation to HMC per input set:",
-        "",
-        "| method | " + " | ".join(sets) + " |",
-        "|---|" + "---|" * len(sets),
-    ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['method']} | " + " | ".join(cell(r["sets"][k]["tv"]) for k in sets) + " |"
-        )
+        ["method", *sets],
+        ([r["method"], *(cell(r["sets"][k]["tv"]) for k in sets)] for r in result["rows"]),
+    )
     lines += ["", "## Targets", "", "| target | value | goal | met |", "|---|---|---|---|"]
     for name, c in result["checks"].items():
         v = c["value"]

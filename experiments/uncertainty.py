@@ -48,7 +48,7 @@ import json
 import time
 from pathlib import Path
 
-from common import cell, check, command, mean, setup
+from common import by_recipe_method, cell, check, command, mean, setup, table
 
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.metrics import ece, nll
@@ -274,11 +274,8 @@ def temperature_scaled(trained, val, test, draws: int, seed: int) -> dict:
 def summarise(records: list[dict]) -> list[dict]:
     """Means over seeds per (recipe, method): clean metrics, OOD AUROCs per set, the most
     severe level's NLL per family."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in records:
-        groups.setdefault((r["recipe"], r["method"]), []).append(r)
     rows = []
-    for (recipe, method), rs in groups.items():
+    for (recipe, method), rs in by_recipe_method(records).items():
         row = {"recipe": recipe, "method": method, "seeds": len(rs)}
         for k in ("accuracy", "nll", "ece", "mean_mi_clean", "aurc"):
             row[k] = mean(r[k] for r in rs)
@@ -470,34 +467,20 @@ def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> 
         mm = mean(r["ood"][s]["mi_auroc"] for s in sets)
         cells.append(cell(me) + ("" if mm is None else f" ({cell(mm)})"))
         lines.append(f"| {r['recipe']} | {r['method']} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
+    lines += table(
         "FPR at 95 % TPR of the entropy (lower is better):",
-        "",
-        "| recipe | method | " + " | ".join(sets) + " |",
-        "|---|---|" + "---|" * len(sets),
-    ]
-    for r in summary:
-        lines.append(
-            f"| {r['recipe']} | {r['method']} | "
-            + " | ".join(cell(r["ood"][s]["fpr95"]) for s in sets)
-            + " |"
-        )
-    lines += [
-        "",
+        ["recipe", "method", *sets],
+        ([r["recipe"], r["method"], *(cell(r["ood"][s]["fpr95"]) for s in sets)] for r in summary),
+    )
+    lines += table(
         "## Shift: NLL (accuracy) at the most severe level (5) of each corruption",
-        "",
-        "| recipe | method | " + " | ".join(fams) + " |",
-        "|---|---|" + "---|" * len(fams),
-    ]
-    for r in summary:
-        lines.append(
-            f"| {r['recipe']} | {r['method']} | "
-            + " | ".join(
-                f"{cell(r['shift5'][f]['nll'])} ({cell(r['shift5'][f]['accuracy'])})" for f in fams
-            )
-            + " |"
-        )
+        ["recipe", "method", *fams],
+        (
+            [r["recipe"], r["method"]]
+            + [f"{cell(r['shift5'][f]['nll'])} ({cell(r['shift5'][f]['accuracy'])})" for f in fams]
+            for r in summary
+        ),
+    )
     if checks:
         label = next((r["recipe"] for r in summary if r["recommended"]), RECOMMENDED)
         lines += ["", f"## Targets (issues 21 and 30; recipe {label!r}, means over seeds)", ""]
