@@ -17,6 +17,8 @@ For ``S = [[a, b], [b, c]]``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -135,34 +137,24 @@ def check_spd(covs: Tensor, name: str = "covs", *, sym_rtol: float = 1e-5) -> No
     if flat.shape[0] == 0:
         return
 
-    def first(mask: Tensor) -> int | None:
+    def refuse(mask: Tensor, what: Callable[[int], str]) -> None:
+        """Raise naming the first matrix in ``mask`` and ``what(its flat index)``."""
         bad = torch.nonzero(mask).flatten()
-        return None if bad.numel() == 0 else int(bad[0])
+        if bad.numel():
+            i = int(bad[0])
+            raise ValueError(f"{name}[{_fmt_index(i, batch_shape)}] {what(i)}")
 
-    i = first(~torch.isfinite(flat).all(dim=(-2, -1)))
-    if i is not None:
-        raise ValueError(
-            f"{name}[{_fmt_index(i, batch_shape)}] has non-finite entries: {flat[i].tolist()}"
-        )
+    refuse(
+        ~torch.isfinite(flat).all(dim=(-2, -1)),
+        lambda i: f"has non-finite entries: {flat[i].tolist()}",
+    )
     s00, s01, s10, s11 = flat[:, 0, 0], flat[:, 0, 1], flat[:, 1, 0], flat[:, 1, 1]
     scale = torch.sqrt((s00 * s11).abs())
     tiny = torch.finfo(flat.dtype).tiny if flat.is_floating_point() else 0.0
-    i = first((s01 - s10).abs() > sym_rtol * scale + tiny)
-    if i is not None:
-        raise ValueError(
-            f"{name}[{_fmt_index(i, batch_shape)}] is not symmetric: "
-            f"S01 = {float(s01[i]):.6g}, S10 = {float(s10[i]):.6g}"
-        )
-    i = first(s00 <= 0)
-    if i is not None:
-        raise ValueError(
-            f"{name}[{_fmt_index(i, batch_shape)}] is not positive definite: "
-            f"S00 = {float(s00[i]):.6g}"
-        )
+    refuse(
+        (s01 - s10).abs() > sym_rtol * scale + tiny,
+        lambda i: f"is not symmetric: S01 = {float(s01[i]):.6g}, S10 = {float(s10[i]):.6g}",
+    )
+    refuse(s00 <= 0, lambda i: f"is not positive definite: S00 = {float(s00[i]):.6g}")
     det = s00 * s11 - s01 * s10
-    i = first(det <= 0)
-    if i is not None:
-        raise ValueError(
-            f"{name}[{_fmt_index(i, batch_shape)}] is not positive definite: "
-            f"det = {float(det[i]):.6g}"
-        )
+    refuse(det <= 0, lambda i: f"is not positive definite: det = {float(det[i]):.6g}")
