@@ -125,10 +125,10 @@ def _refused(path, match: str, **kwargs) -> str:
 @pytest.mark.parametrize(
     ("section", "index", "value", "message"),
     [
-        ("centres", 0, float("nan"), "component means contain NaN"),
-        ("centres", 3, float("inf"), "component means contain inf"),
-        ("covariances", 2, float("nan"), r"component covariances \(Cholesky parameters\)"),
-        ("covariances", 0, 60000.0, "component covariances contain (NaN|inf)"),  # exp overflows
+        ("centres", 0, float("nan"), r"means holds nan at \[0, 0\]"),
+        ("centres", 3, float("inf"), r"means holds inf at \[1, 1\]"),
+        ("covariances", 2, float("nan"), "covariances holds nan"),
+        ("covariances", 0, 60000.0, "covariances holds (nan|inf)"),  # exp overflows
     ],
 )
 def test_non_finite_compact_centres_are_refused(tmp_path, section, index, value, message):
@@ -142,13 +142,13 @@ def test_non_finite_compact_centres_are_refused(tmp_path, section, index, value,
 def test_non_finite_outliers_int8_and_network_tensors_are_refused(tmp_path):
     src = _compact(tmp_path)
     bad = _patched_floats(src, tmp_path / "o.2dgz", "outliers", "<f4", 0, float("nan"))
-    _refused(bad, "outlier means and scales contain NaN")
+    _refused(bad, "outlier_loc holds nan")
 
     model = _model()
     int8 = tmp_path / "int8.2dgz"
     export_int8_mean_field(int8, model, MeanFieldGuide(model), network=SPEC)
     bad = _patched_floats(int8, tmp_path / "i.2dgz", "params", "<f4", 1, float("inf"))
-    _refused(bad, "the means and scales of site 'layers.0.weight' contain")
+    _refused(bad, "the means and log-scales of site 'layers.0.weight' holds")
 
     def bn_net():
         torch.manual_seed(0)
@@ -187,7 +187,7 @@ def test_cli_evaluate_refuses_a_lying_file_in_one_line(tmp_path, capsys, case):
         src = _compact(tmp_path, tying="representative")
         dt = {"float16": "<f2", "float32": "<f4"}[read_compact(src)[0]["centre_dtype"]]
         bad = _patched_floats(src, tmp_path / "nan.2dgz", "centres", dt, 0, float("nan"))
-        message = "component means contain NaN"
+        message = "means holds nan"
     elif case == "gaussian_compact":
         bad = _rewrite(_compact(tmp_path), tmp_path / "g.2dgz", header={"likelihood": GAUSSIAN})
         message = "its likelihood is Gaussian"

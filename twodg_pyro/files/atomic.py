@@ -149,18 +149,56 @@ def _load_error(e: BaseException) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
+#: what a path can be besides a regular file, as messages name it
+_NOT_FILES = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def file_size(path: str | Path) -> int:
+    """The size in bytes of the regular file ``path``, which a reader may then open.
+
+    Raises:
+        FileNotFoundError: nothing there, or a symbolic link to nothing (``"no such
+            file: <path>"``).
+        ValueError: a folder, a named pipe, a device (``/dev/zero``), a socket or a
+            symbolic link loop, named as such (``"<path> is a named pipe (FIFO), not a
+            file"``).
+        OSError: the path cannot be examined (e.g. permission denied), naming it.
+    """
+    where = repr(str(path))
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        link = f" (a symbolic link to {os.readlink(path)!r})" if os.path.islink(path) else ""
+        raise FileNotFoundError(f"no such file: {where}{link}") from None
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise ValueError(
+            f"{where} is a symbolic link loop (it leads back to itself), not a file"
+        ) from None
+    what = next((what for test, what in _NOT_FILES if test(st.st_mode)), None)
+    if what is not None:
+        raise ValueError(f"{where} is {what}, not a file")
+    return st.st_size
+
+
 def safe_torch_load(path: str | Path, map_location="cpu"):
     """Load a file written by :func:`atomic_torch_save` without executing code.
 
     Raises:
         FileNotFoundError: the file does not exist.
         ValueError: the file is truncated, corrupted, or holds anything but plain data
-            (e.g. a pickle payload with code).
+            (e.g. a pickle payload with code), or ``path`` is not a regular file
+            (:func:`file_size`).
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {str(path)!r}")
-    if path.stat().st_size == 0:
+    if file_size(path) == 0:
         raise ValueError(f"{str(path)!r} is not a readable twodg_pyro file: it is empty")
     try:
         with warnings.catch_warnings():  # e.g. about the pickle protocol of a foreign file

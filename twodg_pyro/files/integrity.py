@@ -230,3 +230,58 @@ def check_finite(obj: Any, where: str | Path, what: str = "parameters") -> None:
         f"{listed}{more}; the model diverged before it was saved, or the file was edited. "
         "Refusing to load it"
     )
+
+
+#: The largest magnitude a stored floating-point field of a model may hold (checked where
+#: a loader checks a field's range): 2**30, far above any trained weight, centre or scale,
+#: far below what overflows a forward pass (a single bit of a float's exponent flipped
+#: multiplies it by 2**64 or more, or makes it inf).
+MAX_MAGNITUDE = 2.0**30
+
+
+class FieldError(ValueError):
+    """A stored field holds a value outside its range (or of the wrong kind); the message
+    names the field and the value."""
+
+
+def check_field(
+    name: str,
+    t: torch.Tensor,
+    low: float | None = None,
+    high: float | None = None,
+    shape: tuple[int, ...] | None = None,
+) -> torch.Tensor:
+    """``t`` when every value of the stored field ``name`` is in ``[low, high]`` (an unset
+    bound is not checked) and its shape is ``shape`` (if given): for a floating-point
+    field, finite and of magnitude at most :data:`MAX_MAGNITUDE` too; for an integer
+    field the bounds are those of an index, e.g. ``low=0, high=K - 1``.
+
+    Raises:
+        FieldError: naming the field, the first bad value and its position.
+    """
+    if not torch.is_tensor(t):
+        raise FieldError(f"{name} is a {type(t).__name__}, not a tensor")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise FieldError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if t.is_floating_point():
+        bad = ~torch.isfinite(t)
+        low = -MAX_MAGNITUDE if low is None else max(low, -MAX_MAGNITUDE)
+        high = MAX_MAGNITUDE if high is None else min(high, MAX_MAGNITUDE)
+    elif t.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        bad = torch.zeros_like(t, dtype=torch.bool)
+    else:
+        raise FieldError(f"{name} has dtype {t.dtype}, not a number")
+    if low is not None:
+        bad |= t < low
+    if high is not None:
+        bad |= t > high
+    if bool(bad.any()):
+        at = tuple(int(i) for i in bad.nonzero()[0])
+        value = t[at].item() if at else t.item()
+        lo = "-inf" if low is None else f"{low:g}"
+        hi = "inf" if high is None else f"{high:g}"
+        raise FieldError(
+            f"{name} holds {value!r} at {list(at)} ({int(bad.sum())} bad value(s)): it must "
+            f"be in [{lo}, {hi}]"
+        )
+    return t

@@ -107,6 +107,8 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         )
         for name, tensor, persistent in buffers:
             self.register_buffer(name, tensor, persistent=persistent)
+        #: the stored tables, which a loaded state must repeat (see ``load_state_dict``)
+        self._tables = [name for name, _, persistent in buffers if persistent]
 
     # ------------------------------------------------------------------ drawing
     def _ellipse_components(self, S: int) -> torch.Tensor | None:

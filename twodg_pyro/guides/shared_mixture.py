@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..files.integrity import FieldError, check_field
 from ..infer.elbo import DecomposedELBO
 from ..nn.functional import MIN_SIGMA, inverse_softplus
 from ..sharing.refine import apply_mapping, merge_point_covariances
@@ -205,7 +206,39 @@ class SharedMixture:
             state_dict[prefix + "anchor_centres"] = torch.stack(
                 [state_dict[prefix + "centre_mu"], m1], 1
             )
+        # the index tables are those of the structure the guide was built from (a file's
+        # structure/ section, a checkpoint's structure): a state that says otherwise
+        # would draw with one and report the other
+        for name in self._tables:
+            saved, mine = state_dict.get(prefix + name), getattr(self, name)
+            if torch.is_tensor(saved) and not (
+                saved.shape == mine.shape
+                and torch.allclose(saved.to(mine), mine, rtol=1e-5, atol=1e-8, equal_nan=False)
+            ):
+                raise FieldError(
+                    f"guide/{prefix}{name} differs from the sharing structure the guide was "
+                    "built from (structure/)"
+                )
+        n_errors = len(args[-1])  # error_msgs
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if len(args[-1]) == n_errors:
+            self.check_values()
+
+    def check_values(self) -> None:
+        """Refuse values out of range: every floating-point parameter and buffer
+        (:func:`~twodg_pyro.files.integrity.check_field`: finite, bounded), and the
+        :meth:`structure` they give (its
+        :meth:`~twodg_pyro.sharing.SharingStructure.check_values`: centres, covariances,
+        outlier scales, blending weights); run on every loaded state (a model file's, a
+        checkpoint's) and by the compact loader.
+
+        Raises:
+            FieldError: (a ``ValueError``) naming the field and the value.
+        """
+        for name, t in self.state_dict().items():
+            if t.is_floating_point():
+                check_field(f"guide/{name}", t)
+        self.structure().check_values("guide ")
 
     def load_structure(
         self,

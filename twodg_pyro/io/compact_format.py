@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..files.atomic import atomic_write
+from ..files.atomic import atomic_write, file_size
 from ..files.integrity import ChecksumError, bytes_digest
 from .bits import pack_bits, unpack_bits
 from .entropy import decode_index, encode_index
@@ -122,63 +122,72 @@ def is_compact_file(path: str | Path) -> bool:
 def read_compact(path: str | Path) -> tuple[dict, dict[str, memoryview]]:
     """Read and verify a compact file: ``(header, {section: bytes})``.
 
+    The lengths the file declares are checked against its size before the parts they
+    announce are read, and no more than they declare is read (a file padded to
+    gigabytes is refused by its size, not loaded).
+
     Raises:
         FileNotFoundError: no such file.
-        ValueError: naming the file: not a compact file, another format version, a
-            truncated or extended file, a checksum mismatch (corrupted or modified), or
-            a header that does not describe the payload.
+        ValueError: naming the file: not a regular file, not a compact file, another
+            format version, a truncated or extended file, a checksum mismatch
+            (corrupted or modified), or a header that does not describe the payload.
     """
-    path = Path(path)
-    where = str(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {where!r}")
-    blob = path.read_bytes()
-    if len(blob) < _PREFIX.size or blob[: len(COMPACT_MAGIC)] != COMPACT_MAGIC:
-        raise ValueError(f"{where!r} is not a compact twodg_pyro model file (no 2DGZ magic)")
-    _, version, h_len = _PREFIX.unpack_from(blob, 0)
-    if version != COMPACT_FORMAT_VERSION:
-        raise ValueError(
-            f"{where!r} has compact format version {version}; this version of twodg_pyro "
-            f"reads version {COMPACT_FORMAT_VERSION}"
-        )
-    p_at = _PREFIX.size + h_len
-    if len(blob) < p_at + _PAYLOAD_LEN.size + _DIGEST:
-        raise ValueError(
-            f"{where!r} is truncated: {len(blob)} bytes, its header alone announces "
-            f"{p_at + _PAYLOAD_LEN.size + _DIGEST}"
-        )
-    (p_len,) = _PAYLOAD_LEN.unpack_from(blob, p_at)
-    end = p_at + _PAYLOAD_LEN.size + p_len
-    if len(blob) != end + _DIGEST:
-        state = "truncated" if len(blob) < end + _DIGEST else "longer than its content"
-        raise ValueError(
-            f"{where!r} is {state}: {len(blob)} bytes, its layout says {end + _DIGEST}"
-        )
-    view = memoryview(blob)
-    if bytes_digest(view[:end]) != blob[end:]:
+    where = repr(str(path))
+    size = file_size(path)
+    with open(path, "rb") as f:
+        prefix = f.read(_PREFIX.size)
+        if len(prefix) < _PREFIX.size or prefix[: len(COMPACT_MAGIC)] != COMPACT_MAGIC:
+            raise ValueError(f"{where} is not a compact twodg_pyro model file (no 2DGZ magic)")
+        _, version, h_len = _PREFIX.unpack(prefix)
+        if version != COMPACT_FORMAT_VERSION:
+            raise ValueError(
+                f"{where} has compact format version {version}; this version of twodg_pyro "
+                f"reads version {COMPACT_FORMAT_VERSION}"
+            )
+        p_at = _PREFIX.size + h_len
+        if h_len > _MAX_HEADER:
+            raise ValueError(f"{where} declares a header of {h_len} bytes, over {_MAX_HEADER}")
+        if size < p_at + _PAYLOAD_LEN.size + _DIGEST:
+            raise ValueError(
+                f"{where} is truncated: {size} bytes, its header alone announces "
+                f"{p_at + _PAYLOAD_LEN.size + _DIGEST}"
+            )
+        head = f.read(h_len)
+        (p_len,) = _PAYLOAD_LEN.unpack(f.read(_PAYLOAD_LEN.size))
+        end = p_at + _PAYLOAD_LEN.size + p_len
+        if size != end + _DIGEST:
+            state = "truncated" if size < end + _DIGEST else "longer than its content"
+            raise ValueError(f"{where} is {state}: {size} bytes, its layout says {end + _DIGEST}")
+        body = prefix + head + _PAYLOAD_LEN.pack(p_len) + f.read(p_len)
+        digest = f.read(_DIGEST)
+    if len(body) != end or bytes_digest(body) != digest:
         raise ChecksumError(
-            f"{where!r} fails its SHA-256 checksum: the file is corrupted or was modified"
+            f"{where} fails its SHA-256 checksum: the file is corrupted or was modified"
         )
     try:
         d = zlib.decompressobj()
-        text = d.decompress(blob[_PREFIX.size : p_at], _MAX_HEADER)
+        text = d.decompress(head, _MAX_HEADER)
         if d.unconsumed_tail:
             raise ValueError("header too large")
         header = json.loads(text.decode("utf-8"))
     except (zlib.error, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ValueError(f"{where!r}: the header cannot be read: {e}") from e
+        raise ValueError(f"{where}: the header cannot be read: {e}") from e
     if not isinstance(header, dict) or not isinstance(header.get("sections"), list):
-        raise ValueError(f"{where!r}: the header lists no sections")
+        raise ValueError(f"{where}: the header lists no sections")
+    view = memoryview(body)
     sections: dict[str, memoryview] = {}
     pos = p_at + _PAYLOAD_LEN.size
     for item in header["sections"]:
         name, length = item if isinstance(item, list) and len(item) == 2 else (item, None)
-        if not isinstance(length, int) or length < 0:
-            raise ValueError(f"{where!r}: section {name!r} has length {length!r}")
+        if not isinstance(name, str) or name in sections:
+            what = "appears twice" if isinstance(name, str) else "is not a string"
+            raise ValueError(f"{where}: the header's section name {name!r:.60} {what}")
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ValueError(f"{where}: section {name!r} has length {length!r:.60}")
         sections[name] = view[pos : pos + length]
         pos += length
     if pos != end:
-        raise ValueError(f"{where!r}: the sections cover {pos - p_at - 8} of {p_len} bytes")
+        raise ValueError(f"{where}: the sections cover {pos - p_at - 8} of {p_len} bytes")
     return header, sections
 
 
@@ -295,7 +304,9 @@ def _load_net(net, buf, spec: list, site_names: list[str]) -> None:
     try:
         missing, unexpected = net.load_state_dict(state, strict=False)
     except RuntimeError as e:
-        raise ValueError(f"the network does not match the saved one: {e}") from e
+        raise ValueError(
+            f"the network does not match the saved one: {' '.join(str(e).split())}"
+        ) from e
     missing = sorted(set(missing) - set(site_names))
     if missing or unexpected:
         raise ValueError(

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..files.integrity import check_field
 from .compact_format import (
     _FLOAT_DTYPES,
     _MU_DTYPES,
@@ -29,15 +30,6 @@ from .compact_format import (
 )
 from .entropy import decode_index
 from .network_size import MAX_NETWORK_VALUES, build_file_network
-
-
-def _finite(t: torch.Tensor, what: str) -> torch.Tensor:
-    """``t``, or a ValueError saying that ``what`` contain NaN or inf."""
-    bad = ~torch.isfinite(t)
-    if bool(bad.any()):
-        kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
-        raise ValueError(f"{what} contain {kind} ({int(bad.sum())} of {t.numel()} values)")
-    return t
 
 
 def _site_sizes(header: dict) -> list[int]:
@@ -138,6 +130,8 @@ def _rebuild_model(header: dict, net, prior, where: str, net_bytes):
     net = net.to(saved_dtype(header, {}, where))
     lik = rebuild_likelihood(header["likelihood"])
     prior_spec = header.get("prior") or {}
+    if not isinstance(prior_spec, dict):
+        raise ValueError(f"the header's prior {prior_spec!r:.60} is not a table")
     if prior is None and prior_spec.get("kind") == "PretrainedPrior":
         # its centres are the pretrained network's weights, which a compact file does not
         # hold: prediction does not use the prior, the KL, k-hat and training do
@@ -177,13 +171,11 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
     from ..sharing.structure import SharingStructure, SiteLayout
 
     K, n_w, sizes = _check_2dg(header, sec)
-    centres = _finite(
-        _read_floats(sec["centres"], header["centre_dtype"], (K, 2), "centres"), "component means"
-    )
+    # every value is checked once the structure and the guide hold them (check_values)
+    centres = _read_floats(sec["centres"], header["centre_dtype"], (K, 2), "centres")
     chol = None
     if header["covariances"]:
         chol = _read_floats(sec["covariances"], header["cov_dtype"], (K, 3), "covariances")
-        _finite(chol, "component covariances (Cholesky parameters)")
     model = _rebuild_model(header, net, prior, where, sec["net"])
     ends = np.cumsum(sizes)
     # index -> who is what
@@ -200,7 +192,7 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
     if chol is not None:
         L = torch.zeros(K, 2, 2)
         L[:, 0, 0], L[:, 1, 1], L[:, 1, 0] = chol[:, 0].exp(), chol[:, 1].exp(), chol[:, 2]
-        covs = _finite(L @ L.transpose(-1, -2), "component covariances")
+        covs = L @ L.transpose(-1, -2)
     else:
         if len(sec["covariances"]):
             raise ValueError("covariances are stored but the header says they are not")
@@ -211,7 +203,6 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
     loc, scale = _dequantise_sites(
         sec["outliers"], counts, bits, mu_bits, "outlier section", "outliers"
     )
-    _finite(torch.cat([loc, scale.log()]), "outlier means and scales")
     # ellipses
     k, n_e = int(header["ellipse_k"]), int(ell.size)
     cb, ab = int(header["component_bits"]), int(header["alpha_bits"])
@@ -226,16 +217,12 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
                 f"{ai['bytes']}"
             )
         comps = torch.from_numpy(_decode_columns(buf[: ci["bytes"]], ci, n_e, k, K, cb))
-        if int(comps.max()) >= K:
-            raise ValueError("an ellipse weight refers to a component outside [0, K)")
         cum = np.ones((n_e, k))
         if k > 1:
             levels = (1 << ab) - 1
             codes = _decode_columns(buf[ci["bytes"] :], ai, n_e, k - 1, levels + 1, ab)
             cum[:, :-1] = codes / levels
         alphas = torch.from_numpy(np.diff(cum, axis=1, prepend=0.0)).float()
-        if bool((alphas < 0).any()):
-            raise ValueError("decoded ellipse blending weights are negative")
     elif len(sec["ellipses"]):
         raise ValueError("the ellipse section is not empty but there are no ellipse weights")
     # stand-in stage-1 points: the (blended) component centres
@@ -262,11 +249,13 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
         inlier_points=points.float(),
         info=dict(header.get("info") or {}),
     )
+    structure.check_values()
     guide = SharedGMMGuide(model, structure, tying=header["tying"])
     with torch.no_grad():
         if chol is not None:  # the stored Cholesky parameters themselves, not via S
             guide.chol_log_diag.copy_(chol[:, :2])
             guide.chol_off.copy_(chol[:, 2])
+    guide.check_values()
     return model, guide
 
 
@@ -294,7 +283,9 @@ def _load_int8(header: dict, sec: dict, net, prior, where: str):
     guide = MeanFieldGuide(model)
     with torch.no_grad():
         for site, mu, sg in zip(model.sites, loc.split(sizes), scale.split(sizes), strict=True):
-            _finite(torch.cat([mu, sg.log()]), f"the means and scales of site {site.name!r}")
+            check_field(
+                f"the means and log-scales of site {site.name!r}", torch.cat([mu, sg.log()])
+            )
             guide.loc(site.name).copy_(mu.view(site.shape))
             guide.rhos[site_key(site.name)].copy_(inverse_softplus(sg).view(site.shape))
     return model, guide
@@ -317,7 +308,7 @@ def load_compact(path: str | Path, net=None, prior=None, device="cpu"):
     where = str(path)
     header, sec = read_compact(path)
     kind = header.get("kind")
-    if kind not in _SECTIONS:
+    if not isinstance(kind, str) or kind not in _SECTIONS:
         raise ValueError(f"{where!r} is a compact file of unknown kind {kind!r}")
     if header.get("format_version") != COMPACT_FORMAT_VERSION or list(sec) != list(_SECTIONS[kind]):
         raise ValueError(

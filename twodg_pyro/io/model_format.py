@@ -77,6 +77,7 @@ from typing import Any
 from torch import nn
 
 from ..bnn import BNNModel
+from ..files.integrity import FieldError
 from ..files.payload import PayloadFormat, payload_section, write_payload
 from ..guides import MeanFieldGuide, Rank1BNNModel, Rank1Guide, SharedGMMGuide, SSVIGuide
 from ..guides.tyings import TYINGS
@@ -148,7 +149,11 @@ def _check_model_fields(header: dict, where: str, layout: ModelFileLayout) -> No
             if not isinstance(spec, dict) or not isinstance(spec.get("class"), str):
                 raise ValueError(f"{where!r}: the header's {field} is not a table with a class")
     lik = header.get("likelihood")
-    if not isinstance(lik, dict) or lik.get("kind") not in LIKELIHOODS:
+    if (
+        not isinstance(lik, dict)
+        or not isinstance(lik.get("kind"), str)
+        or lik["kind"] not in LIKELIHOODS
+    ):
         raise bad("likelihood", "is not a Categorical or Gaussian likelihood")
     size = lik.get("dataset_size")
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -383,6 +388,8 @@ def model_from_payload(payload: dict, header: dict, where: str, net=None, prior=
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
         if where in str(e):
             raise
+        if isinstance(e, FieldError):  # a stored value out of its range
+            raise ValueError(f"{where!r}: {e}") from e
         raise ValueError(
             f"{where!r}: its {layout.misfit.format(method=method)} does not fit the saved "
             f"network: {type(e).__name__}: {e}"
@@ -393,6 +400,7 @@ def model_from_payload(payload: dict, header: dict, where: str, net=None, prior=
 # ---------------------------------------------------------------------------- the library's
 def _read_2dg(model, header: dict, payload: dict) -> SharedGMMGuide:
     structure = SharingStructure.from_payload(payload_section(payload, "structure/"))
+    structure.check_values("structure/")
     return SharedGMMGuide(model, structure, tying=header["tying"])
 
 

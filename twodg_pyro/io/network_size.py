@@ -79,4 +79,5 @@ def build_file_network(
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         if where in str(e):
             raise
-        raise ValueError(f"{where!r}: cannot build its network {spec!r:.120}: {e}") from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{where!r}: cannot build its network {spec!r:.120}: {first}") from e

@@ -193,7 +193,8 @@ def rebuild_network(header: dict, net: nn.Module | None, net_state: dict, where:
     try:
         net.load_state_dict(net_state)
     except RuntimeError as e:
-        raise ValueError(f"the network does not match the one saved in {where!r}: {e}") from e
+        detail = " ".join(str(e).split())  # torch's is a line per tensor
+        raise ValueError(f"the network does not match the one saved in {where!r}: {detail}") from e
     return net
 
 

@@ -30,6 +30,7 @@ from typing import Literal, get_args
 import torch
 
 from ..nn.functional import MIN_SIGMA
+from ..files.integrity import FieldError, check_field
 
 FORMAT_VERSION = 1
 
@@ -158,25 +159,33 @@ class SharingStructure:
         """Check that every weight is covered exactly once and indices are in range.
 
         Raises:
-            ValueError: naming the inconsistency.
+            FieldError: (a ``ValueError``) naming the inconsistency.
         """
         n_w = self.num_weights
+        end, names = 0, set()
+        for site in sorted(self.sites, key=lambda site: site.offset):
+            if site.offset != end or site.name in names:
+                raise FieldError(
+                    f"site {site.name!r} at offset {site.offset}: the sites must cover the "
+                    f"{n_w} weights one after another, each once (expected offset {end})"
+                )
+            end, names = end + site.numel, names | {site.name}
         K = int(self.means.shape[0]) if self.means.dim() == 2 else -1
         if self.means.dim() != 2 or self.means.shape[1] != 2:
-            raise ValueError(f"means must be (K, 2), got {tuple(self.means.shape)}")
+            raise FieldError(f"means must be (K, 2), got {tuple(self.means.shape)}")
         if self.covariances.shape != (K, 2, 2):
-            raise ValueError(
+            raise FieldError(
                 f"covariances must be ({K}, 2, 2), got {tuple(self.covariances.shape)}"
             )
         if self.coordinates not in COORDINATES:
-            raise ValueError(
+            raise FieldError(
                 f"coordinates must be one of {list(COORDINATES)}, got {self.coordinates!r}"
             )
         all_idx = torch.cat([self.outlier_index, self.plain_index, self.ellipse_index])
         if all_idx.numel() != n_w or (
             n_w and not torch.equal(torch.sort(all_idx).values, torch.arange(n_w))
         ):
-            raise ValueError(
+            raise FieldError(
                 f"the sharing structure covers {all_idx.numel()} indices "
                 f"({all_idx.unique().numel()} distinct) but the network has {n_w} weights: "
                 "every weight must be exactly one of outlier / plain inlier / ellipse"
@@ -187,32 +196,50 @@ class SharingStructure:
             ("ellipse", self.ellipse_index),
         ):
             if idx.numel() > 1 and not bool((idx[1:] > idx[:-1]).all()):
-                raise ValueError(f"{name}_index must be sorted ascending")
+                raise FieldError(f"{name}_index must be sorted ascending")
         if self.outlier_loc.shape != self.outlier_index.shape or (
             self.outlier_scale.shape != self.outlier_index.shape
         ):
-            raise ValueError("outlier_loc/outlier_scale must match outlier_index")
+            raise FieldError("outlier_loc/outlier_scale must match outlier_index")
         if self.plain_component.shape != self.plain_index.shape:
-            raise ValueError("plain_component must match plain_index")
+            raise FieldError("plain_component must match plain_index")
         for name, comp in (
             ("plain_component", self.plain_component),
             ("ellipse_components", self.ellipse_components),
         ):
-            if comp.numel() and (int(comp.min()) < 0 or int(comp.max()) >= K):
-                raise ValueError(f"{name} refers to a component outside [0, {K})")
+            check_field(name, comp, 0, K - 1)
         if self.n_ellipses:
             if self.ellipse_components.shape != self.ellipse_alphas.shape or (
                 self.ellipse_components.shape[0] != self.n_ellipses
             ):
-                raise ValueError("ellipse_components/alphas must be (n_ellipses, k)")
+                raise FieldError("ellipse_components/alphas must be (n_ellipses, k)")
             sums = self.ellipse_alphas.sum(1)
             if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
-                raise ValueError("ellipse alphas must sum to one per weight")
+                raise FieldError("ellipse alphas must sum to one per weight")
         if self.inlier_points.shape != (self.n_inliers, 2):
-            raise ValueError(
+            raise FieldError(
                 f"inlier_points must be ({self.n_inliers}, 2), "
                 f"got {tuple(self.inlier_points.shape)}"
             )
+
+    def check_values(self, prefix: str = "") -> None:
+        r"""The ranges of the stored values, checked where a structure is read from a file
+        (what :meth:`validate` checks, every structure has): every float finite, the
+        blending weights in :math:`[0, 1]`, the outlier scales positive, the variances
+        (covariance diagonals) and, in ``sigma`` coordinates, the centres' :math:`\sigma`
+        non-negative.
+
+        Raises:
+            FieldError: (a ``ValueError``) naming the field (after ``prefix``) and value.
+        """
+        for name in ("means", "covariances", "outlier_loc", "inlier_points"):
+            check_field(prefix + name, getattr(self, name))
+        if self.coordinates == "sigma":
+            check_field(f"{prefix}means (sigma)", self.means[:, 1], low=0)
+        check_field(f"{prefix}covariances (variances)", self.covariances.diagonal(0, 1, 2), low=0)
+        tiny = torch.finfo(self.outlier_scale.dtype).tiny  # positive: a Normal's scale
+        check_field(f"{prefix}outlier_scale", self.outlier_scale, low=tiny)
+        check_field(f"{prefix}ellipse_alphas", self.ellipse_alphas, 0, 1)
 
     def check_matches(self, site_names: list[str], site_shapes: list[tuple[int, ...]]) -> None:
         """Raise ``ValueError`` if the structure was built for another network."""
@@ -247,21 +274,33 @@ class SharingStructure:
         """Inverse of :meth:`to_payload`, checking kind and format version."""
         if not isinstance(payload, dict) or "header" not in payload:
             raise ValueError("not a twodg_pyro sharing structure (no header)")
-        header = json.loads(payload["header"])
-        if header.get("kind") != _KIND:
-            raise ValueError(f"not a sharing structure: kind {header.get('kind')!r}")
+        header = json.loads(payload["header"]) if isinstance(payload["header"], str) else None
+        if not isinstance(header, dict) or header.get("kind") != _KIND:
+            kind = header.get("kind") if isinstance(header, dict) else None
+            raise ValueError(f"not a sharing structure: kind {kind!r:.80}")
         if header.get("format_version") != FORMAT_VERSION:
             raise ValueError(
                 f"sharing structure format version {header.get('format_version')!r} is not "
                 f"supported (this version reads {FORMAT_VERSION})"
             )
-        missing = [k for k in cls._TENSORS if k not in payload]
+        missing = [k for k in cls._TENSORS if not torch.is_tensor(payload.get(k))]
         if missing:
             raise ValueError(f"sharing structure is missing tensors {missing}")
-        sites = [SiteLayout(n, tuple(sh), int(o)) for n, sh, o in header["sites"]]
+        sites, count = header.get("sites"), lambda n: type(n) is int and n >= 0
+        if not isinstance(sites, list) or not all(
+            isinstance(x, list)
+            and len(x) == 3
+            and isinstance(x[0], str)
+            and isinstance(x[1], list)
+            and all(map(count, x[1] + x[2:]))
+            for x in sites
+        ):
+            raise FieldError(f"the structure's sites {sites!r:.80} are not [[name, shape, offset]]")
+        if not isinstance(header.get("info", {}), dict):
+            raise FieldError(f"the structure's info {header['info']!r:.80} is not a table")
         return cls(
-            sites=sites,
-            coordinates=header["coordinates"],
+            sites=[SiteLayout(n, tuple(sh), o) for n, sh, o in sites],
+            coordinates=header.get("coordinates"),
             info=header.get("info", {}),
             **{k: payload[k] for k in cls._TENSORS},
         )

@@ -5,6 +5,7 @@ the check that the model fits the data, the metrics, and the diagnostics of
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -198,6 +199,11 @@ def evaluate_model_file(
         "seed": int(d["seed"]),
         "n_examples": int(pred.mean.shape[0]),
     }
+    if not all(math.isfinite(result[k]) for k in ("nll", "brier")):
+        raise ValueError(
+            f"{str(model_file)!r}: its predictions are not finite (NaN/inf): its stored "
+            "values overflow its network on these data (an edited file, or a diverged model)"
+        )
     if uncertainty is not None:
         sets = UncertaintySets(split, data, uncertainty, d["seed"])
         draws = uncertainty.draws if uncertainty.draws is not None else d["num_samples"]
