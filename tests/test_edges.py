@@ -141,6 +141,39 @@ def test_train_on_a_full_disk_is_one_line(tmp_path, capsys, config, monkeypatch)
     assert _leftovers(out) == [] and not (out / "checkpoints" / "stage1.pt").exists()
 
 
+def test_a_model_file_lost_to_a_full_disk_makes_the_run_incomplete(
+    tmp_path, capsys, config, monkeypatch
+):
+    """Every method trains, then ``model_2dg.pt`` finds the disk full: the run is not a
+    success (exit 2, one line naming the file, no warnings), ``results.json`` says
+    ``"complete": false`` naming it, the files that fit are written, no half file."""
+    save = files._torch_save
+
+    def full_for_2dg(obj, tmp):
+        if Path(tmp).name.startswith(".model_2dg.pt."):
+            with open(tmp, "wb") as f:
+                f.write(b"PK\x03\x04 half a file")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        save(obj, tmp)
+
+    monkeypatch.setattr(files, "_torch_save", full_for_2dg)
+    out = tmp_path / "o"
+    assert main(["train", "--config", str(config), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "warning" not in err, err
+    assert f"no space left on device (writing {out / 'model_2dg.pt'})" in err
+    assert f"the run is incomplete ({out / 'results.json'} says so" in err
+    results = json.loads((out / "results.json").read_text())
+    assert results["complete"] is False
+    assert list(results["incomplete"]["failed_files"]) == ["model_2dg"]
+    assert results["incomplete"]["finished"] == ["mean_field", "2dg"]
+    assert "model file(s) model_2dg could not be written" in (out / "results.md").read_text()
+    assert not (out / "model_2dg.pt").exists() and _leftovers(out) == []
+    assert (out / "model_mean_field.pt").is_file() and (out / "model_2dg.2dgz").is_file()
+    report = json.loads((out / "diagnostics.json").read_text())
+    assert "model_2dg" in report["errors"] and "skipped" in report
+
+
 # ---------------------------------------------------------------------- export, diagnose, evaluate
 def test_export_to_a_folder_is_refused_before_any_work(tiny_run, tmp_path, capsys, monkeypatch):
     from twodg_pyro.io import compact

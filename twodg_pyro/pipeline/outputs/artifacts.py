@@ -122,20 +122,20 @@ def model_evaluation(cfg, method: str, record: dict | None, draws: dict) -> dict
     }
 
 
-def write_model_files(art, cfg, out_dir) -> dict:
+def write_model_files(art, cfg, out_dir, warn: bool = True) -> dict:
     """Write the model files of the methods of a run that have a row and a file
     (:attr:`~twodg_pyro.pipeline.settings.registry.Method.model_file`) into ``out_dir``: each
     method's :meth:`~twodg_pyro.methods.TrainedMethod.save` (``model_<method>.pt``) and
     the 2DG BNN's compact ``model_2dg.2dgz``, one step each.  Returns ``{"files": {name:
-    path}, "errors": {name: message}}`` (a file that cannot be written is a warning and an
-    error entry)."""
+    path}, "errors": {name: message}}`` (a file that cannot be written is an error entry,
+    and a warning with ``warn``)."""
     from ...io.compact import compact_evaluation, export_compact
 
     out = Path(out_dir)
     records = {r.get("method"): r for r in art.records}
     spec = network_spec(cfg.network, art.split)
     draws = evaluation_of(cfg, _eval_data(art, cfg))
-    writer = StepWriter(out, 0, progress=False)
+    writer = StepWriter(out, 0, progress=False, warn=warn)
     for name, method in art.trained.items():
         if name not in records or not METHOD_REGISTRY[name].model_file:
             continue
@@ -169,8 +169,9 @@ def _eval_data(art, cfg):
 
 def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> dict:
     """Write the InferenceData, diagnostics and figures of a finished run whose model
-    files :func:`write_model_files` wrote (``art.model_files``: they are recorded in
-    ``diagnostics.json``, not written again).
+    files :func:`write_model_files` wrote (``art.model_files``, and those it could not
+    write ``art.failed_files``: they are recorded in ``diagnostics.json``, not written or
+    tried again).
 
     Args:
         art: the :class:`~twodg_pyro.pipeline.runtime.trained.RunArtifacts` of
@@ -201,7 +202,7 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
     n_steps = 3 * len(trained) + 4 + (2 if primary == "2dg" else 0) + 1 if diagnose else 0
     writer = StepWriter(out, n_steps, progress=cfg.progress and env.is_main())
     writer.files.update(art.model_files)
-    writer.errors.update(art.model_file_errors)
+    writer.errors.update(art.failed_files)
     if primary is None:  # no variational method: no diagnostics
         writer.close()
         return writer.record()

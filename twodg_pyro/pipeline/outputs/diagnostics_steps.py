@@ -32,11 +32,13 @@ def xy(dataset):
 
 
 class StepWriter:
-    """Runs each artifact step, recording files and errors, with a progress bar (one
-    update per step, the step's name beside it)."""
+    """Runs each artifact step, recording files and errors (each also a warning, unless
+    ``warn`` is false), with a progress bar (one update per step, the step's name
+    beside it)."""
 
-    def __init__(self, out_dir: Path, steps: int = 0, progress: bool = False):
+    def __init__(self, out_dir: Path, steps: int = 0, progress: bool = False, warn: bool = True):
         self.out = out_dir
+        self.warn = warn
         self.files: dict[str, str] = {}
         self.errors: dict[str, str] = {}
         self.progress = bool(progress)
@@ -55,9 +57,10 @@ class StepWriter:
             result = fn()
         except Exception as e:  # noqa: BLE001 - reported, the other artifacts still run
             self.errors[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-            warnings.warn(
-                f"could not write {name}: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2
-            )
+            if self.warn:
+                warnings.warn(
+                    f"could not write {name}: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2
+                )
             return None
         finally:
             self.bar.update(1)

@@ -8,11 +8,14 @@
      "records": [{"method": str, "accuracy": float, "nll": float, "ece": float,
                   "brier": float, "trainable_params": int, ...}, ...],
      "complete": bool,
-     "incomplete": {"failed_method": str, "error": str, "finished": [str, ...]}}
+     "incomplete": {"failed_method": str, "error": str, "finished": [str, ...]}
+                or {"failed_files": {step: error}, "error": str, "finished": [str, ...]}}
 
-``complete`` is false when a method failed: the table then holds the methods that
-finished before it (their model files are kept) and ``incomplete`` says which failed and
-why.  Files written before it was recorded have neither key.
+``complete`` is false when a method failed (the table then holds the methods that
+finished before it, whose model files are kept, and ``incomplete`` says which failed
+and why) or when a model file could not be written (``failed_files``: the table is
+whole, a file is missing; :func:`~twodg_pyro.pipeline.run` then raises
+:class:`IncompleteRunError`).  Files written before it was recorded have neither key.
 
 Records of weight-sharing methods add ``n_outliers``, ``n_ellipses``,
 ``n_gaussians``, ``compression_ratio`` (floating-point numbers: mean-field's over the
@@ -148,10 +151,20 @@ def uncertainty_table(records: list[dict]) -> str:
     )
 
 
+class IncompleteRunError(OSError):
+    """A run trained every method but could not write a model file (e.g. a full disk):
+    its ``results.json`` says ``"complete": false``, naming the file."""
+
+
 def incomplete_note(incomplete: dict | None) -> str:
     """The line above the table of an incomplete run (``""`` for a complete one)."""
     if not isinstance(incomplete, dict):
         return ""
+    if "failed_files" in incomplete:
+        return (
+            f"**Incomplete run**: model file(s) {', '.join(incomplete['failed_files'])} could "
+            f"not be written ({incomplete.get('error')!s}); no diagnostics were written.\n\n"
+        )
     return (
         f"**Incomplete run**: method {incomplete.get('failed_method')!s} failed "
         f"({incomplete.get('error')!s}); the rows below are the methods that finished, "
@@ -182,8 +195,9 @@ def write_results(
 
     ``evaluation``: which draws and examples the metrics used
     (:func:`~twodg_pyro.evaluation.draws_record`).  ``incomplete``: for a run that a
-    method's failure stopped, ``{"failed_method", "error", "finished"}``; the file then
-    has ``"complete": false`` and that table (a finished run: ``"complete": true``)."""
+    method's failure stopped, ``{"failed_method", "error", "finished"}``, or whose model
+    files could not all be written, ``{"failed_files", "error", "finished"}``; the file
+    then has ``"complete": false`` (a finished run: ``"complete": true``)."""
     out_dir = Path(out_dir)
     payload = {"schema": SCHEMA_VERSION, "config": config or {}, "records": records}
     payload["complete"] = incomplete is None

@@ -24,7 +24,13 @@ from pathlib import Path
 from ...distributed import env
 from ..outputs import artifacts
 from ..outputs.costs import add_costs
-from ..outputs.results import evaluation_of, format_table, uncertainty_table, write_results
+from ..outputs.results import (
+    IncompleteRunError,
+    evaluation_of,
+    format_table,
+    uncertainty_table,
+    write_results,
+)
 from ..outputs.uncertainty_step import add_uncertainty
 from ..settings.build import (
     build_net,
@@ -81,6 +87,8 @@ def run(
 
     Raises:
         ConfigError: a device this machine lacks.
+        IncompleteRunError: (an ``OSError``) a model file could not be written (e.g. a
+            full disk): named, after ``results.json`` recorded the run as incomplete.
         RunFolderError: the output folder cannot take this run (named, with what to do).
         ValueError: bad data (named).
     """
@@ -126,30 +134,49 @@ def _run(
     if env.is_main():
         print(format_table(art.records) + uncertainty_table(art.records))
     if out_dir is not None:
-
-        def write():
-            write_results(out_dir, art.records, cfg.to_dict(), evaluation_of(cfg, art.eval_data))
-            artifacts.write_artifacts(art, cfg, out_dir)  # diagnostics, figures, ...
-
-        env.on_main(write, f"write the results to {out_dir}")
+        env.on_main(lambda: _write_run(out_dir, art, cfg), f"write the results to {out_dir}")
     return art
 
 
-def _write_model_files(art: RunArtifacts, cfg: RunConfig, folder) -> None:
+def _write_run(out_dir, art: RunArtifacts, cfg: RunConfig) -> None:
+    """``results.json`` and the artifacts of a finished run; a model file that could not
+    be written (``art.failed_files``) makes it incomplete: ``results.json`` says so, no
+    diagnostics are written, and :class:`IncompleteRunError` names the file."""
+    failed = {name: error.splitlines()[0] for name, error in art.failed_files.items()}
+    status = None
+    if failed:
+        first = next(iter(failed.values()))
+        more = f" (and {len(failed) - 1} more file(s))" if len(failed) > 1 else ""
+        finished = [r.get("method") for r in art.records]
+        status = {"failed_files": failed, "error": first + more, "finished": finished}
+    write_results(out_dir, art.records, cfg.to_dict(), evaluation_of(cfg, art.eval_data), status)
+    skip = None if status is None else "a model file could not be written"
+    artifacts.write_artifacts(art, cfg, out_dir, skip_diagnostics=skip)  # diagnostics, ...
+    if status is not None:
+        raise IncompleteRunError(
+            f"{status['error']}; the run is incomplete ({Path(out_dir) / 'results.json'} "
+            "says so; its other files are written)"
+        )
+
+
+def _write_model_files(art: RunArtifacts, cfg: RunConfig, folder, warn: bool = True) -> None:
     """Write the run's model files into ``folder`` (:func:`.artifacts.write_model_files`),
-    recorded in ``art``."""
-    written = artifacts.write_model_files(art, cfg, folder)
-    art.model_files, art.model_file_errors = written["files"], written["errors"]
+    recorded in ``art`` (those that could not be written in ``art.failed_files``; a
+    warning each with ``warn``)."""
+    written = artifacts.write_model_files(art, cfg, folder, warn=warn)
+    art.model_files, art.failed_files = dict(written["files"]), dict(written["errors"])
 
 
 def _measure(ctx: RunContext, out_dir) -> None:
     """Write the model files (into the run folder, or a temporary one removed afterwards)
     and add what each method costs to its record (:func:`~.costs.add_costs`; the
-    deterministic network of the architecture is the reference of the timings)."""
+    deterministic network of the architecture is the reference of the timings).  A
+    model file that cannot be written into the run folder is kept in
+    ``art.failed_files`` without a warning: the run reports it (:func:`_write_run`)."""
     art = ctx.art
     reference = ctx.deterministic[0] if ctx.deterministic is not None else copy.deepcopy(ctx.net)
-    if out_dir is not None:
-        _write_model_files(art, ctx.cfg, out_dir)
+    if out_dir is not None:  # a file that fails makes the run incomplete (_write_run)
+        _write_model_files(art, ctx.cfg, out_dir, warn=False)
         add_costs(art, ctx.cfg, reference, art.model_files)
         return
     with tempfile.TemporaryDirectory(prefix="twodg-costs-") as tmp:

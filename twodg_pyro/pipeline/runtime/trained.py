@@ -29,8 +29,11 @@ class RunArtifacts:
             :func:`~twodg_pyro.pipeline.runtime.variants.run_variants`, by variant name.
         model_files: the model files written into the run folder, by step name
             (``model_<method>``, ``model_2dg_compact``;
-            :func:`~twodg_pyro.pipeline.outputs.artifacts.write_model_files`), and
-            ``model_file_errors`` those that could not be written.
+            :func:`~twodg_pyro.pipeline.outputs.artifacts.write_model_files`).
+        failed_files: the model files that could not be written, by step name: the
+            error (the run then ends incomplete: ``results.json`` says so and
+            :func:`~twodg_pyro.pipeline.run` raises
+            :class:`~twodg_pyro.pipeline.outputs.results.IncompleteRunError`).
     """
 
     records: list[dict] = field(default_factory=list)
@@ -40,4 +43,4 @@ class RunArtifacts:
     predictions: dict[str, Prediction] = field(default_factory=dict)
     variants: dict[str, TrainedMethod] = field(default_factory=dict)
     model_files: dict[str, str] = field(default_factory=dict)
-    model_file_errors: dict[str, str] = field(default_factory=dict)
+    failed_files: dict[str, str] = field(default_factory=dict)
