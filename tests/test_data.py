@@ -562,3 +562,45 @@ def test_damaged_cifar_files_are_named_and_run_no_code(tmp_path: Path) -> None:
     _dump(folder100 / "test", {"data": data, "fine_labels": [5, 100], "coarse_labels": [0, 0]})
     with pytest.raises(DatasetFormatError, match=r"label 100 at index 1 .* \[0, 100\)"):
         load_cifar100(tmp_path)
+
+
+def _write_cache(root: Path, train: tuple[int, int], test: tuple[int, int]) -> Path:
+    """torchvision's legacy ``MNIST/processed`` cache: ``(images, labels)`` pairs of
+    ``train`` and ``test`` = (images, labels) counts."""
+    processed = root / "MNIST" / "processed"
+    processed.mkdir(parents=True)
+    for name, (n, m) in (("training.pt", train), ("test.pt", test)):
+        images = torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8)
+        torch.save((images, torch.arange(m) % 10), processed / name)
+    return processed
+
+
+def test_the_mnist_cache_is_checked_like_the_raw_files(tmp_path: Path) -> None:
+    """Without the raw files, the processed cache is read: with 150 labels for 200
+    training images it is refused (it trained on 150 before), and so is a test file of
+    50 images and 40 labels (an IndexError before); a good cache loads."""
+    processed = _write_cache(tmp_path, train=(200, 150), test=(50, 50))
+    with pytest.raises(DatasetFormatError, match="holds 150 labels, but .* holds 200 images"):
+        load_mnist(tmp_path)
+    (processed / "training.pt").unlink()
+    (processed / "test.pt").unlink()
+    processed.rmdir()
+    _write_cache(tmp_path, train=(200, 200), test=(50, 40))
+    with pytest.raises(DatasetFormatError, match=r"test\.pt.* holds 40 labels"):
+        load_mnist(tmp_path)
+    torch.save(({"not": "images"}, 3), tmp_path / "MNIST" / "processed" / "test.pt")
+    with pytest.raises(DatasetFormatError, match="is not a pair of uint8 images"):
+        load_mnist(tmp_path)
+    torch.save(
+        (torch.zeros(50, 28, 28, dtype=torch.uint8), torch.arange(50) % 10),
+        tmp_path / "MNIST" / "processed" / "test.pt",
+    )
+    split = load_mnist(tmp_path, val_fraction=0.1)
+    assert len(split.train) + len(split.val) == 200 and len(split.test) == 50
+
+
+def test_the_raw_mnist_files_win_over_a_stale_cache(tmp_path: Path) -> None:
+    write_fake_mnist(tmp_path, "MNIST", n_train=20, n_test=10)
+    _write_cache(tmp_path, train=(200, 150), test=(50, 40))
+    split = load_mnist(tmp_path, val_fraction=0.1)
+    assert len(split.train) + len(split.val) == 20 and len(split.test) == 10

@@ -101,19 +101,25 @@ def read_idx_pair(
     label_path = folder / f"{prefix}-labels-idx1-ubyte"
     images = read_idx(image_path, 3)
     labels = read_idx(label_path, 1)
-    if tuple(images.shape[1:]) != tuple(image_size):
+    return _check_pair(image_path, label_path, images, labels, num_classes, image_size)
+
+
+def _check_pair(image_path, label_path, images, labels, num_classes: int, image_size):
+    """``(images, labels)`` as tensors (``uint8``, ``int64``) once checked: ``N x H x W``
+    images of ``image_size``, ``N`` labels in ``[0, num_classes)``."""
+    if images.ndim != 3 or tuple(images.shape[1:]) != tuple(image_size):
         raise DatasetFormatError(
             image_path,
-            f"holds images of {images.shape[1]}x{images.shape[2]} pixels, expected "
+            f"holds images of {'x'.join(map(str, images.shape[1:]))} pixels, expected "
             f"{image_size[0]}x{image_size[1]}",
         )
-    if images.shape[0] != labels.shape[0]:
+    if labels.ndim != 1 or images.shape[0] != labels.shape[0]:
         raise DatasetFormatError(
             label_path,
             f"holds {labels.shape[0]} labels, but '{image_path}' holds {images.shape[0]} images",
         )
     _check_label_range(label_path, labels, num_classes)
-    return torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
+    return torch.as_tensor(images), torch.as_tensor(labels).long()
 
 
 def _check_label_range(path: Path, labels, num_classes: int) -> None:
@@ -129,8 +135,10 @@ def _check_label_range(path: Path, labels, num_classes: int) -> None:
 
 class _CheckedIdxMixin:
     """Reads a torchvision MNIST-family data set with :func:`read_idx_pair` (checked) and
-    keeps torchvision's folder layout (``ROOT/<torchvision class name>/raw``, and its
-    legacy ``processed`` files, read by torchvision)."""
+    keeps torchvision's folder layout (``ROOT/<torchvision class name>/raw``).  Its legacy
+    cache (``processed/training.pt``, ``test.pt``) is read only without the raw files,
+    and checked like them (a pair of ``uint8`` images and labels, loaded without
+    executing code)."""
 
     _folder: str = "MNIST"
 
@@ -144,6 +152,28 @@ class _CheckedIdxMixin:
 
     def _load_data(self):
         return read_idx_pair(self.raw_folder, "train" if self.train else "t10k")
+
+    def _check_legacy_exist(self) -> bool:  # the raw files, when there, win
+        return not self._check_exists() and super()._check_legacy_exist()
+
+    def _load_legacy_data(self):
+        from ..files.atomic import safe_torch_load
+
+        path = Path(self.processed_folder, self.training_file if self.train else self.test_file)
+        try:
+            data = safe_torch_load(path)
+        except ValueError as e:
+            raise DatasetFormatError(path, f"cannot be read: {e}") from e
+        if not (
+            isinstance(data, (tuple, list))
+            and len(data) == 2
+            and all(torch.is_tensor(t) and t.dtype in (torch.uint8, torch.int64) for t in data)
+        ):
+            raise DatasetFormatError(path, "is not a pair of uint8 images and integer labels")
+        images, labels = data
+        if images.dtype != torch.uint8:
+            raise DatasetFormatError(path, f"holds images of {images.dtype}, not uint8")
+        return _check_pair(path, path, images, labels, len(self.classes), (28, 28))
 
 
 def _checked_mnist_class(cls: type[datasets.MNIST]) -> type[datasets.MNIST]:
