@@ -340,3 +340,31 @@ def test_a_real_sigint_stops_the_run_with_the_resume_command(tmp_path, tiny_run_
     assert p.returncode == 130
     assert f"Continue with: twodg-pyro train --resume {out}" in err and "Traceback" not in err
     assert not (out / ".twodg-pyro.lock").exists()
+
+
+# ---------------------------------------------------------------------- stdout, stderr
+def test_a_run_in_a_latin1_folder_with_a_read_only_home_speaks_in_one_voice(tmp_path):
+    """A folder name with a Latin-1 byte (invalid UTF-8) prints (escaped) instead of
+    failing after the run, and an unwritable HOME (``/proc``: nothing can be made in
+    it) neither breaks ArviZ's import nor lets matplotlib write lines of its own:
+    every line on stderr is the CLI's (a one-epoch deterministic run: the model file,
+    results and the imports of the diagnostics' libraries are what matter)."""
+    import os
+
+    config = tmp_path / "tiny.json"
+    settings = {"methods": ["deterministic"], "progress": False, "network": {"hidden": [8]}}
+    config.write_text(json.dumps({**settings, "stage1": {"deterministic_epochs": 1}}))
+    out = tmp_path / os.fsdecode(b"caf\xe9") / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MPLCONFIG"))}
+    env.update(HOME="/proc", TMPDIR=str(tmp_path), PYTHONIOENCODING="utf-8")
+    argv = [sys.executable, "-m", "twodg_pyro.cli", "train", "--config", str(config)]
+    proc = subprocess.run(
+        [*argv, "--out", os.fsencode(out)], env=env, capture_output=True, timeout=600
+    )
+    stdout, stderr = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 0, stderr
+    assert "wrote " + str(tmp_path) + "/caf\\udce9/run/results.json" in stdout
+    assert (out / "results.json").is_file() and (out / "results.md").is_file()
+    foreign = [line for line in stderr.splitlines() if not line.startswith("twodg-pyro train:")]
+    assert foreign == [], stderr
+    assert "Matplotlib created a temporary" not in stderr

@@ -19,7 +19,8 @@ an unexpected failure is one line and exit code 1.  Options with a known range
 output paths are checked before any work; a full disk is "no space left on device
 (writing <path>)", with the file's previous content kept.  ``--debug`` adds the traceback.
 Ctrl-C stops a run with exit code 130 and says where its last checkpoint is and the
-command that resumes it.  Warnings are one line each (``twodg-pyro <command>: warning:``).
+command that resumes it.  Warnings are one line each (``twodg-pyro <command>: warning:``),
+matplotlib's too; paths print whatever bytes their names hold (:mod:`.cli_output`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import traceback
 import warnings
 from pathlib import Path
 
+from .cli_output import cli_output
 from .cli_parser import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USER_ERROR, build_parser
 
 __all__ = ["main", "build_parser", "EXIT_USER_ERROR", "EXIT_FAILURE", "EXIT_INTERRUPTED"]
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     def warn_one_line(message, category, filename, lineno, file=None, line=None):
         say(f"warning: {_one_line(message)}")
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), cli_output(say):
         if not debug:
             warnings.showwarning = warn_one_line
         try:
