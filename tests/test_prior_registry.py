@@ -325,4 +325,19 @@ def test_a_settings_file_names_a_users_prior(tmp_path):
     with pytest.raises(ConfigError, match="prior.kind = 'nope': must name a registered prior"):
         load_config(path)
     with pytest.raises(ValueError, match="build a SitePrior in Python"):
-        build_prior(PriorConfig(kind="per_site"), MLP(6, (5,), 3))
+        SitePrior.from_settings(1.0, 0.0, MLP(6, (5,), 3))
+
+
+@pytest.mark.parametrize("kind", ["custom", "distribution", "per_site"])
+def test_the_library_refuses_a_prior_that_settings_cannot_build(kind):
+    """``custom`` (the stand-in of a prior a file could not store: registered once
+    ``twodg_pyro.io`` is imported, as it is here) and the distributions' priors pass no
+    settings check, in Python as on the CLI: refused on entry, naming the field, not
+    by a TypeError of ``run``."""
+    from twodg_pyro.pipeline import config_from_dict
+    from twodg_pyro.settings import ConfigError
+
+    assert kind in PRIORS  # registered, so only the check keeps it out
+    with pytest.raises(ConfigError, match=f"prior.kind = '{kind}': must name a registered"):
+        config_from_dict({"prior": {"kind": kind}})
+    assert config_from_dict({"prior": {"kind": "laplace"}}).prior.kind == "laplace"

@@ -67,6 +67,7 @@ class UnavailablePrior(Prior):
     """
 
     kind = "custom"
+    in_settings = False
 
     def __init__(self, description: str, where: str):
         self.description = description

@@ -166,6 +166,9 @@ class Prior(ABC):
     #: training step makes the sites' distributions once per settings, device and dtype
     #: (:func:`~twodg_pyro.infer.fast_step.site_priors`); ``False``: asked at every step
     settled: ClassVar[bool] = False
+    #: whether run settings may name it (``prior.kind``): ``False`` for a prior that
+    #: :meth:`from_settings` cannot build (it needs distributions, or stands in for one)
+    in_settings: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

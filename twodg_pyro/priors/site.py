@@ -26,6 +26,7 @@ class SitePrior(Prior):
 
     kind = "distribution"
     aliases = ("per_site",)
+    in_settings = False
 
     def __init__(
         self,

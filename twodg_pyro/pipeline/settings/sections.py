@@ -120,12 +120,13 @@ class PriorConfig(Section):
     delta: Annotated[float, finite_at_least_zero()] = 0.0
 
     def _check(self) -> None:
-        known = sorted(k for k in PRIORS if k.islower())
+        settable = {k for k, cls in PRIORS.items() if cls.in_settings}
         require(
-            isinstance(self.kind, str) and self.kind in PRIORS,
+            isinstance(self.kind, str) and self.kind in settable,
             "prior.kind",
             self.kind,
-            f"must name a registered prior, one of {known}",
+            f"must name a registered prior that settings build, one of "
+            f"{sorted(k for k in settable if k.islower())}",
         )
 
 
