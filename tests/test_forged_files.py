@@ -271,3 +271,22 @@ def test_forged_bit_flips_are_refused_or_load_as_a_valid_finite_model(tiny_run, 
     outcomes = [forgery(forge, original, target, images, rng) for _ in range(40)]
     assert set(outcomes) <= {"refused (named)", "loads (valid, finite)"}, outcomes
     assert outcomes.count("refused (named)") >= 20
+
+
+def test_a_compact_ellipse_component_of_k_is_refused_naming_the_field(tmp_path):
+    from test_file_reliability import _rewrite
+
+    from twodg_pyro.io.bits import pack_bits, unpack_bits
+    from twodg_pyro.io.compact import read_compact
+
+    src = _compact(tmp_path)
+    header = _header(src)
+    info, K, k = header["ellipse_components"], header["n_components"], header["ellipse_k"]
+    assert info["coding"] == "packed"
+    buf = bytes(read_compact(src)[1]["ellipses"])
+    n, bits = header["n_ellipses"] * k, header["component_bits"]
+    comps = unpack_bits(buf[: info["bytes"]], n, bits).copy()
+    comps[0] = K  # fits the bit width, names no component
+    packed = pack_bits(comps, bits)
+    bad = _rewrite(src, tmp_path / "k.2dgz", sections={"ellipses": packed + buf[info["bytes"] :]})
+    _refused(bad, rf"ellipse_components holds {K} at \[0, 0\] .* must be in \[0, {K - 1}\]")

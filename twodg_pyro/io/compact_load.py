@@ -217,6 +217,7 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
                 f"{ai['bytes']}"
             )
         comps = torch.from_numpy(_decode_columns(buf[: ci["bytes"]], ci, n_e, k, K, cb))
+        check_field("ellipse_components", comps, 0, K - 1)  # before the centres are indexed
         cum = np.ones((n_e, k))
         if k > 1:
             levels = (1 << ab) - 1
