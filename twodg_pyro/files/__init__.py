@@ -10,8 +10,8 @@ from .atomic import (
     atomic_torch_save,
     atomic_write,
     atomic_write_text,
-    jsonable,
     file_size,
+    jsonable,
     safe_torch_load,
 )
 from .integrity import (
@@ -36,8 +36,8 @@ __all__ = [
     "atomic_write_text",
     "check_field",
     "content_digest",
-    "jsonable",
     "file_size",
+    "jsonable",
     "read_payload",
     "safe_torch_load",
     "seal",

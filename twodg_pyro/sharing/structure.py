@@ -29,8 +29,8 @@ from typing import Literal, get_args
 
 import torch
 
-from ..nn.functional import MIN_SIGMA
 from ..files.integrity import FieldError, check_field
+from ..nn.functional import MIN_SIGMA
 
 FORMAT_VERSION = 1
 
