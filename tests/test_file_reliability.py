@@ -178,7 +178,7 @@ def test_a_gaussian_likelihood_on_a_classifier_is_refused_by_evaluate(tmp_path, 
 def test_an_unknown_likelihood_is_not_read_as_categorical(tmp_path):
     poisson = {"kind": "Poisson", "dataset_size": 100}
     bad = _rewrite(_compact(tmp_path), tmp_path / "p.2dgz", header={"likelihood": poisson})
-    _refused(bad, "is not Categorical or Gaussian")
+    _refused(bad, "is not Categorical, Gaussian or HeteroscedasticGaussian")
 
 
 @pytest.mark.parametrize("case", ["nan_centres", "gaussian_compact", "gaussian_pt"])

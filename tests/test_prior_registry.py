@@ -275,7 +275,10 @@ def test_likelihoods_round_trip_and_a_new_one_is_one_class():
         assert json.dumps(likelihood_spec(lik)) == text
         again = rebuild_likelihood(json.loads(text))
         assert type(again) is type(lik) and vars(again) == vars(lik)
-    with pytest.raises(ValueError, match="Poisson.*is not Categorical, Gaussian or test_tempered"):
+    with pytest.raises(
+        ValueError,
+        match="Poisson.*is not Categorical, Gaussian, HeteroscedasticGaussian or test_tempered",
+    ):
         rebuild_likelihood({"kind": "Poisson", "dataset_size": 100})
     with pytest.raises(ValueError, match="is not what a Gaussian writes"):
         rebuild_likelihood({"kind": "Gaussian", "dataset_size": 100})  # no scale

@@ -4,11 +4,13 @@
 ``torch.nn.Module`` and a short fit / predict loop:
 
 * the model :class:`BNNModel` ``p(w) p(y | f_w(x))``, its priors (:class:`NormalPrior`,
-  :class:`LaplacePrior`, :class:`LayerwiseNormalPrior`) and likelihoods
-  (:class:`Categorical`, :class:`Gaussian`);
+  :class:`LaplacePrior`, :class:`LayerwiseNormalPrior`) and likelihoods (:class:`Categorical`; for regression
+  :class:`Gaussian`, fixed or learnt noise, and :class:`HeteroscedasticGaussian`);
 * the guides :class:`MeanFieldGuide` and :class:`SharedGMMGuide` (the 2DG posterior:
   outliers with their own Normal, inliers drawn from a 2-D Gaussian mixture);
-* :func:`fit` (SVI on the :class:`DecomposedELBO`), :func:`predict`, :func:`evaluate`;
+* :func:`fit` (SVI on the :class:`DecomposedELBO`), :func:`predict` (class probabilities,
+  or a regression's predictive mean and epistemic / aleatoric standard deviations),
+  :func:`evaluate` (accuracy, NLL, ECE, Brier; or RMSE, Gaussian NLL, interval coverage);
 * the 2DG method's stage 2, :func:`build_sharing` with its :class:`SharingConfig`, and
   its refinement hooks :class:`MergeHook` / :class:`MahalanobisHook`;
 * :func:`save_model` / :func:`load_model`, and the bundled data
@@ -34,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "LayerwiseNormalPrior": "twodg_pyro.priors.iid",
     "Categorical": "twodg_pyro.likelihoods",
     "Gaussian": "twodg_pyro.likelihoods",
+    "HeteroscedasticGaussian": "twodg_pyro.likelihoods",
     "MeanFieldGuide": "twodg_pyro.guides.mean_field",
     "SharedGMMGuide": "twodg_pyro.guides.shared_gmm",
     "DecomposedELBO": "twodg_pyro.infer.elbo",
@@ -55,6 +58,7 @@ __all__ = [
     "Categorical",
     "DecomposedELBO",
     "Gaussian",
+    "HeteroscedasticGaussian",
     "LaplacePrior",
     "LayerwiseNormalPrior",
     "MahalanobisHook",
@@ -83,7 +87,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .infer.elbo import DecomposedELBO
     from .infer.trainer import fit
     from .io.model_file import load_model, save_model
-    from .likelihoods import Categorical, Gaussian
+    from .likelihoods import Categorical, Gaussian, HeteroscedasticGaussian
     from .prediction import predict
     from .priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior
     from .sharing.build import build_sharing

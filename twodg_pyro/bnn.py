@@ -134,6 +134,9 @@ class SiteTensors(PyroParamsMixin, nn.Module):
         self.likelihood = (
             likelihood if isinstance(likelihood, Likelihood) else Categorical(int(likelihood))
         )
+        like = next((p for p in net.parameters() if p.is_floating_point()), None)
+        if like is not None:  # a learnt noise follows the network (later .to(...) moves both)
+            self.likelihood.to(device=like.device, dtype=like.dtype)
 
     @property
     def site_names(self) -> list[str]:
@@ -162,13 +165,18 @@ class SiteTensors(PyroParamsMixin, nn.Module):
 
     def deterministic_parameters(self) -> list[nn.Parameter]:
         """Point-estimated parameters of the network (e.g. BatchNorm affine; the rank-1
-        BNN's shared weights)."""
-        return [p for p in self.net.parameters() if p.requires_grad]
+        BNN's shared weights) and of the likelihood (a learnt noise scale)."""
+        return [p for _, p in self.pyro_parameters()]
 
     def pyro_parameters(self):
-        """The network's point-estimated parameters as ``("net.<name>", parameter)``: what
-        the program declares to Pyro (e.g. BatchNorm's affine parameters)."""
-        return ((f"net.{n}", p) for n, p in self.net.named_parameters() if p.requires_grad)
+        """The point-estimated parameters as ``("net.<name>", parameter)`` and
+        ``("likelihood.<name>", parameter)``: what the program declares to Pyro (e.g.
+        BatchNorm's affine parameters, a :class:`~twodg_pyro.likelihoods.Gaussian`'s
+        learnt ``log_scale``)."""
+        for part in ("net", "likelihood"):
+            for n, p in getattr(self, part).named_parameters():
+                if p.requires_grad:
+                    yield f"{part}.{n}", p
 
     def _sample_sites(self) -> dict[str, torch.Tensor]:
         """The program's sample statement of every site, from its prior."""

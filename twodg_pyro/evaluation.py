@@ -35,8 +35,9 @@ from contextlib import contextmanager
 
 import torch
 
-from .metrics import check_labels, classification_metrics
-from .prediction import _cuda_devices, _device_of, predict
+from .likelihoods import RegressionLikelihood
+from .metrics import check_labels, classification_metrics, regression_metrics
+from .prediction import Prediction, _cuda_devices, _device_of, predict
 
 #: Draws taken from the guide at once; part of what fixes the draws of a seed.
 SAMPLE_CHUNK = 10
@@ -100,24 +101,43 @@ def draws_sentence(draws: dict) -> str:
     )
 
 
+def prediction_metrics(pred: Prediction) -> dict[str, float]:
+    """The metrics of a labelled :class:`~twodg_pyro.prediction.Prediction`: RMSE, Gaussian
+    NLL and interval coverage of a regression one (it has a ``std``,
+    :func:`~twodg_pyro.metrics.regression_metrics`), else accuracy, NLL, ECE and Brier
+    (:func:`~twodg_pyro.metrics.classification_metrics`)."""
+    if pred.std is not None:
+        return regression_metrics(pred.mean, pred.std, pred.targets)
+    return classification_metrics(pred.mean, pred.targets)
+
+
 def evaluate(model, guide, data, num_samples: int = 30, seed: int = 0, **kw) -> dict:
-    """Accuracy, NLL, ECE and Brier of the Bayesian model average over the seeded draws
+    """The metrics of the Bayesian model average over the seeded draws
     (:func:`seeded_predict`, which takes the keyword arguments ``kw``: ``batch_size``,
     ``device``, ``progress``) on labelled ``data``, plus ``num_samples``, ``seed`` and
-    ``n_examples``.
+    ``n_examples``: accuracy, NLL, ECE and Brier for classification; RMSE, Gaussian NLL
+    and the coverage of the central 50 / 90 / 95 % intervals (``coverage_50``, ...) for a
+    regression likelihood (:func:`prediction_metrics`).
 
     Raises:
-        ValueError: ``data`` without labels, or labels that are not integers in
-            ``[0, C)`` (checked before predicting for ``(X, y)`` tensors, the first bad
-            one named), and what :func:`~twodg_pyro.prediction.predict` refuses.
+        ValueError: ``data`` without labels or targets, class labels that are not integers
+            in ``[0, C)`` (checked before predicting for ``(X, y)`` tensors, the first bad
+            one named), regression targets that are not floating point, and what
+            :func:`~twodg_pyro.prediction.predict` refuses.
     """
+    regression = isinstance(getattr(model, "likelihood", None), RegressionLikelihood)
     if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[1]):
-        check_labels(data[1])  # dtype and sign now; the classes' range once C is known
+        if not regression:  # dtype and sign now; the classes' range once C is known
+            check_labels(data[1])
+        elif not data[1].is_floating_point():
+            raise ValueError(
+                f"regression targets must be floating point, got dtype {data[1].dtype}"
+            )
     pred = seeded_predict(model, guide, data, num_samples, seed, **kw)
     if pred.targets is None:
         raise ValueError("evaluate needs labelled data: pass (X, y) or batches of (x, y)")
     return {
-        **classification_metrics(pred.mean, pred.targets),
+        **prediction_metrics(pred),
         "num_samples": int(num_samples),
         "seed": int(seed),
         "n_examples": int(pred.mean.shape[0]),

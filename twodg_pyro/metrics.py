@@ -1,15 +1,29 @@
-r"""Predictive metrics from Bayesian-model-averaged class probabilities.
+r"""Predictive metrics of the Bayesian model average.
 
-With :math:`\bar p_n = \frac1S \sum_s p(y \mid x_n, w^{(s)})`:
+Classification, with :math:`\bar p_n = \frac1S \sum_s p(y \mid x_n, w^{(s)})`:
 
 * accuracy: :math:`\frac1N \sum_n [\arg\max \bar p_n = y_n]`;
 * NLL: :math:`-\frac1N \sum_n \log \bar p_{n, y_n}`;
 * ECE (15 equal-width confidence bins):
   :math:`\sum_b \frac{|B_b|}{N} |\mathrm{acc}(B_b) - \mathrm{conf}(B_b)|`;
 * Brier: :math:`\frac1N \sum_n \sum_c (\bar p_{n,c} - [y_n = c])^2`.
+
+Regression (:func:`regression_metrics`), with the predictive mean :math:`\bar\mu_n` and
+standard deviation :math:`\sigma_n` (noise included,
+:class:`~twodg_pyro.prediction.Prediction`):
+
+* RMSE: :math:`\sqrt{\frac1N \sum_n (y_n - \bar\mu_n)^2}`;
+* Gaussian NLL of the moment-matched predictive :math:`\mathcal N(\bar\mu_n, \sigma_n^2)`:
+  :math:`\frac1N \sum_n \big(\tfrac12 \log 2\pi\sigma_n^2 + \frac{(y_n -
+  \bar\mu_n)^2}{2\sigma_n^2}\big)`;
+* coverage of the central :math:`p` interval :math:`\bar\mu_n \pm z_{(1+p)/2}\,\sigma_n`:
+  the fraction of targets inside it (calibrated: :math:`p`).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 import torch
 
@@ -109,3 +123,54 @@ def classification_metrics(
         "ece": ece(probs, labels, n_bins),
         "brier": brier(probs, labels),
     }
+
+
+#: the central intervals whose coverage :func:`regression_metrics` reports
+COVERAGE_LEVELS = (0.5, 0.9, 0.95)
+
+
+def regression_metrics(
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    targets: torch.Tensor,
+    levels: Sequence[float] = COVERAGE_LEVELS,
+) -> dict[str, float]:
+    r"""``{"rmse", "nll", "coverage_50", "coverage_90", "coverage_95"}`` (one
+    ``coverage_<100 p>`` per level :math:`p` of ``levels``) of a predictive mean and
+    standard deviation (see the module docstring); a multi-output target's NLL sums over
+    its outputs, RMSE and coverage average over every value.
+
+    Raises:
+        ValueError: shapes that differ, no examples, targets or a mean that are not finite,
+            a standard deviation that is not positive, a level outside (0, 1).
+    """
+    mean, std = mean.detach().cpu().double(), std.detach().cpu().double()
+    y = targets.detach().cpu()
+    if not y.is_floating_point():
+        raise ValueError(f"regression targets must be floating point, got dtype {y.dtype}")
+    y = y.double()
+    if not (mean.shape == std.shape == y.shape):
+        raise ValueError(
+            f"expected mean, std and targets of one shape, got {tuple(mean.shape)}, "
+            f"{tuple(std.shape)} and {tuple(y.shape)}"
+        )
+    if y.numel() == 0:
+        raise ValueError("cannot compute metrics on an empty set (N = 0)")
+    for name, t in (("targets", y), ("predictive mean", mean)):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} hold values that are not finite (NaN or inf)")
+    if not bool((std > 0).all()):
+        raise ValueError(f"the predictive std must be positive, got minimum {float(std.min())}")
+    z = (y - mean) / std
+    nll = 0.5 * math.log(2 * math.pi) + std.log() + 0.5 * z.square()
+    out = {
+        "rmse": (y - mean).square().mean().sqrt().item(),
+        "nll": nll.reshape(nll.shape[0], -1).sum(1).mean().item(),
+    }
+    normal = torch.distributions.Normal(0.0, 1.0)
+    for p in levels:
+        if not 0 < float(p) < 1:
+            raise ValueError(f"coverage levels must be in (0, 1), got {p!r}")
+        half = float(normal.icdf(torch.tensor(0.5 + float(p) / 2, dtype=torch.float64)))
+        out[f"coverage_{round(100 * float(p))}"] = (z.abs() <= half).double().mean().item()
+    return out

@@ -37,24 +37,76 @@ from tqdm.auto import tqdm
 
 from .bnn import input_mismatch, match_input, require_model
 from .guide import BNNGuide, check_guide_sites
-from .likelihoods import Categorical
+from .likelihoods import Categorical, RegressionLikelihood
 
-__all__ = ["Prediction", "predict", "deterministic_predict", "program_draws"]
+__all__ = [
+    "Prediction",
+    "deterministic_predict",
+    "moment_sums",
+    "moments_prediction",
+    "predict",
+    "program_draws",
+]
 
 
 @dataclass
 class Prediction:
-    """Predictive output.
+    r"""Predictive output.
+
+    For regression (a :class:`~twodg_pyro.likelihoods.RegressionLikelihood`, whose draw
+    :math:`s` predicts :math:`\mathcal N(\mu_s(x), \sigma_s(x)^2)`) the moments of the
+    model average follow the law of total variance,
+
+    .. math:: \bar\mu = \frac1S \sum_s \mu_s, \qquad
+        \sigma^2_{\text{epi}} = \frac1S \sum_s \mu_s^2 - \bar\mu^2, \qquad
+        \sigma^2_{\text{ale}} = \frac1S \sum_s \sigma_s^2, \qquad
+        \sigma^2 = \sigma^2_{\text{epi}} + \sigma^2_{\text{ale}}.
 
     Attributes:
-        mean: the model average (class probabilities for classification), ``(N, ...)``.
-        targets: the labels, ``(N,)``, when the data had them.
-        samples: per-sample predictions ``(S, N, ...)`` when asked for.
+        mean: the model average: class probabilities ``(N, C)`` for classification, the
+            predictive mean :math:`\bar\mu` (the targets' shape) for regression.
+        targets: the labels or targets, when the data had them.
+        samples: per-sample predictions ``(S, N, ...)`` when asked for (class
+            probabilities; regression: the means :math:`\mu_s`).
+        std: regression: the predictive standard deviation :math:`\sigma`, noise included.
+        epistemic_std: regression: :math:`\sigma_{\text{epi}}`, the spread of the means
+            over the draws (the noise left out).
+        aleatoric_std: regression: :math:`\sigma_{\text{ale}}`, the noise alone.
     """
 
     mean: torch.Tensor
     targets: torch.Tensor | None = None
     samples: torch.Tensor | None = None
+    std: torch.Tensor | None = None
+    epistemic_std: torch.Tensor | None = None
+    aleatoric_std: torch.Tensor | None = None
+
+
+def moment_sums(likelihood, outputs: torch.Tensor) -> torch.Tensor:
+    r"""Float64 sums over the draws of a regression likelihood's :math:`\mu_s`,
+    :math:`\mu_s^2` and :math:`\sigma_s^2` for per-draw ``outputs`` ``(S, B, ...)``:
+    ``(3, B, ...)`` (float64, so that :func:`moments_prediction`'s difference of squares
+    keeps its digits)."""
+    loc, scale = likelihood.loc_scale(outputs, 1)
+    loc = loc.to(torch.float64)
+    var = torch.as_tensor(scale, dtype=torch.float64, device=loc.device).square()
+    return torch.stack([loc, loc.square(), var.expand_as(loc)]).sum(1)
+
+
+def moments_prediction(
+    sums: torch.Tensor, num_draws: int, dtype: torch.dtype, targets=None, samples=None
+) -> Prediction:
+    """The :class:`Prediction` of :func:`moment_sums` over ``num_draws`` draws, in ``dtype``."""
+    mean, second, aleatoric = (sums / num_draws).unbind(0)
+    epistemic = (second - mean.square()).clamp_min(0)
+    return Prediction(
+        mean=mean.to(dtype),
+        targets=targets,
+        samples=samples,
+        std=(epistemic + aleatoric).sqrt().to(dtype),
+        epistemic_std=epistemic.sqrt().to(dtype),
+        aleatoric_std=aleatoric.sqrt().to(dtype),
+    )
 
 
 def _batches(data, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -154,6 +206,7 @@ def predict(
     batches = _read_batches(data, int(batch_size), device)
     check_finite_inputs(batches)
     lik = model.likelihood
+    regression = isinstance(lik, RegressionLikelihood)
     components = int(model.output_components)
 
     batched = vmap(model.network_forward, in_dims=(0, None), randomness="different")
@@ -183,8 +236,12 @@ def predict(
                 outputs = _run_chunked(model, batched, weights, xb, per_pass)
                 if components > 1:
                     outputs = outputs.flatten(0, 1)
-                preds = outputs.softmax(-1) if isinstance(lik, Categorical) else outputs
-                total = preds.sum(0)
+                out_dtype = outputs.dtype
+                if regression:
+                    total, preds = moment_sums(lik, outputs), lik.loc_scale(outputs, 1)[0]
+                else:
+                    preds = outputs.softmax(-1) if isinstance(lik, Categorical) else outputs
+                    total = preds.sum(0)
                 sums[i] = total if sums[i] is None else sums[i] + total
                 if keep_samples:
                     per_sample[i].append(preds.cpu())
@@ -193,10 +250,15 @@ def predict(
                 )
                 bar.update(1)
             done += s
-    mean = torch.cat([(t / (num_samples * components)).cpu() for t in sums])
     samples = None
     if keep_samples:
         samples = torch.cat([torch.cat(chunks, 0) for chunks in per_sample], 1)
+    if regression:
+        sums_all = torch.cat([t.cpu() for t in sums], 1)
+        return moments_prediction(
+            sums_all, num_samples * components, out_dtype, _targets(batches), samples
+        )
+    mean = torch.cat([(t / (num_samples * components)).cpu() for t in sums])
     return Prediction(mean=mean, targets=_targets(batches), samples=samples)
 
 
@@ -321,13 +383,18 @@ def _first_tensor(module) -> torch.Tensor | None:
 
 
 @torch.no_grad()
-def deterministic_predict(net: torch.nn.Module, data, batch_size: int = 512) -> Prediction:
-    """Softmax predictions of a plain network (the deterministic baseline); inputs go to
-    the network's device and, if floating, its dtype."""
+def deterministic_predict(
+    net: torch.nn.Module, data, batch_size: int = 512, likelihood=None
+) -> Prediction:
+    """Predictions of a plain network (the deterministic baseline): softmax probabilities,
+    or with a :class:`~twodg_pyro.likelihoods.RegressionLikelihood` its ``loc`` as the mean
+    and its ``scale`` as the (aleatoric) standard deviation, the epistemic one 0.  Inputs
+    go to the network's device and, if floating, its dtype."""
     net.eval()
     batches = _batches(data, int(batch_size))
     like = _first_tensor(net)
-    probs = torch.cat(
-        [net(xb if like is None else match_input(xb, like)).softmax(-1).cpu() for xb, _ in batches]
-    )
-    return Prediction(mean=probs, targets=_targets(batches))
+    outs = torch.cat([net(xb if like is None else match_input(xb, like)) for xb, _ in batches])
+    if isinstance(likelihood, RegressionLikelihood):
+        sums = moment_sums(likelihood, outs.unsqueeze(0))
+        return moments_prediction(sums.cpu(), 1, outs.dtype, _targets(batches))
+    return Prediction(mean=outs.softmax(-1).cpu(), targets=_targets(batches))

@@ -1,7 +1,8 @@
 """Data sets and loaders.
 
-Nothing is ever downloaded: the sklearn digits ship with scikit-learn, and the
-image data sets are read from local folders (see :mod:`twodg_pyro.data.vision`
+Nothing is ever downloaded: the sklearn digits and diabetes data ship with
+scikit-learn, the 1-D gap problem is generated (:mod:`twodg_pyro.data.regression`), and
+the image data sets are read from local folders (see :mod:`twodg_pyro.data.vision`
 for the expected layouts); a missing folder raises :class:`DatasetNotFoundError`.
 """
 
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .digits import DataSplit, load_digits_split, stratified_split
 from .errors import DatasetFormatError, DatasetNotFoundError
+from .regression import load_diabetes_split, load_gap1d_split
 from .transforms import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -35,6 +37,7 @@ __all__ = [
     "CIFAR10_STD",
     "CIFAR100_MEAN",
     "CIFAR100_STD",
+    "BUNDLED",
     "DATASETS",
     "DEFAULT_ROOT",
     "IMAGENET_MEAN",
@@ -50,8 +53,10 @@ __all__ = [
     "load_cifar10",
     "load_cifar100",
     "load_dataset",
+    "load_diabetes_split",
     "load_digits_split",
     "load_fashion_mnist",
+    "load_gap1d_split",
     "load_imagenet",
     "load_mnist",
     "make_loader",
@@ -61,15 +66,22 @@ __all__ = [
 #: Folder used by :func:`load_dataset` for file-based data sets when ``root`` is None.
 DEFAULT_ROOT = "data"
 
-#: Loaders by name; ``"digits"`` takes no ``root``.
+#: Loaders by name; those of :data:`BUNDLED` take no ``root``.
 DATASETS: dict[str, Callable[..., DataSplit]] = {
     "digits": load_digits_split,
+    "diabetes": load_diabetes_split,
+    "gap1d": load_gap1d_split,
     "mnist": load_mnist,
     "fashion_mnist": load_fashion_mnist,
     "cifar10": load_cifar10,
     "cifar100": load_cifar100,
     "imagenet": load_imagenet,
 }
+
+
+#: The data sets made here, without files (no ``root``): ``digits``, and the regression
+#: sets ``diabetes`` and ``gap1d`` (:mod:`twodg_pyro.data.regression`).
+BUNDLED = ("digits", "diabetes", "gap1d")
 
 
 def available_datasets() -> list[str]:
@@ -84,7 +96,7 @@ def load_dataset(name: str, root: str | os.PathLike[str] | None = None, **kw: An
         name: one of :func:`available_datasets` (case-insensitive, ``-`` may
             stand for ``_``).
         root: data folder for the file-based data sets (default
-            :data:`DEFAULT_ROOT`, ``./data``); ignored for ``"digits"``.
+            :data:`DEFAULT_ROOT`, ``./data``); ignored for the :data:`BUNDLED` ones.
         **kw: passed on to the loader (``val_fraction``, ``seed``, ...).
 
     Raises:
@@ -96,8 +108,8 @@ def load_dataset(name: str, root: str | os.PathLike[str] | None = None, **kw: An
         raise ValueError(
             f"unknown data set {name!r}; known data sets: {', '.join(available_datasets())}"
         )
-    if key == "digits":
-        return load_digits_split(**kw)
+    if key in BUNDLED:
+        return DATASETS[key](**kw)
     return DATASETS[key](DEFAULT_ROOT if root is None else root, **kw)
 
 

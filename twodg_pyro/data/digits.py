@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -25,10 +25,11 @@ class DataSplit:
         train: training set (augmented where the loader augments).
         val: validation set (never augmented); may be empty.
         test: test set (never augmented).
-        num_classes: number of classes.
+        num_classes: number of classes (0 for regression).
         input_shape: shape of one input tensor, e.g. ``(64,)``, ``(1, 28, 28)``.
         name: data set name, e.g. ``"digits"``, ``"cifar10"``.
         info: extra facts (normalisation statistics, class names, seed, ...).
+        task: ``"classification"`` (integer labels) or ``"regression"`` (float targets).
     """
 
     train: Dataset
@@ -38,6 +39,7 @@ class DataSplit:
     input_shape: tuple[int, ...]
     name: str
     info: dict[str, Any] = field(default_factory=dict)
+    task: Literal["classification", "regression"] = "classification"
 
 
 def _check_fraction(name: str, value: float) -> None:

@@ -30,10 +30,11 @@ With ``fused_kl`` the shared-GMM guide sums its KL over all sites in one closed 
 rounding, not bit for bit, and several times less KL work per step.
 
 **When it applies** (:func:`unsupported`): a :class:`~twodg_pyro.bnn.BNNModel` whose
-program and network call are the library's (not the rank-1 model), a ``Categorical`` or
-``Gaussian`` likelihood, targets given, no Pyro handler active (it would see no
-sites), and a guide whose :meth:`~twodg_pyro.guide.FastStepGuide.fast_draw` accepts the
-priors (the mean-field guide needs Normal priors; the shared-GMM guide takes any).
+program and network call are the library's (not the rank-1 model), a ``Categorical``,
+``Gaussian`` or ``HeteroscedasticGaussian`` likelihood, targets given, no Pyro handler
+active (it would see no sites), and a guide whose
+:meth:`~twodg_pyro.guide.FastStepGuide.fast_draw` accepts the priors (the mean-field
+guide needs Normal priors; the shared-GMM guide takes any).
 Anything else -- Pyro's autoguides, the rank-1, SSVI guides, a Laplace prior under
 the mean-field guide, a user's likelihood -- is traced, and
 :attr:`~twodg_pyro.infer.DecomposedELBO.fallback_reason` says why.
@@ -49,11 +50,11 @@ import torch
 
 from ..bnn import BNNModel
 from ..guide import BNNGuide, FastStepGuide
-from ..likelihoods import Categorical, Gaussian, check_labels
+from ..likelihoods import Categorical, Gaussian, HeteroscedasticGaussian
 from ..pyro_params import handlers_active
 
-#: likelihoods whose program is ``Likelihood.__call__`` (plus Categorical's label check)
-_LIKELIHOODS = (Categorical, Gaussian)
+#: likelihoods whose program is ``Likelihood.__call__`` (plus their targets' check)
+_LIKELIHOODS = (Categorical, Gaussian, HeteroscedasticGaussian)
 #: model -> (key, {site: prior}) of a settled prior
 _PRIORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -74,7 +75,7 @@ def unsupported(model, guide, args: tuple, kwargs: Mapping) -> str | None:
         if getattr(cls, name) is not getattr(BNNModel, name):
             return f"the model {cls.__name__} has its own {name}"
     if type(model.likelihood) not in _LIKELIHOODS:
-        return f"the likelihood {type(model.likelihood).__name__} is not Categorical or Gaussian"
+        return f"the likelihood {type(model.likelihood).__name__} is not one of the library's"
     if kwargs or len(args) != 2 or args[1] is None:
         return "the step is not called as (x, y) with targets"
     if [s.name for s in guide.sites] != model.site_names:
@@ -132,8 +133,7 @@ def fast_particle_terms(
         return None
     output = model.run_network(values, x)
     likelihood = model.likelihood
-    if type(likelihood) is Categorical:
-        check_labels(output, y)
+    likelihood.check_targets(output, y)
     log_p = likelihood.distribution(output).log_prob(y)
     # the data plate's scale, as Pyro's subsample messenger forms it
     scale = 1.0 * likelihood.dataset_size / output.shape[0]
