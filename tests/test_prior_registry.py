@@ -34,6 +34,7 @@ from twodg_pyro.priors import (
     PerSiteNormalPrior,
     PretrainedPrior,
     Prior,
+    RegularizedHorseshoePrior,
     SitePrior,
 )
 
@@ -144,6 +145,9 @@ def test_every_library_prior_round_trips_to_the_specs_files_hold():
         '{"kind": "NormalPrior", "loc": 0.1, "scale": 0.3}': NormalPrior(0.3, loc=0.1),
         '{"kind": "LaplacePrior", "loc": 0.0, "scale": 0.2}': LaplacePrior(0.2),
         '{"kind": "CauchyPrior", "loc": 1.0, "scale": 0.5}': CauchyPrior(0.5),
+        '{"kind": "RegularizedHorseshoePrior", "global_scale": 0.05, "slab_scale": 1.5}': (
+            RegularizedHorseshoePrior(0.05, 1.5)
+        ),
         '{"kind": "LayerwiseNormalPrior", "gain": 1.5, "bias_scale": null}': (
             LayerwiseNormalPrior(1.5)
         ),

@@ -4,7 +4,8 @@
 ``torch.nn.Module`` and a short fit / predict loop:
 
 * the model :class:`BNNModel` ``p(w) p(y | f_w(x))``, its priors (:class:`NormalPrior`,
-  :class:`LaplacePrior`, :class:`LayerwiseNormalPrior`) and likelihoods (:class:`Categorical`; for regression
+  :class:`LaplacePrior`, :class:`CauchyPrior`, :class:`RegularizedHorseshoePrior`,
+  :class:`LayerwiseNormalPrior`) and likelihoods (:class:`Categorical`; for regression
   :class:`Gaussian`, fixed or learnt noise, and :class:`HeteroscedasticGaussian`);
 * the guides :class:`MeanFieldGuide` and :class:`SharedGMMGuide` (the 2DG posterior:
   outliers with their own Normal, inliers drawn from a 2-D Gaussian mixture);
@@ -33,6 +34,8 @@ _EXPORTS: dict[str, str] = {
     "BNNModel": "twodg_pyro.bnn",
     "NormalPrior": "twodg_pyro.priors.iid",
     "LaplacePrior": "twodg_pyro.priors.iid",
+    "CauchyPrior": "twodg_pyro.priors.iid",
+    "RegularizedHorseshoePrior": "twodg_pyro.priors.horseshoe",
     "LayerwiseNormalPrior": "twodg_pyro.priors.iid",
     "Categorical": "twodg_pyro.likelihoods",
     "Gaussian": "twodg_pyro.likelihoods",
@@ -56,6 +59,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "BNNModel",
     "Categorical",
+    "CauchyPrior",
     "DecomposedELBO",
     "Gaussian",
     "HeteroscedasticGaussian",
@@ -65,6 +69,7 @@ __all__ = [
     "MeanFieldGuide",
     "MergeHook",
     "NormalPrior",
+    "RegularizedHorseshoePrior",
     "SharedGMMGuide",
     "SharingConfig",
     "build_sharing",
@@ -89,7 +94,13 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .io.model_file import load_model, save_model
     from .likelihoods import Categorical, Gaussian, HeteroscedasticGaussian
     from .prediction import predict
-    from .priors import LaplacePrior, LayerwiseNormalPrior, NormalPrior
+    from .priors import (
+        CauchyPrior,
+        LaplacePrior,
+        LayerwiseNormalPrior,
+        NormalPrior,
+        RegularizedHorseshoePrior,
+    )
     from .sharing.build import build_sharing
     from .sharing.config import SharingConfig
     from .sharing.hooks import MahalanobisHook, MergeHook

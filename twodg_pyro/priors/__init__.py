@@ -6,6 +6,7 @@ model program wraps it with ``to_event`` to make it one sample site per tensor.
 Swapping the prior is one argument::
 
     BNNModel(net, prior=LaplacePrior(scale=0.1))
+    BNNModel(net, prior=RegularizedHorseshoePrior(global_scale=0.1, slab_scale=2.0))
     BNNModel(net, prior=LayerwiseNormalPrior(gain=1.0))
     BNNModel(net, prior=lambda site: dist.StudentT(3.0, 0.0, 0.1))
     BNNModel(net, prior=PretrainedPrior.from_network(net, scale=0.03))
@@ -41,9 +42,9 @@ one class, in any file, that a model file stores and loads like the library's::
             return dist.StudentT(*map(self.constant, (self.df, 0.0, self.scale)))
 
 A run's ``prior.kind`` names a registered prior too (:func:`prior_class`): the
-library's ``normal``, ``laplace``, ``layerwise``, ``pretrained``, ``empirical_bayes``
-(learnt by stage 1 from the curvature of the pretrained network), or a user's class,
-built by its :meth:`Prior.from_settings`.
+library's ``normal``, ``laplace``, ``layerwise``, ``horseshoe`` (the regularised
+horseshoe), ``pretrained``, ``empirical_bayes`` (learnt by stage 1 from the curvature of
+the pretrained network), or a user's class, built by its :meth:`Prior.from_settings`.
 """
 
 from .base import (
@@ -52,6 +53,7 @@ from .base import (
     distribution_to,
     prior_class,
 )
+from .horseshoe import RegularizedHorseshoe, RegularizedHorseshoePrior
 from .iid import CauchyPrior, LaplacePrior, LayerwiseNormalPrior, NormalPrior
 from .per_site import PerSiteNormalPrior
 from .pretrained import PretrainedPrior
@@ -62,6 +64,8 @@ __all__ = [
     "NormalPrior",
     "LaplacePrior",
     "CauchyPrior",
+    "RegularizedHorseshoePrior",
+    "RegularizedHorseshoe",
     "LayerwiseNormalPrior",
     "PretrainedPrior",
     "PerSiteNormalPrior",
