@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from importlib import metadata
 
 import matplotlib
 import numpy as np
@@ -112,6 +113,7 @@ def test_the_tree_type_groups_dims_and_dtypes(trees, small, digits):
         attrs = D.group(tree, name).attrs
         assert attrs["method"] == "2dg" and attrs["creation_library"] == "twodg_pyro", name
         assert attrs["arviz_major"] == D.ARVIZ_MAJOR and attrs["log_q_method"] == "exact"
+        assert attrs["arviz_version"] == D.ARVIZ_VERSION == metadata.version("arviz")
 
 
 def test_component_value_is_a_weight_tied_to_each_component(small, digits):

@@ -82,9 +82,13 @@ __all__ = [
 ]
 
 
-class NoSiteDensityError(ValueError):
+class NoSiteDensityError(NotImplementedError):
     """A guide's site has no density a stock Pyro ELBO could use (e.g. the ``tied``
-    tying); the message names the loss to use instead."""
+    tying); the message names the loss to use instead on its first line.
+
+    A ``NotImplementedError``, not a ``ValueError``: Pyro wraps a ``ValueError`` raised
+    while it scores a trace under its own first line ("Error while computing
+    score_parts at site ..."), which would push the way out to the second."""
 
 
 def _is_point_mass(fn) -> bool:

@@ -42,8 +42,8 @@ def _quantize_sigma(sigma: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, code: torch.Tensor, lo_step: torch.Tensor):
-    """Back to float, in ``scale``'s dtype: :math:`\\mu = q s`,
-    :math:`\\sigma = \\exp(lo + code \\cdot step)`."""
+    r"""Back to float, in ``scale``'s dtype: :math:`\mu = q s`,
+    :math:`\sigma = \exp(lo + code \cdot step)`."""
     return q.to(scale.dtype) * scale, torch.exp(lo_step[0] + code.to(lo_step.dtype) * lo_step[1])
 
 

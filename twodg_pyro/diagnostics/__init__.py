@@ -1,18 +1,18 @@
-"""Diagnostics of a trained BNN, on ArviZ 1.x (an ``xarray.DataTree``) or 0.x (an
+r"""Diagnostics of a trained BNN, on ArviZ 1.x (an ``xarray.DataTree``) or 0.x (an
 ``InferenceData``), whichever is installed (:mod:`._arviz` is the only module that
 knows which):
 
 * the export (:mod:`.arviz_export`: posterior, predictive, log-likelihood, observed and
   constant data, ``sample_stats`` with ``log_p`` and ``log_q`` of every draw, the 2DG
   sharing structure as a group of its own);
-* ArviZ's statistics of it (:mod:`.arviz_stats`: PSIS-LOO with :math:`\\hat k` per
+* ArviZ's statistics of it (:mod:`.arviz_stats`: PSIS-LOO with :math:`\hat k` per
   observation, comparison with stable stacking weights, summaries, files);
-* the VI diagnostics (:mod:`.vi`: Pareto :math:`\\hat k` of :math:`p/q` over all weights;
+* the VI diagnostics (:mod:`.vi`: Pareto :math:`\hat k` of :math:`p/q` over all weights;
   :mod:`.blocks`: per layer, the outliers, each mixture component);
 * figures: ArviZ's (:mod:`.posterior_plots`: forest of the components, pair plot of
   weights, PPC of the class frequencies) and the library's own (:mod:`.plots`).
 
-The guides' marginal densities that :math:`\\log q` needs are in
+The guides' marginal densities that :math:`\log q` needs are in
 :mod:`twodg_pyro.guides.marginal_density`.
 """
 

@@ -21,15 +21,18 @@ import xarray as xr
 from scipy.special import log_softmax
 
 
-def _major() -> int:
+def _version() -> str:
     try:
-        return int(importlib.metadata.version("arviz").split(".")[0])
+        return importlib.metadata.version("arviz")  # ``arviz.__version__``
     except importlib.metadata.PackageNotFoundError:  # arviz-base/-stats without the meta package
-        return int(importlib.metadata.version("arviz-base").split(".")[0])
+        return importlib.metadata.version("arviz-base")
 
 
-#: The installed ArviZ's major version (0 or 1) and whether its trees are DataTrees.
-ARVIZ_MAJOR = _major()
+#: The installed ArviZ's version (``arviz.__version__``; ``arviz-base``'s where only the
+#: ArviZ 1.x parts are installed), its major version (0 or 1) and whether its trees are
+#: DataTrees.
+ARVIZ_VERSION = _version()
+ARVIZ_MAJOR = int(ARVIZ_VERSION.split(".")[0])
 DATATREE = ARVIZ_MAJOR >= 1
 #: The sample dimensions of every sampled group: one chain of independent draws.
 SAMPLE_DIMS = ("chain", "draw")
@@ -40,13 +43,10 @@ if DATATREE:
     import arviz_base
     import arviz_stats
     from arviz_stats.base import array_stats
-
-    ARVIZ_VERSION = arviz_base.__version__
 else:
     with warnings.catch_warnings():  # ArviZ 0.23 announces its 1.x refactor on import
         warnings.simplefilter("ignore", FutureWarning)
         import arviz as az
-    ARVIZ_VERSION = az.__version__
 
 
 @contextmanager
@@ -166,9 +166,9 @@ def psislw(log_ratios) -> tuple[np.ndarray, np.ndarray]:
 
 # ---------------------------------------------------------------------------- PSIS-LOO
 def loo_data(tree, var_name: str = "y"):
-    """ArviZ's own PSIS-LOO object (1.x ``ELPDDataLOO``, 0.x ``ELPDData``) of ``var_name``
+    r"""ArviZ's own PSIS-LOO object (1.x ``ELPDDataLOO``, 0.x ``ELPDData``) of ``var_name``
     in the tree's ``log_likelihood`` group (``reff = 1``: independent draws; pointwise),
-    with the :math:`\\hat k` of :func:`psislw` (NaN for an observation whose
+    with the :math:`\hat k` of :func:`psislw` (NaN for an observation whose
     log-likelihood is the same in every draw), for ``compare`` and ArviZ's plots
     (``plot_khat``)."""
     ll = group(tree, "log_likelihood")[var_name]

@@ -49,11 +49,11 @@ def site_dims(site) -> list[str]:
 def thinned_coordinates(
     shape, max_values: int | None, seed: int, salt: int = 0
 ) -> list[torch.Tensor] | None:
-    """The seeded sub-grid of a tensor of ``shape`` with at most ``max_values`` entries:
+    r"""The seeded sub-grid of a tensor of ``shape`` with at most ``max_values`` entries:
     one sorted index tensor per dimension, or ``None`` when every entry fits.
 
     Dimensions are served from the smallest: each keeps
-    :math:`\\min(n_d, \\lfloor b^{1/r} \\rfloor)` indices of the remaining budget
+    :math:`\min(n_d, \lfloor b^{1/r} \rfloor)` indices of the remaining budget
     :math:`b` over the :math:`r` dimensions left, so a 3x3 kernel stays whole and the
     product never exceeds ``max_values``.
     """

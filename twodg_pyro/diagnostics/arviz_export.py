@@ -61,7 +61,8 @@ Groups (``N`` exported examples, ``C`` classes):
 version, ``creation_library`` ("twodg_pyro") and its version, ``method`` (``mean_field``,
 ``2dg``, ``rank1``, ``ssvi``), ``guide``, ``tying`` and ``coordinates`` (2DG), ``seed``,
 ``num_draws``, ``sample_chunk``, ``n_examples``, ``n_examples_total``,
-``max_site_values``, ``thinned_sites``, ``arviz_major``.
+``max_site_values``, ``thinned_sites``, ``arviz_major`` and ``arviz_version``
+(``arviz.__version__``).
 
 **Thinning** (``max_site_values``, default 10,000): a site with more values than that is
 exported on a seeded sub-grid, along each dimension a sorted random subset of its
@@ -87,7 +88,7 @@ from .._version import __version__
 from ..evaluation import SAMPLE_CHUNK, seeded
 from ..guide import SharingGuide
 from ..guides.marginal_density import LOG_Q_METHODS, log_q_fn
-from ..likelihoods import Categorical
+from ..likelihoods import Categorical, RegressionLikelihood
 from ..prediction import _device_of
 from . import _arviz as A
 from ._draws import (
@@ -293,6 +294,7 @@ def to_inference_data(
         "creation_library_version": __version__,
         "inference": "variational (SVI): independent draws from the guide, one chain",
         "arviz_major": A.ARVIZ_MAJOR,
+        "arviz_version": A.ARVIZ_VERSION,
         "method": method or method_of(guide),
         "guide": type(guide).__name__,
         "seed": int(seed),
@@ -347,11 +349,15 @@ def _sample_y(model, outs: torch.Tensor, is_cat: bool, components: int, gen) -> 
         p = outs.to(torch.float64)
         flat = p.reshape(-1, p.shape[-1]).clamp_min(0)
         return torch.multinomial(flat, 1, generator=gen).reshape(p.shape[:-1])
-    mean = outs
+    out = outs
     if components > 1:  # (S, M, N, ...): one component per draw and example
         m = torch.randint(components, (outs.shape[0], 1, *outs.shape[2:]), generator=gen)
-        mean = outs.gather(1, m).squeeze(1)
-    scale = float(getattr(model.likelihood, "scale", 1.0))
-    noise = torch.randn(mean.shape, generator=gen, dtype=torch.float64)
-    y = mean.to(torch.float64) + scale * noise
-    return y.squeeze(-1) if y.dim() == 3 and y.shape[-1] == 1 else y
+        out = outs.gather(1, m).squeeze(1)
+    lik = model.likelihood
+    if isinstance(lik, RegressionLikelihood):
+        loc, scale = lik.loc_scale(out.to(torch.float64), 1)
+        noise = torch.randn(loc.shape, generator=gen, dtype=torch.float64)
+        return (loc + torch.as_tensor(scale, dtype=torch.float64) * noise).detach()
+    with torch.random.fork_rng():  # another likelihood: its own sampler, seeded by gen
+        torch.manual_seed(int(torch.randint(2**62, (), generator=gen)))
+        return lik.batched_distribution(out, 1).sample().to(torch.float64)

@@ -1,4 +1,4 @@
-"""Content checksums and finiteness checks for the library's files.
+r"""Content checksums and finiteness checks for the library's files.
 
 A file's *content digest* is a SHA-256 over a canonical encoding of everything the
 file holds: every tensor (dtype, shape and raw bytes), every string (the JSON
@@ -20,7 +20,7 @@ dicts, lists, tuples, tensors, NumPy arrays, ``bytes``, strings, numbers, boolea
 ``None`` (a format that writes raw bytes can pass them as ``bytes``), and
 :func:`check_finite` refuses NaN/inf in loaded parameters.
 
-Encoding (version 1, prefixed with ``b"twodg_pyro-content-v1\\0"``): each value is a
+Encoding (version 1, prefixed with ``b"twodg_pyro-content-v1\0"``): each value is a
 one-byte type tag followed by its content; lengths are 8-byte little-endian
 integers; dictionaries are encoded as their items sorted by the encoding of the key;
 floats by ``float.hex``; tensors by dtype name, shape and their bytes in C order

@@ -124,13 +124,13 @@ class Tying:
         raise NotImplementedError
 
     def log_density(self, guide: TyingGuide, draw: SharedDraw) -> torch.Tensor:
-        """Per-weight :math:`\\log q(w_i \\mid \\cdot)` of ``draw``, ``(S, n_w)``."""
+        r"""Per-weight :math:`\log q(w_i \mid \cdot)` of ``draw``, ``(S, n_w)``."""
         raise NotImplementedError
 
     def inlier_kl(
         self, guide: TyingGuide, draw: SharedDraw, site: SiteIndex, prior, log_p_at, prior_at
     ) -> torch.Tensor:
-        """:math:`\\mathrm{KL}_{\\text{in},s}` of one site: :meth:`normal_kl_terms` for a
+        r""":math:`\mathrm{KL}_{\text{in},s}` of one site: :meth:`normal_kl_terms` for a
         Normal prior, else the tying's per-weight or Monte Carlo terms.
 
         Args:
@@ -170,7 +170,7 @@ class Tying:
 
     @staticmethod
     def _estimate(draw: SharedDraw, idx, loc, scale, prior, log_p_at) -> torch.Tensor:
-        """:math:`\\sum_i \\log\\mathcal N(w_i; \\text{loc}_i, \\text{scale}_i^2) - \\log
+        r""":math:`\sum_i \log\mathcal N(w_i; \text{loc}_i, \text{scale}_i^2) - \log
         p(w_i)` at the drawn weights ``idx``."""
         w = draw.flat[0].index_select(0, idx)
         log_q = dist.Normal(loc, scale, validate_args=False).log_prob(w)
@@ -382,17 +382,17 @@ class Tied(Tying):
     def log_density(self, guide, draw) -> torch.Tensor:
         """None: raises :class:`~twodg_pyro.guide.NoSiteDensityError`."""
         raise NoSiteDensityError(
-            "SharedGMMGuide(tying='tied') draws one value per component, shared by all "
-            "the weights tied to it: a site's weights have no joint density, and the "
-            "tying's Eq. 10 KL has one term per component, which no stock Pyro ELBO "
-            "(Trace_ELBO, TraceMeanField_ELBO, ...) can express. Train it with "
-            "twodg_pyro.infer.DecomposedELBO (or twodg_pyro.infer.fit), which uses the "
-            "guide's own KL terms (guide.site_kl); Predictive and poutine.trace work"
+            "train SharedGMMGuide(tying='tied') with twodg_pyro.infer.DecomposedELBO (or "
+            "twodg_pyro.infer.fit), which uses the guide's own KL terms (guide.site_kl): "
+            "it draws one value per component, shared by all the weights tied to it, so a "
+            "site's weights have no joint density and the tying's Eq. 10 KL has one term "
+            "per component, which no stock Pyro ELBO (Trace_ELBO, TraceMeanField_ELBO, ...) "
+            "can express; Predictive and poutine.trace work"
         )
 
     @staticmethod
     def _sd(guide) -> torch.Tensor:
-        """The sd :math:`\\sqrt{S_{k,00}}` of each component's :math:`z_{k,0}`."""
+        r"""The sd :math:`\sqrt{S_{k,00}}` of each component's :math:`z_{k,0}`."""
         return guide.covariances()[:, 0, 0].clamp_min(1e-30).sqrt()
 
     def normal_kl_terms(self, guide, counts, prior, draw):

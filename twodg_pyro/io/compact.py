@@ -348,10 +348,10 @@ def export_compact_file(
     prune_spread: str = "zero",
     **options,
 ) -> dict:
-    """Load the full model file of a run folder (or a model file) and write it compact.
+    r"""Load the full model file of a run folder (or a model file) and write it compact.
 
     ``options`` are those of :func:`export_compact`.  ``prune_snr``: first tie every
-    inlier of stage-1 :math:`|\\mu| / \\sigma <` ``prune_snr`` to a zero-mean component
+    inlier of stage-1 :math:`|\mu| / \sigma <` ``prune_snr`` to a zero-mean component
     of ``prune_spread`` (:func:`~twodg_pyro.guides.prune_guide`; the report's ``pruned``
     says how many).  The compact file keeps the full
     file's evaluation record (:func:`compact_evaluation`: the data set the run used, so

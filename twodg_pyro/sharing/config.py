@@ -37,10 +37,10 @@ __all__ = ["SharingConfig"]
 
 @dataclass
 class SharingConfig(Section):
-    """Outliers, the 2-D mixture and its refinement (stage 1 steps 3-5, stage 2).
+    r"""Outliers, the 2-D mixture and its refinement (stage 1 steps 3-5, stage 2).
 
     Thresholds, each with one name (spec section 4): ``tau_w`` (the absolute mean rule),
-    ``grad_percentile`` (:math:`P_g`), ``n_min`` (:math:`N_\\min`), ``mahalanobis_threshold``
+    ``grad_percentile`` (:math:`P_g`), ``n_min`` (:math:`N_\min`), ``mahalanobis_threshold``
     (:math:`T_M`), ``tau_d`` (:math:`T_W`, on :math:`W_2`), ``tau_g`` and ``tau_v`` (the
     merge's gradient and variance tests; ``inf`` skips them).
 

@@ -143,7 +143,7 @@ class MahalanobisHook(_Scheduled):
     lies beyond :math:`T_M` of it becomes an ellipse weight over its ``k`` nearest
     components, an ellipse weight back within :math:`T_M` of its nearest component becomes
     a plain weight of it.  ``reassign=True`` first re-runs the hard assignment
-    (:math:`rg\max_k \pi_k \mathcal N(x_i \mid m_k, S_k)`), which moves weights between
+    (:math:`\arg\max_k \pi_k \mathcal N(x_i \mid m_k, S_k)`), which moves weights between
     components whose centres training has already fitted to other members.
 
     Example::

@@ -1,8 +1,8 @@
-"""Algorithm 1, top-down: three stages, then the 2DG BNN's row of the results table.
+r"""Algorithm 1, top-down: three stages, then the 2DG BNN's row of the results table.
 
 1. :func:`stage1_mean_field` -- a mean-field BNN over the (optionally pretrained)
    network, trained by SVI on the (annealed) ELBO;
-2. :func:`stage2_sharing` -- from its :math:`(\\mu, \\sigma)` points: outliers, the 2-D
+2. :func:`stage2_sharing` -- from its :math:`(\mu, \sigma)` points: outliers, the 2-D
    mixture, cluster-size reduction, W2 merging and the Mahalanobis check
    (:func:`~twodg_pyro.sharing.build_sharing`), giving the
    :class:`~twodg_pyro.sharing.SharingStructure`;

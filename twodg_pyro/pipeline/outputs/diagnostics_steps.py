@@ -85,11 +85,11 @@ def diagnostics_budget(
     n_exports: int = 1,
     khat_blocks: int = 0,
 ) -> dict:
-    """How many draws and examples the diagnostics of a run use.
+    r"""How many draws and examples the diagnostics of a run use.
 
     With :math:`S_k` = ``dcfg.khat_samples`` draws for the k-hat, :math:`S_e` =
     ``num_samples`` draws exported for each of the :math:`E` = ``n_exports`` methods,
-    and :math:`n_k = \\min(N_\\text{train}, m)`, :math:`n_e = \\min(N_\\text{eval}, m)`
+    and :math:`n_k = \min(N_\text{train}, m)`, :math:`n_e = \min(N_\text{eval}, m)`
     examples (:math:`m` = ``dcfg.max_examples``), the diagnostics cost
     :math:`S_k n_k + E S_e (n_e + n_k)` forward passes of one example (an export's draws
     are evaluated on its :math:`n_e` examples and, for ``sample_stats.log_p``, on the
@@ -187,6 +187,7 @@ def export_step(
     info = {
         "file": name,
         "arviz_major": D.ARVIZ_MAJOR,
+        "arviz_version": D.ARVIZ_VERSION,
         "n_examples": n_exported,
         "n_examples_total": int(posterior.attrs.get("n_examples_total", n_exported)),
         "num_draws": int(posterior.sizes["draw"]),
