@@ -180,6 +180,8 @@ def test_unknown_dataset_name() -> None:
         "cifar10",
         "cifar100",
         "imagenet",
+        "diabetes",
+        "gap1d",
     ]
 
 

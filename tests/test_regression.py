@@ -143,9 +143,12 @@ def test_stock_svi_trains_the_learnt_noise_and_files_keep_it(diabetes, tmp_path)
 def test_the_regression_data_are_bundled_standardised_and_deterministic():
     d = load_dataset("diabetes", val_fraction=0.1, seed=1)
     assert (len(d.train), len(d.val), len(d.test)) == (310, 44, 88) and d.task == "regression"
-    y = d.train.tensors[1]
+    y = torch.cat([d.train.tensors[1], d.val.tensors[1]])
     assert y.dtype == torch.float32 and abs(float(y.mean())) < 1e-5
     assert float(y.std(unbiased=False)) == pytest.approx(1.0, abs=1e-5)
+    # the test set does not depend on the validation split
+    test = load_dataset("diabetes", seed=1).test.tensors
+    assert all(torch.equal(a, b) for a, b in zip(test, d.test.tensors, strict=True))
     a, b = load_dataset("gap1d"), load_dataset("gap1d")
     assert all(torch.equal(s, t) for s, t in zip(a.train.tensors, b.train.tensors, strict=True))
     raw = a.train.tensors[0] * a.info["input_std"] + a.info["input_mean"]
@@ -153,3 +156,36 @@ def test_the_regression_data_are_bundled_standardised_and_deterministic():
     gap = a.info["gap_x"] * a.info["input_std"] + a.info["input_mean"]
     assert float(gap.min()) > GAP[0] and float(gap.max()) < GAP[1]
     assert not torch.equal(load_dataset("gap1d", seed=1).train.tensors[0], a.train.tensors[0])
+
+
+def test_the_command_line_evaluates_a_regression_model_file_and_a_run_refuses_one(
+    diabetes, tmp_path, capsys
+):
+    """``twodg-pyro evaluate FILE --data diabetes`` gives evaluate's regression metrics; a
+    regression model on digits, and a run on a regression data set, are refused by name."""
+    import json
+
+    from twodg_pyro.cli import main
+    from twodg_pyro.pipeline import config_from_dict
+    from twodg_pyro.settings import ConfigError
+
+    torch.manual_seed(0)
+    x, y = diabetes.train.tensors
+    model = tp.BNNModel(MLP(10, (8,), 1), likelihood=tp.Gaussian(len(y), learn_scale=True))
+    guide = tp.MeanFieldGuide(model)
+    tp.fit(model, guide, [(x, y)], epochs=20, lr=1e-2, progress=False)
+    spec = {"name": "mlp", "kwargs": {"in_features": 10, "hidden": [8], "num_classes": 1}}
+    path = str(tp.save_model(tmp_path / "r.pt", model, guide, network=spec))
+    out = tmp_path / "m.json"
+    assert (
+        main(["evaluate", path, "--data", "diabetes", "--num-samples", "20", "--out", str(out)])
+        == 0
+    )
+    got = json.loads(out.read_text())
+    want = tp.evaluate(model, guide, diabetes.test.tensors, num_samples=20, seed=0)
+    assert {k: got[k] for k in want} == want and got["data"] == "diabetes"
+    capsys.readouterr()
+    assert main(["evaluate", path, "--num-samples", "2"]) == 2  # digits assumed: refused
+    assert "pass --data" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="data.name = 'diabetes'.*regression data set"):
+        config_from_dict({"data": {"name": "diabetes"}})

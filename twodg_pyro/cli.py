@@ -349,7 +349,13 @@ def _diagnose(args, ctx: dict) -> int:
     metrics = report.get("metrics") or {}
     for line in report.get("mcmc_lines") or ():
         print(line)
-    if metrics:
+    if "rmse" in metrics:  # a regression model
+        print(
+            f"{report.get('method')}: RMSE {_num(metrics['rmse'], '.4f')}, NLL "
+            f"{_num(metrics.get('nll'), '.4f')}, 90 % coverage "
+            f"{_num(metrics.get('coverage_90'), '.3f')}"
+        )
+    elif metrics:
         print(
             f"{report.get('method')}: accuracy {_num(metrics.get('accuracy'), '.4f')}, "
             f"NLL {_num(metrics.get('nll'), '.4f')}, ECE {_num(metrics.get('ece'), '.4f')} "

@@ -45,6 +45,7 @@ __all__ = [
     "DataSplit",
     "DatasetFormatError",
     "DatasetNotFoundError",
+    "REGRESSION",
     "available_datasets",
     "cifar_eval_transform",
     "cifar_train_transform",
@@ -69,19 +70,21 @@ DEFAULT_ROOT = "data"
 #: Loaders by name; those of :data:`BUNDLED` take no ``root``.
 DATASETS: dict[str, Callable[..., DataSplit]] = {
     "digits": load_digits_split,
-    "diabetes": load_diabetes_split,
-    "gap1d": load_gap1d_split,
     "mnist": load_mnist,
     "fashion_mnist": load_fashion_mnist,
     "cifar10": load_cifar10,
     "cifar100": load_cifar100,
     "imagenet": load_imagenet,
+    "diabetes": load_diabetes_split,
+    "gap1d": load_gap1d_split,
 }
 
 
 #: The data sets made here, without files (no ``root``): ``digits``, and the regression
 #: sets ``diabetes`` and ``gap1d`` (:mod:`twodg_pyro.data.regression`).
 BUNDLED = ("digits", "diabetes", "gap1d")
+#: The regression data sets (``DataSplit.task == "regression"``).
+REGRESSION = ("diabetes", "gap1d")
 
 
 def available_datasets() -> list[str]:

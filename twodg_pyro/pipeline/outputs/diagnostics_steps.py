@@ -298,7 +298,8 @@ def summary_and_reliability(writer: StepWriter, idata, pred, method: str, draws:
         return D.plot_reliability(pred.mean, pred.targets, path, title=title)
 
     writer.step("posterior_summary", write_summary, when=idata is not None)
-    writer.step("reliability", reliability, when=pred is not None and pred.targets is not None)
+    classified = pred is not None and pred.targets is not None and pred.std is None
+    writer.step("reliability", reliability, when=classified)  # a regression has no classes
 
 
 def write_report(writer: StepWriter, report: dict) -> dict:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from ...evaluation import data_to_device
+from ...evaluation import data_to_device, prediction_metrics
 from ...files.atomic import jsonable
-from ...likelihoods import Categorical
+from ...likelihoods import Categorical, RegressionLikelihood
 from ..settings.build import check_device, eval_data, load_data
 from ..settings.registry import METHOD_REGISTRY, method_runner
 from ..settings.sections import DataConfig
@@ -99,7 +99,9 @@ def _load(model_file, d: dict, root: str | None, device: str):
 
 def check_fits(method, split, model_file, device: str = "cpu") -> None:
     """Check that the saved trained ``method`` can be evaluated on ``split``: its network
-    takes the split's inputs and has one output per class, and the labels are in range.
+    takes the split's inputs and has one output per class, and the labels are in range; on
+    a regression data set, that its likelihood is a regression one (which checks the
+    targets' shape when it is evaluated).
 
     Raises:
         ValueError: naming the model file, the data set and what does not fit (e.g. a
@@ -134,6 +136,15 @@ def check_fits(method, split, model_file, device: str = "cpu") -> None:
         ) from e
     finally:
         net.train(was_training)
+    lik = method.likelihood
+    if getattr(split, "task", "classification") == "regression":
+        if not isinstance(lik, RegressionLikelihood):
+            raise ValueError(
+                f"{where!r} does not fit data set {name!r}: its likelihood is "
+                f"{type(lik).__name__ if lik is not None else 'none'} (a classifier), "
+                f"{name} has real-valued targets (regression)"
+            )
+        return
     n_out = int(out.shape[-1])
     if n_out != int(split.num_classes):
         raise ValueError(
@@ -141,7 +152,6 @@ def check_fits(method, split, model_file, device: str = "cpu") -> None:
             f"{name} has {split.num_classes} classes"
         )
     check_split(split)  # integer class labels in [0, num_classes)
-    lik = method.likelihood
     if lik is not None and not isinstance(lik, Categorical):  # a hand-edited header
         raise ValueError(
             f"{where!r} does not fit data set {name!r}: its likelihood is "
@@ -159,7 +169,8 @@ def evaluate_model_file(
     device: str = "cpu",
     uncertainty=None,
 ) -> dict:
-    """Accuracy, NLL, ECE and Brier of a saved model of any method: the prediction of its
+    """Accuracy, NLL, ECE and Brier (a regression model on a regression data set: RMSE,
+    Gaussian NLL and interval coverage) of a saved model of any method: the prediction of its
     trained method (:meth:`~twodg_pyro.methods.TrainedMethod.predict`) asked for
     ``num_samples`` draws seeded with ``seed``, run on ``device`` in the dtype the model
     was saved in: a posterior's seeded draws, an ensemble's members, MCMC's kept draws, a
@@ -176,7 +187,7 @@ def evaluate_model_file(
     same draws (:mod:`twodg_pyro.pipeline.outputs.uncertainty_step`).
     """
     from ...evaluation import SAMPLE_CHUNK
-    from ...metrics import check_labels, classification_metrics
+    from ...metrics import check_labels
     from .uncertainty_step import UncertaintySets
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
@@ -185,7 +196,8 @@ def evaluate_model_file(
     if len(dataset) == 0:
         raise ValueError(f"the {split_name} split of {d['data']!r} is empty")
     data = eval_data(dataset, device)
-    if isinstance(data, tuple):
+    regression = isinstance(method.likelihood, RegressionLikelihood)
+    if isinstance(data, tuple) and not regression:
         check_labels(data[1])  # dtype and sign now; the classes' range once C is known
     pred = method.predict(data, d["num_samples"], d["seed"])
     result = {
@@ -194,7 +206,7 @@ def evaluate_model_file(
         "split": split_name,
         "method": d["recorded"].get("method") or method.name,
         **({"sample_chunk": SAMPLE_CHUNK} if method.variational else {}),
-        **classification_metrics(pred.mean, pred.targets),
+        **prediction_metrics(pred),
         "num_samples": method.num_draws(d["num_samples"]),
         "seed": int(d["seed"]),
         "n_examples": int(pred.mean.shape[0]),
@@ -256,7 +268,6 @@ def diagnose_model_file(
     """
     from ...diagnostics import DEFAULT_MAX_SITE_VALUES, method_of, plot_sharing_plane
     from ...evaluation import draws_record, seeded_predict
-    from ...metrics import classification_metrics
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
     if (d["header"].get("baseline")) == "mcmc":
@@ -279,7 +290,7 @@ def diagnose_model_file(
         "evaluate", lambda: seeded_predict(model, guide, test, S, seed, device=device)
     )
     draws = draws_record(S, seed, len(split.test), "test")
-    metrics = None if pred is None else classification_metrics(pred.mean, pred.targets)
+    metrics = None if pred is None else prediction_metrics(pred)
     report: dict = {
         "model_file": str(model_file),
         "method": method,

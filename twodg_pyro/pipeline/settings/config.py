@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, get_args, get_origin, get_type_hints
 
+from ...data import REGRESSION
 from ...files.atomic import jsonable
 from ...settings import (
     BOOLEAN,
@@ -135,6 +136,14 @@ class _RunSettings(Section):
         for m in self.methods:
             one_of(METHODS).check("methods[]", m)
         require(len(self.methods) > 0, "methods", self.methods, "must name at least one method")
+        require(
+            self.data.name not in REGRESSION,
+            "data.name",
+            self.data.name,
+            "is a regression data set, and a run trains classifiers: fit a regression BNN "
+            "in Python (docs/regression.md) and evaluate its model file with twodg-pyro "
+            f"evaluate MODEL_FILE --data {self.data.name}",
+        )
         require(
             len(set(self.methods)) == len(self.methods),
             "methods",
