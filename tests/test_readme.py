@@ -2,10 +2,10 @@
 those of each guide of ``GUIDES`` in that order, executed in one namespace (as a reader
 pastes them into one session: the guides' blocks use the README example's model, guides
 and data), in a scratch folder (about 10 s here: the README's own epochs, the main job's).
-So do the worked ArviZ example, docs/arviz.md, and the MCMC one, docs/mcmc.md (each its
-own namespace: it trains its own small run).  The README is a front page of at most 300
-lines; the docs build itself (Sphinx, warnings as errors) is ``make docs``, which ``make
-test`` runs."""
+So do the worked examples of ``OWN_SESSION`` (docs/arviz.md, mcmc.md, regression.md,
+rank1.md, ssvi.md; each its own namespace: it trains its own small run).  The README is a
+front page of at most 300 lines; the docs build itself (Sphinx, warnings as errors) is
+``make docs``, which ``make test`` runs."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 DOCS = README.parent / "docs"
 ARVIZ_DOC = DOCS / "arviz.md"
 MCMC_DOC = DOCS / "mcmc.md"
+#: the worked examples with a session of their own each
+OWN_SESSION = ("arviz.md", "mcmc.md", "regression.md", "rank1.md", "ssvi.md")
 #: the guides whose python blocks continue the README's session, in the order they run
 GUIDES = ("library.md", "model-files.md", "baselines.md", "diagnostics.md", "uncertainty.md")
 README_MAX_LINES = 300
@@ -32,7 +34,7 @@ def python_blocks(text: str) -> list[str]:
 def test_readme_is_a_front_page():
     text = README.read_text()
     assert len(text.splitlines()) <= README_MAX_LINES
-    for page in (*GUIDES, "arviz.md", "mcmc.md", "api.md"):
+    for page in (*GUIDES, *OWN_SESSION, "api.md"):
         assert f"](docs/{page})" in text, page  # the "read on" list links every page
 
 
@@ -40,7 +42,7 @@ def test_every_guide_with_python_blocks_runs():
     """A guide's python blocks run: it is in GUIDES (or it is docs/arviz.md), and every
     page is in the docs' table of contents."""
     with_blocks = {p.name for p in DOCS.glob("*.md") if python_blocks(p.read_text())}
-    assert with_blocks == {*GUIDES, ARVIZ_DOC.name, MCMC_DOC.name}
+    assert with_blocks == {*GUIDES, *OWN_SESSION}
     index = (DOCS / "index.md").read_text()
     for page in DOCS.glob("*.md"):
         assert page.name == "index.md" or f"\n{page.stem}\n" in index, page.name
@@ -112,3 +114,29 @@ def test_mcmc_doc_python_blocks_run_as_pasted(tmp_path, monkeypatch):
     assert report["predictive"]["n_values"] == 50 * 10
     assert 0 <= namespace["scores"]["tv"] < 1
     assert (tmp_path / "model_mcmc.pt").is_file()
+
+
+def test_regression_doc_python_blocks_run_as_pasted(tmp_path, monkeypatch):
+    """docs/regression.md's worked example: a learnt noise, the predictive spread, the
+    regression metrics, 2DG, ArviZ's LOO and comparison, the model file."""
+    from twodg_pyro import diagnostics as D
+
+    monkeypatch.chdir(tmp_path)
+    ns = run_blocks(DOCS / "regression.md")
+    assert 0.3 < ns["model"].likelihood.scale < 1.2  # standardised targets, R^2 about 0.5
+    assert set(ns["mf"]) >= {"rmse", "nll", "coverage_50", "coverage_90", "coverage_95"}
+    assert ns["mf"]["rmse"] < 0.85 and ns["two_dg"]["rmse"] < 0.85  # better than the mean
+    assert ns["n_mf"] / ns["n_2dg"] >= 10
+    assert set(ns["table"].index) == {"2dg", "mean_field"}
+    y = D.group(ns["trees"]["2dg"], "observed_data")["y"].values
+    assert y.shape == (88,) and y.dtype.kind == "f"
+
+
+def test_rank1_and_ssvi_docs_python_blocks_run_as_pasted(tmp_path, monkeypatch):
+    """docs/rank1.md and docs/ssvi.md: each trains, evaluates and reloads its method."""
+    monkeypatch.chdir(tmp_path)
+    rank1 = run_blocks(DOCS / "rank1.md")
+    assert rank1["metrics"]["accuracy"] > 0.8 and rank1["model"].components == 4
+    ssvi = run_blocks(DOCS / "ssvi.md")
+    assert ssvi["metrics"]["accuracy"] > 0.8 and len(ssvi["update"].updates) >= 1
+    assert ssvi["guide"].num_active == ssvi["guide2"].num_active < ssvi["model"].num_weights
