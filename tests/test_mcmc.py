@@ -346,6 +346,84 @@ def test_compare_ranks_nuts_beside_mean_field_and_2dg_without_a_warning(tmp_path
     assert loo(load_inference_data(path))["n_data_points"] == 60
 
 
+def test_compare_ranks_nuts_mean_field_and_2dg_on_regression_by_the_gaussian_likelihood(
+    tmp_path,
+):
+    """Issue 45, item 2, on regression: the chains' tree holds each draw's Normal
+    log-density of the targets (not a class's), the float targets as ``observed_data`` and
+    each draw's mean as ``predictions``, so one ``compare`` ranks NUTS, the mean-field and
+    the 2DG BNN of a regression problem without a warning; the chains predict by the moments
+    of their Normals (the law of total variance, as ``predict``), and their file keeps it."""
+    import copy
+    import warnings
+
+    import pyro
+
+    import twodg_pyro as tp
+    from twodg_pyro.data import load_dataset
+    from twodg_pyro.diagnostics import compare, group, to_inference_data
+    from twodg_pyro.models import MLP
+
+    split = load_dataset("diabetes", seed=0)
+    x, y = split.train.tensors
+    data = tuple(t[:60] for t in split.test.tensors)
+    torch.manual_seed(0)
+    pyro.set_rng_seed(0)
+    lik = tp.Gaussian(len(y), learn_scale=True)
+    model = BNNModel(MLP(10, (8,), 1), prior=tp.LayerwiseNormalPrior(1.0), likelihood=lik)
+    guide = tp.MeanFieldGuide(model)
+    tp.fit(model, guide, [(x, y)], epochs=200, lr=3e-2, progress=False)
+    model_2dg = copy.deepcopy(model)
+    sharing = tp.SharingConfig(outlier_rule="quantile", n_components=4, n_min=5, k_nearest=4)
+    structure, _ = tp.build_sharing(model_2dg, guide, [(x, y)], sharing)
+    shared = tp.SharedGMMGuide(model_2dg, structure, tying="representative")
+    tp.fit(model_2dg, shared, [(x, y)], epochs=20, lr=1e-2, progress=False)
+    sigma = model.likelihood.scale  # NUTS samples the weights, the noise fixed at the fit's
+    fixed = BNNModel(MLP(10, (8,), 1), tp.LayerwiseNormalPrior(1.0), Gaussian(len(y), sigma))
+    post = run_mcmc(fixed, (x, y), num_samples=20, warmup_steps=20, num_chains=2, max_tree_depth=4)
+
+    trees = {
+        "mean_field": to_inference_data(model, guide, data, 30),
+        "2dg": to_inference_data(model_2dg, shared, data, 30),
+        "nuts": mcmc_tree(post, data),
+    }
+    means = post.sample_probs(data[0], None)  # each draw's mean, (C D, N)
+    assert means.shape == (40, 60)
+    ll = group(trees["nuts"], "log_likelihood")["y"].values
+    expected = torch.distributions.Normal(means.double(), sigma).log_prob(data[1].double())
+    np.testing.assert_allclose(ll.reshape(40, 60), expected.numpy(), rtol=1e-5, atol=1e-6)
+    observed = group(trees["nuts"], "observed_data")["y"].values
+    assert observed.dtype == np.float64 and np.array_equal(observed, data[1].double().numpy())
+    loc = group(trees["nuts"], "predictions")["loc"].values
+    np.testing.assert_allclose(loc.reshape(40, 60), means.numpy(), rtol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = compare(trees)
+    assert set(table.index) == {"nuts", "mean_field", "2dg"}
+    assert float(table["weight"].sum()) == pytest.approx(1.0)
+
+    pred = post.predict(data, keep_samples=True)
+    torch.testing.assert_close(pred.samples, means)
+    torch.testing.assert_close(pred.mean, means.mean(0))
+    torch.testing.assert_close(pred.epistemic_std, means.double().std(0, correction=0).float())
+    torch.testing.assert_close(pred.aleatoric_std, torch.full((60,), sigma))
+    torch.testing.assert_close(pred.std**2, pred.epistemic_std**2 + pred.aleatoric_std**2)
+    assert post.predict(data).samples is None
+    report = mcmc_report(post, data[0])
+    assert report["predictive_quantity"] == "means"
+    assert any(line.lstrip().startswith("predictive means") for line in report_lines(report))
+    spec = {"name": "mlp", "kwargs": {"in_features": 10, "hidden": [8], "num_classes": 1}}
+    again = load_method(post.save(tmp_path / "model_mcmc.pt", network=spec))
+    torch.testing.assert_close(again.predict(data).std, pred.std)
+    # twodg-pyro evaluate's job: the regression metrics of all its draws on the test split
+    from twodg_pyro.evaluation import prediction_metrics
+    from twodg_pyro.pipeline.outputs.saved_models import evaluate_model_file
+
+    got = evaluate_model_file(tmp_path / "model_mcmc.pt", data="diabetes")
+    want = prediction_metrics(post.predict(split.test.tensors))
+    assert {k: got[k] for k in want} == pytest.approx(want) and got["num_samples"] == 40
+
+
 def test_the_pinned_pyro_has_the_private_methods_the_kernels_override():
     """The recording kernels override private methods of Pyro 1.9 (the pin in
     pyproject.toml, ``<1.10``): a Pyro whose methods moved fails here, not in a run."""

@@ -63,10 +63,12 @@ def mcmc_tree(posterior, x=None, max_examples: int | None = None, seed: int = 0)
       ``tree_depth``, ``n_steps``, ``step_size``, ``energy``, ``lp`` (the log density),
       ``acceptance_rate``;
     * with inputs ``x``: ``predictions``, ``probs`` ``(chain, draw, example, class)``,
-      the class probabilities of every draw on the first ``max_examples`` inputs;
+      the class probabilities of every draw on the first ``max_examples`` inputs (a
+      regression model: ``loc`` ``(chain, draw, example)``, each draw's predictive mean);
     * with labelled data ``x = (X, y)``: also ``log_likelihood`` ``y`` ``(chain, draw,
-      obs)`` (float64, :math:`\log p(y_n \mid x_n, w)`) and ``observed_data`` ``y``, on the
-      examples a guide's export takes with the same ``max_examples`` and ``seed``
+      obs)`` (float64, :math:`\log p(y_n \mid x_n, w)`: the likelihood's own, a Normal's
+      for regression) and ``observed_data`` ``y`` (the labels, or the float targets), on
+      the examples a guide's export takes with the same ``max_examples`` and ``seed``
       (:func:`~twodg_pyro.diagnostics.to_inference_data`): PSIS-LOO and ``compare`` rank
       the chains beside the variational methods.
 
@@ -84,18 +86,21 @@ def mcmc_tree(posterior, x=None, max_examples: int | None = None, seed: int = 0)
         stats[name] = v.astype(np.int8) if key == "diverging" else v  # netCDF has no bool
     groups = {"posterior": post, "sample_stats": stats}
     labelled = isinstance(x, (tuple, list)) and len(x) == 2
+    regression = posterior.regression
+    pred_name = "loc" if regression else "probs"
     if labelled:
         parts, index = batches(tuple(x), 512, max_examples, seed, with_index=True)
         ll, probs = _log_likelihood(posterior, parts)
         groups["log_likelihood"] = {"y": ll}
-        groups["observed_data"] = {"y": _np(torch.cat([yb for _, yb in parts])).astype(np.int64)}
+        observed = _np(torch.cat([yb for _, yb in parts]))
+        groups["observed_data"] = {"y": observed if regression else observed.astype(np.int64)}
         dims["y"] = ["obs"]
         coords["obs"] = _np(index).astype(np.int64)
-        groups["predictions"] = {"probs": probs}
+        groups["predictions"] = {pred_name: probs}
     elif x is not None:
-        groups["predictions"] = {"probs": _np(posterior.chain_probs(_head(x, max_examples)))}
+        groups["predictions"] = {pred_name: _np(posterior.chain_probs(_head(x, max_examples)))}
     if "predictions" in groups:
-        dims["probs"] = ["example", "class"]
+        dims[pred_name] = ["example"] if regression else ["example", "class"]
     attrs = {  # netCDF attributes: numbers and strings (booleans as 0 / 1)
         k: int(v) if isinstance(v, bool) else v
         for k, v in posterior.settings.items()
@@ -108,7 +113,8 @@ def mcmc_tree(posterior, x=None, max_examples: int | None = None, seed: int = 0)
 
 def _log_likelihood(posterior, parts) -> tuple[np.ndarray, np.ndarray]:
     """``(log p(y | x, w) (C, D, N) in float64, probabilities (C, D, N, K))`` of every kept
-    draw on the labelled batches ``parts``."""
+    draw on the labelled batches ``parts`` (a regression model: its Normal's log density
+    and each draw's mean ``(C, D, N)``)."""
     lead = tuple(posterior.draws.shape[:2])
     draws = {k: v.flatten(0, 1) for k, v in posterior.site_draws().items()}
     device = posterior.draws.device
@@ -117,7 +123,10 @@ def _log_likelihood(posterior, parts) -> tuple[np.ndarray, np.ndarray]:
         w = {k: v[a : a + SAMPLE_CHUNK] for k, v in draws.items()}
         ll, out = forward(posterior.model, w, parts, device, outputs=True)
         lls.append(ll.cpu())
-        probs.append(out.softmax(-1).cpu())
+        if posterior.regression:
+            probs.append(posterior.model.likelihood.loc_scale(out, 1)[0].cpu())
+        else:
+            probs.append(out.softmax(-1).cpu())
     ll, p = torch.cat(lls), torch.cat(probs)
     return _np(ll).reshape(*lead, -1), _np(p).reshape(*lead, *p.shape[1:])
 
@@ -166,7 +175,8 @@ def mcmc_report(posterior, x=None, max_examples: int | None = None, probs=None) 
 
     * ``sites``: per site, :func:`summarise_chain_stats` of its values;
     * ``predictive``: the same over the class probabilities of every draw on the inputs
-      ``x`` (or the given ``probs``, ``(chain, draw, N, K)``), and ``lp``'s;
+      ``x`` (or the given ``probs``, ``(chain, draw, N, K)``; a regression model's: each
+      draw's predictive mean, ``predictive_quantity = "means"``), and ``lp``'s;
     * ``sampler``: draws per chain, post-warm-up ``divergences`` (total and share of the
       iterations), mean / max tree depth, mean leapfrog steps, each chain's final step
       size, E-BFMI and seconds.
@@ -188,6 +198,8 @@ def mcmc_report(posterior, x=None, max_examples: int | None = None, probs=None) 
         probs = posterior.chain_probs(_head(x, max_examples))
     if probs is not None:
         out["predictive"] = summarise_chain_stats(chain_stats(_np(probs)))
+        if posterior.regression:
+            out["predictive_quantity"] = "means"
     iterations = int(s["num_samples"]) * posterior.num_chains
     divergences = int(sum(s.get("divergences", [])))
     out["sampler"] = {
@@ -235,7 +247,8 @@ def report_lines(report: dict) -> list[str]:
         )
 
     if "predictive" in report:
-        lines.append(row("predictive probabilities", report["predictive"]))
+        quantity = report.get("predictive_quantity", "probabilities")
+        lines.append(row(f"predictive {quantity}", report["predictive"]))
     lines.append(row("log density", report["lp"]))
     for name, r in report["sites"].items():
         lines.append(row(name, r))
@@ -244,8 +257,9 @@ def report_lines(report: dict) -> list[str]:
 
 def plot_mcmc_chains(posterior, path: str | os.PathLike, probs=None, n_values: int = 3) -> Path:
     """ArviZ's trace and rank plots of the log density and of the ``n_values`` predictive
-    probabilities with the largest R-hat (``probs``: ``(chain, draw, N, K)``), saved as
-    ``<path>`` (trace) and ``<stem>_rank<suffix>`` (rank); returns the first path."""
+    probabilities with the largest R-hat (``probs``: ``(chain, draw, N, K)``; a regression
+    model's per-draw means ``(chain, draw, N)``), saved as ``<path>`` (trace) and
+    ``<stem>_rank<suffix>`` (rank); returns the first path."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -259,7 +273,8 @@ def plot_mcmc_chains(posterior, path: str | os.PathLike, probs=None, n_values: i
         order = np.argsort(np.nan_to_num(r, nan=-1.0))[::-1][:n_values]
         k = p.shape[-1]
         for i in order:
-            variables[f"p_x{i // k}_c{i % k}"] = flat[:, :, i]
+            name = f"mu_x{i}" if p.ndim == 3 else f"p_x{i // k}_c{i % k}"
+            variables[name] = flat[:, :, i]
     tree = build_tree({"posterior": variables}, {"posterior"}, {}, {}, {})
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

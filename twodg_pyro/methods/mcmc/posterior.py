@@ -4,7 +4,12 @@ the sampler's statistics and settings, predicting like an ensemble, by the avera
 the draws' class probabilities,
 
 .. math:: p(y \mid x, \mathcal D) \approx \frac1S \sum_{s=1}^{S}
-    \mathrm{softmax}(f_{w_s}(x)).
+    \mathrm{softmax}(f_{w_s}(x)),
+
+or, for a regression likelihood, by the moments of the mixture of the draws' Normals
+:math:`\mathcal N(\mu_s(x), \sigma_s(x)^2)` (the law of total variance, as
+:func:`~twodg_pyro.prediction.predict`: the mean, and the standard deviation with and
+without the noise).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from ...io.specs import (
     rebuild_likelihood,
     rebuild_prior,
 )
+from ...likelihoods import RegressionLikelihood
+from ...prediction import Prediction, _batches, _targets, moment_sums, moments_prediction
 from ..base import TrainedMethod, net_section
 
 #: Draws run through the network at once.
@@ -29,7 +36,8 @@ _CHUNK = 100
 
 class MCMCPosterior(TrainedMethod):
     r"""The draws of :func:`run_mcmc`: ``C`` chains of ``D`` thinned draws of the model's
-    Bayesian tensors, predicting by the average of their class probabilities.
+    Bayesian tensors, predicting by the average of their class probabilities (a regression
+    model: by the moments of their Normals, :meth:`predict`).
 
     Args:
         model: the :class:`~twodg_pyro.bnn.BNNModel` (its network runs the draws).
@@ -118,23 +126,75 @@ class MCMCPosterior(TrainedMethod):
         return torch.linspace(0, total - 1, int(num_samples)).round().long()
 
     def chain_probs(self, x, batch_size: int = 512) -> torch.Tensor:
-        """Class probabilities of every kept draw, ``(C, D, N, K)`` on the CPU (for the
-        chains' diagnostics)."""
+        r"""Class probabilities of every kept draw, ``(C, D, N, K)`` on the CPU (for the
+        chains' diagnostics); a regression model's: each draw's predictive mean
+        :math:`\mu_s(x)`, ``(C, D, N, ...)``."""
         probs = self.sample_probs(x, num_samples=None, batch_size=batch_size)
         return probs.reshape(*self.draws.shape[:2], *probs.shape[1:])
 
-    def _draws(self, parts, num_samples, seed) -> torch.Tensor:
+    @property
+    def regression(self) -> bool:
+        """Its likelihood is a regression one (predictions are Normals, not classes)."""
+        return isinstance(self.model.likelihood, RegressionLikelihood)
+
+    def _outputs(self, parts, num_samples):
+        """The network's outputs ``(S, B, ...)`` of the picked draws (:meth:`pick`), one
+        tensor per batch of ``parts``, ``_CHUNK`` draws at a time."""
         index = self.pick(num_samples)
         weights = {k: v.flatten(0, 1)[index] for k, v in self.site_draws().items()}
-        out = []
         for xb, _ in parts:
             chunks = []
             for a in range(0, len(index), _CHUNK):
                 w = {k: v[a : a + _CHUNK] for k, v in weights.items()}
                 n = len(next(iter(w.values())))
-                chunks.append(self.model.particle_forward(w, xb, (n,)).softmax(-1).cpu())
-            out.append(torch.cat(chunks))
+                chunks.append(self.model.particle_forward(w, xb, (n,)))
+            yield torch.cat(chunks)
+
+    def _draws(self, parts, num_samples, seed) -> torch.Tensor:
+        """``(S, N, C)`` class probabilities, or a regression model's ``(S, N, ...)``
+        per-draw means, on the CPU."""
+        lik = self.model.likelihood
+        out = []
+        for o in self._outputs(parts, num_samples):
+            out.append((lik.loc_scale(o, 1)[0] if self.regression else o.softmax(-1)).cpu())
         return torch.cat(out, 1)
+
+    @torch.no_grad()
+    def predict(
+        self,
+        data,
+        num_samples: int = 30,
+        seed: int = 0,
+        *,
+        batch_size: int = 512,
+        keep_samples: bool = False,
+        progress: bool = False,
+    ) -> Prediction:
+        """The prediction of every kept draw (:meth:`num_draws`): the average of the class
+        probabilities, or for a regression likelihood the predictive mean with its standard
+        deviation, epistemic and aleatoric (``samples``: the per-draw means when
+        ``keep_samples``), the moments :func:`~twodg_pyro.prediction.predict` computes."""
+        if not self.regression:
+            return super().predict(
+                data,
+                num_samples,
+                seed,
+                batch_size=batch_size,
+                keep_samples=keep_samples,
+                progress=progress,
+            )
+        self.eval()
+        lik = self.model.likelihood
+        parts = _batches(data, int(batch_size))
+        n = len(self.pick(self.num_draws(num_samples)))
+        sums, means, dtype = [], [], self.draws.dtype
+        for o in self._outputs(parts, n):
+            sums.append(moment_sums(lik, o).cpu())
+            if keep_samples:
+                means.append(lik.loc_scale(o, 1)[0].cpu())
+            dtype = o.dtype
+        samples = torch.cat(means, 1) if keep_samples else None
+        return moments_prediction(torch.cat(sums, 1), n, dtype, _targets(parts), samples)
 
     def file_content(self) -> tuple[dict, dict]:
         prior, prior_tensors = prior_spec(self.model.prior, self.model)

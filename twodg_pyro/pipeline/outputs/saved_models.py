@@ -351,7 +351,6 @@ def diagnose_mcmc_file(
     least mixed probabilities) and ``diagnostics.json``; returns its content."""
     from ...diagnostics import save_inference_data
     from ...methods.mcmc.arviz import mcmc_report, mcmc_tree, plot_mcmc_chains, report_lines
-    from ...metrics import classification_metrics
 
     post, split = _load(model_file, d, root, device)
     out = Path(out_dir)
@@ -360,8 +359,7 @@ def diagnose_mcmc_file(
     n = len(split.test) if max_eval_examples is None else int(max_eval_examples)
     x, y = test[0][:n], test[1][:n]
     probs = writer.step("predict", lambda: post.chain_probs(x))
-    pooled = post.sample_probs(test, num_samples=None)
-    metrics = classification_metrics(pooled.mean(0), test[1])
+    metrics = prediction_metrics(post.predict(test, post.num_draws()))
     report: dict = {
         "model_file": str(model_file),
         "method": d["header"].get("method", "mcmc"),
