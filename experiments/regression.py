@@ -1,0 +1,326 @@
+"""Regression (issue 45): mean-field, 2DG, NUTS and a deterministic (MAP) network on
+scikit-learn's diabetes data and on a 1-D problem with a gap.
+
+    OMP_NUM_THREADS=1 python experiments/regression.py            # the committed run
+    OMP_NUM_THREADS=1 python experiments/regression.py --quick    # a check that it runs
+
+One recipe, fixed before the run, for every seed (``--seeds``: the split, the network's
+initialisation and every draw):
+
+* **diabetes** (:func:`~twodg_pyro.data.load_diabetes_split`: 354 training, 88 held-out
+  patients, standardised): an MLP 10-50-1 (601 weights) under the layer-wise prior
+  N(0, 1/fan_in), a Gaussian likelihood with a learnt noise (``learn_scale=True``);
+  mean-field by SVI on the true ELBO (1,000 epochs, batch 128, Adam 1e-2); the 2DG BNN
+  from it (16 components, quantile outliers, 300 stage-3 epochs, merge and Mahalanobis
+  hooks every 50); the deterministic network: the MAP of the same model (Pyro's
+  ``AutoDelta``, the same epochs), noise learnt with it; NUTS (2 chains of 200 warm-up
+  and 200 kept iterations, tree depth <= 5) on the same model with the noise fixed at the
+  MAP's (:func:`~twodg_pyro.methods.mcmc.run_mcmc` samples the weights).  Every method is
+  a :class:`~twodg_pyro.methods.TrainedMethod` and predicts through it (a guide's 200
+  seeded draws, the chains' 400 kept ones).  Metrics on the held-out patients: RMSE, the
+  Gaussian NLL and the coverage of the central 50 / 90 / 95 % intervals of the
+  moment-matched predictive (:func:`~twodg_pyro.metrics.regression_metrics`); and the
+  trainable parameters of each (guide and noise).
+* **the gap** (:func:`~twodg_pyro.data.load_gap1d_split`: 80 inputs in [-1.5, -0.5] and
+  [0.5, 1.5], y = sin 3x + 0.1 noise): an MLP 1-32-32-1 (1,153 weights), the same prior,
+  likelihood and methods (mean-field 3,000 full-batch epochs), and the epistemic standard
+  deviation (the noise left out) averaged over 49 inputs inside the gap against its
+  average on the 80 training inputs.
+
+Writes ``experiments/results/regression.json`` / ``.md`` and ``regression_gap.png`` (the
+predictive of each method over the gap problem, seed 0); the checks against the issue's
+targets are computed from the table's own numbers (``tests/test_regression_results.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import pyro
+import torch
+from common import check, command, setup
+from pyro.infer.autoguide import AutoDelta
+
+import twodg_pyro as tp
+from twodg_pyro.data import load_dataset
+from twodg_pyro.evaluation import prediction_metrics
+from twodg_pyro.files import atomic_write_text, jsonable
+from twodg_pyro.methods import GuidePosterior, TrainedMethod
+from twodg_pyro.methods.mcmc import run_mcmc
+from twodg_pyro.models import MLP
+
+RESULTS = Path(__file__).resolve().parent / "results"
+METHODS = ("deterministic", "mean_field", "2dg", "mcmc")
+#: the recipe, per problem (``--quick`` divides the epochs and iterations)
+RECIPES = {
+    "diabetes": {"hidden": (50,), "batch": 128, "mf_epochs": 1000, "stage3_epochs": 300},
+    "gap1d": {"hidden": (32, 32), "batch": 80, "mf_epochs": 3000, "stage3_epochs": 300},
+}
+SHARING = {
+    "outlier_rule": "quantile",
+    "mu_quantile": 0.995,
+    "grad_percentile": 0.005,
+    "n_components": 16,
+    "n_min": 5,
+}
+#: NUTS: Pyro's sampler costs about 8 ms a leapfrog step here whatever the network, and
+#: deeper trees saturate on these posteriors: 31 steps an iteration at most
+NUTS = {"num_chains": 2, "warmup_steps": 200, "num_samples": 200, "max_tree_depth": 5}
+DRAWS = 200
+TARGETS = {"nll_within": 0.05, "coverage_90": (0.85, 0.95), "ratio": 20.0, "gap_ratio": 1.5}
+
+
+def new_model(split, hidden, seed: int, noise: tp.Gaussian | None = None) -> tp.BNNModel:
+    """The problem's BNN: the MLP, N(0, 1/fan_in), a learnt (or the given) Gaussian noise."""
+    pyro.clear_param_store()  # AutoDelta keeps its values there
+    torch.manual_seed(seed)
+    pyro.set_rng_seed(seed)
+    net = MLP(split.input_shape[0], hidden, 1)
+    lik = noise or tp.Gaussian(len(split.train), learn_scale=True)
+    return tp.BNNModel(net, prior=tp.LayerwiseNormalPrior(1.0), likelihood=lik)
+
+
+def trainable(model, guide) -> int:
+    """Trainable parameters: the guide's and the model's (the learnt noise)."""
+    return sum(p.numel() for m in (guide, model) for p in m.parameters() if p.requires_grad)
+
+
+def run_problem(name: str, seed: int, quick: bool) -> dict:
+    """Every method on one problem and seed: ``{method: record}`` with each method's
+    predictions on the test set (diabetes) or its epistemic spread (the gap)."""
+    recipe = RECIPES[name]
+    scale = 50 if quick else 1
+    split = load_dataset(name, seed=seed) if name == "diabetes" else load_dataset(name)
+    x, y = split.train.tensors
+    x_test, y_test = split.test.tensors
+    loader = tp.make_loader(split.train, recipe["batch"], shuffle=True, seed=seed)
+    mf_epochs, s3_epochs = recipe["mf_epochs"] // scale, recipe["stage3_epochs"] // scale
+    every = max(1, s3_epochs // 6)
+    out: dict = {}
+
+    def record(method, trained: TrainedMethod, seconds: float, n_trainable: int | None = None):
+        """The method's metrics on the test set (and the gap's spread), every prediction
+        through the protocol: ``DRAWS`` draws seeded with the run's seed (the chains: all
+        their kept draws)."""
+
+        def pred(data):
+            return trained.predict(data, DRAWS, seed)
+
+        rec = {**prediction_metrics(pred((x_test, y_test))), "seconds": round(seconds, 1)}
+        rec["noise_scale"] = trained.likelihood.scale
+        rec["draws"] = trained.num_draws(DRAWS)
+        if n_trainable is not None:  # NUTS trains nothing
+            rec["trainable"] = n_trainable
+        if name == "gap1d" and method != "deterministic":  # a MAP has no epistemic spread
+            on_data = pred((x, y)).epistemic_std.mean()
+            in_gap = pred(split.info["gap_x"]).epistemic_std.mean()
+            rec.update(epistemic_on_data=float(on_data), epistemic_in_gap=float(in_gap))
+            rec["gap_ratio"] = float(in_gap / on_data)
+            rec["curve"] = pred(split.info["grid_x"])
+        out[method] = rec
+
+    # deterministic: the MAP of the same model (AutoDelta), its noise learnt with it
+    det = new_model(split, recipe["hidden"], seed)
+    t0 = time.perf_counter()
+    delta = AutoDelta(det)
+    tp.fit(det, delta, loader, epochs=mf_epochs, lr=1e-2, progress=False)
+    seconds = time.perf_counter() - t0
+    record("deterministic", GuidePosterior(det, delta), seconds, trainable(det, delta))
+    # mean-field, then 2DG from it
+    model = new_model(split, recipe["hidden"], seed)
+    guide = tp.MeanFieldGuide(model)
+    t0 = time.perf_counter()
+    tp.fit(model, guide, loader, epochs=mf_epochs, lr=1e-2, progress=False)
+    mf_seconds = time.perf_counter() - t0
+    record("mean_field", GuidePosterior(model, guide), mf_seconds, trainable(model, guide))
+    t0 = time.perf_counter()
+    model2 = copy.deepcopy(model)
+    structure, _ = tp.build_sharing(model2, guide, loader, tp.SharingConfig(**SHARING))
+    shared = tp.SharedGMMGuide(model2, structure, tying="representative")
+    hooks = [
+        tp.MergeHook(tau_d=1e-2, data=loader, every=every, until_fixed_point=False),
+        tp.MahalanobisHook(every=every, until_fixed_point=False),
+    ]
+    tp.fit(model2, shared, loader, epochs=s3_epochs, lr=1e-2, callbacks=hooks, progress=False)
+    seconds = time.perf_counter() - t0
+    record("2dg", GuidePosterior(model2, shared), seconds, trainable(model2, shared))
+    out["2dg"]["counts"] = shared.structure().counts()
+    # NUTS on the same model, the noise fixed at the MAP's
+    fixed = new_model(split, recipe["hidden"], seed, tp.Gaussian(len(y), det.likelihood.scale))
+    nuts = {k: max(2, v // scale) if k != "num_chains" else v for k, v in NUTS.items()}
+    t0 = time.perf_counter()
+    posterior = run_mcmc(fixed, (x, y), seed=seed, **nuts)
+    record("mcmc", posterior, time.perf_counter() - t0)
+    out["mcmc"]["divergences"] = int(posterior.sample_stats["diverging"].sum())
+    return out
+
+
+def mean_sd(values: list[float]) -> dict:
+    t = torch.tensor(values, dtype=torch.float64)
+    return {"mean": float(t.mean()), "sd": float(t.std()) if len(values) > 1 else 0.0}
+
+
+def summarise(runs: dict) -> dict:
+    """``{problem: {method: {field: {mean, sd}}}}`` over the seeds."""
+    fields = {
+        "diabetes": ("rmse", "nll", "coverage_50", "coverage_90", "coverage_95", "trainable"),
+        "gap1d": ("epistemic_on_data", "epistemic_in_gap", "gap_ratio"),
+    }
+    table = {}
+    for problem, per_seed in runs.items():
+        table[problem] = {}
+        for method in METHODS:
+            recs = [r[method] for r in per_seed.values()]
+            table[problem][method] = {
+                f: mean_sd([r[f] for r in recs]) for f in fields[problem] if f in recs[0]
+            }
+            table[problem][method]["seconds"] = mean_sd([r["seconds"] for r in recs])
+    return table
+
+
+def checks(table: dict) -> dict:
+    """The issue's targets, from the table's means (the gap's ``>= 1.5``, fixed before the
+    run, is stricter than the issue's "larger in the gap than on the data")."""
+    d, g = table["diabetes"], table["gap1d"]
+    mf_nll, dg_nll = d["mean_field"]["nll"]["mean"], d["2dg"]["nll"]["mean"]
+    rel = (dg_nll - mf_nll) / abs(mf_nll)
+    cov = d["2dg"]["coverage_90"]["mean"]
+    ratio = d["mean_field"]["trainable"]["mean"] / d["2dg"]["trainable"]["mean"]
+    within, (low, high) = TARGETS["nll_within"], TARGETS["coverage_90"]
+    out = {
+        "diabetes: 2DG NLL within 5 % of mean-field": check(
+            rel, f"|rel| <= {within}", abs(rel) <= within
+        ),
+        "diabetes: 2DG 90 % coverage in [0.85, 0.95]": check(
+            cov, f"in [{low}, {high}]", low <= cov <= high
+        ),
+        "diabetes: mean-field / 2DG trainable >= 20": check(
+            ratio, f">= {TARGETS['ratio']:g}", ratio >= TARGETS["ratio"]
+        ),
+    }
+    for m in ("mean_field", "2dg", "mcmc"):
+        r = g[m]["gap_ratio"]["mean"]
+        out[f"gap: {m} epistemic std in the gap / on the data >= 1.5"] = check(
+            r, f">= {TARGETS['gap_ratio']:g}", r >= TARGETS["gap_ratio"]
+        )
+    return out
+
+
+def markdown(payload: dict) -> str:
+    t, lines = payload["table"], []
+    seeds = ", ".join(map(str, payload["seeds"]))
+    lines += [
+        "# Regression: diabetes and the 1-D gap",
+        "",
+        f"`{payload['command']}` (seeds {seeds}; mean ± sd over the seeds; "
+        f"{payload['seconds'] / 60:.0f} min). Recipe: `experiments/regression.py`.",
+        "",
+        "## diabetes (88 held-out patients, standardised targets)",
+        "",
+        "| method | RMSE | Gaussian NLL | 50 % cov. | 90 % cov. | 95 % cov. | trainable |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in METHODS:
+        r = t["diabetes"][m]
+        cells = [f"{r[f]['mean']:.3f} ± {r[f]['sd']:.3f}" for f in ("rmse", "nll")]
+        cells += [f"{r[f]['mean']:.3f}" for f in ("coverage_50", "coverage_90", "coverage_95")]
+        cells.append(f"{r['trainable']['mean']:,.0f}" if "trainable" in r else "-")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The deterministic row is the MAP network (its noise learnt with it); `mcmc` is NUTS "
+        "on the same model with the noise fixed at the MAP's (its draws are not trained: "
+        "no trainable count). Coverage: the share of held-out targets inside the central "
+        "interval of the moment-matched predictive N(mean, std^2).",
+        "",
+        "## the 1-D gap (epistemic standard deviation, the noise left out)",
+        "",
+        "| method | on the training inputs | in the gap | ratio |",
+        "|---|---|---|---|",
+    ]
+    for m in METHODS[1:]:
+        r = t["gap1d"][m]
+        cells = [
+            f"{r['epistemic_on_data']['mean']:.3f}",
+            f"{r['epistemic_in_gap']['mean']:.3f}",
+            f"{r['gap_ratio']['mean']:.2f} ± {r['gap_ratio']['sd']:.2f}",
+        ]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += ["", "## the issue's targets", "", "| target | value | met |", "|---|---|---|"]
+    for name, c in payload["checks"].items():
+        lines.append(f"| {name} | {c['value']:.3f} | {'yes' if c['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves: dict, split, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mean, std = float(split.info["input_mean"]), float(split.info["input_std"])
+    grid = split.info["grid_x"][:, 0] * std + mean
+    x, y = split.train.tensors
+    fig, axes = plt.subplots(1, len(curves), figsize=(4 * len(curves), 3), sharey=True)
+    for ax, (method, p) in zip(axes, curves.items(), strict=True):
+        ax.scatter(x[:, 0] * std + mean, y, s=6, c="k")
+        ax.plot(grid, p.mean, c="C0")
+        for sd, alpha in ((p.std, 0.2), (p.epistemic_std, 0.4)):
+            ax.fill_between(grid, p.mean - 2 * sd, p.mean + 2 * sd, color="C0", alpha=alpha)
+        ax.set_title(method)
+        ax.set_ylim(-3.5, 3.5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--quick", action="store_true", help="a few epochs and iterations")
+    p.add_argument("--out", default=str(RESULTS), help="folder of the results")
+    p.add_argument("--stem", default=None, help="output name (default: regression)")
+    args = p.parse_args(argv)
+    setup(threads=1)
+    stem = args.stem or ("regression_quick" if args.quick else "regression")
+    t0 = time.perf_counter()
+    runs = {"diabetes": {}, "gap1d": {}}
+    for seed in args.seeds:
+        for problem in runs:
+            runs[problem][seed] = run_problem(problem, seed, args.quick)
+            print(problem, seed, {m: r.get("nll") for m, r in runs[problem][seed].items()})
+    first = runs["gap1d"][args.seeds[0]]
+    curves = {m: first[m].pop("curve") for m in ("mean_field", "2dg", "mcmc")}
+    for per_seed in runs["gap1d"].values():
+        for rec in per_seed.values():
+            rec.pop("curve", None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot(curves, load_dataset("gap1d"), out / f"{stem}_gap.png")
+    table = summarise(runs)
+    payload = {
+        "command": command("regression.py", argv),
+        "quick": args.quick,
+        "seeds": args.seeds,
+        "recipes": RECIPES,
+        "sharing": SHARING,
+        "nuts": NUTS,
+        "draws": DRAWS,
+        "runs": runs,
+        "table": table,
+        "checks": checks(table),
+        "seconds": time.perf_counter() - t0,
+    }
+    atomic_write_text(out / f"{stem}.json", json.dumps(jsonable(payload), indent=2))
+    atomic_write_text(out / f"{stem}.md", markdown(payload))
+    print(markdown(payload))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
