@@ -15,8 +15,8 @@ from torch import nn
 
 import twodg_pyro as tp
 from twodg_pyro.data import load_dataset
-from twodg_pyro.pipeline.builders import build_prior
-from twodg_pyro.pipeline.config import PriorConfig
+from twodg_pyro.pipeline.settings.build import build_prior
+from twodg_pyro.pipeline.settings.config import PriorConfig
 from twodg_pyro.priors.horseshoe import RegularizedHorseshoe
 
 F64 = torch.float64
