@@ -1,0 +1,118 @@
+"""The committed regression table (``python experiments/regression.py``, issue 45): every
+method on both problems and seeds, a summary that is the mean of its runs, and the
+issue's targets checked from the table's own numbers, each met or recorded as missed.
+
+The targets' outcome is pinned as committed (:data:`COMMITTED_OUTCOME`): a rerun that
+changes one changes this test and the markdown's "Missed" line together."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "results"
+METHODS = ("deterministic", "mean_field", "2dg", "mcmc")
+NLL = "diabetes: 2DG NLL within 5 % of mean-field"
+COVERAGE = "diabetes: 2DG 90 % coverage in [0.85, 0.95]"
+RATIO = "diabetes: mean-field / 2DG trainable >= 20"
+
+
+def gap(method: str) -> str:
+    return f"gap: {method} epistemic std in the gap / on the data >= 1.5"
+
+
+#: What the committed run met.  On diabetes every target.  On the gap none: every trained
+#: method left the signal to a learnt noise near the targets' own spread (sigma about 1
+#: in standard units against the data's 0.14, test RMSE about 1), so its epistemic spread
+#: is not the posterior's over a fitted function (NUTS, its noise fixed at the MAP's
+#: sigma = 1, is larger in the gap than on the data, 1.14x, below the 1.5 asked).
+COMMITTED_OUTCOME = {
+    NLL: True,
+    COVERAGE: True,
+    RATIO: True,
+    gap("mean_field"): False,
+    gap("2dg"): False,
+    gap("mcmc"): False,
+}
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return json.loads((RESULTS / "regression.json").read_text())
+
+
+def test_every_method_ran_on_both_problems_and_every_seed(committed):
+    assert not committed["quick"] and committed["seeds"] == [0, 1, 2]
+    assert committed["command"] == "python experiments/regression.py"
+    for problem in ("diabetes", "gap1d"):
+        for seed in map(str, committed["seeds"]):
+            assert set(committed["runs"][problem][seed]) == set(METHODS), (problem, seed)
+    for seed in map(str, committed["seeds"]):
+        for method, r in committed["runs"]["diabetes"][seed].items():
+            assert r["rmse"] > 0 and all(0 <= r[f"coverage_{p}"] <= 1 for p in (50, 90, 95))
+            assert r["coverage_50"] <= r["coverage_90"] <= r["coverage_95"], method
+        runs = committed["runs"]["gap1d"][seed]
+        for method in METHODS[1:]:
+            r = runs[method]
+            assert r["gap_ratio"] == pytest.approx(r["epistemic_in_gap"] / r["epistemic_on_data"])
+        # NUTS ran on the MAP's noise, with its kept draws, without a divergence
+        for problem in ("diabetes", "gap1d"):
+            rec = committed["runs"][problem][seed]
+            assert rec["mcmc"]["noise_scale"] == rec["deterministic"]["noise_scale"]
+            assert rec["mcmc"]["draws"] == 400 and rec["mean_field"]["draws"] == 200
+            assert rec["mcmc"]["divergences"] == 0
+
+
+def test_the_table_is_the_mean_of_the_runs(committed):
+    for problem, table in committed["table"].items():
+        for method, fields in table.items():
+            for name, stat in fields.items():
+                values = [r[method][name] for r in committed["runs"][problem].values()]
+                assert stat["mean"] == pytest.approx(sum(values) / len(values)), (method, name)
+
+
+def test_the_targets_follow_from_the_numbers_met_or_recorded_as_missed(committed):
+    d, g = committed["table"]["diabetes"], committed["table"]["gap1d"]
+    mf, dg = d["mean_field"], d["2dg"]
+    rel = (dg["nll"]["mean"] - mf["nll"]["mean"]) / abs(mf["nll"]["mean"])
+    ratio = mf["trainable"]["mean"] / dg["trainable"]["mean"]
+    cov = dg["coverage_90"]["mean"]
+    expected = {
+        NLL: (rel, abs(rel) <= 0.05),
+        COVERAGE: (cov, 0.85 <= cov <= 0.95),
+        RATIO: (ratio, ratio >= 20),
+    }
+    for m in ("mean_field", "2dg", "mcmc"):
+        r = g[m]["gap_ratio"]["mean"]
+        expected[gap(m)] = (r, r >= 1.5)
+    checks = committed["checks"]
+    assert set(checks) == set(expected) == set(COMMITTED_OUTCOME)
+    md = (RESULTS / "regression.md").read_text()
+    for name, (value, met) in expected.items():
+        assert math.isclose(checks[name]["value"], value, rel_tol=1e-9), name
+        assert checks[name]["met"] == met == COMMITTED_OUTCOME[name], name
+        assert f"| {name} | {value:.3f} | {'yes' if met else 'no'} |" in md, name
+    missed = [name for name, met in COMMITTED_OUTCOME.items() if not met]
+    assert "**Missed:** " + "; ".join(missed) + "." in md
+
+
+def test_the_markdown_states_what_the_misses_rest_on(committed):
+    """The ratio of trainable parameters is met on the means, not on every seed, and the
+    gap's fits left the signal to the noise: the markdown says both, from the runs."""
+    md = (RESULTS / "regression.md").read_text()
+    per_seed = [
+        r["mean_field"]["trainable"] / r["2dg"]["trainable"]
+        for r in committed["runs"]["diabetes"].values()
+    ]
+    assert "trainable parameters per seed: " + ", ".join(f"{v:.1f}x" for v in per_seed) in md
+    g = committed["table"]["gap1d"]
+    assert committed["gap_noise"] == pytest.approx(0.139, abs=1e-3)
+    section = md.split("## the 1-D gap")[1].split("## the issue's targets")[0]
+    for m in METHODS:  # every learnt (or the MAP's) noise is the targets' spread, not 0.14
+        assert g[m]["noise_scale"]["mean"] > 5 * committed["gap_noise"], m
+        line = next(row for row in section.splitlines() if row.startswith(f"| {m} |"))
+        assert f"| {g[m]['noise_scale']['mean']:.3f} |" in line, m
+    assert (RESULTS / "regression_gap.png").stat().st_size > 0
