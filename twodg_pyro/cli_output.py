@@ -1,8 +1,8 @@
-"""What the CLI writes besides its own lines, kept in its voice.
+r"""What the CLI writes besides its own lines, kept in its voice.
 
 :func:`cli_output` wraps a command: stdout and stderr write any path the file system
 accepts (a name that is not valid in the locale's encoding, e.g. a Latin-1 byte under
-UTF-8, is written with a backslash escape, ``caf\\udce9``, instead of failing after
+UTF-8, is written with a backslash escape, ``caf\udce9``, instead of failing after
 the work is done); third-party caches get a writable folder when their defaults are not
 writable (a read-only ``HOME``: matplotlib would make a temporary one on every run and
 say so, ArviZ would fail to import: :func:`writable_caches`), and matplotlib's log

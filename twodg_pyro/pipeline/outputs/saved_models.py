@@ -211,7 +211,7 @@ def evaluate_model_file(
         "seed": int(d["seed"]),
         "n_examples": int(pred.mean.shape[0]),
     }
-    if not all(math.isfinite(result[k]) for k in ("nll", "brier")):
+    if not all(math.isfinite(result[k]) for k in ("nll", "brier", "rmse") if k in result):
         raise ValueError(
             f"{str(model_file)!r}: its predictions are not finite (NaN/inf): its stored "
             "values overflow its network on these data (an edited file, or a diverged model)"
