@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from common import cell, command, setup
 from recipe_selection import selection_parser, settings_of
+from uncertainty import VON
 
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.infer import data_size_kl_weight
@@ -46,7 +47,6 @@ from twodg_pyro.pipeline.settings.config import merge_settings
 from twodg_pyro.pipeline.settings.evaluation import UncertaintyConfig
 from twodg_pyro.uncertainty import apply_temperature, fit_temperature
 
-_VON = {"trainer": "von", "von_lr": 0.1, "von_beta2": 0.99}
 #: KL weights of the grid, as multiples of the recipe's data-size rule (``kl_weight =
 #: "data_size"``: 0.1 on LeNet-5, 0.023 on ResNet-20): one grid for every network
 MULTIPLES = (1.0, 0.3, 0.1, 0.03)
@@ -58,7 +58,7 @@ GRID: dict[str, tuple[dict, float]] = {
     "svi": ({}, 1.0),
     "svi, batch": ({"network": {"norm_stats": "batch"}}, 1.0),
     **{
-        f"von, {bn}, x{m:g}": ({"network": {"norm_stats": bn}, "stage1": _VON}, m)
+        f"von, {bn}, x{m:g}": ({"network": {"norm_stats": bn}, "stage1": VON}, m)
         for bn in ("frozen", "batch")
         for m in MULTIPLES
     },

@@ -51,11 +51,13 @@ from pathlib import Path
 from common import by_recipe_method, cell, check, command, mean, setup, table
 
 from twodg_pyro.files import atomic_write_text
+from twodg_pyro.infer import data_size_kl_weight
 from twodg_pyro.metrics import ece, nll
+from twodg_pyro.nn import find_sites
 from twodg_pyro.pipeline import config_from_dict
 from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets
 from twodg_pyro.pipeline.runtime.variants import run_variants
-from twodg_pyro.pipeline.settings.build import eval_data
+from twodg_pyro.pipeline.settings.build import build_net, eval_data, load_data
 from twodg_pyro.pipeline.settings.config import UncertaintyConfig, merge_settings
 from twodg_pyro.pipeline.settings.presets import preset
 from twodg_pyro.uncertainty import (
@@ -68,6 +70,14 @@ from twodg_pyro.uncertainty import (
 )
 
 RECOMMENDED = "KL weight 0.1"
+NATURAL_GRADIENT = "natural gradient"
+#: the natural-gradient recipe's KL weight over the data-size rule's, and BatchNorm's
+#: statistics under it (``experiments/stage1_selection.py`` on the validation split)
+VON_MULTIPLE = 0.3
+VON_NORM_STATS = "frozen"
+#: variational online Newton as stage 1 trains in that recipe and in
+#: ``stage1_selection.py``
+VON = {"trainer": "von", "von_lr": 0.1, "von_beta2": 0.99}
 ARCH_TITLES = {
     "lenet5": "LeNet-5",
     "resnet20": "ResNet-20 (CPU epochs)",
@@ -94,6 +104,15 @@ RECIPES: dict[str, dict] = {
         "preset": "mnist-lenet5-bayes",
         "settings": {**BASELINES, "rank1": {"epochs": 40}},
         "tyings": TYINGS,
+    },
+    # issue 43: stage 1 by variational online Newton from the same pretrained network,
+    # the KL weight (stages 1 and 3) at 0.3 times the data-size rule's, chosen on the
+    # validation split (recipe_selection/stage1_lenet5.md; BatchNorm: stage1_resnet20.md)
+    NATURAL_GRADIENT: {
+        "preset": "mnist-lenet5-bayes",
+        "settings": {"methods": ["mean_field"], "stage1": VON},
+        "kl_multiple": VON_MULTIPLE,
+        "tyings": ("representative",),
     },
     "true ELBO": {
         "preset": "mnist-lenet5-bayes",
@@ -148,6 +167,14 @@ RESNET_RECIPES: dict[str, dict] = {
         "label": "one recipe",
     },
 }
+RESNET_RECIPES[NATURAL_GRADIENT] = {
+    **RECIPES[NATURAL_GRADIENT],
+    "preset": "mnist-resnet20-bayes",
+    "settings": {
+        **RECIPES[NATURAL_GRADIENT]["settings"],
+        "network": {"norm_stats": VON_NORM_STATS},
+    },
+}
 #: ResNet-20's epochs cut to fit a CPU (the paper's 250 / 200 / 200 with ``--full``)
 RESNET_CPU_EPOCHS = {
     "network": {"pretrain_epochs": 15},
@@ -194,6 +221,9 @@ def run_recipe(
             spec["tyings"] = ()
     if arch == "resnet20":  # not "resnet20-full": the paper's epochs, for a GPU
         settings = merge_settings(settings, RESNET_CPU_EPOCHS)
+    if spec.get("kl_multiple"):  # a multiple of the data-size rule, in stages 1 and 3
+        beta = spec["kl_multiple"] * data_size_beta(settings, root)
+        settings = merge_settings(settings, {s: {"kl_weight": beta} for s in ("stage1", "stage3")})
     if spec.get("rank1_from_scratch"):  # as many epochs as pretraining + stage 1
         epochs = settings["network"]["pretrain_epochs"] + settings["stage1"]["epochs"]
         settings = merge_settings(settings, {"rank1": {"epochs": epochs}})
@@ -251,6 +281,15 @@ def run_recipe(
             flush=True,
         )
     return out, scores
+
+
+def data_size_beta(settings: dict, root: str) -> float:
+    """The data-size rule's KL weight for the network and training split of ``settings``
+    (:func:`twodg_pyro.infer.data_size_kl_weight`)."""
+    cfg = config_from_dict(merge_settings(settings, {"data": {"root": root}}))
+    split = load_data(cfg.data, image=True)
+    n_weights = sum(site.numel for site in find_sites(build_net(cfg.network, split)))
+    return data_size_kl_weight(len(split.train), n_weights)
 
 
 def temperature_scaled(trained, val, test, draws: int, seed: int) -> dict:
@@ -566,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         records.sort(key=lambda r: (order.get(r["recipe"], 99), r["seed"]))
         args.seeds = sorted({r["seed"] for r in records})
-    recipes = list(RESNET_RECIPES) if args.arch == "resnet20" else args.recipes
+    resnet = args.arch == "resnet20"
+    recipes = [r for r in args.recipes if r in RESNET_RECIPES] if resnet else args.recipes
     if args.full and args.arch == "resnet20":
         args.arch = "resnet20-full"
     for name in [] if args.merge else recipes:
