@@ -72,3 +72,17 @@ def mean(xs) -> float | None:
     """The mean of the values that are not ``None`` (``None`` if there are none)."""
     xs = [x for x in xs if x is not None]
     return statistics.fmean(xs) if xs else None
+
+
+def split_tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split's images and labels as two tensors, in order, whether it holds tensors (a
+    ``TensorDataset``, or the pair itself) or is read in batches (the MNIST and CIFAR
+    folders, or their loader)."""
+    from twodg_pyro.pipeline.settings.build import eval_data
+
+    loader = isinstance(dataset, tuple | torch.utils.data.DataLoader)
+    data = dataset if loader else eval_data(dataset)
+    if isinstance(data, tuple):
+        return data
+    x, y = zip(*(b[:2] for b in data), strict=True)
+    return torch.cat(x), torch.cat(y)

@@ -28,8 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-from common import cell, command, setup
+from common import cell, command, setup, split_tensors
 from recipe_selection import selection_parser, settings_of
 from uncertainty import VON
 
@@ -42,7 +41,7 @@ from twodg_pyro.pipeline.methods.algorithm1 import stage1_mean_field
 from twodg_pyro.pipeline.methods.mean_field import scale_convergence
 from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets
 from twodg_pyro.pipeline.runtime.context import RunContext
-from twodg_pyro.pipeline.settings.build import eval_data, seed_everything
+from twodg_pyro.pipeline.settings.build import seed_everything
 from twodg_pyro.pipeline.settings.config import merge_settings
 from twodg_pyro.pipeline.settings.evaluation import UncertaintyConfig
 from twodg_pyro.uncertainty import apply_temperature, fit_temperature
@@ -153,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     art = run(det_cfg)
     det = art.trained["deterministic"]
     net = det.net
-    batches = [b[:2] for b in eval_data(art.split.val)]  # the validation images, in order
-    xv, yv = (torch.cat(t) for t in zip(*batches, strict=True))
+    xv, yv = split_tensors(art.split.val)  # the validation images, in order
     ucfg = UncertaintyConfig(ood_size=args.ood_size, shift_size=args.shift_size, severities=[5])
     ev = UncertaintySets(art.split, (xv, yv), ucfg, args.seed)
     det_probs = det.sample_probs(xv, 1, args.seed).mean(0)

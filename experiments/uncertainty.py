@@ -48,7 +48,7 @@ import json
 import time
 from pathlib import Path
 
-from common import by_recipe_method, cell, check, command, mean, setup, table
+from common import by_recipe_method, cell, check, command, mean, setup, split_tensors, table
 
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.infer import data_size_kl_weight
@@ -57,7 +57,7 @@ from twodg_pyro.nn import find_sites
 from twodg_pyro.pipeline import config_from_dict
 from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets
 from twodg_pyro.pipeline.runtime.variants import run_variants
-from twodg_pyro.pipeline.settings.build import build_net, eval_data, load_data
+from twodg_pyro.pipeline.settings.build import build_net, load_data
 from twodg_pyro.pipeline.settings.config import UncertaintyConfig, merge_settings
 from twodg_pyro.pipeline.settings.presets import preset
 from twodg_pyro.uncertainty import (
@@ -296,7 +296,7 @@ def temperature_scaled(trained, val, test, draws: int, seed: int) -> dict:
     """Post-hoc temperature scaling of one method's predictive (``draws`` seeded draws),
     fitted by NLL on the validation split, scored on the test images: the temperature and
     the test NLL / ECE before and after (the same draws)."""
-    (xv, yv), (xt, yt) = eval_data(val), test
+    (xv, yv), (xt, yt) = split_tensors(val), split_tensors(test)
     t = fit_temperature(trained.sample_probs(xv, draws, seed).mean(0), yv)
     probs = trained.sample_probs(xt, draws, seed).mean(0)
     scaled = apply_temperature(probs, t)

@@ -178,3 +178,53 @@ def test_recipe_selection_scores_every_variant_on_the_validation_split(tmp_path)
     best = min(two_dg, key=lambda r: r["val"]["nll"])["variant"]
     assert script.choose(recs) == best
     assert f"Chosen: **{best}**" in (out / "lenet5.md").read_text()
+
+
+def test_stage1_selection_scores_svi_and_von_on_the_validation_split(tmp_path):
+    """``experiments/stage1_selection.py --quick`` on a (fake) MNIST folder: the
+    deterministic network with and without temperature scaling, then SVI and variational
+    online Newton from copies of it, each at its multiple of the data-size KL weight,
+    scored on the validation split; the markdown names the point of lowest NLL."""
+    from test_data import write_fake_mnist
+
+    from twodg_pyro.infer import data_size_kl_weight
+
+    write_fake_mnist(tmp_path, "MNIST", n_train=200, n_test=50)
+    script = _script_module("stage1_selection")
+    out = tmp_path / "out"
+    points = ["svi", "von, frozen, x0.3"]
+    args = ["--arch", "lenet5", "--root", str(tmp_path), "--quick", "--out", str(out)]
+    assert script.main([*args, "--draws", "2", "--ood-size", "20", "--points", *points]) == 0
+    doc = json.loads((out / "stage1_lenet5.json").read_text())
+    recs = {r["point"]: r for r in doc["records"]}
+    assert list(recs) == ["deterministic", "deterministic, scaled", *points]
+    det, scaled = recs["deterministic"], recs["deterministic, scaled"]
+    assert scaled["accuracy"] == det["accuracy"] and scaled["nll"] <= det["nll"] + 1e-9
+    beta0 = data_size_kl_weight(180, 61706)  # 90 % of 200 images train; LeNet-5's weights
+    assert recs["svi"]["kl_weight"] == pytest.approx(beta0)
+    assert recs["von, frozen, x0.3"]["kl_weight"] == pytest.approx(0.3 * beta0)
+    for r in (recs[p] for p in points):
+        assert 0 <= r["accuracy"] <= 1 and math.isfinite(r["nll"]) and r["mean_mi_clean"] >= 0
+        assert "scale_convergence" in r and r["history"]
+    best = min(points, key=lambda p: recs[p]["nll"])
+    assert f"Chosen (lowest validation NLL): **{best}**" in (out / "stage1_lenet5.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size_rule(tmp_path):
+    """``uncertainty.py``'s natural-gradient recipe (``--quick``, a fake MNIST folder):
+    stage 1 by variational online Newton, stages 1 and 3 at ``VON_MULTIPLE`` times the
+    data-size KL weight, a temperature-scaled row per method."""
+    from test_data import write_fake_mnist
+
+    from twodg_pyro.infer import data_size_kl_weight
+
+    write_fake_mnist(tmp_path, "MNIST", n_train=200, n_test=50)
+    script = _script_module("uncertainty")
+    ev = {"draws": 2, "ood_size": 20, "shift_size": 10}
+    recs, _ = script.run_recipe(script.NATURAL_GRADIENT, str(tmp_path), 0, ev, quick=True)
+    assert [r["method"] for r in recs] == ["mean_field", "2dg (representative)"]
+    beta = script.VON_MULTIPLE * data_size_kl_weight(180, 61706)
+    for r in recs:
+        assert r["recipe"] == script.NATURAL_GRADIENT and r["kl_weight"] == pytest.approx(beta)
+        assert r["temperature_scaled"]["temperature"] > 0 and math.isfinite(r["nll"])
