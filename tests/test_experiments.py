@@ -120,6 +120,15 @@ def test_table4_takes_the_full_size_path_when_the_data_is_present(tmp_path, monk
             assert sum("INT8" in m for m in rows) == 3
 
 
+@pytest.fixture
+def mnist_folder(tmp_path):
+    """A (fake) MNIST folder of 200 training and 50 test images."""
+    from test_data import write_fake_mnist
+
+    write_fake_mnist(tmp_path, "MNIST", n_train=200, n_test=50)
+    return tmp_path
+
+
 def _script_module(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -127,13 +136,22 @@ def _script_module(name: str):
     return module
 
 
+def _quick_selection(name: str, folder, *extra: str):
+    """Run a selection script ``--quick`` on LeNet-5 over ``folder``: the script, its
+    output folder and the JSON it wrote."""
+    script = _script_module(name)
+    out = folder / "out"
+    args = ["--arch", "lenet5", "--root", str(folder), "--quick", "--out", str(out)]
+    assert script.main([*args, "--draws", "2", "--ood-size", "20", *extra]) == 0
+    (path,) = out.glob("*.json")
+    return script, out, json.loads(path.read_text())
+
+
 @pytest.mark.slow
-def test_mnist_subset_experiment_runs_end_to_end_on_an_mnist_folder(tmp_path):
+def test_mnist_subset_experiment_runs_end_to_end_on_an_mnist_folder(mnist_folder):
     """``experiments/mnist_subset.py`` on a (fake) MNIST folder: LeNet-5 with one recipe
     and ResNet-20 with the CPU epochs write records with the required fields."""
-    from test_data import write_fake_mnist
-
-    write_fake_mnist(tmp_path, "MNIST", n_train=200, n_test=50)
+    tmp_path = mnist_folder
     script = _script_module("mnist_subset")
     out = tmp_path / "out"
     args = ["--root", str(tmp_path), "--seeds", "0", "--out", str(out), "--threads", "1"]
@@ -149,19 +167,12 @@ def test_mnist_subset_experiment_runs_end_to_end_on_an_mnist_folder(tmp_path):
     assert set(payload["targets"]) == {"mean_field_accuracy"}
 
 
-def test_recipe_selection_scores_every_variant_on_the_validation_split(tmp_path):
+def test_recipe_selection_scores_every_variant_on_the_validation_split(mnist_folder):
     """``experiments/recipe_selection.py --quick`` on a (fake) MNIST folder: one stage 1,
     two 2DG variants, each scored on the validation and test splits; the choice follows
     the validation NLL within the parameter budget, and the markdown says so."""
-    from test_data import write_fake_mnist
-
-    write_fake_mnist(tmp_path, "MNIST", n_train=200, n_test=50)
-    script = _script_module("recipe_selection")
-    out = tmp_path / "out"
     variants = ["tau_d 0.002", "stage-3 lr 1e-4, tau_d 0.002"]
-    args = ["--arch", "lenet5", "--root", str(tmp_path), "--quick", "--out", str(out)]
-    assert script.main([*args, "--draws", "2", "--ood-size", "20", "--variants", *variants]) == 0
-    doc = json.loads((out / "lenet5.json").read_text())
+    script, out, doc = _quick_selection("recipe_selection", mnist_folder, "--variants", *variants)
     recs = doc["records"]
     assert [(r["method"], r["variant"]) for r in recs] == [
         ("deterministic", "-"),
@@ -180,22 +191,15 @@ def test_recipe_selection_scores_every_variant_on_the_validation_split(tmp_path)
     assert f"Chosen: **{best}**" in (out / "lenet5.md").read_text()
 
 
-def test_stage1_selection_scores_svi_and_von_on_the_validation_split(tmp_path):
+def test_stage1_selection_scores_svi_and_von_on_the_validation_split(mnist_folder):
     """``experiments/stage1_selection.py --quick`` on a (fake) MNIST folder: the
     deterministic network with and without temperature scaling, then SVI and variational
     online Newton from copies of it, each at its multiple of the data-size KL weight,
     scored on the validation split; the markdown names the point of lowest NLL."""
-    from test_data import write_fake_mnist
-
     from twodg_pyro.infer import data_size_kl_weight
 
-    write_fake_mnist(tmp_path, "MNIST", n_train=200, n_test=50)
-    script = _script_module("stage1_selection")
-    out = tmp_path / "out"
     points = ["svi", "von, frozen, x0.3"]
-    args = ["--arch", "lenet5", "--root", str(tmp_path), "--quick", "--out", str(out)]
-    assert script.main([*args, "--draws", "2", "--ood-size", "20", "--points", *points]) == 0
-    doc = json.loads((out / "stage1_lenet5.json").read_text())
+    _, out, doc = _quick_selection("stage1_selection", mnist_folder, "--points", *points)
     recs = {r["point"]: r for r in doc["records"]}
     assert list(recs) == ["deterministic", "deterministic, scaled", *points]
     det, scaled = recs["deterministic"], recs["deterministic, scaled"]
@@ -211,15 +215,13 @@ def test_stage1_selection_scores_svi_and_von_on_the_validation_split(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size_rule(tmp_path):
+def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size_rule(mnist_folder):
     """``uncertainty.py``'s natural-gradient recipe (``--quick``, a fake MNIST folder):
     stage 1 by variational online Newton, stages 1 and 3 at ``VON_MULTIPLE`` times the
     data-size KL weight, a temperature-scaled row per method."""
-    from test_data import write_fake_mnist
-
     from twodg_pyro.infer import data_size_kl_weight
 
-    write_fake_mnist(tmp_path, "MNIST", n_train=200, n_test=50)
+    tmp_path = mnist_folder
     script = _script_module("uncertainty")
     ev = {"draws": 2, "ood_size": 20, "shift_size": 10}
     recs, _ = script.run_recipe(script.NATURAL_GRADIENT, str(tmp_path), 0, ev, quick=True)
