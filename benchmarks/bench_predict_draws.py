@@ -11,6 +11,9 @@ The 2DG guide (representative tying) is built by stage 2 from the mean-field gui
 (K = 64, quantile outliers): its draws pick every ellipse weight's component and draw
 every weight from its component.
 
+The weights' sampling alone (``sample_weights``, all the draws at once) is timed too: what a
+draw adds to a forward pass, which a loaded machine's noise on the ratios above hides.
+
 Target: 2DG / mean-field prediction time <= 1.3x the same number of deterministic forward
 passes.  Run: python benchmarks/bench_predict_draws.py [--threads 1] [--images 200]
 """
@@ -64,6 +67,9 @@ def contenders(arch: str, images: int) -> dict:
         f"predict, {DRAWS} mean-field draws": lambda: predict(model, guide, x, DRAWS),
         f"predict, {DRAWS} 2DG draws": lambda: predict(model, shared, x, DRAWS),
         f"{DRAWS} draws, vmap (before)": vectorised,
+        # what a draw adds to a forward pass: the weights' sampling alone
+        f"sampling {DRAWS} mean-field draws": lambda: guide.sample_weights(DRAWS),
+        f"sampling {DRAWS} 2DG draws": lambda: shared.sample_weights(DRAWS),
     }
 
 
