@@ -289,10 +289,9 @@ def _run_chunked(
 
     ``per_pass = 0``: one plain forward per draw.  A network with Bayesian convolutions
     runs so: vectorised over draws, a convolution whose weights differ per draw becomes
-    one grouped convolution; on a ResNet-20 on the CPU 30 draws took 4.75x the time of 30
-    deterministic forwards so and 1.26x one by one; a LeNet-5, whose forwards are cheap,
-    loses a little (0.74x vectorised, 0.94x one by one;
-    ``benchmarks/results/bench_predict_draws.md``)."""
+    one grouped convolution; on a ResNet-20 on the CPU 30 draws took 2.3x the time of 30
+    deterministic forwards so and 0.97x one by one (LeNet-5: 1.26x and 1.04x; sampling
+    the weights is 1-6 % of it; ``benchmarks/results/bench_predict_draws.md``)."""
     s = next(iter(weights.values())).shape[0]
     if per_pass == 0:
         run = getattr(model, "run_network", model.network_forward)
