@@ -24,18 +24,18 @@ def gap(method: str) -> str:
     return f"gap: {method} epistemic std in the gap / on the data >= 1.5"
 
 
-#: What the committed run met.  On diabetes every target.  On the gap none: every trained
-#: method left the signal to a learnt noise near the targets' own spread (sigma about 1
-#: in standard units against the data's 0.14, test RMSE about 1), so its epistemic spread
-#: is not the posterior's over a fitted function (NUTS, its noise fixed at the MAP's
-#: sigma = 1, is larger in the gap than on the data, 1.14x, below the 1.5 asked).
+#: What the committed run met.  On diabetes the NLL and the coverage; the ratio of
+#: trainable parameters is 19.5x on the means (20 asked).  On the gap NUTS (on the MAP's
+#: fitted noise, sigma 0.135) has 4.1x the spread in the gap; the mean-field and 2DG BNNs
+#: left the signal to a learnt noise near the targets' own spread (sigma about 1.1 in
+#: standard units against the data's 0.14), with less spread in the gap than on the data.
 COMMITTED_OUTCOME = {
     NLL: True,
     COVERAGE: True,
-    RATIO: True,
+    RATIO: False,
     gap("mean_field"): False,
     gap("2dg"): False,
-    gap("mcmc"): False,
+    gap("mcmc"): True,
 }
 
 
@@ -100,8 +100,9 @@ def test_the_targets_follow_from_the_numbers_met_or_recorded_as_missed(committed
 
 
 def test_the_markdown_states_what_the_misses_rest_on(committed):
-    """The ratio of trainable parameters is met on the means, not on every seed, and the
-    gap's fits left the signal to the noise: the markdown says both, from the runs."""
+    """The ratio of trainable parameters per seed, and the gap's variational fits left the
+    signal to the noise while the MAP (and NUTS on its noise) fitted it: the markdown says
+    both, from the runs."""
     md = (RESULTS / "regression.md").read_text()
     per_seed = [
         r["mean_field"]["trainable"] / r["2dg"]["trainable"]
@@ -111,8 +112,12 @@ def test_the_markdown_states_what_the_misses_rest_on(committed):
     g = committed["table"]["gap1d"]
     assert committed["gap_noise"] == pytest.approx(0.139, abs=1e-3)
     section = md.split("## the 1-D gap")[1].split("## the issue's targets")[0]
-    for m in METHODS:  # every learnt (or the MAP's) noise is the targets' spread, not 0.14
-        assert g[m]["noise_scale"]["mean"] > 5 * committed["gap_noise"], m
+    for m in METHODS:  # the variational fits' noise is the targets' spread, the MAP's 0.14
+        sigma = g[m]["noise_scale"]["mean"]
+        if m in ("mean_field", "2dg"):
+            assert sigma > 5 * committed["gap_noise"], m
+        else:
+            assert sigma == pytest.approx(committed["gap_noise"], rel=0.1), m
         line = next(row for row in section.splitlines() if row.startswith(f"| {m} |"))
         assert f"| {g[m]['noise_scale']['mean']:.3f} |" in line, m
     assert (RESULTS / "regression_gap.png").stat().st_size > 0
