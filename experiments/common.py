@@ -74,15 +74,10 @@ def mean(xs) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def split_tensors(dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """A split's images and labels as two tensors, in order, whether it holds tensors (a
-    ``TensorDataset``, or the pair itself) or is read in batches (the MNIST and CIFAR
-    folders, or their loader)."""
-    from twodg_pyro.pipeline.settings.build import eval_data
+def data_size_beta(n_train: int, net) -> float:
+    """The data-size rule's KL weight (:func:`twodg_pyro.infer.data_size_kl_weight`) for
+    ``n_train`` training examples and the Bayesian weights of ``net``."""
+    from twodg_pyro.infer import data_size_kl_weight
+    from twodg_pyro.nn import find_sites
 
-    loader = isinstance(dataset, tuple | torch.utils.data.DataLoader)
-    data = dataset if loader else eval_data(dataset)
-    if isinstance(data, tuple):
-        return data
-    x, y = zip(*(b[:2] for b in data), strict=True)
-    return torch.cat(x), torch.cat(y)
+    return data_size_kl_weight(n_train, sum(site.numel for site in find_sites(net)))

@@ -28,20 +28,18 @@ import statistics
 import time
 from pathlib import Path
 
-from common import cell, command, setup, split_tensors
+from common import cell, command, data_size_beta, setup
 from recipe_selection import selection_parser, settings_of
 from uncertainty import VON
 
 from twodg_pyro.files import atomic_write_text
-from twodg_pyro.infer import data_size_kl_weight
 from twodg_pyro.metrics import accuracy, ece, nll
-from twodg_pyro.nn import find_sites
 from twodg_pyro.pipeline import config_from_dict, run
 from twodg_pyro.pipeline.methods.algorithm1 import stage1_mean_field
 from twodg_pyro.pipeline.methods.mean_field import scale_convergence
-from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets
+from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets, data_tensors
 from twodg_pyro.pipeline.runtime.context import RunContext
-from twodg_pyro.pipeline.settings.build import seed_everything
+from twodg_pyro.pipeline.settings.build import eval_data, seed_everything
 from twodg_pyro.pipeline.settings.config import merge_settings
 from twodg_pyro.pipeline.settings.evaluation import UncertaintyConfig
 from twodg_pyro.uncertainty import apply_temperature, fit_temperature
@@ -152,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     art = run(det_cfg)
     det = art.trained["deterministic"]
     net = det.net
-    xv, yv = split_tensors(art.split.val)  # the validation images, in order
+    xv, yv = data_tensors(eval_data(art.split.val))  # the validation images, in order
     ucfg = UncertaintyConfig(ood_size=args.ood_size, shift_size=args.shift_size, severities=[5])
     ev = UncertaintySets(art.split, (xv, yv), ucfg, args.seed)
     det_probs = det.sample_probs(xv, 1, args.seed).mean(0)
@@ -163,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     scaled = apply_temperature(det_probs, t)
     clean = {"nll": nll(scaled, yv), "ece": ece(scaled, yv)}
     save({**row, **clean, "point": "deterministic, scaled", "temperature": t})
-    n_weights = sum(site.numel for site in find_sites(net))
-    beta0 = data_size_kl_weight(len(art.split.train), n_weights)
+    beta0 = data_size_beta(len(art.split.train), net)
     for name in args.points:
         over, multiple = GRID[name]
         over = merge_settings(over, {"stage1": {"kl_weight": multiple * beta0}})

@@ -48,16 +48,14 @@ import json
 import time
 from pathlib import Path
 
-from common import by_recipe_method, cell, check, command, mean, setup, split_tensors, table
+from common import by_recipe_method, cell, check, command, data_size_beta, mean, setup, table
 
 from twodg_pyro.files import atomic_write_text
-from twodg_pyro.infer import data_size_kl_weight
 from twodg_pyro.metrics import ece, nll
-from twodg_pyro.nn import find_sites
 from twodg_pyro.pipeline import config_from_dict
-from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets
+from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets, data_tensors
 from twodg_pyro.pipeline.runtime.variants import run_variants
-from twodg_pyro.pipeline.settings.build import build_net, load_data
+from twodg_pyro.pipeline.settings.build import build_net, eval_data, load_data
 from twodg_pyro.pipeline.settings.config import UncertaintyConfig, merge_settings
 from twodg_pyro.pipeline.settings.presets import preset
 from twodg_pyro.uncertainty import (
@@ -226,7 +224,7 @@ def run_recipe(
         settings = merge_settings(settings, RESNET_CPU_EPOCHS)
         settings = merge_settings(settings, spec.get("cpu_epochs", {}))
     if spec.get("kl_multiple"):  # a multiple of the data-size rule, in stages 1 and 3
-        beta = spec["kl_multiple"] * data_size_beta(settings, root)
+        beta = spec["kl_multiple"] * recipe_data_size_beta(settings, root)
         settings = merge_settings(settings, {s: {"kl_weight": beta} for s in ("stage1", "stage3")})
     if spec.get("rank1_from_scratch"):  # as many epochs as pretraining + stage 1
         epochs = settings["network"]["pretrain_epochs"] + settings["stage1"]["epochs"]
@@ -287,20 +285,18 @@ def run_recipe(
     return out, scores
 
 
-def data_size_beta(settings: dict, root: str) -> float:
-    """The data-size rule's KL weight for the network and training split of ``settings``
-    (:func:`twodg_pyro.infer.data_size_kl_weight`)."""
+def recipe_data_size_beta(settings: dict, root: str) -> float:
+    """The data-size rule's KL weight for the network and training split of ``settings``."""
     cfg = config_from_dict(merge_settings(settings, {"data": {"root": root}}))
     split = load_data(cfg.data, image=True)
-    n_weights = sum(site.numel for site in find_sites(build_net(cfg.network, split)))
-    return data_size_kl_weight(len(split.train), n_weights)
+    return data_size_beta(len(split.train), build_net(cfg.network, split))
 
 
 def temperature_scaled(trained, val, test, draws: int, seed: int) -> dict:
     """Post-hoc temperature scaling of one method's predictive (``draws`` seeded draws),
     fitted by NLL on the validation split, scored on the test images: the temperature and
     the test NLL / ECE before and after (the same draws)."""
-    (xv, yv), (xt, yt) = split_tensors(val), split_tensors(test)
+    (xv, yv), (xt, yt) = data_tensors(eval_data(val)), data_tensors(test)
     t = fit_temperature(trained.sample_probs(xv, draws, seed).mean(0), yv)
     probs = trained.sample_probs(xt, draws, seed).mean(0)
     scaled = apply_temperature(probs, t)
