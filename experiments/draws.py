@@ -16,6 +16,9 @@ reported beside them.
     python experiments/draws.py                       # digits, seeds 0-2: results/draws.*
     python experiments/draws.py --preset mnist-lenet5-bayes --root data/mnist_subset \\
         --seeds 0 --name draws_lenet5                 # LeNet-5 on the MNIST subset
+    python experiments/draws.py --recipe 'natural gradient' --arch resnet20 \\
+        --root data/mnist_subset --seeds 0 --methods deterministic mean_field 2dg \\
+        --name draws_resnet20                 # ResNet-20, uncertainty.py's recipe
     python experiments/draws.py --from-json results/draws.json   # its .md and .png again
 """
 
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import torch
 from common import command, setup
+from uncertainty import recipe_settings
 
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.pipeline import config_from_dict, run
@@ -73,7 +77,11 @@ def one_seed(args, seed: int) -> dict:
     }
     if args.root is not None:
         over["data"] = {"root": args.root}
-    cfg = config_from_dict(merge_settings(preset(args.preset), over))
+    if args.recipe is not None:  # a recipe of experiments/uncertainty.py
+        base, _ = recipe_settings(args.recipe, args.root, seed, arch=args.arch)
+    else:
+        base = preset(args.preset)
+    cfg = config_from_dict(merge_settings(base, over))
     uncertainty = dataclasses.replace(cfg.uncertainty, enabled=True, corruptions=[])
     cfg = dataclasses.replace(cfg, uncertainty=dataclasses.replace(cfg.uncertainty, enabled=False))
     t0 = time.perf_counter()
@@ -242,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="digits")
     p.add_argument("--root", default=None, help="the data folder (real-image presets)")
+    p.add_argument(
+        "--recipe",
+        default=None,
+        help="a recipe of experiments/uncertainty.py (with --arch and --root) instead of "
+        "--preset, e.g. 'natural gradient'",
+    )
+    p.add_argument("--arch", default="lenet5", help="with --recipe: lenet5 or resnet20")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--methods", nargs="+", default=METHODS)
     p.add_argument("--pool", type=int, default=120, help="seeded draws per method (>= 30)")
@@ -271,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     sampled = [m for m in summary if m != "ensemble"]
     payload = {
         "command": command("draws.py", argv),
-        "preset": args.preset,
+        "preset": args.preset if args.recipe is None else f"{args.recipe} ({args.arch})",
         "seeds": args.seeds,
         "pool": args.pool,
         "max_blocks": args.max_blocks,

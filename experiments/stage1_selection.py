@@ -46,7 +46,7 @@ from twodg_pyro.uncertainty import apply_temperature, fit_temperature
 
 #: KL weights of the grid, as multiples of the recipe's data-size rule (``kl_weight =
 #: "data_size"``: 0.1 on LeNet-5, 0.023 on ResNet-20): one grid for every network
-MULTIPLES = (1.0, 0.3, 0.1, 0.03)
+MULTIPLES = (3.0, 1.0, 0.3, 0.1, 0.03)
 #: stage-1 settings over the recipe's, by name, and their KL weight as a multiple of the
 #: data-size rule's: the recipe (SVI), and variational online Newton from the same
 #: pretrained network and curvature scales, with BatchNorm's statistics frozen (the

@@ -202,18 +202,17 @@ FIELDS = ("accuracy", "nll", "ece", "trainable_params", "stored_params")
 COSTS = ("file_bytes", "bytes_per_weight", "forwards_per_prediction", "relative_predict_seconds")
 
 
-def run_recipe(
+def recipe_settings(
     name: str,
     root: str,
     seed: int,
-    ev_args: dict,
     quick: bool = False,
     arch: str = "lenet5",
     methods: list[str] | None = None,
     device: str = "cpu",
-) -> tuple[list[dict], dict]:
-    """Records of one recipe and seed (and the per-example scores, for figures); with
-    ``methods``, only those of the recipe's methods (``"2dg"``: its tyings)."""
+) -> tuple[dict, dict]:
+    """The settings of one recipe and seed and its spec (``tyings``: the 2DG variants);
+    with ``methods``, only those of the recipe's methods (``"2dg"``: its tyings)."""
     spec = dict((RESNET_RECIPES if arch.startswith("resnet20") else RECIPES)[name])
     settings = merge_settings(preset(spec["preset"]), spec["settings"])
     if methods is not None:
@@ -241,6 +240,22 @@ def run_recipe(
             "diagnostics": {"enabled": False},
         },
     )
+    return settings, spec
+
+
+def run_recipe(
+    name: str,
+    root: str,
+    seed: int,
+    ev_args: dict,
+    quick: bool = False,
+    arch: str = "lenet5",
+    methods: list[str] | None = None,
+    device: str = "cpu",
+) -> tuple[list[dict], dict]:
+    """Records of one recipe and seed (and the per-example scores, for figures); with
+    ``methods``, only those of the recipe's methods (``"2dg"``: its tyings)."""
+    settings, spec = recipe_settings(name, root, seed, quick, arch, methods, device)
     variants = {t: {"stage3": {"tying": t}} for t in spec["tyings"]}
     t0 = time.perf_counter()
     records, art = run_variants(config_from_dict(settings), variants)
