@@ -24,15 +24,16 @@ def gap(method: str) -> str:
     return f"gap: {method} epistemic std in the gap / on the data >= 1.5"
 
 
-#: What the committed run met.  On diabetes the NLL and the coverage; the ratio of
-#: trainable parameters is 19.5x on the means (20 asked).  On the gap NUTS (on the MAP's
-#: fitted noise, sigma 0.135) has 4.1x the spread in the gap; the mean-field and 2DG BNNs
-#: left the signal to a learnt noise near the targets' own spread (sigma about 1.1 in
-#: standard units against the data's 0.14), with less spread in the gap than on the data.
+#: What the committed run met.  On diabetes the NLL (2DG 1.3 % above mean-field) and the
+#: ratio of trainable parameters (36.5x, 36.5x, 34.4x: 8 components); the 90 % intervals
+#: of 2DG cover 0.958 (84 or 85 of 88 patients a seed; 0.95 asked).  On the gap NUTS has
+#: 4.1x the spread in the gap; mean-field and 2DG, on the MAP's noise, follow the data but
+#: have less spread in the gap than on it (0.61x, 0.49x): factorised Gaussians'
+#: in-between weakness.
 COMMITTED_OUTCOME = {
     NLL: True,
-    COVERAGE: True,
-    RATIO: False,
+    COVERAGE: False,
+    RATIO: True,
     gap("mean_field"): False,
     gap("2dg"): False,
     gap("mcmc"): True,
@@ -100,9 +101,11 @@ def test_the_targets_follow_from_the_numbers_met_or_recorded_as_missed(committed
 
 
 def test_the_markdown_states_what_the_misses_rest_on(committed):
-    """The ratio of trainable parameters per seed, and the gap's variational fits left the
-    signal to the noise while the MAP (and NUTS on its noise) fitted it: the markdown says
-    both, from the runs."""
+    """The ratio of trainable parameters per seed; on the gap every Bayesian method ran on
+    the MAP's noise (mean-field and 2DG as NUTS: with a learnt noise their true-ELBO
+    optimum is the flat function) and the variational fits follow the data (test RMSE
+    near the noise, not near the targets' spread of 1): the markdown says both, from the
+    runs."""
     md = (RESULTS / "regression.md").read_text()
     per_seed = [
         r["mean_field"]["trainable"] / r["2dg"]["trainable"]
@@ -111,13 +114,19 @@ def test_the_markdown_states_what_the_misses_rest_on(committed):
     assert "trainable parameters per seed: " + ", ".join(f"{v:.1f}x" for v in per_seed) in md
     g = committed["table"]["gap1d"]
     assert committed["gap_noise"] == pytest.approx(0.139, abs=1e-3)
+    assert committed["recipes"]["gap1d"]["variational_noise"] == "map"
+    for runs in committed["runs"]["gap1d"].values():
+        for m in METHODS[1:]:
+            assert runs[m]["noise_scale"] == runs["deterministic"]["noise_scale"], m
     section = md.split("## the 1-D gap")[1].split("## the issue's targets")[0]
-    for m in METHODS:  # the variational fits' noise is the targets' spread, the MAP's 0.14
+    assert "on the MAP's noise (fixed)" in section
+    for m in METHODS:
         sigma = g[m]["noise_scale"]["mean"]
-        if m in ("mean_field", "2dg"):
-            assert sigma > 5 * committed["gap_noise"], m
-        else:
-            assert sigma == pytest.approx(committed["gap_noise"], rel=0.1), m
+        assert sigma == pytest.approx(committed["gap_noise"], rel=0.1), m
+        # the flat fit of a learnt noise had a test RMSE of 1.03; 2DG's sharing keeps less
+        # of the fit (0.43) than mean-field (0.15), the MAP and NUTS (0.17)
+        bound = 0.5 if m == "2dg" else 2 * committed["gap_noise"]
+        assert g[m]["rmse"]["mean"] < bound, m
         line = next(row for row in section.splitlines() if row.startswith(f"| {m} |"))
         assert f"| {g[m]['noise_scale']['mean']:.3f} |" in line, m
     assert (RESULTS / "regression_gap.png").stat().st_size > 0
