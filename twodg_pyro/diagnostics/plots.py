@@ -102,40 +102,19 @@ def plot_sharing_plane(
 
     fig = _figure(8.0, 6.0)
     ax = fig.add_subplot()
-    idx = sub(len(plain))
-    ax.scatter(
-        plain[idx, 0],
-        plain[idx, 1],
-        s=4,
-        c=colours[comp[idx]],
-        alpha=0.6,
-        lw=0,
-        label=f"inliers ({n_plain:,}), coloured by component",
+    o_sig = _np(s.outlier_scale)
+    o_y = np.log(np.clip(o_sig, 1e-30, None)) if log_sigma else o_sig
+    outliers = np.stack([_np(s.outlier_loc), o_y], -1)
+    kinds = (  # points, colours, style, label; drawn in this order
+        (plain, colours[comp], dict(s=4, alpha=0.6, lw=0), "inliers ({:,}), coloured by component"),
+        (ell, "0.35", dict(s=14, marker="x", lw=0.8), "ellipse weights ({:,})"),
+        (outliers, "tab:red", dict(s=18, marker="^", lw=0), "outliers ({:,})"),
     )
-    if len(ell):
-        idx = sub(len(ell))
-        ax.scatter(
-            ell[idx, 0],
-            ell[idx, 1],
-            s=14,
-            marker="x",
-            c="0.35",
-            lw=0.8,
-            label=f"ellipse weights ({len(ell):,})",
-        )
-    if s.n_outliers:
-        o_mu, o_sig = _np(s.outlier_loc), _np(s.outlier_scale)
-        o_y = np.log(np.clip(o_sig, 1e-30, None)) if log_sigma else o_sig
-        idx = sub(len(o_mu))
-        ax.scatter(
-            o_mu[idx],
-            o_y[idx],
-            s=18,
-            marker="^",
-            c="tab:red",
-            lw=0,
-            label=f"outliers ({s.n_outliers:,})",
-        )
+    for i, (xy, c, style, label) in enumerate(kinds):
+        if i == 0 or len(xy):  # the plain inliers always, the others when there are some
+            idx = sub(len(xy))
+            c = c if isinstance(c, str) else c[idx]
+            ax.scatter(xy[idx, 0], xy[idx, 1], c=c, label=label.format(len(xy)), **style)
     w, h, a = _ellipse_axes(covs, n_std)
     ax.add_collection(
         EllipseCollection(
