@@ -133,8 +133,7 @@ def make_loader(
     from the global torch RNG (seed it with :func:`torch.manual_seed`); with
     workers they are seeded from the generator as well.
     """
-    generator = torch.Generator()
-    generator.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
     return DataLoader(
         dataset,
         batch_size=batch_size,

@@ -87,7 +87,6 @@ def batches(data, batch_size: int, max_examples: int | None, seed: int, with_ind
     gen = torch.Generator().manual_seed(int(seed))
     if torch.is_tensor(data):
         raise ValueError("diagnostics need labelled data: pass (X, y), a Dataset or batches")
-    index = None
     if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[0]):
         x, y = data
         index = torch.arange(x.shape[0])

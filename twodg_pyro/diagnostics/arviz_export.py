@@ -260,9 +260,8 @@ def to_inference_data(
     if comp_draws:
         posterior["component_value"] = to_numpy(torch.cat(comp_draws))[None]
         dims["component_value"] = ["component"]
-        ks = np.arange(posterior["component_value"].shape[-1])
-        if sample.component_values is None:
-            ks = reps[0]
+        n_k = posterior["component_value"].shape[-1]
+        ks = reps[0] if sample.component_values is None else np.arange(n_k)
         group_coords["posterior"] = {"component": ks}
     groups["posterior"] = posterior
 
