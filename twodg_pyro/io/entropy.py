@@ -372,9 +372,7 @@ def encode_index(
         raise ValueError(f"symbols must lie in [0, {alphabet})")
     if mode not in ("auto", "global", "per_site"):
         raise ValueError(f"index coding must be 'auto', 'global' or 'per_site', got {mode!r}")
-    if lanes is None:
-        lanes = min(_MAX_LANES, max(1, sym.size // _SYMBOLS_PER_LANE))
-    lanes = int(lanes)
+    lanes = min(_MAX_LANES, max(1, sym.size // _SYMBOLS_PER_LANE)) if lanes is None else int(lanes)
     modes = ["global", "per_site"] if mode == "auto" else [mode]
     codes = {m: _encode_mode(sym, segments, alphabet, m, lanes) for m in modes}
     best = min(codes.values(), key=lambda c: len(c.data))
