@@ -133,14 +133,7 @@ def make_loader(
     from the global torch RNG (seed it with :func:`torch.manual_seed`); with
     workers they are seeded from the generator as well.
     """
-    generator = torch.Generator()
-    generator.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
     return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        num_workers=num_workers,
-        drop_last=drop_last,
-        generator=generator,
-        persistent_workers=False,
+        dataset, batch_size, shuffle, num_workers=num_workers, drop_last=drop_last, generator=gen
     )

@@ -74,6 +74,29 @@ def stratified_split(
     return np.sort(rest), np.sort(out)
 
 
+def three_way_split(
+    targets: np.ndarray, val_fraction: float, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(train, val, test)`` index arrays of :func:`stratified_split`: the test set
+    (``round(test_fraction * n)`` items) drawn first, then the validation set
+    (``round(val_fraction * n)``) from the rest, both stratified by ``targets``.
+
+    Raises:
+        ValueError: a fraction outside [0, 1), or fractions that leave no training data.
+    """
+    _check_fraction("val_fraction", val_fraction)
+    _check_fraction("test_fraction", test_fraction)
+    if val_fraction + test_fraction >= 1.0:
+        raise ValueError("val_fraction + test_fraction must be < 1")
+    rest, test = stratified_split(targets, test_fraction, seed)
+    n_val = int(round(val_fraction * len(targets)))
+    if not n_val:
+        return rest, rest[:0], test
+    # round(n_val / len(rest) * len(rest)) == n_val, so sizes are exact
+    keep, held = stratified_split(targets[rest], n_val / len(rest), seed)
+    return rest[keep], rest[held], test
+
+
 def load_digits_split(
     val_fraction: float = 0.1,
     test_fraction: float = 0.2,
@@ -107,24 +130,11 @@ def load_digits_split(
         and the index arrays ``train_idx``, ``val_idx``, ``test_idx`` into
         :func:`sklearn.datasets.load_digits`.
     """
-    _check_fraction("val_fraction", val_fraction)
-    _check_fraction("test_fraction", test_fraction)
-    if val_fraction + test_fraction >= 1.0:
-        raise ValueError("val_fraction + test_fraction must be < 1")
-
     bunch = load_digits()
     x_all = np.asarray(bunch.data, dtype=np.float32) / 16.0
     y_all = np.asarray(bunch.target, dtype=np.int64)
     n = len(y_all)
-
-    rest, test_idx = stratified_split(y_all, test_fraction, seed)
-    n_val = int(round(val_fraction * n))
-    if n_val:
-        train_pos, val_pos = stratified_split(y_all[rest], n_val / len(rest), seed)
-        # round(n_val / len(rest) * len(rest)) == n_val, so sizes are exact
-        train_idx, val_idx = rest[train_pos], rest[val_pos]
-    else:
-        train_idx, val_idx = rest, rest[:0]
+    train_idx, val_idx, test_idx = three_way_split(y_all, val_fraction, test_fraction, seed)
 
     x = torch.from_numpy(x_all)
     y = torch.from_numpy(y_all)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -51,6 +52,14 @@ class DatasetNotFoundError(FileNotFoundError):
             lines.append(hint)
         lines.append("Nothing is downloaded at run time.")
         super().__init__(" ".join(lines))
+
+    @classmethod
+    def check(cls, dataset, folder: Path, expected, url, hint=None, present=Path.is_file) -> None:
+        """Raise the error (arguments as above) unless every ``folder / e`` of ``expected``
+        is ``present`` (a file, by default)."""
+        missing = [e for e in expected if not present(folder / e)]
+        if missing:
+            raise cls(dataset, folder, expected, url, missing=missing, hint=hint)
 
     def __reduce__(self):  # keep the error picklable despite the custom signature
         return (

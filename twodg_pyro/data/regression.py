@@ -18,7 +18,7 @@ import torch
 from sklearn.datasets import load_diabetes
 from torch.utils.data import TensorDataset
 
-from .digits import DataSplit, _check_fraction, stratified_split
+from .digits import DataSplit, _check_fraction, three_way_split
 
 __all__ = ["GAP", "load_diabetes_split", "load_gap1d_split"]
 
@@ -66,18 +66,8 @@ def load_diabetes_split(
     Raises:
         ValueError: a fraction outside [0, 1), or fractions that leave no training data.
     """
-    _check_fraction("val_fraction", val_fraction)
-    _check_fraction("test_fraction", test_fraction)
-    if val_fraction + test_fraction >= 1.0:
-        raise ValueError("val_fraction + test_fraction must be < 1")
     x, y = load_diabetes(return_X_y=True)
-    n = len(y)
-    rest, test = stratified_split(np.zeros(n), test_fraction, seed)
-    n_val = int(round(val_fraction * n))
-    val = rest[:0]
-    if n_val:
-        keep, held = stratified_split(np.zeros(len(rest)), n_val / len(rest), seed)
-        rest, val = rest[keep], rest[held]
+    rest, val, test = three_way_split(np.zeros(len(y)), val_fraction, test_fraction, seed)
     info = {"train_idx": rest, "val_idx": val, "test_idx": test, "seed": seed}
     return _split(x, y.astype(np.float64), [rest, val, test], "diabetes", info)
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,20 +80,6 @@ _MNIST_FILES = (
 
 
 # --------------------------------------------------------------------------- helpers
-def _require(
-    dataset: str,
-    root: Path,
-    expected: Sequence[str],
-    url: str,
-    hint: str | None = None,
-    present: Callable[[Path], bool] = Path.is_file,
-) -> None:
-    """Raise DatasetNotFoundError unless every ``root / e`` for ``e`` in ``expected`` exists."""
-    missing = [e for e in expected if not present(root / e)]
-    if missing:
-        raise DatasetNotFoundError(dataset, root, expected, url, missing=missing, hint=hint)
-
-
 def _with_transform(ds: Any, transform: Callable | None) -> Any:
     """Shallow copy of a torchvision data set (sharing its data) with another transform."""
     new = copy.copy(ds)
@@ -141,13 +127,8 @@ def _load_mnist_like(
     legacy = root / folder / "processed"
     has_legacy = (legacy / "training.pt").is_file() and (legacy / "test.pt").is_file()
     if not has_legacy:
-        _require(
-            title,
-            root,
-            expected,
-            url,
-            hint=f"Put the four files, decompressed (gunzip), in '{root / folder / 'raw'}'.",
-        )
+        hint = f"Put the four files, decompressed (gunzip), in '{root / folder / 'raw'}'."
+        DatasetNotFoundError.check(title, root, expected, url, hint)
     tf = _mnist_transform(mean, std, normalize)
     reader = _checked_mnist_class(cls)
     full = reader(str(root), train=True, transform=tf, download=False)
@@ -195,13 +176,8 @@ def _load_cifar(
     root = Path(root)
     files = [f for f, _ in cls.train_list + cls.test_list]
     expected = [f"{cls.base_folder}/{f}" for f in files]
-    _require(
-        title,
-        root,
-        expected,
-        CIFAR_URL,
-        hint=f"Download the python version ({cls.filename}) and unpack it there (tar xzf).",
-    )
+    hint = f"Download the python version ({cls.filename}) and unpack it there (tar xzf)."
+    DatasetNotFoundError.check(title, root, expected, CIFAR_URL, hint)
     eval_tf = cifar_eval_transform(mean, std)
     train_tf = cifar_train_transform(mean, std) if augment else eval_tf
     try:
@@ -288,7 +264,7 @@ def load_imagenet(
         ValueError: if ``train`` and ``val`` have different class folders.
     """
     root = Path(root)
-    _require(
+    DatasetNotFoundError.check(
         "ImageNet (ILSVRC-2012)",
         root,
         ["train/<wnid>/*.JPEG", "val/<wnid>/*.JPEG"],

@@ -195,11 +195,9 @@ def elpd_fields(res) -> dict:
     """The numbers of a PSIS-LOO object of either major: ``elpd``, ``se``, ``p``,
     ``n_samples``, ``n_data_points``, ``warning``, ``good_k``, ``scale``, and the
     pointwise ``elpd_i`` and ``pareto_k`` as flat float64 arrays."""
-    if DATATREE:
-        elpd, p, elpd_i = res.elpd, res.p, res.elpd_i
-    else:
-        elpd, p, elpd_i = res["elpd_loo"], res["p_loo"], res["loo_i"]
-    get = (lambda k: getattr(res, k)) if DATATREE else (lambda k: res[k])
+    get = (lambda k: getattr(res, k)) if DATATREE else res.__getitem__
+    names = ("elpd", "p", "elpd_i") if DATATREE else ("elpd_loo", "p_loo", "loo_i")
+    elpd, p, elpd_i = map(get, names)
     return {
         "elpd": float(elpd),
         "se": float(get("se")),

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 from pyro.infer.autoguide import AutoGuide
 from torch.func import vmap
+from torch.utils.data import Dataset
 
 from ..evaluation import SAMPLE_CHUNK
 from ..guide import BNNGuide
@@ -87,7 +88,6 @@ def batches(data, batch_size: int, max_examples: int | None, seed: int, with_ind
     gen = torch.Generator().manual_seed(int(seed))
     if torch.is_tensor(data):
         raise ValueError("diagnostics need labelled data: pass (X, y), a Dataset or batches")
-    index = None
     if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[0]):
         x, y = data
         index = torch.arange(x.shape[0])
@@ -96,7 +96,7 @@ def batches(data, batch_size: int, max_examples: int | None, seed: int, with_ind
             x, y = x[index.to(x.device)], y[index.to(y.device)]
         out = list(zip(x.split(batch_size), y.split(batch_size), strict=True))
         return (out, index) if with_index else out
-    if isinstance(data, torch.utils.data.Dataset) and hasattr(data, "__len__"):
+    if isinstance(data, Dataset) and hasattr(data, "__len__"):
         if hasattr(data, "tensors") and len(data.tensors) >= 2:
             return batches(tuple(data.tensors[:2]), batch_size, max_examples, seed, with_index)
         index = torch.arange(len(data))
@@ -124,10 +124,8 @@ def count_examples(data) -> int | None:
     iterable, not counted without reading it)."""
     if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[0]):
         return int(data[0].shape[0])
-    if isinstance(data, torch.utils.data.Dataset) and hasattr(data, "__len__"):
-        return len(data)
-    dataset = getattr(data, "dataset", None)
-    if isinstance(dataset, torch.utils.data.Dataset) and hasattr(dataset, "__len__"):
+    dataset = data if isinstance(data, Dataset) else getattr(data, "dataset", None)
+    if isinstance(dataset, Dataset) and hasattr(dataset, "__len__"):
         return len(dataset)
     return None
 
@@ -157,10 +155,8 @@ def forward(model, weights: dict[str, torch.Tensor], batch_list, device, outputs
         lls.append(ll.reshape(out.shape[0], -1))
         if outputs:
             outs.append(out)
-    ll = torch.cat(lls, 1)
-    if not outputs:
-        return ll, None
-    return ll, torch.cat(outs, 2 if components > 1 else 1)  # along the examples
+    outs = torch.cat(outs, 2 if components > 1 else 1) if outputs else None  # along the examples
+    return torch.cat(lls, 1), outs
 
 
 def categorical_log_prob(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

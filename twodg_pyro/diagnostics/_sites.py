@@ -159,20 +159,14 @@ def sharing_group(
     ks, rep = component_representatives(st)
     representative = np.full(st.n_gaussians, -1, dtype=np.int64)
     representative[ks] = rep.numpy()
-    out.update(
-        centre=to_numpy(st.means),
-        covariance=to_numpy(st.covariances),
-        component_count=to_numpy(st.component_counts()),
-        representative=representative,
-        site_offset=np.asarray(offsets, dtype=np.int64),
-    )
-    dims.update(
-        centre=["component", "coord"],
-        covariance=["component", "coord", "coord_"],
-        component_count=["component"],
-        representative=["component"],
-        site_offset=["site"],
-    )
+    for name, values, dim in (  # the component parameters, and where each site starts
+        ("centre", to_numpy(st.means), ["component", "coord"]),
+        ("covariance", to_numpy(st.covariances), ["component", "coord", "coord_"]),
+        ("component_count", to_numpy(st.component_counts()), ["component"]),
+        ("representative", representative, ["component"]),
+        ("site_offset", np.asarray(offsets, dtype=np.int64), ["site"]),
+    ):
+        out[name], dims[name] = values, dim
     if st.n_outliers:  # (a structure without outliers has no outlier variables)
         limit = st.n_outliers if max_site_values is None else int(max_site_values)
         o_sel = subset(st.n_outliers, limit, seed, salt=1)

@@ -184,8 +184,6 @@ def to_inference_data(
     S = int(num_samples)
     if S < 1:
         raise ValueError(f"num_samples must be at least 1, got {num_samples!r}")
-    if max_site_values is not None and int(max_site_values) < 1:
-        raise ValueError(f"max_site_values must be at least 1 (or None), got {max_site_values!r}")
     model.eval()
     device = _device_of(guide) or torch.device("cpu")
     data_batches, example_index = batches(
@@ -260,9 +258,8 @@ def to_inference_data(
     if comp_draws:
         posterior["component_value"] = to_numpy(torch.cat(comp_draws))[None]
         dims["component_value"] = ["component"]
-        ks = np.arange(posterior["component_value"].shape[-1])
-        if sample.component_values is None:
-            ks = reps[0]
+        n_k = posterior["component_value"].shape[-1]
+        ks = reps[0] if sample.component_values is None else np.arange(n_k)
         group_coords["posterior"] = {"component": ks}
     groups["posterior"] = posterior
 

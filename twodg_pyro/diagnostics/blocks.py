@@ -196,16 +196,11 @@ def block_khat(
             "component": b.component,
         }
         reason = _skip_reason(guide, b)
-        if reason is not None:
-            rows.append({**row, "skipped": reason})
-            continue
-        log_r = torch.cat(ratios[b.name]).numpy()
-        if not np.all(np.isfinite(log_r)):
-            rows.append(
-                {**row, "skipped": f"{int((~np.isfinite(log_r)).sum())} log ratios not finite"}
-            )
-            continue
-        rows.append({**row, **khat_row(log_r)})
+        if reason is None:
+            log_r = torch.cat(ratios[b.name]).numpy()
+            bad = int((~np.isfinite(log_r)).sum())
+            reason = f"{bad} log ratios not finite" if bad else None
+        rows.append({**row, **({"skipped": reason} if reason else khat_row(log_r))})
     return {
         "blocks": rows,
         "khat_threshold": threshold,

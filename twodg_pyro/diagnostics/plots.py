@@ -46,6 +46,11 @@ def _save(fig: Figure, path: str | os.PathLike) -> Path:
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
+def _note(ax, text: str, y: float = 0.5, **kwargs) -> None:
+    """``text`` centred across ``ax`` at height ``y`` (in the axes' coordinates)."""
+    ax.text(0.5, y, text, ha="center", va="center", transform=ax.transAxes, **kwargs)
+
+
 def _np(t) -> np.ndarray:
     return t.detach().cpu().numpy() if torch.is_tensor(t) else np.asarray(t)
 
@@ -102,40 +107,19 @@ def plot_sharing_plane(
 
     fig = _figure(8.0, 6.0)
     ax = fig.add_subplot()
-    idx = sub(len(plain))
-    ax.scatter(
-        plain[idx, 0],
-        plain[idx, 1],
-        s=4,
-        c=colours[comp[idx]],
-        alpha=0.6,
-        lw=0,
-        label=f"inliers ({n_plain:,}), coloured by component",
+    o_sig = _np(s.outlier_scale)
+    o_y = np.log(np.clip(o_sig, 1e-30, None)) if log_sigma else o_sig
+    outliers = np.stack([_np(s.outlier_loc), o_y], -1)
+    kinds = (  # points, colours, style, label; drawn in this order
+        (plain, colours[comp], dict(s=4, alpha=0.6, lw=0), "inliers ({:,}), coloured by component"),
+        (ell, "0.35", dict(s=14, marker="x", lw=0.8), "ellipse weights ({:,})"),
+        (outliers, "tab:red", dict(s=18, marker="^", lw=0), "outliers ({:,})"),
     )
-    if len(ell):
-        idx = sub(len(ell))
-        ax.scatter(
-            ell[idx, 0],
-            ell[idx, 1],
-            s=14,
-            marker="x",
-            c="0.35",
-            lw=0.8,
-            label=f"ellipse weights ({len(ell):,})",
-        )
-    if s.n_outliers:
-        o_mu, o_sig = _np(s.outlier_loc), _np(s.outlier_scale)
-        o_y = np.log(np.clip(o_sig, 1e-30, None)) if log_sigma else o_sig
-        idx = sub(len(o_mu))
-        ax.scatter(
-            o_mu[idx],
-            o_y[idx],
-            s=18,
-            marker="^",
-            c="tab:red",
-            lw=0,
-            label=f"outliers ({s.n_outliers:,})",
-        )
+    for i, (xy, c, style, label) in enumerate(kinds):
+        if i == 0 or len(xy):  # the plain inliers always, the others when there are some
+            idx = sub(len(xy))
+            c = c if isinstance(c, str) else c[idx]
+            ax.scatter(xy[idx, 0], xy[idx, 1], c=c, label=label.format(len(xy)), **style)
     w, h, a = _ellipse_axes(covs, n_std)
     ax.add_collection(
         EllipseCollection(
@@ -196,33 +180,17 @@ def plot_reliability(
     fig = _figure(5.5, 6.0)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
     top.plot([0, 1], [0, 1], ls="--", c="0.5", lw=1, label="perfect calibration")
-    top.bar(
-        centres[filled],
-        bins["accuracy"][filled],
-        width=width,
-        edgecolor="k",
-        lw=0.5,
-        color="tab:blue",
-        label="accuracy",
-    )
-    acc, conf = bins["accuracy"][filled], bins["confidence"][filled]
-    top.bar(
-        centres[filled],
-        np.abs(conf - acc),
-        bottom=np.minimum(acc, conf),
-        width=width,
-        color="none",
-        edgecolor="tab:red",
-        hatch="//",
-        lw=0.5,
-        label="gap to mean confidence",
-    )
+    x, acc, conf = centres[filled], bins["accuracy"][filled], bins["confidence"][filled]
+    bars = dict(width=width, lw=0.5)
+    top.bar(x, acc, edgecolor="k", color="tab:blue", label="accuracy", **bars)
+    gap = dict(color="none", edgecolor="tab:red", hatch="//", label="gap to mean confidence")
+    top.bar(x, np.abs(conf - acc), bottom=np.minimum(acc, conf), **gap, **bars)
     top.set_xlim(0, 1)
     top.set_ylim(0, 1)
     top.set_ylabel("accuracy")
     top.legend(loc="upper left", fontsize="small")
     top.set_title(title or f"reliability ({n_bins} bins), ECE = {value:.4f}")
-    bottom.bar(centres, bins["count"], width=width, color="0.5", edgecolor="k", lw=0.5)
+    bottom.bar(centres, bins["count"], color="0.5", edgecolor="k", **bars)
     bottom.set_xlabel("confidence")
     bottom.set_ylabel("examples")
     return _save(fig, path)
@@ -250,9 +218,7 @@ def plot_elbo_terms(
     for ax, (name, hist) in zip(axes, panels.items(), strict=False):
         hist = list(hist or [])
         if not hist:
-            ax.text(
-                0.5, 0.5, "no training history", ha="center", va="center", transform=ax.transAxes
-            )
+            _note(ax, "no training history")
             ax.set_title(name)
             continue
         epochs = np.array([r.get("epoch", i) for i, r in enumerate(hist)], dtype=float) + 1
@@ -335,15 +301,6 @@ def plot_merges(
     ax.set_ylabel("number of components K")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if not merged:
-        ax.text(
-            0.5,
-            0.85,
-            "no merge happened",
-            ha="center",
-            va="center",
-            fontsize=16,
-            color="tab:red",
-            transform=ax.transAxes,
-        )
+        _note(ax, "no merge happened", 0.85, fontsize=16, color="tab:red")
     ax.set_title(title or "components across merges")
     return _save(fig, path)

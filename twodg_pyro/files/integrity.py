@@ -111,8 +111,6 @@ def _chunks(obj: Any) -> Iterator[bytes | memoryview]:
     elif isinstance(obj, torch.dtype):
         raw = str(obj).encode()
         yield b"Y" + _length(len(raw)) + raw
-    elif isinstance(obj, torch.Size):
-        yield from _chunks(list(obj))
     else:
         raise TypeError(f"cannot checksum a value of type {type(obj).__name__}")
 

@@ -208,16 +208,14 @@ def export_compact(
         ellipse_bytes = comp_bytes + alpha_bytes
 
     net_bytes, net_spec = _net_section(model)
+    tally = dict(n_weights=n_w, n_components=K, n_outliers=s.n_outliers, n_ellipses=s.n_ellipses)
     header = {
         "kind": KIND_2DG,
         "format_version": COMPACT_FORMAT_VERSION,
         "tying": guide.tying,
         "coordinates": guide.coordinates,
         **_model_header(model, network),
-        "n_weights": n_w,
-        "n_components": K,
-        "n_outliers": s.n_outliers,
-        "n_ellipses": s.n_ellipses,
+        **tally,
         "ellipse_k": k,
         "centre_dtype": centre_dt,
         "covariances": bool(covariances),
@@ -242,10 +240,7 @@ def export_compact(
     report = _write_container(path, header, list(zip(_SECTIONS[KIND_2DG], parts, strict=True)))
     ctx = np.repeat(np.arange(len(sizes)), sizes)
     report.update(
-        n_weights=n_w,
-        n_components=K,
-        n_outliers=s.n_outliers,
-        n_ellipses=s.n_ellipses,
+        tally,
         index_coding=code.mode,
         index_bytes_by_coding=dict(code.sizes),
         index_table_bytes=code.table_bytes,

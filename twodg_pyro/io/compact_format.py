@@ -78,15 +78,9 @@ _SECTIONS = {  # the sections of each kind of file, in order
     KIND_INT8: ("params", "mu", "sigma", "net"),
 }
 _FLOAT_DTYPES = {"float16": np.dtype("<f2"), "float32": np.dtype("<f4")}
-_TENSOR_DTYPES = {
-    torch.float32: "<f4",
-    torch.float64: "<f8",
-    torch.float16: "<f2",
-    torch.int64: "<i8",
-    torch.int32: "<i4",
-    torch.uint8: "|u1",
-    torch.int8: "|i1",
-    torch.bool: "|b1",
+_TENSOR_DTYPES = {  # torch dtype -> NumPy dtype code of the net section
+    getattr(torch, n): np.dtype(n).newbyteorder("<").str
+    for n in ("float32", "float64", "float16", "int64", "int32", "uint8", "int8", "bool")
 }
 
 

@@ -189,14 +189,13 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
             f"the index has {outl.size} outliers and {ell.size} ellipse weights, the header "
             f"says {header['n_outliers']} and {header['n_ellipses']}"
         )
+    covs = torch.zeros(K, 2, 2)
     if chol is not None:
         L = torch.zeros(K, 2, 2)
         L[:, 0, 0], L[:, 1, 1], L[:, 1, 0] = chol[:, 0].exp(), chol[:, 1].exp(), chol[:, 2]
         covs = L @ L.transpose(-1, -2)
-    else:
-        if len(sec["covariances"]):
-            raise ValueError("covariances are stored but the header says they are not")
-        covs = torch.zeros(K, 2, 2)
+    elif len(sec["covariances"]):
+        raise ValueError("covariances are stored but the header says they are not")
     # outliers
     counts = _site_counts(outl, ends)
     bits, mu_bits = int(header["outlier_sigma_bits"]), int(header["outlier_mu_bits"])

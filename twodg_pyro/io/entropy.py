@@ -66,16 +66,11 @@ def empirical_entropy_bits(symbols: np.ndarray, contexts: np.ndarray | None = No
     n = symbols.size
     if n == 0:
         return 0.0
-    if contexts is None:
-        counts = np.bincount(symbols)
-    else:
-        contexts = np.asarray(contexts).reshape(-1)
-        a = int(symbols.max()) + 1
-        ctx = contexts.astype(np.int64)
-        n_ctx = int(ctx.max()) + 1
-        counts = np.bincount(ctx * a + symbols, minlength=n_ctx * a).reshape(n_ctx, a)
+    ctx = np.zeros(n, np.int64) if contexts is None else np.asarray(contexts).reshape(-1)
+    a, n_ctx = int(symbols.max()) + 1, int(ctx.max()) + 1
+    counts = np.bincount(ctx.astype(np.int64) * a + symbols, minlength=n_ctx * a).reshape(n_ctx, a)
     total = 0.0
-    for row in np.atleast_2d(counts):
+    for row in counts:
         row = row[row > 0].astype(np.float64)
         m = row.sum()
         total += float(-(row * np.log2(row / m)).sum()) if m else 0.0
@@ -342,12 +337,8 @@ def _encode_mode(sym, segments, alphabet, mode, lanes) -> IndexCode:
     counts = np.bincount(ctx * alphabet + sym, minlength=n_ctx * alphabet).reshape(n_ctx, alphabet)
     tables, freqs, bits = [], np.zeros((n_ctx, alphabet), np.int64), np.zeros(n_ctx, np.int64)
     for k in range(n_ctx):
-        if counts[k].sum() == 0:  # an empty segment: any valid table
-            counts_k = np.zeros(alphabet, np.int64)
-            counts_k[0] = 1
-        else:
-            counts_k = counts[k]
-        f, m, _, _ = choose_table(counts_k)
+        empty = np.eye(1, alphabet, dtype=np.int64)[0]  # an empty segment: any valid table
+        f, m, _, _ = choose_table(counts[k] if counts[k].any() else empty)
         freqs[k], bits[k] = f, m
         tables.append(encode_table(f, m))
     states, words = rans_encode(sym, ctx, freqs, bits, lanes)
@@ -381,9 +372,7 @@ def encode_index(
         raise ValueError(f"symbols must lie in [0, {alphabet})")
     if mode not in ("auto", "global", "per_site"):
         raise ValueError(f"index coding must be 'auto', 'global' or 'per_site', got {mode!r}")
-    if lanes is None:
-        lanes = min(_MAX_LANES, max(1, sym.size // _SYMBOLS_PER_LANE))
-    lanes = int(lanes)
+    lanes = min(_MAX_LANES, max(1, sym.size // _SYMBOLS_PER_LANE)) if lanes is None else int(lanes)
     modes = ["global", "per_site"] if mode == "auto" else [mode]
     codes = {m: _encode_mode(sym, segments, alphabet, m, lanes) for m in modes}
     best = min(codes.values(), key=lambda c: len(c.data))

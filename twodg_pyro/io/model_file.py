@@ -44,7 +44,6 @@ from .model_format import (
 )
 
 __all__ = [
-    "BASELINE_FILE_KIND",
     "load_2dg",
     "load_model",
     "load_model_file",
@@ -53,8 +52,6 @@ __all__ = [
     "save_2dg",
     "save_model",
 ]
-
-BASELINE_FILE_KIND = BASELINE_FORMAT.kind
 
 
 def save_model(

@@ -149,11 +149,7 @@ def _check_model_fields(header: dict, where: str, layout: ModelFileLayout) -> No
             if not isinstance(spec, dict) or not isinstance(spec.get("class"), str):
                 raise ValueError(f"{where!r}: the header's {field} is not a table with a class")
     lik = header.get("likelihood")
-    if (
-        not isinstance(lik, dict)
-        or not isinstance(lik.get("kind"), str)
-        or lik["kind"] not in LIKELIHOODS
-    ):
+    if not isinstance(lik, dict) or lik.get("kind") not in list(LIKELIHOODS):  # (unhashable)
         raise bad("likelihood", "is not a Categorical or Gaussian likelihood")
     size = lik.get("dataset_size")
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:

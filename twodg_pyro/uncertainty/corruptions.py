@@ -223,16 +223,8 @@ def load_cifar10c(
     severity = _check_severity(severity)
     root = Path(root)
     expected = [f"{family}.npy", "labels.npy"]
-    missing = [e for e in expected if not (root / e).is_file()]
-    if missing:
-        raise DatasetNotFoundError(
-            "CIFAR-10-C",
-            root,
-            expected,
-            CIFAR10C_URL,
-            missing=missing,
-            hint=f"Unpack CIFAR-10-C.tar so that '{root}' holds <corruption>.npy and labels.npy.",
-        )
+    hint = f"Unpack CIFAR-10-C.tar so that '{root}' holds <corruption>.npy and labels.npy."
+    DatasetNotFoundError.check("CIFAR-10-C", root, expected, CIFAR10C_URL, hint)
     images = np.load(root / f"{family}.npy", mmap_mode="r", allow_pickle=False)
     labels = np.load(root / "labels.npy", mmap_mode="r", allow_pickle=False)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (32, 32, 3):

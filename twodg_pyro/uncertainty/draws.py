@@ -130,14 +130,9 @@ def sufficient_draws(
     criteria = tuple(criteria)
     ref = curve[reference]
 
-    def within(row) -> bool:
-        for key in criteria:
-            r, v = float(ref[key]), float(row[key])
-            if math.isnan(r):
-                continue
-            if abs(v - r) > tolerance * abs(r):
-                return False
-        return True
+    def within(row) -> bool:  # (a NaN reference figure is not checked)
+        pairs = ((float(ref[key]), float(row[key])) for key in criteria)
+        return all(math.isnan(r) or not abs(v - r) > tolerance * abs(r) for r, v in pairs)
 
     best = reference
     for n in sorted((n for n in curve if n <= reference), reverse=True):

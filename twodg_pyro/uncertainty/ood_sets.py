@@ -294,12 +294,8 @@ def folder_ood_set(
         raise ValueError(f"unknown OOD data set {name!r}; known: {', '.join(FOLDER_OOD_SETS)}")
     title, expected, url = FOLDER_OOD_SETS[key]
     root = Path(root)
-    missing = [e for e in expected if not (root / e).is_file()]
-    if missing:
-        hint_root = root / Path(expected[0]).parent if key in ("fashion_mnist", "kmnist") else root
-        raise DatasetNotFoundError(
-            title, root, expected, url, missing=missing, hint=_HINTS[key].format(root=hint_root)
-        )
+    hint_root = root / Path(expected[0]).parent if key in ("fashion_mnist", "kmnist") else root
+    DatasetNotFoundError.check(title, root, expected, url, _HINTS[key].format(root=hint_root))
     raw = _read_folder_images(key, root)
     if max_examples is not None:
         raw = _subset(raw, int(max_examples), seed)

@@ -174,10 +174,24 @@ def uncertainty_report(
     return record
 
 
-def _defaults(x, ood_sets, corruptions, pixel_mean, pixel_std, seed, image_shape):
-    if ood_sets is None:
-        ood_sets = builtin_ood_sets(x, pixel_mean, pixel_std, seed, image_shape=image_shape)
-    return ood_sets, list(CORRUPTIONS) if corruptions is None else corruptions
+#: The arguments of :func:`evaluate_uncertainty` that :func:`uncertainty_report` takes.
+_REPORT_OPTIONS = (
+    "severities pixel_mean pixel_std image_shape seed chunk_size return_scores".split()
+)
+
+
+def _evaluate(predict_fn: PredictFn, bayesian: bool, o: dict) -> dict:
+    """:func:`uncertainty_report` of ``predict_fn`` with the arguments ``o`` of
+    :func:`evaluate_uncertainty` (or :func:`evaluate_uncertainty_net`): ``ood_sets=None``
+    is every built-in set, ``corruptions=None`` every family."""
+    x, sets = o["test_X"], o["ood_sets"]
+    if sets is None:
+        sets = builtin_ood_sets(
+            x, o["pixel_mean"], o["pixel_std"], o["seed"], image_shape=o["image_shape"]
+        )
+    families = list(CORRUPTIONS) if o["corruptions"] is None else o["corruptions"]
+    kw = {k: o[k] for k in _REPORT_OPTIONS}
+    return uncertainty_report(predict_fn, (x, o["test_y"]), sets, families, bayesian=bayesian, **kw)
 
 
 def evaluate_uncertainty(
@@ -224,23 +238,7 @@ def evaluate_uncertainty(
         )
         return pred.samples
 
-    sets, families = _defaults(
-        test_X, ood_sets, corruptions, pixel_mean, pixel_std, seed, image_shape
-    )
-    record = uncertainty_report(
-        predict_fn,
-        (test_X, test_y),
-        sets,
-        families,
-        bayesian=True,
-        severities=severities,
-        pixel_mean=pixel_mean,
-        pixel_std=pixel_std,
-        image_shape=image_shape,
-        seed=seed,
-        chunk_size=chunk_size,
-        return_scores=return_scores,
-    )
+    record = _evaluate(predict_fn, True, locals())
     record["draws"] = draws_record(num_samples, seed, test_X.shape[0])
     return record
 
@@ -268,20 +266,4 @@ def evaluate_uncertainty_net(
     def predict_fn(xb: torch.Tensor) -> torch.Tensor:
         return deterministic_predict(net, xb, batch_size=batch_size).mean.unsqueeze(0)
 
-    sets, families = _defaults(
-        test_X, ood_sets, corruptions, pixel_mean, pixel_std, seed, image_shape
-    )
-    return uncertainty_report(
-        predict_fn,
-        (test_X, test_y),
-        sets,
-        families,
-        bayesian=False,
-        severities=severities,
-        pixel_mean=pixel_mean,
-        pixel_std=pixel_std,
-        image_shape=image_shape,
-        seed=seed,
-        chunk_size=chunk_size,
-        return_scores=return_scores,
-    )
+    return _evaluate(predict_fn, False, locals())
