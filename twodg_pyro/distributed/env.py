@@ -185,8 +185,7 @@ def setup(
                 "(e.g. MASTER_ADDR=127.0.0.1 MASTER_PORT=29500)"
             )
     if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        backend = _check_backend(backend, local_rank, rank)
+        backend = _check_backend("nccl" if torch.cuda.is_available() else "gloo", local_rank, rank)
     device = torch.device("cpu")
     kwargs: dict[str, Any] = {}
     if backend == "nccl":

@@ -67,10 +67,6 @@ class _GlobalPoints:
     def device(self) -> torch.device:
         return self.z_local.device
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.z_local.dtype
-
     def __getitem__(self, rows: Tensor) -> Tensor:
         rows = torch.as_tensor(rows, device=self.device).reshape(-1)
         return _fetch_rows(self.z_local, self.offset, rows, to_all=True)
@@ -271,9 +267,6 @@ class DistributedGaussianMixture2D(GaussianMixture2D):
         total = env.all_reduce_sum(torch.cat(parts))
         stats = None if res.stats is None else total[2:].view_as(res.stats)
         return dataclasses.replace(res, ll_sum=total[0], weight_sum=total[1], stats=stats)
-
-    def __repr__(self) -> str:
-        return super().__repr__().replace("GaussianMixture2D(", "DistributedGaussianMixture2D(", 1)
 
 
 def _all_max(value: int) -> int:

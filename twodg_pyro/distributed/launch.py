@@ -92,19 +92,14 @@ def run_local(
             if p.poll() is None:
                 p.kill()
             p.wait()
-    results = []
-    for rank, (p, (out, err)) in enumerate(zip(procs, files, strict=True)):
-        out.seek(0)
-        err.seek(0)
-        results.append(
-            RankResult(
-                rank,
-                None if timed_out[rank] else p.returncode,
-                out.read(),
-                err.read(),
-                timed_out[rank],
-            )
-        )
-        out.close()
-        err.close()
-    return results
+    return [
+        RankResult(rank, None if late else p.returncode, _drain(out), _drain(err), late)
+        for rank, (p, (out, err), late) in enumerate(zip(procs, files, timed_out, strict=True))
+    ]
+
+
+def _drain(f) -> str:
+    """The text a rank wrote to the temporary file ``f``, which is then closed."""
+    f.seek(0)
+    with f:
+        return f.read()

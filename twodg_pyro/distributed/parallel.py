@@ -41,18 +41,7 @@ def ddp_network(net: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
 def structure_checksum(s) -> torch.Tensor:
     """Counts and sums of a :class:`~twodg_pyro.sharing.SharingStructure` (float64)."""
-    parts = [
-        s.means,
-        s.covariances,
-        s.outlier_index,
-        s.outlier_loc,
-        s.outlier_scale,
-        s.plain_index,
-        s.plain_component,
-        s.ellipse_index,
-        s.ellipse_components,
-        s.ellipse_alphas,
-    ]
+    parts = [getattr(s, name) for name in s._TENSORS if name != "inlier_points"]
     sums = [float(t.to(torch.float64).sum()) if t.numel() else 0.0 for t in parts]
     return torch.tensor([s.n_gaussians, s.n_outliers, s.n_ellipses, *sums], dtype=torch.float64)
 

@@ -57,6 +57,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from functools import partialmethod
 
 import numpy as np
 import pyro
@@ -170,17 +171,10 @@ class MainOnly:
         what = f"run {type(self.callback).__name__}.{method}"
         return env.on_main(lambda: getattr(self.callback, method)(state), what, share=True)
 
-    def on_train_begin(self, state) -> None:
-        self._call("on_train_begin", state)
-
-    def on_epoch_begin(self, state) -> None:
-        self._call("on_epoch_begin", state)
-
-    def on_epoch_end(self, state) -> bool | None:
-        return self._call("on_epoch_end", state)
-
-    def on_train_end(self, state) -> None:
-        self._call("on_train_end", state)
+    on_train_begin = partialmethod(_call, "on_train_begin")
+    on_epoch_begin = partialmethod(_call, "on_epoch_begin")
+    on_epoch_end = partialmethod(_call, "on_epoch_end")
+    on_train_end = partialmethod(_call, "on_train_end")
 
 
 class DataParallelStep(TrainingStep):

@@ -18,6 +18,7 @@ For ``S = [[a, b], [b, c]]``:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,6 +115,19 @@ def _check_finite_rows(name: str, t: Tensor) -> None:
             f"{name} contains {n_bad} non-finite value(s) (NaN or inf); first at row {row}: "
             f"{t[row].tolist()}"
         )
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _check_int(name: str, v: Any, low: int, none_ok: bool = False) -> None:
+    """Raise ValueError unless ``v`` is an integer ``>= low`` (or None, with ``none_ok``)."""
+    if none_ok and v is None:
+        return
+    if not _is_int(v) or v < low:
+        kind = "None or an integer" if none_ok else "an integer"
+        raise ValueError(f"{name} must be {kind} >= {low}, got {v!r}")
 
 
 def _fmt_index(flat: int, batch_shape: tuple[int, ...]) -> str:

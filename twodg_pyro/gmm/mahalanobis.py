@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .linalg2x2 import _check_finite_rows, _shape, check_spd, inv2x2, logdet2x2
+from .linalg2x2 import _check_finite_rows, _check_int, _shape, check_spd, inv2x2, logdet2x2
 
 CHI2_2DOF_95 = 5.991
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -166,10 +166,8 @@ def ellipse_assign(
         raise ValueError(f"threshold must be a finite number > 0, got {threshold!r}") from exc
     if not math.isfinite(thr) or thr <= 0:
         raise ValueError(f"threshold must be a finite number > 0, got {threshold!r}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    _check_int("k", k, 1)
+    _check_int("chunk_size", chunk_size, 1)
     k_eff = min(k, kk)
     prec = inv2x2(covs)
     half_logdet = 0.5 * logdet2x2(covs)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .linalg2x2 import _shape, check_spd, sqrtm2x2, trace2x2
+from .linalg2x2 import _check_int, _shape, check_spd, sqrtm2x2, trace2x2
 from .wasserstein import pairwise_w2_squared
 
 #: the merge formulas: Eqs. 5-6 as printed, or count-weighted moment matching
@@ -288,10 +288,8 @@ def merge_components(
         _check_vector("grads", grads, (k0, 2))
     if variances is not None:
         _check_vector("variances", variances, (k0,), nonneg=True)
-    if max_rounds is not None and (not isinstance(max_rounds, int) or max_rounds < 0):
-        raise ValueError(f"max_rounds must be None or an integer >= 0, got {max_rounds!r}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    _check_int("max_rounds", max_rounds, 0, none_ok=True)
+    _check_int("chunk_size", chunk_size, 1)
 
     dev = means.device
     st = _State(means, covs, counts, grads, variances, tau_d, tau_g, tau_v, test, rule)

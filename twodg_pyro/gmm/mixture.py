@@ -26,7 +26,7 @@ from ._cells import Engine, PassResult, make_plan
 from ._layout import CellLayout, Components, build_cells, default_cell_size
 from .em import m_step, run_em
 from .initial import initial_mixture
-from .linalg2x2 import _check_finite_rows
+from .linalg2x2 import _check_finite_rows, _check_int, _is_int
 
 _INITS = ("kmeans++", "kmeans", "random")
 #: pruning margin (nats) of the hard assignment: any margin >= 0 keeps each point's best
@@ -62,19 +62,6 @@ def as_points(
     t = t.to(device=device if device is not None else t.device, dtype=dtype or t.dtype)
     _check_finite_rows(name, t)
     return t
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _check_int(name: str, v: Any, low: int, none_ok: bool = False) -> None:
-    """Raise ValueError unless ``v`` is an integer ``>= low`` (or None, with ``none_ok``)."""
-    if none_ok and v is None:
-        return
-    if not _is_int(v) or v < low:
-        kind = "None or an integer" if none_ok else "an integer"
-        raise ValueError(f"{name} must be {kind} >= {low}, got {v!r}")
 
 
 class GaussianMixture2D:
@@ -387,6 +374,6 @@ class GaussianMixture2D:
 
     def __repr__(self) -> str:
         return (
-            f"GaussianMixture2D(n_components={self.n_components}, batch_size={self.batch_size}, "
-            f"init={self.init!r}, reg_covar={self.reg_covar}, dtype={self.dtype})"
+            f"{type(self).__name__}(n_components={self.n_components}, batch_size={self.batch_size}"
+            f", init={self.init!r}, reg_covar={self.reg_covar}, dtype={self.dtype})"
         )

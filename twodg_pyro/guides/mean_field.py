@@ -144,7 +144,7 @@ class MeanFieldGuide(DiagonalNormalGuide):
         self.sites = list(model.sites)
         check_init_scale(init_scale)
         generator = torch.Generator().manual_seed(int(seed))
-        locs, rhos = {}, {}
+        self.locs, self.rhos = nn.ParameterDict(), nn.ParameterDict()
         for site, loc in zip(self.sites, initial_means(model, init_loc), strict=True):
             if isinstance(init_scale, Mapping):
                 scale = _given_scale(init_scale, site).to(loc.dtype)
@@ -152,10 +152,8 @@ class MeanFieldGuide(DiagonalNormalGuide):
                 scale = paper_initial_scales(site, generator).to(loc.dtype)
             else:
                 scale = torch.full(site.shape, float(init_scale), dtype=loc.dtype)
-            locs[site_key(site.name)] = nn.Parameter(loc.clone())
-            rhos[site_key(site.name)] = nn.Parameter(inverse_softplus(scale).to(loc.device))
-        self.locs = nn.ParameterDict(locs)
-        self.rhos = nn.ParameterDict(rhos)
+            self.locs[site_key(site.name)] = nn.Parameter(loc.clone())
+            self.rhos[site_key(site.name)] = nn.Parameter(inverse_softplus(scale).to(loc.device))
 
     # ------------------------------------------------------------------ posterior
     def means_and_scales(self) -> tuple[torch.Tensor, torch.Tensor]:

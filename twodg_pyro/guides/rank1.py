@@ -141,17 +141,15 @@ class Rank1Guide(DiagonalNormalGuide):
         # the factors follow the network's device and dtype
         device, dtype = model.device, model.dtype
         generator = torch.Generator().manual_seed(int(seed))
-        locs, rhos = {}, {}
+        self.locs, self.rhos = nn.ParameterDict(), nn.ParameterDict()
         for site in self.sites:
             if init_mean == "ones":
                 loc = torch.ones(site.shape)
             else:
                 loc = torch.randint(0, 2, site.shape, generator=generator).float() * 2 - 1
             rho = inverse_softplus(torch.full(site.shape, init_scale, dtype=dtype))
-            locs[site_key(site.name)] = nn.Parameter(loc.to(device=device, dtype=dtype))
-            rhos[site_key(site.name)] = nn.Parameter(rho.to(device))
-        self.locs = nn.ParameterDict(locs)
-        self.rhos = nn.ParameterDict(rhos)
+            self.locs[site_key(site.name)] = nn.Parameter(loc.to(device=device, dtype=dtype))
+            self.rhos[site_key(site.name)] = nn.Parameter(rho.to(device))
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         r"""The factor sites, each counted :math:`1/M` (``poutine.scale``), as in the model:

@@ -56,14 +56,13 @@ class SharedMixture:
         self, means: torch.Tensor, covs: torch.Tensor, point_covs: torch.Tensor | None = None
     ) -> None:
         like = self.outlier_loc  # the guide's device and dtype
-        means = means.detach().to(device=like.device, dtype=like.dtype)
-        covs = covs.detach().to(device=like.device, dtype=like.dtype)
         point_covs = covs if point_covs is None else point_covs
+        means, covs, point_covs = (
+            t.detach().to(device=like.device, dtype=like.dtype) for t in (means, covs, point_covs)
+        )
         # the spread of each component's member points, which the Mahalanobis check
         # measures them against (see point_covariances)
-        self.register_buffer(
-            "point_covs", point_covs.detach().to(device=like.device, dtype=like.dtype).clone()
-        )
+        self.register_buffer("point_covs", point_covs.clone())
         m1 = means[:, 1]
         raw = inverse_softplus(m1.clamp_min(MIN_SIGMA)) if self.coordinates == "sigma" else m1
         self.centre_mu = nn.Parameter(means[:, 0].clone())
@@ -73,10 +72,8 @@ class SharedMixture:
         log_diag, off = _chol_params(covs)
         trainable = self.tying_rule.trains_covariances
         for name, value in (("chol_log_diag", log_diag), ("chol_off", off)):
-            if name in self._parameters:
-                del self._parameters[name]
-            if name in self._buffers:
-                del self._buffers[name]
+            self._parameters.pop(name, None)
+            self._buffers.pop(name, None)
             if trainable:
                 setattr(self, name, nn.Parameter(value.clone()))
             else:

@@ -114,18 +114,16 @@ class SSVIGuide(LocScaleParameters, BNNGuide):
         # the model's prior, for the density that stock Pyro ELBOs read (site_log_density)
         self._prior = model.prior
         self._generator = torch.Generator().manual_seed(int(seed))
-        locs, rhos = {}, {}
+        self.locs, self.rhos = nn.ParameterDict(), nn.ParameterDict()
         for site, full_loc in zip(self.sites, initial_means(model, init_loc), strict=True):
             key = site_key(site.name)
             k = min(site.numel, max(1, int(round(self.density * site.numel))))
             idx = torch.randperm(site.numel, generator=self._generator)[:k].sort().values
             device = full_loc.device
             self.register_buffer(f"index__{key}", idx.to(device))
-            locs[key] = nn.Parameter(full_loc.reshape(-1)[idx.to(device)].clone())
+            self.locs[key] = nn.Parameter(full_loc.reshape(-1)[idx.to(device)].clone())
             scales = self._initial_scales(site, idx).to(full_loc.dtype)
-            rhos[key] = nn.Parameter(inverse_softplus(scales).to(device))
-        self.locs = nn.ParameterDict(locs)
-        self.rhos = nn.ParameterDict(rhos)
+            self.rhos[key] = nn.Parameter(inverse_softplus(scales).to(device))
 
     # ------------------------------------------------------------------ subspace
     def _initial_scales(self, site: BayesianSite, idx: torch.Tensor) -> torch.Tensor:

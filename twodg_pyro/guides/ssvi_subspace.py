@@ -133,10 +133,9 @@ class SubspaceUpdate(Callback):
         self.addition = check_criterion(addition, "addition")
         if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
             raise ValueError(f"update_every must be an integer >= 1, got {update_every!r}")
-        if not (0.0 <= float(move_fraction) <= 1.0):
-            raise ValueError(f"move_fraction must be in [0, 1], got {move_fraction!r}")
-        if not (0.0 <= float(stop_fraction) <= 1.0):
-            raise ValueError(f"stop_fraction must be in [0, 1], got {stop_fraction!r}")
+        for name, value in (("move_fraction", move_fraction), ("stop_fraction", stop_fraction)):
+            if not (0.0 <= float(value) <= 1.0):
+                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
         if int(grad_batches) < 1:
             raise ValueError(f"grad_batches must be at least 1, got {grad_batches!r}")
         self.data = data

@@ -413,10 +413,9 @@ class Tied(Tying):
         return (frac * (log_q - prior.log_prob(z0))).sum()
 
     def component_marginals(self, guide, nodes) -> ComponentMarginals:
-        m = guide.centres().detach()
-        sd = guide.covariances().detach()[:, 0, 0].clamp_min(1e-30).sqrt()
-        zero = torch.zeros_like(sd)[:, None]
-        return ComponentMarginals(zero, m[:, :1], sd[:, None], "marginal_product")
+        sd = self._sd(guide).detach()[:, None]
+        m0 = guide.centres().detach()[:, :1]
+        return ComponentMarginals(torch.zeros_like(sd), m0, sd, "marginal_product")
 
 
 _TYINGS: dict[str, Tying] = {t.name: t for t in (Representative(), Stochastic(), Tied())}

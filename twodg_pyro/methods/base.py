@@ -128,8 +128,13 @@ class TrainedMethod(nn.Module):
         :class:`~twodg_pyro.prediction.Prediction` (``samples``: the per-draw
         probabilities when ``keep_samples``)."""
         self.eval()
-        parts = _batches(data, int(batch_size))
-        probs = self._draws(parts, self.num_draws(num_samples), seed)
+        return self._predict(
+            _batches(data, int(batch_size)), self.num_draws(num_samples), seed, keep_samples
+        )
+
+    def _predict(self, parts, n: int, seed: int, keep_samples: bool) -> Prediction:
+        """:meth:`predict` of the batches ``parts`` by ``n`` draws: their mean probabilities."""
+        probs = self._draws(parts, n, seed)
         samples = probs if keep_samples else None
         return Prediction(mean=probs.mean(0), targets=_targets(parts), samples=samples)
 
@@ -168,6 +173,15 @@ class TrainedMethod(nn.Module):
         return write_payload(
             {"header": header_json(BASELINE_FORMAT, header, evaluation), **tensors}, path
         )
+
+
+def header_table(header: dict, key: str, where: str, what: str, **types) -> dict:
+    """The header's table ``key``, whose fields have the ``types`` (name -> type), or
+    ValueError (the table is not one of ``what``)."""
+    table = header.get(key)
+    if not (isinstance(table, dict) and all(isinstance(table.get(k), t) for k, t in types.items())):
+        raise ValueError(f"{where!r}: the header's {key} = {table!r:.80} is not a table of {what}")
+    return table
 
 
 def net_section(payload: dict, network: Callable) -> nn.Module:

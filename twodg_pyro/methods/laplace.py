@@ -44,7 +44,7 @@ from torch.func import functional_call, jvp, vmap
 
 from ..bnn import match_input
 from ..io.model_format import state_tensors
-from .base import TrainedMethod, net_section
+from .base import TrainedMethod, header_table, net_section
 from .laplace_settings import LaplaceConfig
 
 _DRAW_CHUNK = 10
@@ -113,8 +113,7 @@ class LaplacePosterior(TrainedMethod):
         missing = [n for n in self.param_names if n not in params]
         if missing or not self.param_names:
             raise ValueError(f"the network has no parameter(s) {missing or '(none given)'}")
-        shapes = [tuple(params[n].shape) for n in self.param_names]
-        self.shapes = shapes
+        self.shapes = shapes = [tuple(params[n].shape) for n in self.param_names]
         self.n_params = sum(math.prod(s) for s in shapes)
         prior = torch.as_tensor(prior_precision).detach().reshape(-1).clone()
         if prior.numel() not in (1, len(shapes)):
@@ -123,6 +122,7 @@ class LaplacePosterior(TrainedMethod):
                 f"({len(shapes)}) expected"
             )
         self.register_buffer("prior_precision", prior)
+        self.block_sizes = []
         if hessian == "diag":
             diag = torch.as_tensor(factors).detach().reshape(-1).clone()
             if diag.numel() != self.n_params:
@@ -130,13 +130,11 @@ class LaplacePosterior(TrainedMethod):
                     f"the diagonal has {diag.numel()} values, {self.n_params} expected"
                 )
             self.register_buffer("diag_h", diag)
-            self.block_sizes = []
         else:
             if len(factors) != len(shapes):
                 raise ValueError(
                     f"{len(factors)} Kronecker blocks for {len(shapes)} covered tensors"
                 )
-            self.block_sizes = []
             for i, (block, shape) in enumerate(zip(factors, shapes, strict=True)):
                 sizes = [int(f.shape[0]) for f in block]
                 square = all(f.dim() == 2 and f.shape[0] == f.shape[1] for f in block)
@@ -196,18 +194,9 @@ class LaplacePosterior(TrainedMethod):
 
     @classmethod
     def from_file(cls, header, payload, network, where):
-        la = header.get("laplace")
-        if not (
-            isinstance(la, dict)
-            and all(isinstance(la.get(k), str) for k in ("subset", "hessian", "pred_type"))
-            and isinstance(la.get("param_names"), list)
-            and isinstance(la.get("block_sizes"), list)
-            and isinstance(la.get("h_factor"), (int, float))
-        ):
-            raise ValueError(
-                f"{where!r}: the header's laplace = {la!r:.80} is not a table of the "
-                "approximation's settings"
-            )
+        types = dict.fromkeys(("subset", "hessian", "pred_type"), str)
+        types.update(param_names=list, block_sizes=list, h_factor=(int, float))
+        la = header_table(header, "laplace", where, "the approximation's settings", **types)
         net = net_section(payload, network)
         try:
             if la["hessian"] == "diag":

@@ -141,50 +141,24 @@ def _per_example(factor: torch.Tensor, like: torch.Tensor, channel_dim: int) -> 
     return factor.reshape(*factor.shape, *([1] * spatial))
 
 
-def rank1_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    r: torch.Tensor,
-    s: torch.Tensor,
-) -> torch.Tensor:
-    r""":math:`y = r \circ (W (s \circ x)) + b` with ``r``/``s`` shared ``(dim,)`` or per
-    example ``(B, dim)``.
-
-    With a bias it is evaluated as :math:`r \circ (W (s \circ x) + b) + (1 - r) \circ b`,
-    which keeps the deterministic layer's fused kernel: unit factors reproduce
-    ``F.linear(x, W, b)`` bit for bit.
-    """
-    out = F.linear(x * _per_example(s, x, -1), weight, bias)
-    r = _per_example(r, out, -1)
-    return out * r if bias is None else out * r + bias * (1 - r)
-
-
-def rank1_conv(
-    module: nn.modules.conv._ConvNd,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    r: torch.Tensor,
-    s: torch.Tensor,
-) -> torch.Tensor:
-    r"""Convolution with rank-1 factors on channels:
-    :math:`y = r \circ \operatorname{conv}(s \circ x, W) + b` (``x`` is ``(B, C, *spatial)``).
-
-    Evaluated like :func:`rank1_linear` (bias inside the convolution, then
-    :math:`r \circ y + (1 - r) \circ b`): unit factors reproduce the layer bit for bit.
-    """
-    out = module._conv_forward(x * _per_example(s, x, 1), weight, bias)
-    r = _per_example(r, out, 1)
-    if bias is None:
-        return out * r
-    return out * r + bias.reshape(-1, *([1] * (out.dim() - 2))) * (1 - r)
-
-
 def _rank1_forward(module: nn.Module, r: torch.Tensor, s: torch.Tensor, x: torch.Tensor):
+    r""":math:`y = r \circ (W (s \circ x)) + b` for a Linear layer, or the convolution
+    :math:`r \circ \operatorname{conv}(s \circ x, W) + b` on channels (``x`` is
+    ``(B, C, *spatial)``), with ``r``/``s`` shared ``(dim,)`` or per example ``(B, dim)``.
+
+    With a bias it is evaluated as :math:`r \circ (W (s \circ x) + b) + (1 - r) \circ b`
+    (the bias inside the layer), which keeps the deterministic layer's fused kernel: unit
+    factors reproduce the layer bit for bit.
+    """
+    weight, bias = module.weight, module.bias
     if isinstance(module, nn.Linear):
-        return rank1_linear(x, module.weight, module.bias, r, s)
-    return rank1_conv(module, x, module.weight, module.bias, r, s)
+        out = F.linear(x * _per_example(s, x, -1), weight, bias)
+        r = _per_example(r, out, -1)
+    else:
+        out = module._conv_forward(x * _per_example(s, x, 1), weight, bias)
+        r = _per_example(r, out, 1)
+        bias = None if bias is None else bias.reshape(-1, *([1] * (out.dim() - 2)))
+    return out * r if bias is None else out * r + bias * (1 - r)
 
 
 _MISSING = object()
@@ -204,7 +178,7 @@ def rank1_factors(
             ``i`` of the batch through its own pair.
 
     Inside the block each listed module computes :math:`r \circ (W (s \circ x)) + b`
-    (:func:`rank1_linear`, :func:`rank1_conv`); every other module is untouched.
+    (:func:`_rank1_forward`); every other module is untouched.
     """
     modules = dict(net.named_modules())
     saved: list[tuple[nn.Module, object]] = []

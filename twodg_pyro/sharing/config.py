@@ -26,6 +26,7 @@ from ..settings import (
     finite_at_least_zero,
     in_range,
     optional,
+    optional_at_least,
     positive,
     require,
 )
@@ -61,11 +62,7 @@ class SharingConfig(Section):
     grad_batches: Annotated[int, at_least(1)] = 4
     n_components: Annotated[int, at_least(1)] = 2000
     gmm_batch_size: Annotated[
-        int | None,
-        optional(
-            at_least(1),
-            "must be an integer >= 1 (points per EM mini-batch), or absent for full batches",
-        ),
+        int | None, optional_at_least(1, "the points per EM mini-batch, or absent for full batches")
     ] = None
     gmm_max_iter: Annotated[int, at_least(1)] = 100
     #: fit the mixture to a seeded random subsample of at most this many inlier points

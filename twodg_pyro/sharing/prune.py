@@ -173,14 +173,7 @@ def prune_structure(
     )
     means = torch.cat([s.means, torch.tensor(new_means, dtype=dtype)])
     covs = torch.cat([s.covariances, torch.stack(new_covs).to(dtype)])
-    info = dict(s.info, pruned={"snr": float(snr), "spread": spread, "n": int(pruned.sum())})
+    n = int(pruned.sum())
+    info = dict(s.info, pruned={"snr": float(snr), "spread": spread, "n": n})
     out = dataclasses.replace(s, means=means, covariances=covs, info=info, **fields)
-    report = PruneReport(
-        float(snr),
-        spread,
-        int(pruned.sum()),
-        int(pruned.sum()) / max(n_w, 1),
-        len(new_means),
-        scales,
-    )
-    return out, report
+    return out, PruneReport(float(snr), spread, n, n / max(n_w, 1), len(new_means), scales)

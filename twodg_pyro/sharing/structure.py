@@ -190,11 +190,8 @@ class SharingStructure:
                 f"({all_idx.unique().numel()} distinct) but the network has {n_w} weights: "
                 "every weight must be exactly one of outlier / plain inlier / ellipse"
             )
-        for name, idx in (
-            ("outlier", self.outlier_index),
-            ("plain", self.plain_index),
-            ("ellipse", self.ellipse_index),
-        ):
+        for name in ("outlier", "plain", "ellipse"):
+            idx = getattr(self, f"{name}_index")
             if idx.numel() > 1 and not bool((idx[1:] > idx[:-1]).all()):
                 raise FieldError(f"{name}_index must be sorted ascending")
         if self.outlier_loc.shape != self.outlier_index.shape or (
@@ -203,11 +200,8 @@ class SharingStructure:
             raise FieldError("outlier_loc/outlier_scale must match outlier_index")
         if self.plain_component.shape != self.plain_index.shape:
             raise FieldError("plain_component must match plain_index")
-        for name, comp in (
-            ("plain_component", self.plain_component),
-            ("ellipse_components", self.ellipse_components),
-        ):
-            check_field(name, comp, 0, K - 1)
+        for name in ("plain_component", "ellipse_components"):
+            check_field(name, getattr(self, name), 0, K - 1)
         if self.n_ellipses:
             if self.ellipse_components.shape != self.ellipse_alphas.shape or (
                 self.ellipse_components.shape[0] != self.n_ellipses

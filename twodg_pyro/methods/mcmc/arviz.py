@@ -26,6 +26,7 @@ import torch
 from ...diagnostics._arviz import build_tree, chain_stats, plot
 from ...diagnostics._draws import batches, forward
 from ...evaluation import SAMPLE_CHUNK
+from .sampler import STAT_NAMES
 
 __all__ = [
     "RHAT_TARGET",
@@ -39,16 +40,8 @@ __all__ = [
 
 #: The R-hat below which chains count as mixed (Vehtari et al. 2021).
 RHAT_TARGET = 1.01
-#: ``sample_stats`` names in ArviZ's convention.
-_STATS = {
-    "diverging": "diverging",
-    "tree_depth": "tree_depth",
-    "n_steps": "n_steps",
-    "step_size": "step_size",
-    "energy": "energy",
-    "lp": "lp",
-    "accept_prob": "acceptance_rate",
-}
+#: ``sample_stats`` names in ArviZ's convention, where they differ from ours
+_ARVIZ_NAMES = {"accept_prob": "acceptance_rate"}
 
 
 def _np(t) -> np.ndarray:
@@ -81,9 +74,11 @@ def mcmc_tree(posterior, x=None, max_examples: int | None = None, seed: int = 0)
         dims[site.name] = names
         post[site.name] = _np(posterior.site_draws()[site.name])
     stats = {}
-    for key, name in _STATS.items():
+    for key in STAT_NAMES:
         v = _np(posterior.sample_stats[key])
-        stats[name] = v.astype(np.int8) if key == "diverging" else v  # netCDF has no bool
+        stats[_ARVIZ_NAMES.get(key, key)] = (
+            v.astype(np.int8) if key == "diverging" else v
+        )  # netCDF has no bool
     groups = {"posterior": post, "sample_stats": stats}
     labelled = isinstance(x, (tuple, list)) and len(x) == 2
     regression = posterior.regression
@@ -123,10 +118,7 @@ def _log_likelihood(posterior, parts) -> tuple[np.ndarray, np.ndarray]:
         w = {k: v[a : a + SAMPLE_CHUNK] for k, v in draws.items()}
         ll, out = forward(posterior.model, w, parts, device, outputs=True)
         lls.append(ll.cpu())
-        if posterior.regression:
-            probs.append(posterior.model.likelihood.loc_scale(out, 1)[0].cpu())
-        else:
-            probs.append(out.softmax(-1).cpu())
+        probs.append(posterior.per_draw(out).cpu())
     ll, p = torch.cat(lls), torch.cat(probs)
     return _np(ll).reshape(*lead, -1), _np(p).reshape(*lead, *p.shape[1:])
 

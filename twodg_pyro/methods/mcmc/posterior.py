@@ -27,8 +27,8 @@ from ...io.specs import (
     rebuild_prior,
 )
 from ...likelihoods import RegressionLikelihood
-from ...prediction import Prediction, _batches, _targets, moment_sums, moments_prediction
-from ..base import TrainedMethod, net_section
+from ...prediction import Prediction, _targets, moment_sums, moments_prediction
+from ..base import TrainedMethod, header_table, net_section
 
 #: Draws run through the network at once.
 _CHUNK = 100
@@ -153,45 +153,27 @@ class MCMCPosterior(TrainedMethod):
     def _draws(self, parts, num_samples, seed) -> torch.Tensor:
         """``(S, N, C)`` class probabilities, or a regression model's ``(S, N, ...)``
         per-draw means, on the CPU."""
-        lik = self.model.likelihood
-        out = []
-        for o in self._outputs(parts, num_samples):
-            out.append((lik.loc_scale(o, 1)[0] if self.regression else o.softmax(-1)).cpu())
-        return torch.cat(out, 1)
+        return torch.cat([self.per_draw(o).cpu() for o in self._outputs(parts, num_samples)], 1)
 
-    @torch.no_grad()
-    def predict(
-        self,
-        data,
-        num_samples: int = 30,
-        seed: int = 0,
-        *,
-        batch_size: int = 512,
-        keep_samples: bool = False,
-        progress: bool = False,
-    ) -> Prediction:
+    def per_draw(self, outputs: torch.Tensor) -> torch.Tensor:
+        """The network ``outputs`` of draws as predicted: class probabilities, or a
+        regression model's means."""
+        lik = self.model.likelihood
+        return lik.loc_scale(outputs, 1)[0] if self.regression else outputs.softmax(-1)
+
+    def _predict(self, parts, n: int, seed: int, keep_samples: bool) -> Prediction:
         """The prediction of every kept draw (:meth:`num_draws`): the average of the class
         probabilities, or for a regression likelihood the predictive mean with its standard
         deviation, epistemic and aleatoric (``samples``: the per-draw means when
         ``keep_samples``), the moments :func:`~twodg_pyro.prediction.predict` computes."""
         if not self.regression:
-            return super().predict(
-                data,
-                num_samples,
-                seed,
-                batch_size=batch_size,
-                keep_samples=keep_samples,
-                progress=progress,
-            )
-        self.eval()
+            return super()._predict(parts, n, seed, keep_samples)
         lik = self.model.likelihood
-        parts = _batches(data, int(batch_size))
-        n = len(self.pick(self.num_draws(num_samples)))
         sums, means, dtype = [], [], self.draws.dtype
         for o in self._outputs(parts, n):
             sums.append(moment_sums(lik, o).cpu())
             if keep_samples:
-                means.append(lik.loc_scale(o, 1)[0].cpu())
+                means.append(self.per_draw(o).cpu())
             dtype = o.dtype
         samples = torch.cat(means, 1) if keep_samples else None
         return moments_prediction(torch.cat(sums, 1), n, dtype, _targets(parts), samples)
@@ -218,18 +200,10 @@ class MCMCPosterior(TrainedMethod):
 
     @classmethod
     def from_file(cls, header, payload, network, where):
-        mc = header.get("mcmc")
-        if not (
-            isinstance(mc, dict)
-            and isinstance(mc.get("site_names"), list)
-            and isinstance(mc.get("settings"), dict)
-            and isinstance(mc.get("stats"), list)
-            and isinstance(mc.get("likelihood"), dict)
-        ):
-            raise ValueError(
-                f"{where!r}: the header's mcmc = {mc!r:.80} is not a table of the chains' "
-                "sites, settings and statistics"
-            )
+        what = "the chains' sites, settings and statistics"
+        mc = header_table(
+            header, "mcmc", where, what, site_names=list, settings=dict, stats=list, likelihood=dict
+        )
         net = net_section(payload, network)
         prior = rebuild_prior(mc["prior"], net, where, payload_section(payload, "prior/"))
         lik = rebuild_likelihood(mc["likelihood"])

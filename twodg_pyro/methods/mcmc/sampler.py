@@ -101,18 +101,9 @@ class _Recording:
 class RecordingNUTS(_Recording, NUTS):
     """Pyro's :class:`~pyro.infer.mcmc.NUTS` keeping the per-iteration statistics."""
 
-    def _build_basetree(self, *args, **kwargs):
-        return _Recording._build_basetree(self, *args, **kwargs)
-
 
 class RecordingHMC(_Recording, HMC):
     """Pyro's :class:`~pyro.infer.mcmc.HMC` keeping the per-iteration statistics."""
-
-    def _build_basetree(self, *args, **kwargs):  # HMC has no trees
-        raise NotImplementedError
-
-    def _build_tree(self, *args, **kwargs):
-        raise NotImplementedError
 
 
 def _check_model(model, max_params: int) -> None:
