@@ -35,7 +35,7 @@ from torch import nn
 from ...evaluation import seeded
 from ...io.model_format import state_tensors
 from ...methods.base import TrainedMethod, net_section
-from ...prediction import _first_tensor, deterministic_predict
+from ...prediction import _device_of, deterministic_predict
 from ..settings.build import seed_everything
 from .deterministic import recipe
 from .deterministic_matched import fresh_loader
@@ -94,7 +94,7 @@ class MCDropout(TrainedMethod):
         return {"p": self.p}
 
     def _draws(self, parts, num_samples, seed):
-        with seeded(seed, getattr(_first_tensor(self.net), "device", None)):
+        with seeded(seed, _device_of(self.net)):
             return torch.stack(
                 [deterministic_predict(self.net, parts).mean for _ in range(int(num_samples))]
             )
@@ -124,7 +124,5 @@ def run(ctx: RunContext) -> dict:
     data = fresh_loader(ctx, cfg.seed)
     kw.pop("train")(method.net, data, epochs, cfg.stage1.deterministic_lr, **kw)
     seconds = time.perf_counter() - t0
-    pred = ctx.predict(method)
-    ctx.keep("mc_dropout", method, pred)
     n_net = sum(p.numel() for p in method.net.parameters())
-    return ctx.record("mc_dropout", pred, seconds, n_net, p=mc.p, epochs=int(epochs))
+    return ctx.finish("mc_dropout", method, seconds, n_net, p=mc.p, epochs=int(epochs))
