@@ -37,10 +37,10 @@ def recipe(ctx: RunContext) -> dict:
     }
 
 
-def train(ctx: RunContext, epochs: int, loader=None) -> tuple[nn.Module, float]:
-    """A copy of the run's initial network trained deterministically for ``epochs`` on
-    ``loader`` (default: the run's loader); and seconds."""
-    det = copy.deepcopy(ctx.net)
+def train(ctx: RunContext, epochs: int, loader=None, net=None) -> tuple[nn.Module, float]:
+    """``net`` (default: a copy of the run's initial network) trained deterministically for
+    ``epochs`` on ``loader`` (default: the run's loader); and seconds."""
+    det = copy.deepcopy(ctx.net) if net is None else net
     t0 = time.perf_counter()
     kw = recipe(ctx)
     data = ctx.execution.shard(ctx.loader if loader is None else loader, ctx.cfg.seed)

@@ -77,10 +77,7 @@ def format_table(records: list[dict]) -> str:
     cols = [c for c in _COLUMNS if any(c[0] in r for r in records)]
     lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in records:
-        cells = []
-        for key, _, fmt in cols:
-            cells.append(_cell(r.get(key), fmt))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(_cell(r.get(key), fmt) for key, _, fmt in cols) + " |")
     return "\n".join(lines) + "\n"
 
 
