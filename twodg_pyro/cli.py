@@ -217,8 +217,7 @@ def _report(args, ctx: dict) -> int:
     from .pipeline import read_results
     from .pipeline.outputs.results import format_results
 
-    payload = read_results(args.run_dir)
-    table = format_results(payload)
+    table = format_results(read_results(args.run_dir))
     atomic_write_text(Path(args.run_dir) / "results.md", table)
     print(table)
     return 0

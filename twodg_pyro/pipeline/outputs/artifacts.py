@@ -227,9 +227,9 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
             eval_data,
             cfg.num_samples,
             cfg.seed,
-            budget["n_eval_examples"],
-            dcfg.max_site_values,
             metrics,
+            max_examples=budget["n_eval_examples"],
+            max_site_values=dcfg.max_site_values,
             train_data=train_data,
             max_train_examples=budget["n_train_examples"],
         )

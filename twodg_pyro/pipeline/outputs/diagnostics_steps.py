@@ -146,16 +146,15 @@ def export_step(
     eval_data,
     num_samples: int,
     seed: int,
-    max_eval_examples: int | None,
-    max_site_values: int | None,
     metrics: dict | None,
-    train_data=None,
-    max_train_examples: int | None = None,
+    **export,
 ):
     """The exported tree of one method (file ``inference_data_<method>.nc``: a DataTree on
     ArviZ 1.x, an InferenceData on 0.x) and its PSIS-LOO; returns ``(tree or None, report
-    section)`` (2 steps of ``writer``).  ``train_data`` (a seeded subset of at most
-    ``max_train_examples``) is the data of the tree's ``sample_stats.log_p``."""
+    section)`` (2 steps of ``writer``).  ``export``: the keyword arguments of
+    :func:`~twodg_pyro.diagnostics.to_inference_data` (``max_examples``,
+    ``max_site_values``; ``train_data``, a seeded subset of at most ``max_train_examples``,
+    is the data of the tree's ``sample_stats.log_p``)."""
     from ... import diagnostics as D
     from ...metrics import classification_metrics
 
@@ -168,12 +167,9 @@ def export_step(
             eval_data,
             num_samples,
             seed,
-            train_data=train_data,
-            max_train_examples=max_train_examples,
-            max_site_values=max_site_values,
-            max_examples=max_eval_examples,
             method=method,
             progress=writer.progress,
+            **export,
         ),
     )
     if idata is None:
