@@ -150,9 +150,11 @@ def _write_run(out_dir, art: RunArtifacts, cfg: RunConfig) -> None:
         finished = [r.get("method") for r in art.records]
         status = {"failed_files": failed, "error": first + more, "finished": finished}
     write_results(out_dir, art.records, cfg.to_dict(), evaluation_of(cfg, art.eval_data), status)
-    skip = None if status is None else "a model file could not be written"
-    artifacts.write_artifacts(art, cfg, out_dir, skip_diagnostics=skip)  # diagnostics, figures
-    if status is not None:
+    if status is None:
+        artifacts.write_artifacts(art, cfg, out_dir)  # diagnostics, figures, ...
+    else:
+        skip = "a model file could not be written"
+        artifacts.write_artifacts(art, cfg, out_dir, skip_diagnostics=skip)
         raise IncompleteRunError(
             f"{status['error']}; the run is incomplete ({Path(out_dir) / 'results.json'} "
             "says so; its other files are written)"
