@@ -29,13 +29,6 @@ class _HelpFormatter(argparse.HelpFormatter):
         return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
 
 
-def preset_names() -> str:
-    """The presets' names, from the registry
-    (:data:`~twodg_pyro.pipeline.settings.presets.PRESETS`), in its order: ``"digits,
-    mnist-lenet5, ..."`` for the help of every command."""
-    return ", ".join(PRESETS)
-
-
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (with where to find the usage)."""
 
@@ -145,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         _debug(p)
         return p
 
-    presets = preset_names()
+    presets = ", ".join(PRESETS)  # the registry's names, in its order
     p = command("run", "the main job: every method on the bundled digits")
     _run_args(
         p,

@@ -251,10 +251,10 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         model,
         guide,
         train_data,
-        budget["khat_samples"],
-        cfg.seed,
-        budget["n_train_examples"],
         skip_blocks=None if budget["khat_blocks_run"] else over_budget,
+        num_samples=budget["khat_samples"],
+        seed=cfg.seed,
+        max_examples=budget["n_train_examples"],
     )
     report["budget"] = budget
     if primary == "2dg":

@@ -234,20 +234,17 @@ def khat_step(
     model,
     guide,
     train_data,
-    khat_samples,
-    seed,
-    max_train_examples,
     max_components: int = KHAT_BLOCK_COMPONENTS,
     skip_blocks: str | None = None,
+    **draws,
 ):
     """The k-hat of the whole weight vector (``vi_diagnostics``) and under its
     ``"blocks"`` key the block k-hats (``block_khat``: each layer, the outliers, the
-    ``max_components`` largest components), on the same draws' count and examples (1 step;
-    a failure of the blocks is recorded as ``khat_blocks`` in the errors).  With
-    ``skip_blocks`` (the reason) the blocks are not computed: ``{"skipped": reason}``."""
+    ``max_components`` largest components), on the same ``draws`` (``num_samples``,
+    ``seed``, ``max_examples``: their keyword arguments) (1 step; a failure of the blocks
+    is recorded as ``khat_blocks`` in the errors).  With ``skip_blocks`` (the reason) the
+    blocks are not computed: ``{"skipped": reason}``."""
     from ... import diagnostics as D
-
-    draws = {"num_samples": khat_samples, "seed": seed, "max_examples": max_train_examples}
 
     def run():
         vi = D.vi_diagnostics(model, guide, train_data, **draws, progress=writer.progress)

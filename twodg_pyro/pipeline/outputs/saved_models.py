@@ -319,11 +319,11 @@ def diagnose_model_file(
         model,
         guide,
         train,
-        khat_samples,
-        seed,
-        max_train_examples,
         max_components=khat_components or 0,
         skip_blocks=None if khat_components is not None else "not asked for (khat_components=None)",
+        num_samples=khat_samples,
+        seed=seed,
+        max_examples=max_train_examples,
     )
     if method == "2dg":
         writer.step("sharing_plane", lambda: plot_sharing_plane(guide, out / "sharing_plane.png"))
