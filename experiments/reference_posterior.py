@@ -14,7 +14,7 @@ NLL) and the true ELBO
 likelihood and seed for every method) trains deterministic, mean-field, 2DG with each
 tying (representative, stochastic, tied; one stage 1), rank-1, SSVI, a 5-member deep
 ensemble, last-layer Laplace and ``mcmc``: Pyro's NUTS, ``--chains`` chains of
-``--warmup`` + ``--samples`` iterations (:class:`~twodg_pyro.pipeline.settings.config.MCMCConfig`).
+``--warmup`` + ``--samples`` iterations (:class:`~twodg_pyro.methods.mcmc.settings.MCMCConfig`).
 
 Then, on the test images, on every built-in OOD set (``--ood-size`` images each) and on
 every corruption family at severity ``--severity`` (``--shift-size`` test images), the

@@ -25,6 +25,7 @@ matplotlib's too; paths print whatever bytes their names hold (:mod:`.cli_output
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -39,11 +40,7 @@ __all__ = ["main", "build_parser", "EXIT_USER_ERROR", "EXIT_FAILURE", "EXIT_INTE
 
 
 def _overrides(args) -> dict:
-    over: dict = {}
-    if getattr(args, "seed", None) is not None:
-        over["seed"] = args.seed
-    if getattr(args, "device", None) is not None:
-        over["device"] = args.device
+    over = {k: getattr(args, k) for k in ("seed", "device") if getattr(args, k, None) is not None}
     if getattr(args, "no_progress", False):
         over["progress"] = False
     if getattr(args, "no_diagnostics", False):
@@ -198,6 +195,12 @@ def _check_data_args(args, min_samples: int = 1, why: str = "") -> None:
         SEED.check("--seed", args.seed)
 
 
+def _model_options(args) -> dict:
+    """The options of ``evaluate`` and ``diagnose`` (``cli_parser._model_args``) that their
+    jobs take as they are."""
+    return {k: getattr(args, k) for k in ("data", "root", "num_samples", "seed", "device")}
+
+
 def _check_count(flag: str, value: int, low: int, why: str = "") -> None:
     """``value`` of the integer option ``flag`` is at least ``low`` and fits 64 bits."""
     from .pipeline import ConfigError
@@ -214,8 +217,7 @@ def _report(args, ctx: dict) -> int:
     from .pipeline import read_results
     from .pipeline.outputs.results import format_results
 
-    payload = read_results(args.run_dir)
-    table = format_results(payload)
+    table = format_results(read_results(args.run_dir))
     atomic_write_text(Path(args.run_dir) / "results.md", table)
     print(table)
     return 0
@@ -244,18 +246,9 @@ def _evaluate(args, ctx: dict) -> int:
         settings = {"enabled": True} | {k: v for k, v in settings.items() if v is not None}
         uncertainty = config_from_dict(settings, UncertaintyConfig, prefix="uncertainty.")
 
-    def evaluate(model_file) -> dict:
-        return evaluate_model_file(
-            model_file,
-            data=args.data,
-            root=args.root,
-            split_name=args.split,
-            num_samples=args.num_samples,
-            seed=args.seed,
-            device=args.device,
-            uncertainty=uncertainty,
-        )
-
+    evaluate = functools.partial(
+        evaluate_model_file, split_name=args.split, uncertainty=uncertainty, **_model_options(args)
+    )
     if files is None:
         metrics = evaluate(args.model_file)
     else:
@@ -275,12 +268,9 @@ def _export(args, ctx: dict) -> int:
     src = resolve_model_file(args.source)
     out = Path(args.out) if args.out else src.with_suffix(".2dgz")
     check_output_file(out, "--out")  # before the export, not after it
-    options = {
+    keys = ("outlier_sigma_bits", "outlier_mu_bits", "alpha_bits", "index_coding")
+    options = {k: getattr(args, k) for k in keys} | {
         "centre_dtype": args.precision,
-        "outlier_sigma_bits": args.outlier_sigma_bits,
-        "outlier_mu_bits": args.outlier_mu_bits,
-        "alpha_bits": args.alpha_bits,
-        "index_coding": args.index_coding,
         "covariances": {"auto": None, "yes": True, "no": False}[args.covariances],
     }
     if args.faithful:
@@ -333,13 +323,9 @@ def _diagnose(args, ctx: dict) -> int:
     report = diagnose_model_file(
         args.model_file,
         out,
-        data=args.data,
-        root=args.root,
-        num_samples=args.num_samples,
+        **_model_options(args),
         khat_samples=args.khat_samples,
         max_site_values=args.max_site_values,
-        seed=args.seed,
-        device=args.device,
         max_train_examples=args.max_examples,
         max_eval_examples=args.max_examples,
         progress=not args.no_progress,

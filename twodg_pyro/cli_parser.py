@@ -29,13 +29,6 @@ class _HelpFormatter(argparse.HelpFormatter):
         return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
 
 
-def preset_names() -> str:
-    """The presets' names, from the registry
-    (:data:`~twodg_pyro.pipeline.settings.presets.PRESETS`), in its order: ``"digits,
-    mnist-lenet5, ..."`` for the help of every command."""
-    return ", ".join(PRESETS)
-
-
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (with where to find the usage)."""
 
@@ -61,6 +54,11 @@ def _int_in(low: int, high: int):
         return value
 
     return parse
+
+
+def _choice(p: argparse.ArgumentParser, flag: str, choices: list[str], help: str) -> None:
+    """An option taking one of ``choices``, the first by default."""
+    p.add_argument(flag, choices=choices, default=choices[0], help=help)
 
 
 def _debug(p: argparse.ArgumentParser, top: bool = False) -> None:
@@ -140,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         _debug(p)
         return p
 
-    presets = preset_names()
+    presets = ", ".join(PRESETS)  # the registry's names, in its order
     p = command("run", "the main job: every method on the bundled digits")
     _run_args(
         p,
@@ -168,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         "also write the metrics as JSON to this file",
         "the posterior draws",
     )
-    p.add_argument("--split", choices=["test", "val"], default="test", help="default: test")
+    _choice(p, "--split", ["test", "val"], "default: test")
     _uncertainty_args(p)
     p = command("diagnose", "ArviZ diagnostics and figures of a saved model file (any method)")
     _model_args(p, "", "output folder (default: runs/diagnose)", "the draws and subsets")
@@ -203,18 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", default=None, help="the compact file (default: model_2dg.2dgz beside the source)"
     )
-    p.add_argument(
-        "--precision",
-        choices=["float16", "float32"],
-        default="float16",
-        help="centres and covariances (default float16)",
-    )
-    p.add_argument(
-        "--outlier-sigma-bits",
-        type=_int_in(1, 16),
-        default=16,
-        help="bits per outlier sigma (1-16; 16)",
-    )
+    _choice(p, "--precision", ["float16", "float32"], "centres and covariances (default float16)")
+    bits = "bits per outlier sigma (1-16; 16)"
+    p.add_argument("--outlier-sigma-bits", type=_int_in(1, 16), default=16, help=bits)
     p.add_argument(
         "--outlier-mu-bits",
         type=int,
@@ -222,23 +211,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         help="bits per outlier mean (16, or 8: INT8 as the quantised baseline; 16)",
     )
-    p.add_argument(
-        "--alpha-bits",
-        type=_int_in(2, 16),
-        default=8,
-        help="bits per ellipse blending weight (2-16; 8)",
-    )
-    p.add_argument(
+    bits = "bits per ellipse blending weight (2-16; 8)"
+    p.add_argument("--alpha-bits", type=_int_in(2, 16), default=8, help=bits)
+    _choice(
+        p,
         "--index-coding",
-        choices=["auto", "global", "per_site"],
-        default="auto",
-        help="one rANS table, one per layer, or the smaller (default auto)",
+        ["auto", "global", "per_site"],
+        "one rANS table, one per layer, or the smaller (default auto)",
     )
-    p.add_argument(
+    _choice(
+        p,
         "--covariances",
-        choices=["auto", "yes", "no"],
-        default="auto",
-        help="store the covariances (auto: when the tying draws with them)",
+        ["auto", "yes", "no"],
+        "store the covariances (auto: when the tying draws with them)",
     )
     p.add_argument(
         "--faithful",
@@ -254,11 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="tie every inlier of stage-1 |mu|/sigma < T to a zero-mean component (fewer "
         "index bits; docs/results.md measures what it costs)",
     )
-    p.add_argument(
+    _choice(
+        p,
         "--prune-spread",
-        choices=["zero", "matched"],
-        default="zero",
-        help="pruned weights: removed (zero), or N(0, their mean second moment) per layer",
+        ["zero", "matched"],
+        "pruned weights: removed (zero), or N(0, their mean second moment) per layer",
     )
     p = command("report", "rebuild the results table of a run folder")
     p.add_argument("run_dir")

@@ -115,12 +115,7 @@ def _batches(data, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor | N
         return [(xb, None) for xb in data.split(batch_size)]
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], torch.Tensor):
         return list(zip(data[0].split(batch_size), data[1].split(batch_size), strict=True))
-    out = []
-    for batch in data:
-        if isinstance(batch, torch.Tensor):
-            out.append((batch, None))
-        else:
-            out.append((batch[0], batch[1] if len(batch) > 1 else None))
+    out = [(b, None) if torch.is_tensor(b) else (b[0], b[1] if len(b) > 1 else None) for b in data]
     if not out:
         raise ValueError("no data to predict on (empty data set)")
     return out
@@ -250,9 +245,7 @@ def predict(
                 )
                 bar.update(1)
             done += s
-    samples = None
-    if keep_samples:
-        samples = torch.cat([torch.cat(chunks, 0) for chunks in per_sample], 1)
+    samples = torch.cat([torch.cat(c, 0) for c in per_sample], 1) if keep_samples else None
     if regression:
         sums_all = torch.cat([t.cpu() for t in sums], 1)
         return moments_prediction(

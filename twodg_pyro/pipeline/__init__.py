@@ -14,13 +14,8 @@ from .._lazy import lazy_names
 #: exported name -> the module that defines or re-exports it
 _EXPORTS: dict[str, str] = {
     "ConfigError": "twodg_pyro.pipeline.settings.config",
-    "DataConfig": "twodg_pyro.pipeline.settings.config",
-    "NetworkConfig": "twodg_pyro.pipeline.settings.config",
-    "PriorConfig": "twodg_pyro.pipeline.settings.config",
     "RunConfig": "twodg_pyro.pipeline.settings.config",
     "SharingConfig": "twodg_pyro.pipeline.settings.config",
-    "Stage1Config": "twodg_pyro.pipeline.settings.config",
-    "Stage3Config": "twodg_pyro.pipeline.settings.config",
     "config_from_dict": "twodg_pyro.pipeline.settings.config",
     "load_config": "twodg_pyro.pipeline.settings.config",
     "run_distributed": "twodg_pyro.pipeline.runtime.data_parallel",
@@ -35,16 +30,11 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "ConfigError",
-    "DataConfig",
-    "NetworkConfig",
-    "PriorConfig",
     "RunConfig",
     "RunFolder",
     "RunFolderError",
     "RunFolderLocked",
     "SharingConfig",
-    "Stage1Config",
-    "Stage3Config",
     "config_from_dict",
     "format_table",
     "load_config",
@@ -61,13 +51,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .runtime.runner import run
     from .settings.config import (
         ConfigError,
-        DataConfig,
-        NetworkConfig,
-        PriorConfig,
         RunConfig,
         SharingConfig,
-        Stage1Config,
-        Stage3Config,
         config_from_dict,
         load_config,
     )

@@ -33,7 +33,7 @@ from ...accounting import compression_report
 from ...distributed import MainOnly
 from ...guides import MeanFieldGuide, SharedGMMGuide
 from ...infer import DecomposedELBO, KLAnnealing, ScaleTrajectory
-from ...infer.checkpoint import CheckpointData, restore_state
+from ...infer.checkpoint import restore_state
 from ...infer.curvature import curvature_scales, diagonal_fisher, empirical_bayes_scales
 from ...infer.temperature import resolve_kl_weight
 from ...infer.von import VariationalOnlineNewton
@@ -132,20 +132,7 @@ def stage1_mean_field(rt: RunContext, split, net, extra: dict | None = None) -> 
             warmup_steps=s1.von_warmup_epochs * len(loader),
             total_steps=s1.epochs * len(loader),
         )
-    state = train_svi(
-        rt,
-        "stage1",
-        model,
-        guide,
-        loader,
-        cfg.stage1.epochs,
-        lr,
-        callbacks,
-        extra,
-        kl_weight=beta,
-        resumed=resumed,
-        optimizer=optimizer,
-    )
+    state = train_svi(rt, "stage1", model, guide, loader, lr, callbacks, extra, optimizer)
     return GuidePosterior(model, guide, "mean_field", state)
 
 
@@ -218,10 +205,7 @@ def stage3_shared_gmm(
     lr = {"centre": s3.lr_centre, "outlier": s3.lr_outlier, "default": s3.lr_centre}
     if guide.tying_rule.trains_covariances:
         lr["cov"] = s3.lr_cov
-    beta = rt.kl_weight("stage3", model)
-    state = train_svi(
-        rt, "stage3", model, guide, loader, s3.epochs, lr, hooks, extra, kl_weight=beta
-    )
+    state = train_svi(rt, "stage3", model, guide, loader, lr, hooks, extra)
     return GuidePosterior(model, guide, "2dg", state, structure), hooks
 
 
@@ -232,28 +216,25 @@ def train_svi(
     model,
     guide,
     loader,
-    epochs: int,
     lr,
     callbacks: list,
     extra: dict | None = None,
-    kl_weight: float = 1.0,
-    resumed: CheckpointData | None = None,
     optimizer=None,
 ):
-    r"""SVI of ``guide`` for ``stage`` (``"stage1"``, ``"stage3"``) on the seeded ``loader``
-    (``rt.execution`` shards it) on :math:`\text{nll} + \beta\,\mathrm{KL}` with
-    :math:`\beta` = ``kl_weight``; returns the final ``TrainState``.
+    r"""SVI of ``guide`` for ``stage`` (``"stage1"``, ``"stage3"``: its ``epochs``) on the
+    seeded ``loader`` (``rt.execution`` shards it) on :math:`\text{nll} +
+    \beta\,\mathrm{KL}` with the stage's :math:`\beta` (:meth:`RunContext.kl_weight`);
+    returns the final ``TrainState``.
 
     With ``rt.checkpoints`` rank 0 writes the stage's checkpoints (holding ``callbacks``'
     states, ``loader``'s generator and ``extra``), and a resumed run continues from the
-    stage's checkpoint (``resumed``: it, when the caller has loaded it already).
-    ``optimizer``: a ``torch.optim`` class or factory (default Adam).
+    stage's checkpoint.  ``optimizer``: a ``torch.optim`` class or factory (default Adam).
     """
     cfg, checkpoints, execution = rt.cfg, rt.checkpoints, rt.execution
     state, ckpt = None, None
     opt = {} if optimizer is None else {"optimizer": optimizer}
     if checkpoints is not None:
-        resumed = checkpoints.load(stage) if resumed is None else resumed
+        resumed = checkpoints.load(stage)  # the caller's, loaded once
         if resumed is not None:
             state = restore_state(
                 resumed, model, guide, lr, callbacks=callbacks, generators=[loader], **opt
@@ -263,10 +244,12 @@ def train_svi(
         model,
         guide,
         execution.shard(loader, cfg.seed),
-        epochs,
+        getattr(cfg, stage).epochs,
         seed=cfg.seed,
         lr=lr,
-        elbo=DecomposedELBO(beta=kl_weight, fast_step=cfg.fast_step, fused_kl=cfg.fused_kl),
+        elbo=DecomposedELBO(
+            beta=rt.kl_weight(stage, model), fast_step=cfg.fast_step, fused_kl=cfg.fused_kl
+        ),
         callbacks=list(callbacks) + ([] if ckpt is None else [MainOnly(ckpt)]),
         device=cfg.device,
         progress=rt.progress,

@@ -37,10 +37,10 @@ def recipe(ctx: RunContext) -> dict:
     }
 
 
-def train(ctx: RunContext, epochs: int, loader=None) -> tuple[nn.Module, float]:
-    """A copy of the run's initial network trained deterministically for ``epochs`` on
-    ``loader`` (default: the run's loader); and seconds."""
-    det = copy.deepcopy(ctx.net)
+def train(ctx: RunContext, epochs: int, loader=None, net=None) -> tuple[nn.Module, float]:
+    """``net`` (default: a copy of the run's initial network) trained deterministically for
+    ``epochs`` on ``loader`` (default: the run's loader); and seconds."""
+    det = copy.deepcopy(ctx.net) if net is None else net
     t0 = time.perf_counter()
     kw = recipe(ctx)
     data = ctx.execution.shard(ctx.loader if loader is None else loader, ctx.cfg.seed)
@@ -80,7 +80,5 @@ def run(ctx: RunContext) -> dict | None:
     epochs = ctx.cfg.stage1.deterministic_epochs
     net, seconds = train(ctx, epochs)
     ctx.deterministic = (net, epochs)
-    method = Network(net)
-    pred = ctx.predict(method)
-    ctx.keep("deterministic", method, pred)
-    return ctx.record("deterministic", pred, seconds, sum(p.numel() for p in net.parameters()))
+    n_net = sum(p.numel() for p in net.parameters())
+    return ctx.finish("deterministic", Network(net), seconds, n_net)

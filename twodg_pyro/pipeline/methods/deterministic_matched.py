@@ -53,13 +53,10 @@ def run(ctx: RunContext) -> dict:
         **recipe(ctx),
     )
     seconds = time.perf_counter() - t0
-    method = Network(net, "deterministic_matched")
-    pred = ctx.predict(method)
-    ctx.keep("deterministic_matched", method, pred)
     keys = ("epochs", "epochs_trained", "best_epoch", "best_val_nll", "validation")
-    return ctx.record(
+    return ctx.finish(
         "deterministic_matched",
-        pred,
+        Network(net, "deterministic_matched"),
         seconds,
         sum(p.numel() for p in net.parameters()),
         **{k: report[k] for k in keys},

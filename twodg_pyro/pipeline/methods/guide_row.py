@@ -47,14 +47,11 @@ def train_and_record(
         progress=cfg.progress,
     )
     seconds = time.perf_counter() - t0
-    trained = GuidePosterior(model, guide, method, state)
-    pred = ctx.predict(trained)
-    ctx.keep(method, trained, pred)
     n_guide = guide.num_trainable()
     n_det = sum(p.numel() for p in model.deterministic_parameters())
-    return ctx.record(
+    return ctx.finish(
         method,
-        pred,
+        GuidePosterior(model, guide, method, state),
         seconds,
         n_guide + n_det,
         state=state,

@@ -26,13 +26,11 @@ def run(ctx: RunContext) -> dict:
     t0 = time.perf_counter()
     post = fit_laplace(net, loader, lc, progress=ctx.progress)
     seconds = time.perf_counter() - t0
-    pred = ctx.predict(post)
-    ctx.keep("laplace", post, pred)
     n_net = sum(p.numel() for p in net.parameters())
     prior = [float(v) for v in post.prior_precision.tolist()]
-    return ctx.record(
+    return ctx.finish(
         "laplace",
-        pred,
+        post,
         seconds,
         n_net,
         stored=n_net + post.num_factor_values(),

@@ -25,7 +25,6 @@ protocol every consumer uses (:class:`~twodg_pyro.methods.TrainedMethod`).
 from __future__ import annotations
 
 import copy
-import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,10 +34,9 @@ from torch import nn
 from ...evaluation import seeded
 from ...io.model_format import state_tensors
 from ...methods.base import TrainedMethod, net_section
-from ...prediction import _first_tensor, deterministic_predict
-from ..settings.build import seed_everything
-from .deterministic import recipe
-from .deterministic_matched import fresh_loader
+from ...prediction import _device_of, deterministic_predict
+from ..settings.build import seed_everything, train_loader
+from .deterministic import train
 
 if TYPE_CHECKING:
     from ..runtime.context import RunContext
@@ -94,7 +92,7 @@ class MCDropout(TrainedMethod):
         return {"p": self.p}
 
     def _draws(self, parts, num_samples, seed):
-        with seeded(seed, getattr(_first_tensor(self.net), "device", None)):
+        with seeded(seed, _device_of(self.net)):
             return torch.stack(
                 [deterministic_predict(self.net, parts).mean for _ in range(int(num_samples))]
             )
@@ -119,12 +117,6 @@ def run(ctx: RunContext) -> dict:
     epochs = mc.epochs if mc.epochs is not None else cfg.stage1.deterministic_epochs
     seed_everything(cfg.seed)
     method = MCDropout(copy.deepcopy(ctx.net), mc.p)
-    t0 = time.perf_counter()
-    kw = recipe(ctx)
-    data = fresh_loader(ctx, cfg.seed)
-    kw.pop("train")(method.net, data, epochs, cfg.stage1.deterministic_lr, **kw)
-    seconds = time.perf_counter() - t0
-    pred = ctx.predict(method)
-    ctx.keep("mc_dropout", method, pred)
+    seconds = train(ctx, epochs, train_loader(ctx.art.split, cfg.data, cfg.seed), method.net)[1]
     n_net = sum(p.numel() for p in method.net.parameters())
-    return ctx.record("mc_dropout", pred, seconds, n_net, p=mc.p, epochs=int(epochs))
+    return ctx.finish("mc_dropout", method, seconds, n_net, p=mc.p, epochs=int(epochs))

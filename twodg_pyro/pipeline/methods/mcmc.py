@@ -28,13 +28,11 @@ def run(ctx: RunContext) -> dict:
     t0 = time.perf_counter()
     post = run_mcmc(model, train, mc, seed=cfg.seed, progress=ctx.progress)
     seconds = time.perf_counter() - t0
-    pred = ctx.predict(post)
-    ctx.keep("mcmc", post, pred)
     stats = post.sample_stats
     divergences = sum(post.settings["divergences"])
-    return ctx.record(
+    return ctx.finish(
         "mcmc",
-        pred,
+        post,
         seconds,
         model.num_weights,
         stored=post.num_params(),

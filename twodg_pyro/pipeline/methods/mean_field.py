@@ -44,13 +44,11 @@ def run(ctx: RunContext) -> dict | None:
     if ctx.resume_from == "stage3":
         return None
     model, guide, state = method.model, method.guide, method.state
-    pred = ctx.predict(method)
-    ctx.art.predictions["mean_field"] = pred
     # 2 per Bayesian weight + the deterministic ones
     n_train = guide.num_trainable() + sum(p.numel() for p in model.deterministic_parameters())
-    return ctx.record(
+    return ctx.finish(
         "mean_field",
-        pred,
+        method,
         seconds,
         n_train,
         state=state,

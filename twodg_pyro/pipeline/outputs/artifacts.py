@@ -107,17 +107,11 @@ def model_evaluation(cfg, method: str, record: dict | None, draws: dict) -> dict
     """The ``evaluation`` record a run stores in a method's model file: the draws and
     data settings of its evaluation and the metrics it gave (``twodg-pyro evaluate``
     takes its defaults from it)."""
-    d = cfg.data
+    keys = ("name", "root", "val_fraction", "test_fraction", "split_seed")
     return {
         **draws,
         "method": method,
-        "data": {
-            "name": d.name,
-            "root": d.root,
-            "val_fraction": d.val_fraction,
-            "test_fraction": d.test_fraction,
-            "split_seed": d.split_seed,
-        },
+        "data": {k: getattr(cfg.data, k) for k in keys},
         "metrics": _metrics(record) or {},
     }
 
@@ -191,9 +185,7 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
 
     out = Path(out_dir)
     trained = _variational(art)
-    dcfg = cfg.diagnostics
-    split = art.split
-    device = cfg.device
+    dcfg, split = cfg.diagnostics, art.split
     eval_data = _eval_data(art, cfg)
     draws = evaluation_of(cfg, eval_data)
     records = {r.get("method"): r for r in art.records}
@@ -222,8 +214,7 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         n_exports=len(trained),
         khat_blocks=khat_block_count(trained[primary][1]),
     )
-    predictions = art.predictions
-    train_data = data_to_device(xy(split.train), device)
+    train_data = data_to_device(xy(split.train), cfg.device)
     report: dict = {"method": primary, "draws": draws, "methods": {}}
     idatas = {}
     for method, (model, guide, _) in trained.items():
@@ -236,9 +227,9 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
             eval_data,
             cfg.num_samples,
             cfg.seed,
-            budget["n_eval_examples"],
-            dcfg.max_site_values,
             metrics,
+            max_examples=budget["n_eval_examples"],
+            max_site_values=dcfg.max_site_values,
             train_data=train_data,
             max_train_examples=budget["n_train_examples"],
         )
@@ -250,7 +241,7 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
     primary_section = report["methods"][primary]
     report["metrics"] = primary_section["metrics"]
     report["loo"] = primary_section.get("loo")
-    pred = predictions.get(primary)
+    pred = art.predictions.get(primary)
     if pred is None:  # e.g. a record restored from a checkpoint: the same seeded draws
         pred = art.trained[primary].predict(eval_data, cfg.num_samples, cfg.seed)
     summary_and_reliability(writer, idatas.get(primary), pred, primary, draws)
@@ -260,10 +251,10 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         model,
         guide,
         train_data,
-        budget["khat_samples"],
-        cfg.seed,
-        budget["n_train_examples"],
         skip_blocks=None if budget["khat_blocks_run"] else over_budget,
+        num_samples=budget["khat_samples"],
+        seed=cfg.seed,
+        max_examples=budget["n_train_examples"],
     )
     report["budget"] = budget
     if primary == "2dg":

@@ -146,16 +146,15 @@ def export_step(
     eval_data,
     num_samples: int,
     seed: int,
-    max_eval_examples: int | None,
-    max_site_values: int | None,
     metrics: dict | None,
-    train_data=None,
-    max_train_examples: int | None = None,
+    **export,
 ):
     """The exported tree of one method (file ``inference_data_<method>.nc``: a DataTree on
     ArviZ 1.x, an InferenceData on 0.x) and its PSIS-LOO; returns ``(tree or None, report
-    section)`` (2 steps of ``writer``).  ``train_data`` (a seeded subset of at most
-    ``max_train_examples``) is the data of the tree's ``sample_stats.log_p``."""
+    section)`` (2 steps of ``writer``).  ``export``: the keyword arguments of
+    :func:`~twodg_pyro.diagnostics.to_inference_data` (``max_examples``,
+    ``max_site_values``; ``train_data``, a seeded subset of at most ``max_train_examples``,
+    is the data of the tree's ``sample_stats.log_p``)."""
     from ... import diagnostics as D
     from ...metrics import classification_metrics
 
@@ -168,12 +167,9 @@ def export_step(
             eval_data,
             num_samples,
             seed,
-            train_data=train_data,
-            max_train_examples=max_train_examples,
-            max_site_values=max_site_values,
-            max_examples=max_eval_examples,
             method=method,
             progress=writer.progress,
+            **export,
         ),
     )
     if idata is None:
@@ -238,20 +234,17 @@ def khat_step(
     model,
     guide,
     train_data,
-    khat_samples,
-    seed,
-    max_train_examples,
     max_components: int = KHAT_BLOCK_COMPONENTS,
     skip_blocks: str | None = None,
+    **draws,
 ):
     """The k-hat of the whole weight vector (``vi_diagnostics``) and under its
     ``"blocks"`` key the block k-hats (``block_khat``: each layer, the outliers, the
-    ``max_components`` largest components), on the same draws' count and examples (1 step;
-    a failure of the blocks is recorded as ``khat_blocks`` in the errors).  With
-    ``skip_blocks`` (the reason) the blocks are not computed: ``{"skipped": reason}``."""
+    ``max_components`` largest components), on the same ``draws`` (``num_samples``,
+    ``seed``, ``max_examples``: their keyword arguments) (1 step; a failure of the blocks
+    is recorded as ``khat_blocks`` in the errors).  With ``skip_blocks`` (the reason) the
+    blocks are not computed: ``{"skipped": reason}``."""
     from ... import diagnostics as D
-
-    draws = {"num_samples": khat_samples, "seed": seed, "max_examples": max_train_examples}
 
     def run():
         vi = D.vi_diagnostics(model, guide, train_data, **draws, progress=writer.progress)

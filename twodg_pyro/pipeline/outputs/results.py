@@ -77,10 +77,7 @@ def format_table(records: list[dict]) -> str:
     cols = [c for c in _COLUMNS if any(c[0] in r for r in records)]
     lines = ["| " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in records:
-        cells = []
-        for key, _, fmt in cols:
-            cells.append(_cell(r.get(key), fmt))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(_cell(r.get(key), fmt) for key, _, fmt in cols) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -136,8 +133,7 @@ def uncertainty_table(records: list[dict]) -> str:
     head = ["method", "mean MI", "AURC", *(f"AUROC {s}" for s in sets), "NLL, worst shift"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [str(r["method"]), _cell(r.get("mean_mi_clean"), "{:.4f}")]
-        cells.append(_cell(r.get("aurc"), "{:.4f}"))
+        cells = [str(r["method"]), *(_cell(r.get(k), "{:.4f}") for k in ("mean_mi_clean", "aurc"))]
         for s in sets:
             m = r["ood"].get(s)
             m = m if isinstance(m, dict) else {}

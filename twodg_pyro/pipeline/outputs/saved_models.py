@@ -115,8 +115,7 @@ def check_fits(method, split, model_file, device: str = "cpu") -> None:
     )
     if first is None:
         raise ValueError(f"data set {name!r} is empty")
-    x0 = first[0][0]
-    x0 = torch.as_tensor(x0).unsqueeze(0).to(device)
+    x0 = torch.as_tensor(first[0][0]).unsqueeze(0).to(device)
     net = method.net
     if x0.is_floating_point():  # the network's dtype (a float64 model takes float64 inputs)
         x0 = x0.to(next(net.parameters()).dtype)
@@ -307,9 +306,9 @@ def diagnose_model_file(
         test,
         S,
         seed,
-        max_eval_examples,
-        DEFAULT_MAX_SITE_VALUES if max_site_values is None else max_site_values,
         metrics,
+        max_examples=max_eval_examples,
+        max_site_values=DEFAULT_MAX_SITE_VALUES if max_site_values is None else max_site_values,
         train_data=train,
         max_train_examples=max_train_examples,
     )
@@ -320,11 +319,11 @@ def diagnose_model_file(
         model,
         guide,
         train,
-        khat_samples,
-        seed,
-        max_train_examples,
         max_components=khat_components or 0,
         skip_blocks=None if khat_components is not None else "not asked for (khat_components=None)",
+        num_samples=khat_samples,
+        seed=seed,
+        max_examples=max_train_examples,
     )
     if method == "2dg":
         writer.step("sharing_plane", lambda: plot_sharing_plane(guide, out / "sharing_plane.png"))

@@ -94,6 +94,13 @@ class RunContext:
         self.art.trained[name] = method
         self.art.predictions[name] = Prediction(mean=pred.mean, targets=pred.targets)
 
+    def finish(self, name: str, method, seconds: float, n_params: int, **fields) -> dict:
+        """Predict the evaluation data by the trained ``method`` (:meth:`predict`), keep both
+        (:meth:`keep`) and return ``name``'s row (:meth:`record`, which takes ``fields``)."""
+        pred = self.predict(method)
+        self.keep(name, method, pred)
+        return self.record(name, pred, seconds, n_params, **fields)
+
     def record(
         self, method: str, pred, seconds: float, n_params: int, stored=None, state=None, **fields
     ) -> dict:

@@ -57,15 +57,9 @@ def seed_everything(seed: int) -> None:
 
 def load_data(cfg: DataConfig, image: bool) -> DataSplit:
     """The configured data set (digits as flat vectors or 1x8x8 images)."""
-    if cfg.name == "digits":
-        return load_dataset(
-            "digits",
-            val_fraction=cfg.val_fraction,
-            test_fraction=cfg.test_fraction,
-            seed=cfg.split_seed,
-            image=image,
-        )
-    kw = {"augment": cfg.augment} if cfg.name.startswith("cifar") else {}
+    kw = {"test_fraction": cfg.test_fraction, "image": image} if cfg.name == "digits" else {}
+    if cfg.name.startswith("cifar"):
+        kw["augment"] = cfg.augment
     return load_dataset(
         cfg.name, cfg.root, val_fraction=cfg.val_fraction, seed=cfg.split_seed, **kw
     )

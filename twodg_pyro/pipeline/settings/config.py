@@ -17,8 +17,8 @@ file) and reading it from files and dicts.  The rules a setting obeys are in
 :mod:`.sections` (data, network, prior, the stages; ``[sharing]`` is the 2DG method's
 own :class:`~twodg_pyro.sharing.SharingConfig`), :mod:`.registry` (the registry of
 methods, :data:`~twodg_pyro.pipeline.settings.registry.METHOD_REGISTRY`, and the sections
-of the compared methods) and :mod:`.evaluation` (uncertainty, diagnostics); all are
-importable from here.
+of the compared methods) and :mod:`.evaluation` (uncertainty, diagnostics); the sections
+of a run are importable from here (:data:`__all__`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from ...settings import (
     METHOD_LIST,
     SEED,
     ConfigError,
-    Rule,
     Section,
     at_least,
     one_of,
@@ -50,24 +49,8 @@ from ...settings import (
 from ...sharing.config import SharingConfig
 from .evaluation import DiagnosticsConfig, UncertaintyConfig
 from .presets import merge_settings
-from .registry import (
-    METHOD_REGISTRY,
-    EnsembleConfig,
-    LaplaceConfig,
-    MatchedDeterministicConfig,
-    MCMCConfig,
-    Rank1Config,
-    SSVIConfig,
-)
-from .sections import (
-    DTYPES,
-    DataConfig,
-    NetworkConfig,
-    PriorConfig,
-    Stage1Config,
-    Stage3Config,
-    torch_dtype,
-)
+from .registry import METHOD_REGISTRY, Rank1Config, SSVIConfig
+from .sections import DataConfig, NetworkConfig, PriorConfig, Stage1Config, Stage3Config
 
 __all__ = [
     "ConfigError",
@@ -79,19 +62,12 @@ __all__ = [
     "Stage3Config",
     "Rank1Config",
     "SSVIConfig",
-    "MatchedDeterministicConfig",
-    "EnsembleConfig",
-    "LaplaceConfig",
-    "MCMCConfig",
     "UncertaintyConfig",
     "DiagnosticsConfig",
     "RunConfig",
-    "DTYPES",
     "INT64_LIMIT",
     "METHODS",
     "SEED",
-    "Rule",
-    "torch_dtype",
     "load_config",
     "config_from_dict",
     "MAX_NESTING",

@@ -100,68 +100,63 @@ _PAPER_PRETRAINING = {
 }
 
 
-def _paper(data: str, arch: str, n_components: int) -> dict:
+def _stage3(epochs: int, lr: float, hooks_every: int) -> dict:
+    """Stage 3 at one learning rate, both refinement hooks every ``hooks_every`` epochs."""
+    lrs = {"lr_centre": lr, "lr_outlier": lr, "lr_cov": lr}
+    return {"epochs": epochs, **lrs, "merge_every": hooks_every, "reassign_every": hooks_every}
+
+
+#: the scale-aware outlier rule of the CPU presets: the top 0.5 % of |mu| and of the gradients
+_QUANTILE = {"outlier_rule": "quantile", "mu_quantile": 0.995, "grad_percentile": 0.005}
+
+
+def _preset(data: dict, network: dict, stage1: dict, sharing: dict, stage3: dict) -> dict:
+    """The paper's three methods under a N(0, 1) prior; every preset's ``sharing`` has
+    N_min = 20 and T_W = 1e-2."""
     return {
         "methods": ["deterministic", "mean_field", "2dg"],
-        "data": {"name": data, "batch_size": 256, "augment": True},
-        "network": {"arch": arch, "pretrain_epochs": 250},
+        "data": data,
+        "network": network,
         "prior": {"kind": "normal", "scale": 1.0},
-        "stage1": {
+        "stage1": stage1,
+        "sharing": {**sharing, "n_min": 20, "tau_d": 1e-2},
+        "stage3": stage3,
+    }
+
+
+def _paper(data: str, arch: str, n_components: int) -> dict:
+    return _preset(
+        {"name": data, "batch_size": 256, "augment": True},
+        {"arch": arch, "pretrain_epochs": 250},
+        {
             "epochs": 200,
             "lr_loc": 1e-4,
             "lr_scale": 1e-3,
             "init_scale": "paper",
             **_PAPER_PRETRAINING,
         },
-        "sharing": {
+        {
             "outlier_rule": "absolute",
             "tau_w": 0.2,
             "grad_percentile": 0.01,
             "n_components": n_components,
-            "n_min": 20,
-            "tau_d": 1e-2,
         },
-        "stage3": {
-            "epochs": 200,
-            "lr_centre": 1e-5,
-            "lr_outlier": 1e-5,
-            "lr_cov": 1e-5,
-            "merge_every": 10,
-            "reassign_every": 10,
-        },
-    }
+        _stage3(200, 1e-5, 10),
+    )
 
 
 PRESETS: dict[str, dict] = {
-    "digits": {
-        "methods": ["deterministic", "mean_field", "2dg"],
-        "data": {"name": "digits", "batch_size": 128},
-        "network": {"arch": "mlp", "hidden": [128]},
-        "prior": {"kind": "normal", "scale": 1.0},
-        "stage1": {"epochs": 150, "lr_loc": 1e-2, "lr_scale": 1e-2, "deterministic_epochs": 150},
-        "sharing": {
-            "outlier_rule": "quantile",
-            "mu_quantile": 0.995,
-            "grad_percentile": 0.005,
-            "n_components": 32,
-            "n_min": 20,
-            "tau_d": 0.01,
-        },
-        "stage3": {
-            "epochs": 60,
-            "lr_centre": 1e-2,
-            "lr_outlier": 1e-2,
-            "lr_cov": 1e-2,
-            "merge_every": 10,
-            "reassign_every": 10,
-        },
-    },
-    "mnist-lenet5": {
-        "methods": ["deterministic", "mean_field", "2dg"],
-        "data": {"name": "mnist", "root": "data/mnist_subset", "batch_size": 128},
-        "network": {"arch": "lenet5", "pretrain_epochs": 30},
-        "prior": {"kind": "normal", "scale": 1.0},
-        "stage1": {
+    "digits": _preset(
+        {"name": "digits", "batch_size": 128},
+        {"arch": "mlp", "hidden": [128]},
+        {"epochs": 150, "lr_loc": 1e-2, "lr_scale": 1e-2, "deterministic_epochs": 150},
+        {**_QUANTILE, "n_components": 32},
+        _stage3(60, 1e-2, 10),
+    ),
+    "mnist-lenet5": _preset(
+        {"name": "mnist", "root": "data/mnist_subset", "batch_size": 128},
+        {"arch": "lenet5", "pretrain_epochs": 30},
+        {
             "epochs": 40,
             "lr_loc": 1e-4,
             "lr_scale": 1e-3,
@@ -169,23 +164,9 @@ PRESETS: dict[str, dict] = {
             "deterministic_epochs": 30,
             "deterministic_lr": 1e-3,
         },
-        "sharing": {
-            "outlier_rule": "quantile",
-            "mu_quantile": 0.995,
-            "grad_percentile": 0.005,
-            "n_components": 64,
-            "n_min": 20,
-            "tau_d": 0.01,
-        },
-        "stage3": {
-            "epochs": 20,
-            "lr_centre": 1e-4,
-            "lr_outlier": 1e-4,
-            "lr_cov": 1e-4,
-            "merge_every": 5,
-            "reassign_every": 5,
-        },
-    },
+        {**_QUANTILE, "n_components": 64},
+        _stage3(20, 1e-4, 5),
+    ),
     "mnist-resnet20": _paper("mnist", "resnet20", 2000),
     "cifar10-resnet20": _paper("cifar10", "resnet20", 2000),
     "cifar10-resnet18": _paper("cifar10", "resnet18", 6000),
