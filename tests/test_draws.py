@@ -99,11 +99,12 @@ def test_the_draws_experiment_runs_end_to_end(tmp_path, monkeypatch):
     assert (tmp_path / "draws.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("name", ["draws", "draws_lenet5"])
+@pytest.mark.parametrize("name", ["draws", "draws_lenet5", "draws_resnet20"])
 def test_committed_draws_support_the_library_default(name):
-    """Item 4 of issue 31 on digits (``draws``) and LeNet-5 on the MNIST subset
-    (``draws_lenet5``): the recommended number of draws is the largest per-seed figure of
-    the Bayesian draw methods, and the library's default (30) is not below it."""
+    """Item 4 of issue 31 on digits (``draws``), LeNet-5 on the MNIST subset
+    (``draws_lenet5``) and ResNet-20 (``draws_resnet20``, issue 47): the recommended
+    number of draws is the largest per-seed figure of the Bayesian draw methods, and the
+    library's default (30) is not below it."""
     import json
     from pathlib import Path
 
