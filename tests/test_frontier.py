@@ -124,3 +124,24 @@ def test_the_committed_pruned_points_trade_bytes_for_snr(frontier):
             sizes = [p["file_bytes"] for p in pts]
             assert fractions == sorted(fractions) and 0 < fractions[0] < fractions[-1] < 1
             assert sizes == sorted(sizes, reverse=True) and sizes[0] < plain["file_bytes"]
+
+
+def test_the_stage3_threshold_is_the_largest_that_keeps_the_targets_on_validation(frontier):
+    """Issue 47, item 1: the threshold is chosen on the validation split, never on the
+    test images (their accuracy and NLL are not looked at)."""
+
+    def point(name, snr, acc, nll):
+        return {"point": name, "stage3_prune_snr": snr, "val_accuracy": acc, "val_nll": nll}
+
+    det = point("deterministic float32", None, 0.970, 0.120)
+    points = [
+        det,
+        point("2dg K=32", None, 0.975, 0.090),
+        point("t=0.5", 0.5, 0.972, 0.100),
+        point("t=1", 1.0, 0.966, 0.110),  # keeps acc >= det - 0.5 pp and NLL <= det
+        point("t=2", 2.0, 0.950, 0.300),
+    ]
+    assert frontier.choose_pruned(points)["point"] == "t=1"
+    points[3]["val_nll"] = 0.121  # above the deterministic network's: t=1 no longer keeps
+    assert frontier.choose_pruned(points)["point"] == "t=0.5"
+    assert frontier.choose_pruned([det, points[4]]) is None

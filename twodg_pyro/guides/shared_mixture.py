@@ -149,6 +149,18 @@ class SharedMixture:
         r""":math:`N_k` summed over sites."""
         return self.site_counts.sum(0)
 
+    @property
+    def pruning(self) -> dict:
+        """What :func:`~twodg_pyro.sharing.prune.prune_structure` did to the structure
+        (``snr``, ``spread``, ``n`` weights, ``components``), or ``{}``."""
+        return dict(self._info.get("pruned", {}))
+
+    @property
+    def n_pinned(self) -> int:
+        """The last components, added by pruning, that the refinement hooks leave as they
+        are and :class:`~twodg_pyro.sharing.PinPruned` holds at zero mean."""
+        return int(self.pruning.get("components", 0))
+
     def component_parameters(self) -> list[nn.Parameter]:
         """The centres, and the Cholesky factors where the tying trains them: one row per
         component each."""

@@ -21,7 +21,7 @@ from .build import (
     weight_points,
 )
 from .config import SharingConfig
-from .hooks import MahalanobisHook, MergeHook
+from .hooks import MahalanobisHook, MergeHook, PinPruned
 from .outliers import OutlierReport, mean_gradients, select_outliers
 from .prune import PruneReport, inlier_snr, prune_structure
 from .refine import apply_mapping, drop_small_components, hard_assign, reassign
@@ -33,6 +33,7 @@ __all__ = [
     "MahalanobisHook",
     "MergeHook",
     "OutlierReport",
+    "PinPruned",
     "PruneReport",
     "SharingConfig",
     "SharingStructure",

@@ -103,27 +103,34 @@ class MergeHook(_Scheduled):
         grads = None
         if math.isfinite(self.tau_g):
             grads = guide.centre_gradients(state.model, self.data, self.grad_batches)
+        # pruned components (the last n_pinned) neither merge nor absorb others
+        k_before = guide.n_components
+        free = k_before - getattr(guide, "n_pinned", 0)
         with torch.no_grad():
+            means, covs = guide.centres().detach().cpu(), guide.covariances().detach().cpu()
             result = merge_components(
-                guide.centres().detach().cpu(),
-                guide.covariances().detach().cpu(),
-                guide.component_counts().detach().cpu(),
+                means[:free],
+                covs[:free],
+                guide.component_counts().detach().cpu()[:free],
                 tau_d=self.tau_d,
                 rule=self.rule,
-                grads=None if grads is None else grads.cpu(),
+                grads=None if grads is None else grads.cpu()[:free],
                 tau_g=self.tau_g,
                 tau_v=self.tau_v,
                 test=self.test,
             )
-        k_before = guide.n_components
-        n_merged = k_before - int(result.means.shape[0])
+        n_merged = free - int(result.means.shape[0])
         self.log.append({"epoch": state.epoch, "before": k_before, "after": k_before - n_merged})
         if n_merged == 0:
             return 0
+        pinned = torch.arange(k_before - free) + result.means.shape[0]
+        mapping = torch.cat([result.mapping.long(), pinned])
         old = guide.component_parameters()
-        guide.merge(result.mapping, result.means, result.covs)
+        guide.merge(
+            mapping, torch.cat([result.means, means[free:]]), torch.cat([result.covs, covs[free:]])
+        )
         pairs = zip(old, guide.component_parameters(), strict=True)
-        remap_optimizer_rows(state.optimizer, pairs, result.mapping, guide.n_components)
+        remap_optimizer_rows(state.optimizer, pairs, mapping, guide.n_components)
         state.rebuild_optimizer()
         return n_merged
 
@@ -179,12 +186,67 @@ class MahalanobisHook(_Scheduled):
             threshold=self.threshold,
             k=self.k,
             keep_components=not self.reassign,
+            pinned=getattr(guide, "n_pinned", 0),
         )
         changed = _n_changed(before, after)
         self.log.append({"epoch": state.epoch, "changed": changed, "ellipses": after.n_ellipses})
         if changed:
             guide.load_structure(after, components=False)
         return changed
+
+
+class PinPruned(Callback):
+    r"""Hold a pruned guide's zero-mean components
+    (:attr:`~twodg_pyro.guides.SharedGMMGuide.n_pinned`, the last ones) at zero mean
+    while the other centres and the outliers train: pruning inside stage 3, as Bayesian
+    Compression fine-tunes the network it has pruned.
+
+    With the ``"matched"`` spread the pruned weights keep mean :math:`m_{k,\mu} = 0`
+    and their shared scale :math:`\sigma_k` is learnt with the rest (it starts at the
+    pruned weights' second moment); with ``"zero"`` the whole component is fixed (the
+    weights are removed: a trained :math:`\sigma_{\min}` would only grow).  The pinned
+    rows' gradients are multiplied by zero, so Adam (whose moments of those rows stay
+    zero) never moves them; the mask is registered again on the new parameters a merge
+    creates (checked before each epoch).  The refinement hooks leave the pinned
+    components alone too.
+
+    Example::
+
+        structure, report = prune_structure(structure, snr=1.0, spread="matched")
+        guide = SharedGMMGuide(model, structure)
+        fit(model, guide, loader, epochs=50, callbacks=[PinPruned()])
+    """
+
+    def __init__(self):
+        self.log: list[dict] = []  # when (epoch) which parameters were pinned, how many rows
+
+    def _pin(self, state) -> None:
+        guide = state.guide
+        n = getattr(guide, "n_pinned", 0)
+        if not n:
+            return
+        zero = guide.pruning.get("spread") == "zero"
+        pinned = []
+        for name, p in zip(
+            ("centre_mu", "centre_raw", "chol_log_diag", "chol_off"),
+            guide.component_parameters() if zero else [guide.centre_mu],
+            strict=False,
+        ):
+            if getattr(p, "_pinned_rows", 0) == n:
+                continue
+            mask = torch.ones(p.shape[0], *([1] * (p.dim() - 1)), dtype=p.dtype, device=p.device)
+            mask[p.shape[0] - n :] = 0
+            p.register_hook(lambda g, mask=mask: g * mask)
+            p._pinned_rows = n
+            pinned.append(name)
+        if pinned:
+            self.log.append({"epoch": state.epoch, "components": n, "parameters": pinned})
+
+    def on_train_begin(self, state) -> None:
+        self._pin(state)
+
+    def on_epoch_begin(self, state) -> None:
+        self._pin(state)
 
 
 def _n_changed(a, b) -> int:

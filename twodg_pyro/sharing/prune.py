@@ -174,6 +174,7 @@ def prune_structure(
     means = torch.cat([s.means, torch.tensor(new_means, dtype=dtype)])
     covs = torch.cat([s.covariances, torch.stack(new_covs).to(dtype)])
     n = int(pruned.sum())
-    info = dict(s.info, pruned={"snr": float(snr), "spread": spread, "n": n})
+    pruned_info = {"snr": float(snr), "spread": spread, "n": n, "components": len(new_means)}
+    info = dict(s.info, pruned=pruned_info)
     out = dataclasses.replace(s, means=means, covariances=covs, info=info, **fields)
     return out, PruneReport(float(snr), spread, n, n / max(n_w, 1), len(new_means), scales)

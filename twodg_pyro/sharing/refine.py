@@ -47,12 +47,15 @@ def reassign(
     threshold: float = 5.991,
     k: int = 5,
     keep_components: bool = False,
+    pinned: int = 0,
 ) -> SharingStructure:
     """Re-run the Mahalanobis check of every inlier, after re-running its hard assignment
     (``keep_components=False``) or against the component it is tied to now
     (``keep_components=True``: a plain weight's own component, an ellipse weight's nearest
     one), so that only weights far from that component become (or stop being) ellipse
-    weights."""
+    weights.  The weights of the last ``pinned`` components (pruned ones,
+    :func:`~twodg_pyro.sharing.prune.prune_structure`) stay as they are, and no other
+    weight is assigned or blended to those components."""
     from ..gmm import ellipse_assign
 
     dtype = _float_dtype(means)
@@ -61,26 +64,31 @@ def reassign(
     order = idx.argsort()
     idx, points = idx[order], s.inlier_points[order].to(dtype)
     K = means.shape[0]
-    if keep_components:
-        if K != s.n_gaussians:
-            raise ValueError(
-                f"keep_components needs the structure's {s.n_gaussians} components, got {K}"
-            )
-        current = s.ellipse_components[:, 0] if s.n_ellipses else s.ellipse_index.new_zeros(0)
-        assign = torch.cat([s.plain_component.long(), current.long()])[order]
-    else:
-        assign = hard_assign(points, means, covs, _component_weights(s, K))
-    if points.shape[0]:
-        ell = ellipse_assign(points, means, covs, assign, threshold=threshold, k=k)
-        ellipses = ell.mask, ell.components, ell.alphas
-    else:
-        ellipses = no_ellipses(int(points.shape[0]), min(k, K), dtype)
+    if keep_components and K != s.n_gaussians:
+        raise ValueError(
+            f"keep_components needs the structure's {s.n_gaussians} components, got {K}"
+        )
+    if not 0 <= pinned < K:
+        raise ValueError(f"pinned must be in [0, {K}) for {K} components, got {pinned!r}")
+    current = s.ellipse_components[:, 0] if s.n_ellipses else s.ellipse_index.new_zeros(0)
+    assign = torch.cat([s.plain_component.long(), current.long()])[order]
+    free = assign < K - pinned if pinned else torch.ones_like(assign, dtype=torch.bool)
+    m, c = means[: K - pinned], covs[: K - pinned]
+    if not keep_components:
+        weights = _component_weights(s, K)[: K - pinned]
+        assign[free] = hard_assign(points[free], m, c, weights / weights.sum().clamp_min(1e-30))
+    mask, comps, alphas = no_ellipses(int(points.shape[0]), min(k, K - pinned), dtype)
+    if bool(free.any()):
+        ell = ellipse_assign(points[free], m, c, assign[free], threshold=threshold, k=k)
+        mask = mask.clone()
+        mask[free] = ell.mask
+        comps, alphas = ell.components, ell.alphas
     return dataclasses.replace(
         s,
         means=means,
         covariances=covs,
         info=dict(s.info),
-        **inlier_fields(idx, points, assign, ellipses),
+        **inlier_fields(idx, points, assign, (mask, comps, alphas)),
     )
 
 

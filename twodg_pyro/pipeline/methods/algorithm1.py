@@ -40,7 +40,14 @@ from ...infer.von import VariationalOnlineNewton
 from ...methods import GuidePosterior
 from ...metrics import classification_metrics
 from ...priors import LayerwiseNormalPrior, PerSiteNormalPrior
-from ...sharing import MahalanobisHook, MergeHook, SharingStructure, build_sharing
+from ...sharing import (
+    MahalanobisHook,
+    MergeHook,
+    PinPruned,
+    SharingStructure,
+    build_sharing,
+    prune_structure,
+)
 from ..outputs.results import kl_weight_field
 from ..settings.build import build_model, build_prior, train_loader
 
@@ -185,6 +192,8 @@ def stage3_hooks(cfg, loader) -> list:
                 until_fixed_point=False,  # a later merge changes the mixture's shape again
             )
         )
+    if cfg.stage3.prune_snr:
+        hooks.append(PinPruned())
     return hooks
 
 
@@ -199,6 +208,8 @@ def stage3_shared_gmm(
     Its checkpoints (``stage3.pt``) also hold ``extra``.
     """
     cfg = rt.cfg
+    if cfg.stage3.prune_snr:  # pruning inside stage 3: the pruned weights' neighbours adapt
+        structure, _ = prune_structure(structure, cfg.stage3.prune_snr, cfg.stage3.prune_spread)
     guide = SharedGMMGuide(model, structure, tying=cfg.stage3.tying).to(cfg.device)
     hooks = stage3_hooks(cfg, loader)
     s3 = cfg.stage3

@@ -205,3 +205,10 @@ class Stage3Config(Section):
     #: KL temperature beta of stage 3 (1: the true bound, Eq. 10), or ``"data_size"``
     #: (as ``stage1.kl_weight``)
     kl_weight: Annotated[str | float, KL_WEIGHT] = 1.0
+    #: pruning inside stage 3 (:mod:`twodg_pyro.sharing.prune`): inliers whose stage-1
+    #: :math:`|\mu|/\sigma` is below it are tied to pinned zero-mean components before
+    #: stage 3 trains the rest (0: none)
+    prune_snr: Annotated[float, finite_at_least_zero()] = 0.0
+    #: the pinned components: ``"matched"`` (one per layer, its pruned weights' second
+    #: moment) or ``"zero"`` (the weights removed)
+    prune_spread: Literal["matched", "zero"] = "matched"
