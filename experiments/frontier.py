@@ -73,7 +73,7 @@ from twodg_pyro.pipeline.settings.build import network_spec
 from twodg_pyro.pipeline.settings.config import UncertaintyConfig, merge_settings
 from twodg_pyro.pipeline.settings.presets import preset
 
-STAGE3_SNRS = (0.5, 1.0, 2.0)
+STAGE3_SNRS = (0.5, 1.0, 1.5)
 #: 2DG variants (stage 2/3 settings over the recipe): K, and fewer outliers at K = 16
 VARIANTS: dict[str, dict] = {
     **{f"K={k}": {"sharing": {"n_components": k}} for k in (8, 16, 32, 64)},
@@ -81,11 +81,11 @@ VARIANTS: dict[str, dict] = {
         "sharing": {"n_components": 16, "mu_quantile": 0.999, "grad_percentile": 0.001}
     },
     **{
-        f"K=32 pruned in stage 3 SNR<{t:g}": {
+        f"K=32 pruned in stage 3 SNR<{t:g}{'' if spread == 'matched' else ' zero'}": {
             "sharing": {"n_components": 32},
-            "stage3": {"prune_snr": t},
+            "stage3": {"prune_snr": t, "prune_spread": spread},
         }
-        for t in STAGE3_SNRS
+        for t, spread in itertools.product(STAGE3_SNRS, ("matched", "zero"))
     },
 }
 #: pruning inside stage 3 (issue 47, item 1): stage 3 trains with every inlier of
