@@ -73,8 +73,12 @@ from twodg_pyro.pipeline.settings.build import network_spec
 from twodg_pyro.pipeline.settings.config import UncertaintyConfig, merge_settings
 from twodg_pyro.pipeline.settings.presets import preset
 
+#: pruning inside stage 3 (issue 47, item 1): stage 3 trains with every inlier of
+#: stage-1 SNR below t tied to zero-mean components (``stage3.prune_snr``, each
+#: ``prune_spread``); the threshold is chosen on the validation split (:func:`choose_pruned`)
 STAGE3_SNRS = (0.5, 1.0, 1.5)
-#: 2DG variants (stage 2/3 settings over the recipe): K, and fewer outliers at K = 16
+#: 2DG variants (stage 2/3 settings over the recipe): K, fewer outliers at K = 16, and
+#: stage-3 pruning at K = 32
 VARIANTS: dict[str, dict] = {
     **{f"K={k}": {"sharing": {"n_components": k}} for k in (8, 16, 32, 64)},
     "K=16 outliers 0.1%": {
@@ -88,9 +92,6 @@ VARIANTS: dict[str, dict] = {
         for t, spread in itertools.product(STAGE3_SNRS, ("matched", "zero"))
     },
 }
-#: pruning inside stage 3 (issue 47, item 1): stage 3 trains with every inlier of
-#: stage-1 SNR below t tied to its layer's zero-mean component (``stage3.prune_snr``,
-#: ``"matched"``); the threshold is chosen on the validation split (:func:`choose_pruned`)
 #: the ResNet-20 frontier's variants: the recipe's K (2,000 before merging), fewer
 #: components, and stage-3 pruning at the recipe's K
 RESNET_VARIANTS: dict[str, dict] = {

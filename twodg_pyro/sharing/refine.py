@@ -80,7 +80,6 @@ def reassign(
     mask, comps, alphas = no_ellipses(int(points.shape[0]), min(k, K - pinned), dtype)
     if bool(free.any()):
         ell = ellipse_assign(points[free], m, c, assign[free], threshold=threshold, k=k)
-        mask = mask.clone()
         mask[free] = ell.mask
         comps, alphas = ell.components, ell.alphas
     return dataclasses.replace(
