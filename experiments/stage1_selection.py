@@ -59,6 +59,18 @@ GRID: dict[str, tuple[dict, float]] = {
         for bn in ("frozen", "batch")
         for m in MULTIPLES
     },
+    # issue 43: the recipe's 20 ResNet epochs, and the same followed by epochs at learning
+    # rate 0 in which the scales settle at the final means (stage1.von_settle_epochs)
+    **{
+        f"von, frozen, x{m:g}, {n} + {k} settle": (
+            {
+                "network": {"norm_stats": "frozen"},
+                "stage1": {**VON, "epochs": n + k, "von_settle_epochs": k},
+            },
+            m,
+        )
+        for m, n, k in ((0.3, 20, 0), (0.3, 20, 12), (0.1, 20, 12))
+    },
 }
 
 

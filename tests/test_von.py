@@ -114,6 +114,51 @@ def test_reaches_the_mean_field_optimum_of_bayesian_linear_regression(beta):
     torch.testing.assert_close(sigma, precision.diagonal().rsqrt(), rtol=0.06, atol=0)
 
 
+def test_settle_steps_keep_the_means_and_reach_the_precision():
+    """After ``total_steps`` the learning rate is 0 (``stage1.von_settle_epochs``): the
+    means stay bit for bit while the precisions, reset 10x too wide there, average their
+    estimates (a Robbins-Monro rate) into the closed-form mean-field optimum of Bayesian
+    linear regression on the diabetes data."""
+    data = load_diabetes()
+    x = torch.tensor(data.data, dtype=torch.float64)
+    x = (x - x.mean(0)) / x.std(0)
+    y = torch.tensor(data.target, dtype=torch.float64)
+    y = (y - y.mean()) / y.std()
+    n, noise, beta = len(y), 0.7, 0.5
+    torch.manual_seed(0)
+    net = nn.Linear(10, 1, bias=False).double()
+    model = BNNModel(net, prior=NormalPrior(1.0), likelihood=Gaussian(n, scale=noise))
+    precision = x.T @ x / noise**2 / beta + torch.eye(10)
+    guide = MeanFieldGuide(model, init_scale=0.1)
+    train, settle = 2500, 3000
+    von = functools.partial(
+        VariationalOnlineNewton,
+        kl_weight=beta,
+        beta2=0.99,
+        clip_radius=None,
+        warmup_steps=100,
+        total_steps=train,
+    )
+    opt = build_optimizer(model, guide, {"loc": 0.5, "scale": 0.5}, von)
+    elbo = DecomposedELBO(beta=beta)
+    for step in range(train + settle):
+        if step == train:
+            mu_at_end_of_schedule = guide.means_and_scales()[0].clone()
+            with torch.no_grad():
+                scale_group = next(g for g in opt.param_groups if g["name"] == "scale")
+                for rho in scale_group["params"]:
+                    rho.add_(2.3)  # softplus(rho + 2.3) is about 10 softplus(rho) here
+        opt.zero_grad()
+        elbo.combine(elbo.loss_terms(model, guide, x, y)).backward()
+        opt.step()
+    mu, sigma = guide.means_and_scales()
+    assert torch.equal(mu, mu_at_end_of_schedule)
+    # 2.5 % off at most (a constant rate leaves its last ~100 estimates' noise: 7 %)
+    torch.testing.assert_close(sigma, precision.diagonal().rsqrt(), rtol=0.04, atol=0)
+    with pytest.raises(ConfigError, match="von_settle_epochs = 5: must be below stage1.epochs"):
+        config_from_dict({"stage1": {"trainer": "von", "epochs": 5, "von_settle_epochs": 5}})
+
+
 def test_bad_settings_and_groups_are_named(digits):
     model = BNNModel(MLP(64, (8,), 10), likelihood=Categorical(100))
     guide = MeanFieldGuide(model)

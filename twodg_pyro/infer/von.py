@@ -49,7 +49,10 @@ averages the whole per-example gradient, the prior's :math:`\delta\mu` included,
 adds :math:`\delta\mu` after its momentum (the two agree while :math:`\mu` moves little over
 :math:`1/(1-\beta_1)` steps).  The learning rate :math:`\alpha_t` warms up linearly over
 ``warmup_steps`` and then follows a cosine to 0 at ``total_steps`` (IVON's schedule; ``0``
-total steps: constant).  Parameters that are not the guide's (the network's
+total steps: constant).  Steps after ``total_steps`` keep the means and let the precisions
+settle at their curvature: there the rate decays as :math:`r_k = 1 / (1/r + k)` at the
+:math:`k`-th such step (Robbins-Monro), so that the precision averages its noisy estimates
+instead of following the last hundred or so.  Parameters that are not the guide's (the network's
 deterministic parameters, e.g. BatchNorm's affine ones: the group ``deterministic``) take
 Adam steps at their group's learning rate.
 
@@ -100,7 +103,8 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
         clip_radius: :math:`\xi`, the largest change of a mean per unit learning rate
             (``None``: no clipping).
         warmup_steps: linear warm-up of the learning rate over this many steps.
-        total_steps: the cosine schedule's length (``0``: constant after the warm-up).
+        total_steps: the cosine schedule's length (``0``: constant after the warm-up); later
+            steps only settle the precisions (learning rate 0, decaying :math:`r`).
         adam_betas: Adam's ``betas`` for the ``deterministic`` group.
 
     Raises:
@@ -166,7 +170,7 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
     @staticmethod
     def scheduled_lr(group: dict, step: int) -> float:
         r""":math:`\alpha_t` of ``group`` at step ``step`` (1-based): linear warm-up, then a
-        cosine to 0 at ``total_steps``."""
+        cosine to 0 at ``total_steps``, and 0 after it (the precisions still move)."""
         lr, warm, total = group["lr"], group["warmup_steps"], group["total_steps"]
         if warm and step <= warm:
             return lr * step / warm
@@ -188,6 +192,9 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
         t = loc_group["step"]
         alpha = self.scheduled_lr(loc_group, t)
         beta, b1, r = loc_group["kl_weight"], loc_group["beta1"], 1.0 - loc_group["beta2"]
+        total = loc_group["total_steps"]
+        if total and t > total:  # settling at fixed means: a Robbins-Monro rate
+            r = 1.0 / (1.0 / r + t - total)
         radius = loc_group["clip_radius"]
         for mu, rho in zip(loc_group["params"], scale_group["params"], strict=True):
             if mu.grad is None or rho.grad is None:

@@ -170,6 +170,11 @@ class Stage1Config(Section):
     von_clip_radius: Annotated[float, POSITIVE_OR_INF] = 1e-3
     #: epochs of linear warm-up, then a cosine decay to 0 at the stage's last step
     von_warmup_epochs: Annotated[int, at_least(0)] = 0
+    #: the stage's last epochs at learning rate 0 (the cosine ends before them): the means
+    #: and the deterministic parameters stay, and the precisions settle at the curvature
+    #: of the final means (the scales keep following the falling training loss until the
+    #: learning rate stops; issue 43)
+    von_settle_epochs: Annotated[int, at_least(0)] = 0
     deterministic_epochs: Annotated[int, at_least(0)] = 300
     deterministic_lr: Annotated[float, positive()] = 1e-2
     deterministic_optimizer: Optimizer = "adam"
@@ -185,6 +190,12 @@ class Stage1Config(Section):
             "stage1.kl_warmup_epochs",
             self.kl_warmup_epochs,
             "must be 0 with stage1.trainer = 'von' (its scales follow one KL weight)",
+        )
+        require(
+            self.von_settle_epochs == 0 or self.von_settle_epochs < self.epochs,
+            "stage1.von_settle_epochs",
+            self.von_settle_epochs,
+            f"must be below stage1.epochs = {self.epochs} (the means train in the others)",
         )
 
 
