@@ -391,12 +391,14 @@ TARGETS = {"lenet5": (30, 50, "ensemble"), "resnet20": (8, 16, "laplace")}
 
 def targets(rows: list[dict], arch: str = "lenet5") -> dict:
     """Issue 31's (LeNet-5) and issue 47's (ResNet-20) frontier targets on the seeds'
-    means."""
+    means, over the 2DG points of every seed (the threshold chosen on validation has no
+    point on a seed where no threshold kept the targets there)."""
     by = {r["point"]: r for r in rows}
     ratio_asked, moonshot, reference = TARGETS[arch]
     det, ens = by["deterministic float32"], by.get(reference)
     det4, mf1 = by["deterministic 4-bit"], by["mean-field INT8 mu, 1-bit sigma"]
-    ours = [r for r in rows if r["family"] == "2dg"]
+    every = max(r["seeds"] for r in rows)
+    ours = [r for r in rows if r["family"] == "2dg" and r["seeds"] == every]
 
     def keeps(r):  # the LeNet table's uncertainty targets
         ok = r["accuracy"] >= det["accuracy"] - 0.005 and r["nll"] <= det["nll"]
@@ -457,8 +459,9 @@ def markdown(rows, checks, seeds, command, arch: str = "lenet5") -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        some = f" ({r['seeds']} of {len(seeds)} seeds)" if r["seeds"] < len(seeds) else ""
         lines.append(
-            f"| {r['point']} | {r['file_bytes']:,.0f} | {r['bytes_per_weight']:.3f} | "
+            f"| {r['point']}{some} | {r['file_bytes']:,.0f} | {r['bytes_per_weight']:.3f} | "
             f"{r['float32_ratio']:.1f}x | {r['forwards_per_prediction']:.0f} | "
             f"{cell(r['accuracy'], '.4f')} | {cell(r['nll'], '.4f')} | {cell(r['ece'], '.4f')} | "
             f"{cell(r['mean_ood_auroc'], '.3f')} | {cell(r['mean_mi_auroc'], '.3f')} | "
