@@ -68,7 +68,7 @@ from common import check, command, setup
 from pyro.infer.autoguide import AutoDelta
 
 import twodg_pyro as tp
-from twodg_pyro.data import load_dataset
+from twodg_pyro.data import load_dataset, load_diabetes_split
 from twodg_pyro.evaluation import prediction_metrics
 from twodg_pyro.files import atomic_write_text, jsonable
 from twodg_pyro.methods import GuidePosterior, TrainedMethod
@@ -134,6 +134,107 @@ def trainable(model, guide) -> int:
     return sum(p.numel() for m in (guide, model) for p in m.parameters() if p.requires_grad)
 
 
+def fit_map(split, recipe: dict, seed: int, loader, scale: int = 1):
+    """The deterministic network: the MAP of the problem's model (Pyro's ``AutoDelta``),
+    its noise learnt with it; ``(model, guide, seconds)``."""
+    det = new_model(split, recipe["hidden"], seed, noise_init=recipe.get("noise_init", 1.0))
+    t0 = time.perf_counter()
+    delta = AutoDelta(det)
+    map_epochs = recipe.get("map_epochs", recipe["mf_epochs"]) // scale
+    tp.fit(det, delta, loader, epochs=map_epochs, lr=1e-2, progress=False)
+    return det, delta, time.perf_counter() - t0
+
+
+def fit_variational(split, recipe: dict, seed: int, loader, scale, det, delta, noise=None):
+    """Mean-field (on a learnt noise, or the MAP's with ``variational_noise = "map"``;
+    from a fresh network or the MAP's weights), then 2DG from it:
+    ``{"mean_field": (trained, seconds), "2dg": (trained, seconds)}``.  ``noise``
+    (``"learnt"`` / ``"map"``) overrides the recipe's."""
+    mf_epochs, s3_epochs = recipe["mf_epochs"] // scale, recipe["stage3_epochs"] // scale
+    every = max(1, s3_epochs // 6)
+    on_map = (noise or recipe.get("variational_noise", "learnt")) == "map"
+    lik = tp.Gaussian(len(split.train), det.likelihood.scale) if on_map else None
+    model = new_model(split, recipe["hidden"], seed, lik, recipe.get("noise_init", 1.0))
+    if recipe.get("mf_from_map"):
+        means = {k: v.detach().clone() for k, v in delta.median().items()}
+        guide = tp.MeanFieldGuide(model, init_scale=recipe["mf_init_scale"], init_loc=means)
+    else:
+        guide = tp.MeanFieldGuide(model)
+    t0 = time.perf_counter()
+    tp.fit(model, guide, loader, epochs=mf_epochs, lr=1e-2, progress=False)
+    if recipe.get("mf_decay_epochs"):  # then a tenth of the learning rate
+        decay = recipe["mf_decay_epochs"] // scale
+        tp.fit(model, guide, loader, epochs=decay, lr=1e-3, progress=False)
+    mf_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model2 = copy.deepcopy(model)
+    structure, _ = tp.build_sharing(model2, guide, loader, tp.SharingConfig(**SHARING))
+    shared = tp.SharedGMMGuide(model2, structure, tying="representative")
+    hooks = [
+        tp.MergeHook(tau_d=1e-2, data=loader, every=every, until_fixed_point=False),
+        tp.MahalanobisHook(every=every, until_fixed_point=False),
+    ]
+    tp.fit(model2, shared, loader, epochs=s3_epochs, lr=1e-2, callbacks=hooks, progress=False)
+    return {
+        "mean_field": (GuidePosterior(model, guide), mf_seconds),
+        "2dg": (GuidePosterior(model2, shared), time.perf_counter() - t0),
+    }
+
+
+def select_noise(seeds: list[int], quick: bool) -> dict:
+    """Diabetes' noise for mean-field and 2DG chosen on a validation split (20 % of all
+    patients, carved from the non-test ones; the test patients play no part): the learnt
+    noise against the MAP's, each scored by the Gaussian NLL and interval coverage of the
+    validation patients; ``{seed: {noise: {method: metrics}}}``."""
+    recipe, scale = RECIPES["diabetes"], 50 if quick else 1
+    out: dict = {}
+    for seed in seeds:
+        split = load_diabetes_split(val_fraction=0.2, test_fraction=0.2, seed=seed)
+        loader = tp.make_loader(split.train, recipe["batch"], shuffle=True, seed=seed)
+        det, delta, _ = fit_map(split, recipe, seed, loader, scale)
+        out[seed] = {}
+        for noise in ("learnt", "map"):
+            fits = fit_variational(split, recipe, seed, loader, scale, det, delta, noise)
+            out[seed][noise] = {
+                m: {
+                    **prediction_metrics(t.predict(split.val.tensors, DRAWS, seed)),
+                    "noise_scale": t.likelihood.scale,
+                }
+                for m, (t, _) in fits.items()
+            }
+            print(seed, noise, {m: round(r["nll"], 3) for m, r in out[seed][noise].items()})
+    return out
+
+
+def selection_markdown(payload: dict) -> str:
+    """The noise study's table and its choice (the lower mean validation NLL)."""
+    runs, lines = payload["runs"], []
+    lines += [
+        "# Regression: diabetes' noise for mean-field and 2DG, chosen on validation",
+        "",
+        f"`{payload['command']}`. Each seed's non-test patients split again: 20 % of all "
+        "patients for validation, the rest for training; the MAP network learns the noise; "
+        "mean-field and 2DG (the recipe otherwise) train on a learnt noise or on the "
+        "MAP's. Means over seeds of the validation patients' scores.",
+        "",
+        "| noise | method | Gaussian NLL | 50 % cov. | 90 % cov. | noise sigma |",
+        "|---|---|---|---|---|---|",
+    ]
+    means = {}
+    for noise in ("learnt", "map"):
+        for m in ("mean_field", "2dg"):
+            recs = [runs[s][noise][m] for s in runs]
+            row = {k: mean_sd([r[k] for r in recs])["mean"] for k in recs[0]}
+            means[noise, m] = row["nll"]
+            lines.append(
+                f"| {noise} | {m} | {row['nll']:.3f} | {row['coverage_50']:.3f} "
+                f"| {row['coverage_90']:.3f} | {row['noise_scale']:.3f} |"
+            )
+    chosen = min(("learnt", "map"), key=lambda n: means[n, "mean_field"] + means[n, "2dg"])
+    lines += ["", f"Chosen (lower validation NLL, mean-field and 2DG together): **{chosen}**."]
+    return "\n".join(lines) + "\n"
+
+
 def run_problem(name: str, seed: int, quick: bool) -> dict:
     """Every method on one problem and seed: ``{method: record}`` with each method's
     predictions on the test set (diabetes) or its epistemic spread (the gap)."""
@@ -143,8 +244,6 @@ def run_problem(name: str, seed: int, quick: bool) -> dict:
     x, y = split.train.tensors
     x_test, y_test = split.test.tensors
     loader = tp.make_loader(split.train, recipe["batch"], shuffle=True, seed=seed)
-    mf_epochs, s3_epochs = recipe["mf_epochs"] // scale, recipe["stage3_epochs"] // scale
-    every = max(1, s3_epochs // 6)
     out: dict = {}
 
     def record(method, trained: TrainedMethod, seconds: float, n_trainable: int | None = None):
@@ -168,49 +267,14 @@ def run_problem(name: str, seed: int, quick: bool) -> dict:
             rec["curve"] = pred(split.info["grid_x"])
         out[method] = rec
 
-    # deterministic: the MAP of the same model (AutoDelta), its noise learnt with it
-    noise_init = recipe.get("noise_init", 1.0)
-    det = new_model(split, recipe["hidden"], seed, noise_init=noise_init)
-    t0 = time.perf_counter()
-    delta = AutoDelta(det)
-    map_epochs = recipe.get("map_epochs", recipe["mf_epochs"]) // scale
-    tp.fit(det, delta, loader, epochs=map_epochs, lr=1e-2, progress=False)
-    seconds = time.perf_counter() - t0
+    det, delta, seconds = fit_map(split, recipe, seed, loader, scale)
     record("deterministic", GuidePosterior(det, delta), seconds, trainable(det, delta))
-
-    # mean-field (learnt noise, or the MAP's; from a fresh network or the MAP's weights),
-    # then 2DG from it
-    def map_noise():
-        return tp.Gaussian(len(y), det.likelihood.scale)
-
-    noise = map_noise() if recipe.get("variational_noise") == "map" else None
-    model = new_model(split, recipe["hidden"], seed, noise, noise_init=noise_init)
-    if recipe.get("mf_from_map"):
-        means = {k: v.detach().clone() for k, v in delta.median().items()}
-        guide = tp.MeanFieldGuide(model, init_scale=recipe["mf_init_scale"], init_loc=means)
-    else:
-        guide = tp.MeanFieldGuide(model)
-    t0 = time.perf_counter()
-    tp.fit(model, guide, loader, epochs=mf_epochs, lr=1e-2, progress=False)
-    if recipe.get("mf_decay_epochs"):  # then a tenth of the learning rate
-        decay = recipe["mf_decay_epochs"] // scale
-        tp.fit(model, guide, loader, epochs=decay, lr=1e-3, progress=False)
-    mf_seconds = time.perf_counter() - t0
-    record("mean_field", GuidePosterior(model, guide), mf_seconds, trainable(model, guide))
-    t0 = time.perf_counter()
-    model2 = copy.deepcopy(model)
-    structure, _ = tp.build_sharing(model2, guide, loader, tp.SharingConfig(**SHARING))
-    shared = tp.SharedGMMGuide(model2, structure, tying="representative")
-    hooks = [
-        tp.MergeHook(tau_d=1e-2, data=loader, every=every, until_fixed_point=False),
-        tp.MahalanobisHook(every=every, until_fixed_point=False),
-    ]
-    tp.fit(model2, shared, loader, epochs=s3_epochs, lr=1e-2, callbacks=hooks, progress=False)
-    seconds = time.perf_counter() - t0
-    record("2dg", GuidePosterior(model2, shared), seconds, trainable(model2, shared))
-    out["2dg"]["counts"] = shared.structure().counts()
+    fits = fit_variational(split, recipe, seed, loader, scale, det, delta)
+    for method, (trained, seconds) in fits.items():
+        record(method, trained, seconds, trainable(trained.model, trained.guide))
+    out["2dg"]["counts"] = fits["2dg"][0].guide.structure().counts()
     # NUTS on the same model, the noise fixed at the MAP's
-    fixed = new_model(split, recipe["hidden"], seed, map_noise())
+    fixed = new_model(split, recipe["hidden"], seed, tp.Gaussian(len(y), det.likelihood.scale))
     nuts = {k: max(2, v // scale) if k != "num_chains" else v for k, v in NUTS.items()}
     t0 = time.perf_counter()
     posterior = run_mcmc(fixed, (x, y), seed=seed, **nuts)
@@ -380,8 +444,23 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a few epochs and iterations")
     p.add_argument("--out", default=str(RESULTS), help="folder of the results")
     p.add_argument("--stem", default=None, help="output name (default: regression)")
+    p.add_argument(
+        "--select-noise",
+        action="store_true",
+        help="diabetes' noise (learnt or the MAP's) chosen on a validation split",
+    )
     args = p.parse_args(argv)
     setup(threads=1)
+    if args.select_noise:
+        stem = args.stem or "regression_noise_selection"
+        runs = select_noise(args.seeds, args.quick)
+        payload = {"command": command("regression.py", argv), "runs": runs}
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / f"{stem}.json", json.dumps(jsonable(payload), indent=2))
+        atomic_write_text(out / f"{stem}.md", selection_markdown(payload))
+        print(selection_markdown(payload))
+        return 0
     stem = args.stem or ("regression_quick" if args.quick else "regression")
     t0 = time.perf_counter()
     runs = {"diabetes": {}, "gap1d": {}}
