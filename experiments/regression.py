@@ -9,8 +9,9 @@ initialisation and every draw):
 
 * **diabetes** (:func:`~twodg_pyro.data.load_diabetes_split`: 354 training, 88 held-out
   patients, standardised): an MLP 10-50-1 (601 weights) under the layer-wise prior
-  N(0, 1/fan_in), a Gaussian likelihood with a learnt noise (``learn_scale=True``);
-  mean-field by SVI on the true ELBO (1,000 epochs, batch 128, Adam 1e-2); the 2DG BNN
+  N(0, 1/fan_in), a Gaussian likelihood whose noise the MAP learns
+  (``learn_scale=True``); mean-field by SVI on the true ELBO on the MAP's noise (chosen
+  on validation, ``--select-noise``; 1,000 epochs, batch 128, Adam 1e-2); the 2DG BNN
   from it (8 components, quantile outliers, 300 stage-3 epochs, merge and Mahalanobis
   hooks every 50); the deterministic network: the MAP of the same model (Pyro's
   ``AutoDelta``, the same epochs), noise learnt with it; NUTS (2 chains of 200 warm-up
@@ -47,6 +48,11 @@ committed run:
   then on seeds 0-2 under the rule fixed before the run (>= 20x on every seed, 2DG's
   training NLL within 5 % of mean-field's): 33 / 31 / 35 trainable (36x to 39x), training
   NLL within 2.5 %.
+* diabetes' noise, after the first committed run (its 2DG 90 % coverage was 0.958, above
+  the 0.95 asked, on a learnt noise of 0.82 against the MAP's 0.65): chosen on a
+  validation split of each seed's non-test patients (``--select-noise``; the test
+  patients unused): the MAP's noise had the lower validation NLL for mean-field and 2DG
+  on every seed.
 
 Writes ``experiments/results/regression.json`` / ``.md`` and ``regression_gap.png`` (the
 predictive of each method over the gap problem, seed 0); the checks against the issue's
@@ -79,7 +85,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("deterministic", "mean_field", "2dg", "mcmc")
 #: the recipe, per problem (``--quick`` divides the epochs and iterations)
 RECIPES = {
-    "diabetes": {"hidden": (50,), "batch": 128, "mf_epochs": 1000, "stage3_epochs": 300},
+    # mean-field and 2DG on the MAP's noise: chosen on a validation split of the non-test
+    # patients (--select-noise, regression_noise_selection.md: NLL 1.101 / 1.113 against
+    # 1.144 / 1.184 on a learnt noise, which the variational fits inflated to 0.84)
+    "diabetes": {
+        "hidden": (50,),
+        "batch": 128,
+        "mf_epochs": 1000,
+        "stage3_epochs": 300,
+        "variational_noise": "map",
+    },
     # the learnt noise starts at 0.1 (standard units): from 1, the targets' own spread, the
     # prior's pull won at once and every fit, the MAP's too, stayed flat (sigma 1.000,
     # test RMSE 1.03; the data's noise is 0.139), and NUTS took that MAP's noise.
@@ -370,10 +385,12 @@ def markdown(payload: dict) -> str:
     ratios = ", ".join(f"{v:.1f}x" for v in per_seed)
     lines += [
         "",
-        "The deterministic row is the MAP network (its noise learnt with it); `mcmc` is NUTS "
-        "on the same model with the noise fixed at the MAP's (its draws are not trained: "
-        "no trainable count). Coverage: the share of held-out targets inside the central "
-        "interval of the moment-matched predictive N(mean, std^2). Mean-field / 2DG "
+        "The deterministic row is the MAP network (its noise learnt with it); mean-field, "
+        "2DG and `mcmc` (NUTS) run on the same model with the noise fixed at the MAP's "
+        "(chosen on validation for the variational fits: regression_noise_selection.md; "
+        "NUTS's draws are not trained: no trainable count). Coverage: the share of "
+        "held-out targets inside the central interval of the moment-matched predictive "
+        "N(mean, std^2). Mean-field / 2DG "
         f"trainable parameters per seed: {ratios}. Noise sigma (standard units): {noise}.",
         "",
         "## the 1-D gap (epistemic standard deviation, the noise left out)",
