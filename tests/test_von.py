@@ -70,23 +70,29 @@ def test_one_step_is_ivons_update(digits):
         torch.testing.assert_close(guide.scale(s.name).detach(), sigma, rtol=1e-7, atol=1e-12)
 
 
-@pytest.mark.parametrize("beta", [1.0, 0.2])
-def test_reaches_the_mean_field_optimum_of_bayesian_linear_regression(beta):
-    """Mean-field VI of a Gaussian posterior has a closed-form optimum: the exact mean and
-    the diagonal of the precision, :math:`S_{ii} = (X^\\top X / s_n^2)_{ii} / \\beta + P`."""
+def _diabetes_regression(noise: float, beta: float, prior_scale: float = 1.0):
+    """Bayesian linear regression on scikit-learn's diabetes data (standardised, float64):
+    ``(x, y, model, precision)``, the last the mean-field optimum's diagonal precision
+    :math:`S_{ii} = (X^\\top X / s_n^2)_{ii} / \\beta + P`."""
     data = load_diabetes()
     x = torch.tensor(data.data, dtype=torch.float64)
     x = (x - x.mean(0)) / x.std(0)
     y = torch.tensor(data.target, dtype=torch.float64)
     y = (y - y.mean()) / y.std()
-    n, noise, prior_scale = len(y), 0.7, 1.0
     torch.manual_seed(0)
-    model = BNNModel(
-        nn.Linear(10, 1, bias=False).double(),
-        prior=NormalPrior(prior_scale),
-        likelihood=Gaussian(n, scale=noise),
-    )
+    net = nn.Linear(10, 1, bias=False).double()
+    lik = Gaussian(len(y), scale=noise)
+    model = BNNModel(net, prior=NormalPrior(prior_scale), likelihood=lik)
     precision = x.T @ x / noise**2 / beta + torch.eye(10) / prior_scale**2
+    return x, y, model, precision
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.2])
+def test_reaches_the_mean_field_optimum_of_bayesian_linear_regression(beta):
+    """Mean-field VI of a Gaussian posterior has a closed-form optimum: the exact mean and
+    the diagonal of the precision, :math:`S_{ii} = (X^\\top X / s_n^2)_{ii} / \\beta + P`."""
+    noise = 0.7
+    x, y, model, precision = _diabetes_regression(noise, beta)
     mean = torch.linalg.solve(precision, x.T @ y / noise**2 / beta)
     guide = MeanFieldGuide(model, init_scale=0.1)
     steps = 2500
@@ -119,16 +125,8 @@ def test_settle_steps_keep_the_means_and_reach_the_precision():
     means stay bit for bit while the precisions, reset 10x too wide there, average their
     estimates (a Robbins-Monro rate) into the closed-form mean-field optimum of Bayesian
     linear regression on the diabetes data."""
-    data = load_diabetes()
-    x = torch.tensor(data.data, dtype=torch.float64)
-    x = (x - x.mean(0)) / x.std(0)
-    y = torch.tensor(data.target, dtype=torch.float64)
-    y = (y - y.mean()) / y.std()
-    n, noise, beta = len(y), 0.7, 0.5
-    torch.manual_seed(0)
-    net = nn.Linear(10, 1, bias=False).double()
-    model = BNNModel(net, prior=NormalPrior(1.0), likelihood=Gaussian(n, scale=noise))
-    precision = x.T @ x / noise**2 / beta + torch.eye(10)
+    beta = 0.5
+    x, y, model, precision = _diabetes_regression(0.7, beta)
     guide = MeanFieldGuide(model, init_scale=0.1)
     train, settle = 2500, 3000
     von = functools.partial(
