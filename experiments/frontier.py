@@ -95,7 +95,8 @@ VARIANTS: dict[str, dict] = {
 #: the ResNet-20 frontier's variants: the recipe's K (2,000 before merging), fewer
 #: components, and stage-3 pruning at the recipe's K with the pruned weights removed
 #: ("zero": with "matched", seed 0 fell to accuracy 0.61 at SNR < 2,
-#: frontier_resnet20_seed0.md, and on LeNet-5 "zero" won at every threshold of seeds 0-1)
+#: frontier_resnet20_seed0.md, and on LeNet-5 "zero" won at every threshold of seeds 0-2:
+#: frontier_stage3.md)
 RESNET_VARIANTS: dict[str, dict] = {
     "K=2000": {},
     "K=256": {"sharing": {"n_components": 256}},

@@ -149,6 +149,13 @@ def trainable(model, guide) -> int:
     return sum(p.numel() for m in (guide, model) for p in m.parameters() if p.requires_grad)
 
 
+def map_noise_model(split, recipe: dict, seed: int, det) -> tp.BNNModel:
+    """The problem's BNN with its noise fixed at the MAP network ``det``'s (NUTS's model,
+    and the variational fits' with ``variational_noise = "map"``)."""
+    noise = tp.Gaussian(len(split.train), det.likelihood.scale)
+    return new_model(split, recipe["hidden"], seed, noise)
+
+
 def fit_map(split, recipe: dict, seed: int, loader, scale: int = 1):
     """The deterministic network: the MAP of the problem's model (Pyro's ``AutoDelta``),
     its noise learnt with it; ``(model, guide, seconds)``."""
@@ -168,8 +175,10 @@ def fit_variational(split, recipe: dict, seed: int, loader, scale, det, delta, n
     mf_epochs, s3_epochs = recipe["mf_epochs"] // scale, recipe["stage3_epochs"] // scale
     every = max(1, s3_epochs // 6)
     on_map = (noise or recipe.get("variational_noise", "learnt")) == "map"
-    lik = tp.Gaussian(len(split.train), det.likelihood.scale) if on_map else None
-    model = new_model(split, recipe["hidden"], seed, lik, recipe.get("noise_init", 1.0))
+    if on_map:
+        model = map_noise_model(split, recipe, seed, det)
+    else:
+        model = new_model(split, recipe["hidden"], seed, noise_init=recipe.get("noise_init", 1.0))
     if recipe.get("mf_from_map"):
         means = {k: v.detach().clone() for k, v in delta.median().items()}
         guide = tp.MeanFieldGuide(model, init_scale=recipe["mf_init_scale"], init_loc=means)
@@ -289,7 +298,7 @@ def run_problem(name: str, seed: int, quick: bool) -> dict:
         record(method, trained, seconds, trainable(trained.model, trained.guide))
     out["2dg"]["counts"] = fits["2dg"][0].guide.structure().counts()
     # NUTS on the same model, the noise fixed at the MAP's
-    fixed = new_model(split, recipe["hidden"], seed, tp.Gaussian(len(y), det.likelihood.scale))
+    fixed = map_noise_model(split, recipe, seed, det)
     nuts = {k: max(2, v // scale) if k != "num_chains" else v for k, v in NUTS.items()}
     t0 = time.perf_counter()
     posterior = run_mcmc(fixed, (x, y), seed=seed, **nuts)
