@@ -337,8 +337,8 @@ def run_seed(args, seed: int) -> list[dict]:
                     path.name,
                     **extra,
                 )
-            if variant not in PRUNED_VARIANTS:
-                continue
+            if args.arch != "lenet5" or variant not in PRUNED_VARIANTS:
+                continue  # after-training pruning: LeNet-5's frontier only
             for snr, spread in itertools.product(PRUNE_SNRS, PRUNE_SPREADS):
                 guide, prune = prune_guide(trained.model, trained.guide, snr, spread)
                 path = folder / f"2dg_{len(points)}.2dgz"
