@@ -322,12 +322,13 @@ def run_seed(args, seed: int) -> list[dict]:
                     for k in ("n_gaussians", "n_outliers", "n_ellipses", "trainable_params")
                 }
                 extra["index_coding"] = rep.get("index_coding")
+                extra["index_bits_per_weight"] = rep.get("index_bits_per_weight")
+                extra["index_entropy_bits_per_site"] = rep.get("index_entropy_bits_per_site")
+                extra["index_order1_entropy_bits"] = order1_entropy(trained.guide.structure())
                 pruning = trained.guide.pruning
                 if pruning:  # pruned inside stage 3
                     extra.update(
-                        stage3_prune_snr=pruning["snr"],
-                        pruned_fraction=pruning["n"] / n_params,
-                        index_bits_per_weight=rep.get("index_bits_per_weight"),
+                        stage3_prune_snr=pruning["snr"], pruned_fraction=pruning["n"] / n_params
                     )
                 add(
                     f"2dg {variant}{coding}",
