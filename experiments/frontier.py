@@ -252,6 +252,47 @@ def choose_pruned(points: list[dict]) -> dict | None:
     return max(ok, key=lambda p: p["stage3_prune_snr"]) if ok else None
 
 
+def choose_variant(points: list[dict]) -> dict | None:
+    """The 2DG file a user would deploy, chosen on the validation split: the smallest
+    file of the stage-3 variants (every K, pruned in stage 3 or not; not the
+    after-training pruned points) that keeps the targets there (as
+    :func:`choose_pruned`); ``None`` when none does."""
+    det = next(p for p in points if p["point"] == "deterministic float32")
+    ok = [
+        p
+        for p in points
+        if p["family"] == "2dg"
+        and " small pruned SNR<" not in p["point"]
+        and "chosen on validation" not in p["point"]
+        and p["val_accuracy"] >= det["val_accuracy"] - 0.005
+        and p["val_nll"] <= det["val_nll"]
+    ]
+    return min(ok, key=lambda p: p["file_bytes"]) if ok else None
+
+
+def with_chosen(points: list[dict]) -> list[dict]:
+    """``points`` with, per seed and coding of the file, the points chosen on the
+    validation split (:func:`choose_pruned`, :func:`choose_variant`), made anew from
+    the seed's other points (so that ``--from-json`` recomputes them too)."""
+    out = [p for p in points if "chosen on validation" not in p["point"]]
+    for seed in sorted({p["seed"] for p in out}):
+        mine = [p for p in out if p["seed"] == seed]
+        for coding in ("", " small"):
+            same = [
+                p
+                for p in mine
+                if p["family"] != "2dg" or p["point"].endswith(" small") == bool(coding)
+            ]
+            for name, choose in (
+                (f"2dg pruned in stage 3{coding}, SNR chosen on validation", choose_pruned),
+                (f"2dg{coding}, K and pruning chosen on validation", choose_variant),
+            ):
+                chosen = choose(same)
+                if chosen is not None:
+                    out.append(dict(chosen, point=name, chosen=chosen["point"]))
+    return out
+
+
 def run_seed(args, seed: int) -> list[dict]:
     """Every point of one seed (module docstring)."""
     cfg = config_from_dict(seed_settings(args, seed))
@@ -357,17 +398,6 @@ def run_seed(args, seed: int) -> list[dict]:
                     index_entropy_bits_per_site=rep.get("index_entropy_bits_per_site"),
                     index_order1_entropy_bits=order1_entropy(guide.structure()),
                 )
-    # the stage-3 threshold chosen on the validation split, for each coding of the file
-    for coding in ("", " small"):
-        same = [
-            p
-            for p in points
-            if p["family"] != "2dg" or p["point"].endswith(" small") == bool(coding)
-        ]
-        chosen = choose_pruned(same)
-        if chosen is not None:
-            name = f"2dg pruned in stage 3{coding}, SNR chosen on validation"
-            points.append(dict(chosen, point=name))
     return points
 
 
@@ -547,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         for seed in args.seeds:
             points += run_seed(args, seed)
+    points = with_chosen(points)
     rows = summarise(points)
     checks = targets(rows, args.arch)
     seeds = sorted({p["seed"] for p in points})

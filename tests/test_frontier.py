@@ -148,3 +148,37 @@ def test_the_stage3_threshold_is_the_largest_that_keeps_the_targets_on_validatio
     points[3]["val_nll"] = 0.121  # above the deterministic network's: t=1 no longer keeps
     assert frontier.choose_pruned(points)["point"] == "t=0.5"
     assert frontier.choose_pruned([det, points[4]]) is None
+
+
+def test_the_deployed_file_is_the_smallest_stage3_variant_that_keeps_validation(frontier):
+    """Issue 47, item 2: K (and stage-3 pruning) chosen on the validation split: the
+    smallest file of the stage-3 variants keeping the targets there; after-training
+    pruned points are not candidates, and the choice is made anew per seed."""
+
+    def point(name, nbytes, acc, nll, seed=0, family="2dg"):
+        return {
+            "point": name,
+            "family": family,
+            "seed": seed,
+            "file_bytes": nbytes,
+            "val_accuracy": acc,
+            "val_nll": nll,
+        }
+
+    det = point("deterministic float32", 1000, 0.970, 0.120, family="deterministic")
+    points = [
+        det,
+        point("2dg K=256", 300, 0.975, 0.090),
+        point("2dg K=16", 120, 0.968, 0.115),  # keeps: the smallest that does
+        point("2dg K=8", 100, 0.960, 0.200),  # too inaccurate
+        point("2dg K=16 small pruned SNR<2 zero", 50, 0.975, 0.090),  # after training
+    ]
+    assert frontier.choose_variant(points)["point"] == "2dg K=16"
+    both = frontier.with_chosen(points + [dict(p, seed=1) for p in points[:2]])
+    chosen = {
+        p["seed"]: p["chosen"]
+        for p in both
+        if p["point"] == "2dg, K and pruning chosen on validation"
+    }
+    assert chosen == {0: "2dg K=16", 1: "2dg K=256"}
+    assert frontier.with_chosen(both) == both  # made anew, not added twice
