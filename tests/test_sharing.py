@@ -178,3 +178,41 @@ def test_gmm_max_points_is_validated():
         SharingConfig(n_components=16, gmm_max_points=10)
     with pytest.raises(ConfigError, match=r"sharing.gmm_max_points = 5000.5"):
         SharingConfig(gmm_max_points=5000.5)
+
+
+def test_a_codebook_per_layer_fits_each_layers_points_alone(trained_mean_field):
+    """``sharing.codebook = "per_layer"``: min(K, n_l) components per layer, each fitted
+    to and holding only its own layer's weights, every layer's centres inside its points'
+    range; the layer with the smallest weights gets its own resolution (the global
+    codebook spends few of its components there)."""
+    from twodg_pyro.sharing import build_sharing_from_points, gather_points
+
+    _, guide = trained_mean_field
+    plain = dict(grad_percentile=0.0, use_outliers=False, use_ellipses=False, use_merging=False)
+    cfg = _cfg(n_components=8, n_min=0, **plain)
+    wp = gather_points(guide, cfg.coordinates)
+    s, report = build_sharing_from_points(
+        wp, _cfg(codebook="per_layer", n_components=8, n_min=0, **plain)
+    )
+    sizes = [lay.numel for lay in wp.sites]
+    assert report["gmm_components"] == s.n_gaussians == sum(min(8, n) for n in sizes)
+    ends = torch.tensor(sizes).cumsum(0)
+    layer_of_weight = torch.bucketize(s.plain_index, ends, right=True)
+    first = torch.tensor([0, *[min(8, n) for n in sizes]]).cumsum(0)
+    layer_of_component = torch.bucketize(s.plain_component, first[1:], right=True)
+    assert torch.equal(layer_of_weight, layer_of_component)
+    mus = wp.points[:, 0]
+    for lay, (lo, hi) in enumerate(zip(first[:-1], first[1:], strict=True)):
+        own = mus[layer_of_weight == lay]
+        centres = s.means[lo:hi, 0]
+        assert own.min() <= centres.min() and centres.max() <= own.max()
+    # the output bias (10 weights): 8 centres of its own against the global codebook's
+    g, _ = build_sharing_from_points(wp, cfg)
+    bias = s.plain_index >= int(ends[-2])
+    assert s.plain_component[bias].unique().numel() == 8
+    assert g.plain_component[bias].unique().numel() < 8
+
+
+def test_the_codebook_setting_is_validated():
+    with pytest.raises(ConfigError, match="sharing.codebook"):
+        SharingConfig(codebook="per_site")

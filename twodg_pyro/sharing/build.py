@@ -9,7 +9,9 @@ r"""Stages 1 (steps 3-5) and 2 of Algorithm 1: from a trained mean-field BNN to 
    rule (the only step that needs the model and data);
 3. :func:`find_outliers` — the mean rule and the gradient rule (Sec. 4.1);
 4. :func:`fit_mixture` — a 2-D Gaussian mixture fitted to the inlier points (Eq. 3), to all
-   of them or to a seeded random subsample of ``sharing.gmm_max_points``;
+   of them or to a seeded random subsample of ``sharing.gmm_max_points``
+   (:func:`fit_layer_mixtures`: one per layer, with step 5, for ``sharing.codebook =
+   "per_layer"``);
 5. :func:`assign_points` — every inlier to its most responsible component;
 6. :func:`reduce_cluster_sizes` — components with fewer than :math:`N_\min` points go;
 7. :func:`merge_to_fixed_point` — W2 merging (Eqs. 4-6) until no pair qualifies;
@@ -192,16 +194,23 @@ def mixture_sample(n: int, max_points: int | None, seed: int) -> Tensor | None:
 
 
 def fit_mixture(
-    inl: Inliers, cfg, seed: int = 0, device=None, progress: bool = False, mixture=None
+    inl: Inliers,
+    cfg,
+    seed: int = 0,
+    device=None,
+    progress: bool = False,
+    mixture=None,
+    n_components: int | None = None,
 ):
-    """Step 4: the 2-D mixture (Eq. 3) fitted to the inlier points (or to
-    :func:`mixture_sample` of them); returns the fitted mixture and sets ``inl.means`` and
-    ``inl.covs`` (CPU, the points' dtype)."""
+    """Step 4: the 2-D mixture (Eq. 3) of ``n_components`` (default
+    ``cfg.n_components``) fitted to the inlier points (or to :func:`mixture_sample` of
+    them); returns the fitted mixture and sets ``inl.means`` and ``inl.covs`` (CPU, the
+    points' dtype)."""
     from ..gmm import GaussianMixture2D
 
     rows = mixture_sample(int(inl.points.shape[0]), cfg.gmm_max_points, seed)
     gmm = (mixture or GaussianMixture2D)(
-        cfg.n_components,
+        cfg.n_components if n_components is None else n_components,
         batch_size=cfg.gmm_batch_size,
         max_iter=cfg.gmm_max_iter,
         random_state=seed,
@@ -212,6 +221,35 @@ def fit_mixture(
     inl.means = gmm.means_.detach().cpu().to(inl.points.dtype)
     inl.covs = gmm.covariances_.detach().cpu().to(inl.points.dtype)
     return gmm
+
+
+def fit_layer_mixtures(
+    inl: Inliers, wp: WeightPoints, cfg, seed: int = 0, device=None, progress=False, mixture=None
+) -> None:
+    r"""Steps 4-5 with a codebook per layer (``sharing.codebook = "per_layer"``): for
+    each layer :math:`l` with inliers, a mixture of :math:`K_l = \min(K, n_l)` components
+    fitted to its :math:`n_l` inlier points (seed ``seed + l``, :func:`fit_mixture`) and
+    each of them assigned to its most responsible component there; the components of
+    all layers pooled in layer order (``inl.means``, ``inl.covs``, ``inl.assign``).
+
+    One mixture for every layer spends its components where most points lie, on the
+    layers with the most weights; a layer whose weights are an order of magnitude smaller
+    (ResNet-20: fan-in 9 to 576) is then served by a few wide components.
+    """
+    ends = torch.tensor([lay.offset + lay.numel for lay in wp.sites])
+    layer = torch.bucketize(inl.index, ends, right=True)
+    means, covs, assign = [], [], torch.empty_like(inl.index)
+    offset = 0
+    for lay in layer.unique().tolist():
+        rows = (layer == lay).nonzero().squeeze(1)
+        part = Inliers(index=inl.index[rows], points=inl.points[rows])
+        k = min(cfg.n_components, int(rows.numel()))
+        gmm = fit_mixture(part, cfg, seed + lay, device, progress, mixture, n_components=k)
+        assign[rows] = gmm.predict(part.points).cpu() + offset
+        means.append(part.means)
+        covs.append(part.covs)
+        offset += int(part.means.shape[0])
+    inl.means, inl.covs, inl.assign = torch.cat(means), torch.cat(covs), assign
 
 
 def assign_points(inl: Inliers, gmm) -> None:
@@ -237,7 +275,10 @@ def reduce_cluster_sizes(inl: Inliers, outlier: Tensor, cfg) -> dict:
         inl.index, inl.points, inl.assign = inl.index[keep], inl.points[keep], assign_kept
     else:
         weights = torch.bincount(assign_kept, minlength=inl.means.shape[0]).to(inl.points.dtype)
-        inl.assign = hard_assign(inl.points, inl.means, inl.covs, weights / weights.sum())
+        moved = hard_assign(inl.points, inl.means, inl.covs, weights / weights.sum())
+        if cfg.codebook == "per_layer":  # only the deleted clusters' points move
+            moved[keep] = assign_kept
+        inl.assign = moved
     return report
 
 
@@ -336,12 +377,17 @@ def build_sharing_from_points(
         outlier, report["outlier_rules"] = find_outliers(wp, cfg, grads)
     inl = _inliers(wp, outlier, report["outlier_rules"].get("rule"), cfg.n_components)
     t1 = time.perf_counter()
+    gmm = None
     with step("mixture_fit"):
-        gmm = fit_mixture(inl, cfg, seed=seed, device=device, progress=progress, mixture=mixture)
+        if cfg.codebook == "per_layer":  # steps 4-5 layer by layer
+            fit_layer_mixtures(inl, wp, cfg, seed, device, progress, mixture)
+        else:
+            gmm = fit_mixture(inl, cfg, seed, device, progress, mixture)
     report["gmm_seconds"] = time.perf_counter() - t1
-    report["gmm_components"] = cfg.n_components
+    report["gmm_components"] = int(inl.means.shape[0])
     with step("hard_assignment"):
-        assign_points(inl, gmm)
+        if gmm is not None:
+            assign_points(inl, gmm)
     del gmm
     with step("size_reduction"):
         report.update(reduce_cluster_sizes(inl, outlier, cfg))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from ..gmm.merging import MergeRule, MergeTest
 from ..settings import (
@@ -33,7 +33,10 @@ from ..settings import (
 from .outliers import OutlierRule
 from .structure import Coordinates
 
-__all__ = ["SharingConfig"]
+__all__ = ["Codebook", "SharingConfig"]
+
+#: one mixture for every layer's inliers, or one per layer (``n_components`` each)
+Codebook = Literal["global", "per_layer"]
 
 
 @dataclass
@@ -61,6 +64,11 @@ class SharingConfig(Section):
     grad_percentile: Annotated[float, FRACTION] = 0.01
     grad_batches: Annotated[int, at_least(1)] = 4
     n_components: Annotated[int, at_least(1)] = 2000
+    #: ``"per_layer"``: a mixture of ``min(n_components, inliers of the layer)``
+    #: components fitted to each layer's inliers (a codebook per layer, as per-tensor
+    #: quantisation has a scale per tensor), the components then pooled for the rest of
+    #: stage 2 and stage 3
+    codebook: Codebook = "global"
     gmm_batch_size: Annotated[
         int | None, optional_at_least(1, "the points per EM mini-batch, or absent for full batches")
     ] = None
