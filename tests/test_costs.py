@@ -135,7 +135,11 @@ def test_variant_records_carry_their_own_files_bytes_and_forwards(tiny_run_confi
     from twodg_pyro.pipeline.runtime.variants import run_variants
 
     cfg = dict(tiny_run_config, methods=["deterministic", "2dg"], checkpoint_every=0)
-    variants = {"K2": {"sharing": {"n_components": 2, "k_nearest": 2}}, "K4": {}}
+    variants = {
+        "K2": {"sharing": {"n_components": 2, "k_nearest": 2}},
+        "K4": {},
+        "K4 per layer": {"sharing": {"codebook": "per_layer"}},
+    }
     with pytest.raises(ConfigError, match="k_nearest"):  # checked before anything trains
         run_variants(config_from_dict(cfg), {"bad": {"sharing": {"n_components": 2}}})
     records, _ = run_variants(config_from_dict(cfg), variants)
@@ -150,3 +154,5 @@ def test_variant_records_carry_their_own_files_bytes_and_forwards(tiny_run_confi
         assert r["relative_predict_seconds"] > 0
         assert r["file_prob_diff"] < 1e-3
     assert by["K2"]["file_bytes"] < by["K4"]["file_bytes"]
+    # a codebook per layer: K components for each of the MLP's layers, the file as exact
+    assert by["K4 per layer"]["n_gaussians"] > by["K4"]["n_gaussians"]
