@@ -9,9 +9,8 @@ r"""Stages 1 (steps 3-5) and 2 of Algorithm 1: from a trained mean-field BNN to 
    rule (the only step that needs the model and data);
 3. :func:`find_outliers` — the mean rule and the gradient rule (Sec. 4.1);
 4. :func:`fit_mixture` — a 2-D Gaussian mixture fitted to the inlier points (Eq. 3), to all
-   of them or to a seeded random subsample of ``sharing.gmm_max_points``
-   (:func:`fit_layer_mixtures`: one per layer, with step 5, for ``sharing.codebook =
-   "per_layer"``);
+   of them or to a seeded random subsample of ``sharing.gmm_max_points`` (one per
+   layer with ``sharing.codebook = "per_layer"``: :func:`fit_layer_mixtures`);
 5. :func:`assign_points` — every inlier to its most responsible component;
 6. :func:`reduce_cluster_sizes` — components with fewer than :math:`N_\min` points go;
 7. :func:`merge_to_fixed_point` — W2 merging (Eqs. 4-6) until no pair qualifies;
@@ -230,16 +229,12 @@ def fit_layer_mixtures(
     each layer :math:`l` with inliers, a mixture of :math:`K_l = \min(K, n_l)` components
     fitted to its :math:`n_l` inlier points (seed ``seed + l``, :func:`fit_mixture`) and
     each of them assigned to its most responsible component there; the components of
-    all layers pooled in layer order (``inl.means``, ``inl.covs``, ``inl.assign``).
-
-    One mixture for every layer spends its components where most points lie, on the
-    layers with the most weights; a layer whose weights are an order of magnitude smaller
-    (ResNet-20: fan-in 9 to 576) is then served by a few wide components.
+    all layers pooled in layer order (``inl.means``, ``inl.covs``, ``inl.assign``): one
+    mixture for all layers spends few components on a layer of small weights.
     """
     ends = torch.tensor([lay.offset + lay.numel for lay in wp.sites])
     layer = torch.bucketize(inl.index, ends, right=True)
-    means, covs, assign = [], [], torch.empty_like(inl.index)
-    offset = 0
+    means, covs, assign, offset = [], [], torch.empty_like(inl.index), 0
     for lay in layer.unique().tolist():
         rows = (layer == lay).nonzero().squeeze(1)
         part = Inliers(index=inl.index[rows], points=inl.points[rows])
