@@ -250,18 +250,24 @@ def seed_settings(args, seed: int) -> dict:
     )
 
 
-def choose_pruned(points: list[dict]) -> dict | None:
-    """The stage-3 pruning threshold chosen on the validation split: the largest SNR
-    whose 2DG BNN keeps the targets there (validation accuracy >= the deterministic
-    network's - 0.5 pp, validation NLL <= its NLL); ``None`` when none does."""
+def keeping_validation(points: list[dict]) -> list[dict]:
+    """The points that keep the targets on the validation split: validation accuracy >=
+    the deterministic network's - 0.5 pp, validation NLL <= its NLL."""
     det = next(p for p in points if p["point"] == "deterministic float32")
-    ok = [
+    return [
         p
         for p in points
-        if p.get("stage3_prune_snr")
+        if p.get("val_accuracy") is not None
         and p["val_accuracy"] >= det["val_accuracy"] - 0.005
         and p["val_nll"] <= det["val_nll"]
     ]
+
+
+def choose_pruned(points: list[dict]) -> dict | None:
+    """The stage-3 pruning threshold chosen on the validation split: the largest SNR
+    whose 2DG BNN keeps the targets there (:func:`keeping_validation`); ``None`` when
+    none does."""
+    ok = [p for p in keeping_validation(points) if p.get("stage3_prune_snr")]
     return max(ok, key=lambda p: p["stage3_prune_snr"]) if ok else None
 
 
@@ -270,15 +276,12 @@ def choose_variant(points: list[dict]) -> dict | None:
     file of the stage-3 variants (every K, pruned in stage 3 or not; not the
     after-training pruned points) that keeps the targets there (as
     :func:`choose_pruned`); ``None`` when none does."""
-    det = next(p for p in points if p["point"] == "deterministic float32")
     ok = [
         p
-        for p in points
+        for p in keeping_validation(points)
         if p["family"] == "2dg"
         and " small pruned SNR<" not in p["point"]
         and "chosen on validation" not in p["point"]
-        and p["val_accuracy"] >= det["val_accuracy"] - 0.005
-        and p["val_nll"] <= det["val_nll"]
     ]
     return min(ok, key=lambda p: p["file_bytes"]) if ok else None
 
