@@ -239,6 +239,32 @@ def select_noise(seeds: list[int], quick: bool) -> dict:
     return out
 
 
+def gap_spread(trained: TrainedMethod, split, seed: int) -> dict:
+    """The gap problem's epistemic standard deviation, averaged on the training inputs
+    and in the gap (``DRAWS`` draws seeded with ``seed``), and their ratio."""
+    on_data, in_gap = (
+        trained.predict(d, DRAWS, seed).epistemic_std.mean()
+        for d in (split.train.tensors, split.info["gap_x"])
+    )
+    return {
+        "epistemic_on_data": float(on_data),
+        "epistemic_in_gap": float(in_gap),
+        "gap_ratio": float(in_gap / on_data),
+    }
+
+
+def validation_choice(runs: dict, options: tuple[str, ...]) -> tuple[dict, str]:
+    """The studies' rule: ``{(option, method): mean validation NLL}`` over the seeds of
+    ``runs`` (``{seed: {option: {method: metrics}}}``) and the option whose mean-field and
+    2DG NLLs sum lowest."""
+    means = {
+        (o, m): mean_sd([runs[s][o][m]["nll"] for s in runs])["mean"]
+        for o in options
+        for m in ("mean_field", "2dg")
+    }
+    return means, min(options, key=lambda o: means[o, "mean_field"] + means[o, "2dg"])
+
+
 def select_activation(seeds: list[int], quick: bool) -> dict:
     """The gap problem's activation (ReLU, the recipe's, against tanh) chosen on a
     validation split (the last 20 % of its 80 training inputs; the test inputs and the
@@ -257,13 +283,9 @@ def select_activation(seeds: list[int], quick: bool) -> dict:
             fits = fit_variational(split, recipe, seed, loader, scale, det, delta)
             out[seed][act] = {}
             for m, (t, _) in fits.items():
-                spread = [
-                    t.predict(d, DRAWS, seed).epistemic_std.mean()
-                    for d in (split.train.tensors, split.info["gap_x"])
-                ]
                 out[seed][act][m] = {
                     **prediction_metrics(t.predict(split.val.tensors, DRAWS, seed)),
-                    "gap_ratio": float(spread[1] / spread[0]),
+                    "gap_ratio": gap_spread(t, split, seed)["gap_ratio"],
                 }
             print(seed, act, {m: round(r["nll"], 3) for m, r in out[seed][act].items()})
     return out
@@ -283,15 +305,11 @@ def activation_markdown(payload: dict) -> str:
         "| activation | method | validation Gaussian NLL | gap ratio |",
         "|---|---|---|---|",
     ]
-    means = {}
-    for act in ("relu", "tanh"):
-        for m in ("mean_field", "2dg"):
-            recs = [runs[s][act][m] for s in runs]
-            nll = mean_sd([r["nll"] for r in recs])["mean"]
-            ratio = mean_sd([r["gap_ratio"] for r in recs])
-            means[act, m] = nll
-            lines.append(f"| {act} | {m} | {nll:.3f} | {ratio['mean']:.2f} ± {ratio['sd']:.2f} |")
-    chosen = min(("relu", "tanh"), key=lambda a: means[a, "mean_field"] + means[a, "2dg"])
+    means, chosen = validation_choice(runs, ("relu", "tanh"))
+    for act, m in means:
+        ratio = mean_sd([runs[s][act][m]["gap_ratio"] for s in runs])
+        nll = means[act, m]
+        lines.append(f"| {act} | {m} | {nll:.3f} | {ratio['mean']:.2f} ± {ratio['sd']:.2f} |")
     lines += ["", f"Chosen (lower validation NLL, mean-field and 2DG together): **{chosen}**."]
     return "\n".join(lines) + "\n"
 
@@ -310,17 +328,14 @@ def selection_markdown(payload: dict) -> str:
         "| noise | method | Gaussian NLL | 50 % cov. | 90 % cov. | noise sigma |",
         "|---|---|---|---|---|---|",
     ]
-    means = {}
-    for noise in ("learnt", "map"):
-        for m in ("mean_field", "2dg"):
-            recs = [runs[s][noise][m] for s in runs]
-            row = {k: mean_sd([r[k] for r in recs])["mean"] for k in recs[0]}
-            means[noise, m] = row["nll"]
-            lines.append(
-                f"| {noise} | {m} | {row['nll']:.3f} | {row['coverage_50']:.3f} "
-                f"| {row['coverage_90']:.3f} | {row['noise_scale']:.3f} |"
-            )
-    chosen = min(("learnt", "map"), key=lambda n: means[n, "mean_field"] + means[n, "2dg"])
+    means, chosen = validation_choice(runs, ("learnt", "map"))
+    for noise, m in means:
+        recs = [runs[s][noise][m] for s in runs]
+        row = {k: mean_sd([r[k] for r in recs])["mean"] for k in recs[0]}
+        lines.append(
+            f"| {noise} | {m} | {row['nll']:.3f} | {row['coverage_50']:.3f} "
+            f"| {row['coverage_90']:.3f} | {row['noise_scale']:.3f} |"
+        )
     lines += ["", f"Chosen (lower validation NLL, mean-field and 2DG together): **{chosen}**."]
     return "\n".join(lines) + "\n"
 
@@ -350,10 +365,7 @@ def run_problem(name: str, seed: int, quick: bool) -> dict:
         if n_trainable is not None:  # NUTS trains nothing
             rec["trainable"] = n_trainable
         if name == "gap1d" and method != "deterministic":  # a MAP has no epistemic spread
-            on_data = pred((x, y)).epistemic_std.mean()
-            in_gap = pred(split.info["gap_x"]).epistemic_std.mean()
-            rec.update(epistemic_on_data=float(on_data), epistemic_in_gap=float(in_gap))
-            rec["gap_ratio"] = float(in_gap / on_data)
+            rec.update(gap_spread(trained, split, seed))
             rec["curve"] = pred(split.info["grid_x"])
         out[method] = rec
 
