@@ -24,20 +24,8 @@ from .transforms import CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
 
 PathLike = str | os.PathLike[str]
 
-CIFAR10_CLASSES = (
-    "airplane",
-    "automobile",
-    "bird",
-    "cat",
-    "deer",
-    "dog",
-    "frog",
-    "horse",
-    "ship",
-    "truck",
-)
+CIFAR10_CLASSES = tuple("airplane automobile bird cat deer dog frog horse ship truck".split())
 
-# --------------------------------------------------------------------------- idx files
 #: idx type code of unsigned bytes (the only one MNIST-family files use).
 _IDX_UBYTE = 0x08
 
@@ -99,8 +87,7 @@ def read_idx_pair(
     folder = Path(folder)
     image_path = folder / f"{prefix}-images-idx3-ubyte"
     label_path = folder / f"{prefix}-labels-idx1-ubyte"
-    images = read_idx(image_path, 3)
-    labels = read_idx(label_path, 1)
+    images, labels = read_idx(image_path, 3), read_idx(label_path, 1)
     return _check_pair(image_path, label_path, images, labels, num_classes, image_size)
 
 
@@ -180,19 +167,14 @@ def _checked_mnist_class(cls: type[datasets.MNIST]) -> type[datasets.MNIST]:
     return type(f"Checked{cls.__name__}", (_CheckedIdxMixin, cls), {"_folder": cls.__name__})
 
 
-# --------------------------------------------------------------------------- CIFAR
 class _PlainUnpickler(pickle.Unpickler):
     """Unpickles NumPy arrays and plain data only: any other class is refused, so a
     crafted file cannot run code."""
 
-    _ALLOWED = {
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy.core.multiarray", "scalar"),
-        ("numpy._core.multiarray", "scalar"),
-        ("_codecs", "encode"),
+    _ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")} | {
+        (f"numpy.{core}.multiarray", name)
+        for core in ("core", "_core")
+        for name in ("_reconstruct", "scalar")
     }
 
     def find_class(self, module: str, name: str):
@@ -310,12 +292,8 @@ class _LocalCIFAR10(datasets.CIFAR10):
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
 
-class _LocalCIFAR100(_LocalCIFAR10):
-    base_folder = datasets.CIFAR100.base_folder
-    filename = datasets.CIFAR100.filename
-    train_list = datasets.CIFAR100.train_list
-    test_list = datasets.CIFAR100.test_list
-    meta = datasets.CIFAR100.meta
+class _LocalCIFAR100(_LocalCIFAR10, datasets.CIFAR100):
+    # the files (base_folder, train_list, test_list, meta) are CIFAR100's, the reading ours
     default_classes = tuple(str(i) for i in range(100))
     num_classes = 100
     title, mean, std = "CIFAR-100", CIFAR100_MEAN, CIFAR100_STD

@@ -71,15 +71,9 @@ FASHION_MNIST_URL = "https://github.com/zalandoresearch/fashion-mnist"
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 IMAGENET_URL = "https://www.image-net.org/download.php"
 
-_MNIST_FILES = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
+_MNIST_FILES = [f"{s}-{k}-ubyte" for s in ("train", "t10k") for k in ("images-idx3", "labels-idx1")]
 
 
-# --------------------------------------------------------------------------- helpers
 def _with_transform(ds: Any, transform: Callable | None) -> Any:
     """Shallow copy of a torchvision data set (sharing its data) with another transform."""
     new = copy.copy(ds)
@@ -103,7 +97,6 @@ def _split(name, full, val_view, test, input_shape, mean, std, val_fraction, see
     )
 
 
-# --------------------------------------------------------------------------- MNIST family
 #: the MNIST family: torchvision class -> (title, url, mean, std)
 _MNIST_FAMILY = {
     datasets.MNIST: ("MNIST", MNIST_URL, MNIST_MEAN, MNIST_STD),
@@ -163,7 +156,6 @@ def load_fashion_mnist(
     return _load_mnist_like(datasets.FashionMNIST, root, val_fraction, seed, normalize)
 
 
-# --------------------------------------------------------------------------- CIFAR
 def _load_cifar(
     cls: type[_LocalCIFAR10],
     root: PathLike,
@@ -231,7 +223,6 @@ def load_cifar100(
     return _load_cifar(_LocalCIFAR100, root, val_fraction, seed, augment, verify_checksums)
 
 
-# --------------------------------------------------------------------------- ImageNet
 def _has_class_folders(path: Path) -> bool:
     return path.is_dir() and any(p.is_dir() for p in path.iterdir())
 
