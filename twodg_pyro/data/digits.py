@@ -136,8 +136,7 @@ def load_digits_split(
     n = len(y_all)
     train_idx, val_idx, test_idx = three_way_split(y_all, val_fraction, test_fraction, seed)
 
-    x = torch.from_numpy(x_all)
-    y = torch.from_numpy(y_all)
+    x, y = torch.from_numpy(x_all), torch.from_numpy(y_all)
     info: dict[str, Any] = {
         "train_idx": train_idx,
         "val_idx": val_idx,

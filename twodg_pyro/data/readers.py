@@ -122,20 +122,11 @@ def _check_label_range(path: Path, labels, num_classes: int) -> None:
 
 class _CheckedIdxMixin:
     """Reads a torchvision MNIST-family data set with :func:`read_idx_pair` (checked) and
-    keeps torchvision's folder layout (``ROOT/<torchvision class name>/raw``).  Its legacy
-    cache (``processed/training.pt``, ``test.pt``) is read only without the raw files,
-    and checked like them (a pair of ``uint8`` images and labels, loaded without
-    executing code)."""
-
-    _folder: str = "MNIST"
-
-    @property
-    def raw_folder(self) -> str:
-        return os.path.join(self.root, self._folder, "raw")
-
-    @property
-    def processed_folder(self) -> str:
-        return os.path.join(self.root, self._folder, "processed")
+    keeps torchvision's folder layout (``ROOT/<torchvision class name>/raw``: the checked
+    class has torchvision's name, :func:`_checked_mnist_class`).  Its legacy cache
+    (``processed/training.pt``, ``test.pt``) is read only without the raw files, and
+    checked like them (a pair of ``uint8`` images and labels, loaded without executing
+    code)."""
 
     def _load_data(self):
         return read_idx_pair(self.raw_folder, "train" if self.train else "t10k")
@@ -164,7 +155,8 @@ class _CheckedIdxMixin:
 
 
 def _checked_mnist_class(cls: type[datasets.MNIST]) -> type[datasets.MNIST]:
-    return type(f"Checked{cls.__name__}", (_CheckedIdxMixin, cls), {"_folder": cls.__name__})
+    # torchvision's name: its folders are ROOT/<class name>/raw and processed
+    return type(cls.__name__, (_CheckedIdxMixin, cls), {})
 
 
 class _PlainUnpickler(pickle.Unpickler):

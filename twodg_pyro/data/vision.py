@@ -166,8 +166,7 @@ def _load_cifar(
 ) -> DataSplit:
     title, mean, std = cls.title, cls.mean, cls.std
     root = Path(root)
-    files = [f for f, _ in cls.train_list + cls.test_list]
-    expected = [f"{cls.base_folder}/{f}" for f in files]
+    expected = [f"{cls.base_folder}/{f}" for f, _ in cls.train_list + cls.test_list]
     hint = f"Download the python version ({cls.filename}) and unpack it there (tar xzf)."
     DatasetNotFoundError.check(title, root, expected, CIFAR_URL, hint)
     eval_tf = cifar_eval_transform(mean, std)
