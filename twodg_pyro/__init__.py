@@ -56,54 +56,34 @@ _EXPORTS: dict[str, str] = {
     "make_loader": "twodg_pyro.data",
 }
 
-__all__ = [
-    "BNNModel",
-    "Categorical",
-    "CauchyPrior",
-    "DecomposedELBO",
-    "Gaussian",
-    "HeteroscedasticGaussian",
-    "LaplacePrior",
-    "LayerwiseNormalPrior",
-    "MahalanobisHook",
-    "MeanFieldGuide",
-    "MergeHook",
-    "NormalPrior",
-    "RegularizedHorseshoePrior",
-    "SharedGMMGuide",
-    "SharingConfig",
-    "build_sharing",
-    "evaluate",
-    "fit",
-    "load_digits_split",
-    "load_model",
-    "make_loader",
-    "predict",
-    "save_model",
-]
+#: every public name, in alphabetical order
+__all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from .bnn import BNNModel
-    from .data import make_loader
-    from .data.digits import load_digits_split
-    from .evaluation import evaluate
-    from .guides.mean_field import MeanFieldGuide
-    from .guides.shared_gmm import SharedGMMGuide
-    from .infer.elbo import DecomposedELBO
-    from .infer.trainer import fit
-    from .io.model_file import load_model, save_model
-    from .likelihoods import Categorical, Gaussian, HeteroscedasticGaussian
-    from .prediction import predict
-    from .priors import (
-        CauchyPrior,
-        LaplacePrior,
-        LayerwiseNormalPrior,
-        NormalPrior,
-        RegularizedHorseshoePrior,
-    )
-    from .sharing.build import build_sharing
-    from .sharing.config import SharingConfig
-    from .sharing.hooks import MahalanobisHook, MergeHook
+# for type checkers and IDEs (``import X as X``: a re-export); at run time the names load lazily
+if TYPE_CHECKING:
+    from .bnn import BNNModel as BNNModel
+    from .data import make_loader as make_loader
+    from .data.digits import load_digits_split as load_digits_split
+    from .evaluation import evaluate as evaluate
+    from .guides.mean_field import MeanFieldGuide as MeanFieldGuide
+    from .guides.shared_gmm import SharedGMMGuide as SharedGMMGuide
+    from .infer.elbo import DecomposedELBO as DecomposedELBO
+    from .infer.trainer import fit as fit
+    from .io.model_file import load_model as load_model
+    from .io.model_file import save_model as save_model
+    from .likelihoods import Categorical as Categorical
+    from .likelihoods import Gaussian as Gaussian
+    from .likelihoods import HeteroscedasticGaussian as HeteroscedasticGaussian
+    from .prediction import predict as predict
+    from .priors import CauchyPrior as CauchyPrior
+    from .priors import LaplacePrior as LaplacePrior
+    from .priors import LayerwiseNormalPrior as LayerwiseNormalPrior
+    from .priors import NormalPrior as NormalPrior
+    from .priors import RegularizedHorseshoePrior as RegularizedHorseshoePrior
+    from .sharing.build import build_sharing as build_sharing
+    from .sharing.config import SharingConfig as SharingConfig
+    from .sharing.hooks import MahalanobisHook as MahalanobisHook
+    from .sharing.hooks import MergeHook as MergeHook
 
 
 __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
