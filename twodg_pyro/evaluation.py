@@ -47,8 +47,7 @@ def n_examples(data) -> int:
     """Examples in ``(X, y)`` tensors, a ``Dataset`` or a ``DataLoader``."""
     if isinstance(data, tuple):
         return int(data[0].shape[0])
-    dataset = getattr(data, "dataset", data)
-    return len(dataset)
+    return len(getattr(data, "dataset", data))
 
 
 def data_to_device(data, device):

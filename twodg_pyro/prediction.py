@@ -26,6 +26,7 @@ gives the same posterior predictive (the ``"logits"`` site holds the network's o
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -195,6 +196,7 @@ def predict(
         raise ValueError(f"num_samples (N_s) must be at least 1, got {num_samples!r}")
     if int(sample_chunk) < 1:
         raise ValueError(f"sample_chunk must be at least 1, got {sample_chunk!r}")
+    num_samples, sample_chunk = int(num_samples), int(sample_chunk)
     model.eval()
     if device is None:  # where the guide lives (inputs from a CPU DataLoader are moved there)
         device = _device_of(guide) or _device_of(model)
@@ -205,22 +207,21 @@ def predict(
     components = int(model.output_components)
 
     batched = vmap(model.network_forward, in_dims=(0, None), randomness="different")
-    per_pass = max(1, int(sample_chunk) // components)  # draws per vectorised forward
+    per_pass = max(1, sample_chunk // components)  # draws per vectorised forward
     if components == 1 and any("Conv" in site.layer_type for site in model.sites):
         per_pass = 0  # one draw at a time: see _run_chunked
     sums: list[torch.Tensor | None] = [None] * len(batches)
     per_sample: list[list[torch.Tensor]] = [[] for _ in batches]
-    done = 0
-    n_chunks = -(-int(num_samples) // int(sample_chunk))
+    starts = range(0, num_samples, sample_chunk)  # the draws done before each chunk
     with tqdm(
-        total=n_chunks * len(batches),
+        total=len(starts) * len(batches),
         desc="predict",
         unit="batch",
         disable=not progress,
         leave=False,
     ) as bar:
-        while done < num_samples:
-            s = min(int(sample_chunk), num_samples - done)
+        for done in starts:
+            s = min(sample_chunk, num_samples - done)
             if isinstance(guide, BNNGuide):
                 weights = guide.sample_weights(s)
             else:
@@ -244,15 +245,13 @@ def predict(
                     f"draws {done + s}/{num_samples}, batches {len(batches)}", False
                 )
                 bar.update(1)
-            done += s
     samples = torch.cat([torch.cat(c, 0) for c in per_sample], 1) if keep_samples else None
+    draws, targets = num_samples * components, _targets(batches)
     if regression:
         sums_all = torch.cat([t.cpu() for t in sums], 1)
-        return moments_prediction(
-            sums_all, num_samples * components, out_dtype, _targets(batches), samples
-        )
-    mean = torch.cat([(t / (num_samples * components)).cpu() for t in sums])
-    return Prediction(mean=mean, targets=_targets(batches), samples=samples)
+        return moments_prediction(sums_all, draws, out_dtype, targets, samples)
+    mean = torch.cat([(t / draws).cpu() for t in sums])
+    return Prediction(mean=mean, targets=targets, samples=samples)
 
 
 def check_finite_inputs(batches: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
@@ -349,29 +348,25 @@ def program_draws(model, guide, num_samples: int, x: torch.Tensor) -> dict[str, 
         draws[site.name] = value
     if all(tuple(draws[s.name].shape) == (num_samples, *s.shape) for s in sites):
         return draws
-    rows = []
     with poutine.block():
-        for _ in range(int(num_samples)):
-            trace = poutine.trace(guide).get_trace(x)
-            rows.append([trace.nodes[site.name]["value"] for site in sites])
+        runs = [poutine.trace(guide).get_trace(x).nodes for _ in range(int(num_samples))]
     return {
-        site.name: torch.stack([row[i] for row in rows]).reshape(num_samples, *site.shape)
-        for i, site in enumerate(sites)
+        site.name: torch.stack([run[site.name]["value"] for run in runs]).reshape(
+            num_samples, *site.shape
+        )
+        for site in sites
     }
 
 
 def _device_of(module) -> torch.device | None:
     """The device of a module's first parameter or buffer (``None`` if it has neither)."""
-    t = _first_tensor(module)
-    return None if t is None else t.device
+    return getattr(_first_tensor(module), "device", None)
 
 
 def _first_tensor(module) -> torch.Tensor | None:
     """A module's first parameter, else its first buffer (``None`` if it has neither)."""
-    for tensors in (getattr(module, "parameters", None), getattr(module, "buffers", None)):
-        for t in tensors() if tensors is not None else ():
-            return t
-    return None
+    tensors = (getattr(module, kind, tuple)() for kind in ("parameters", "buffers"))
+    return next(itertools.chain.from_iterable(tensors), None)
 
 
 @torch.no_grad()
