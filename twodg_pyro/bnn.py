@@ -269,7 +269,6 @@ class BNNModel(SiteTensors):
                     m.eval()
         return self
 
-    # ------------------------------------------------------------------ helpers
     def site_parameter(self, i: int) -> torch.Tensor:
         """The network's (frozen) parameter of the ``i``-th site: its device and dtype are
         those of the site's prior and of the guides built on the model."""
@@ -364,7 +363,6 @@ class BNNModel(SiteTensors):
             ) from e
         return out.reshape(*lead, *out.shape[1:])
 
-    # ------------------------------------------------------------------ program
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         self._param_statements()
         weights = self._sample_sites()

@@ -204,14 +204,11 @@ class BNNGuide(PyroParamsMixin, nn.Module):
     #: the class name
     method: ClassVar[str | None] = None
 
-    # ------------------------------------------------------------------ program
     @abstractmethod
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """The guide as a Pyro program: ``{site: value}``, one ``sample`` statement per
         site (module docstring)."""
-        raise NotImplementedError
 
-    # ------------------------------------------------------------------ draws
     @abstractmethod
     def draw(self, num_samples: int | None = None) -> GuideSample:
         """Draw every site: ``site.shape`` each, or ``(num_samples, *site.shape)``;
@@ -221,7 +218,6 @@ class BNNGuide(PyroParamsMixin, nn.Module):
         """The weights of :meth:`draw`: ``{site: tensor}`` (derived)."""
         return self.draw(num_samples).weights
 
-    # ------------------------------------------------------------------ KL
     @abstractmethod
     def site_kl(
         self,
@@ -240,7 +236,6 @@ class BNNGuide(PyroParamsMixin, nn.Module):
                 caller traced it (the ELBO passes it, so that the KL may share the
                 draw's parameters); ``None``: the guide's own.
         """
-        raise NotImplementedError
 
     def kl_terms(
         self, priors: Mapping[str, dist.Distribution], values: Mapping[str, torch.Tensor]
@@ -253,13 +248,11 @@ class BNNGuide(PyroParamsMixin, nn.Module):
                 total[key] = total[key] + v if key in total else v
         return total
 
-    # ------------------------------------------------------------------ densities
     @abstractmethod
     def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
         r""":math:`\log q(w)` of joint draws of all sites, marginal over auxiliary
         variables (see :class:`MarginalDensity`)."""
 
-    # ------------------------------------------------------------------ parameters
     @abstractmethod
     def param_groups(self) -> list[dict]:
         """``[{"name": group_name, "params": [...]}, ...]`` covering every parameter."""

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .metrics import check_labels as check_class_labels
+from .metrics import check_labels
 from .priors.base import public_settings, register_class
 
 __all__ = [
@@ -131,20 +131,6 @@ class Likelihood(nn.Module, ABC):
         return f"{type(self).__name__}(dataset_size={self.dataset_size})"
 
 
-def check_labels(output: torch.Tensor, y: torch.Tensor, particle_dims: int = 0) -> None:
-    """Raise ``ValueError`` naming the first bad label: not an integer or a class outside
-    ``[0, C)`` for ``C`` outputs (:func:`~twodg_pyro.metrics.check_labels`), or a shape
-    that does not match the outputs (with ``particle_dims`` leading particle dimensions,
-    the labels may leave them out)."""
-    check_class_labels(y, output.shape[-1])
-    expected = tuple(output.shape[:-1])
-    if tuple(y.shape) != expected and tuple(y.shape) != expected[particle_dims:]:
-        raise ValueError(
-            f"labels of shape {tuple(y.shape)} do not match network outputs of shape "
-            f"{tuple(output.shape)} (expected labels of shape {expected[particle_dims:]})"
-        )
-
-
 class Categorical(Likelihood):
     r"""Classification: :math:`y \sim \mathrm{Categorical}(\mathrm{softmax}(f_w(x)))`.
 
@@ -160,8 +146,17 @@ class Categorical(Likelihood):
         return dist.Categorical(logits=output, validate_args=False)
 
     def check_targets(self, output: torch.Tensor, y: torch.Tensor, particle_dims: int = 0) -> None:
-        """:func:`check_labels`."""
-        check_labels(output, y, particle_dims)
+        """Raise ``ValueError`` naming the first bad label: not an integer or a class outside
+        ``[0, C)`` for ``C`` outputs (:func:`~twodg_pyro.metrics.check_labels`), or a shape
+        that does not match the outputs (with ``particle_dims`` leading particle dimensions,
+        the labels may leave them out)."""
+        check_labels(y, output.shape[-1])
+        expected = tuple(output.shape[:-1])
+        if tuple(y.shape) not in (expected, expected[particle_dims:]):
+            raise ValueError(
+                f"labels of shape {tuple(y.shape)} do not match network outputs of shape "
+                f"{tuple(output.shape)} (expected labels of shape {expected[particle_dims:]})"
+            )
 
 
 class RegressionLikelihood(Likelihood):

@@ -43,21 +43,11 @@ def rank1_prior(kind: str = "normal", scale: float = 1.0) -> Prior:
 
 
 def _factor_prior(prior) -> Prior:
-    if prior is None:
-        return NormalPrior(1.0, loc=1.0)
-    if isinstance(prior, str):
-        return rank1_prior(prior)
+    if prior is None or isinstance(prior, str):
+        return rank1_prior("normal" if prior is None else prior)
     if isinstance(prior, (int, float)) and not isinstance(prior, bool):
-        return NormalPrior(float(prior), loc=1.0)
+        return rank1_prior("normal", float(prior))
     return as_prior(prior)
-
-
-def _check_components(components) -> int:
-    if isinstance(components, bool) or not isinstance(components, int) or components < 1:
-        raise ValueError(
-            f"the number of mixture components M must be an integer >= 1, got {components!r}"
-        )
-    return components
 
 
 class Rank1BNNModel(SiteTensors):
@@ -101,7 +91,11 @@ class Rank1BNNModel(SiteTensors):
         routing: str = "modulo",
     ):
         super().__init__(net, likelihood)
-        self.components = _check_components(components)
+        if isinstance(components, bool) or not isinstance(components, int) or components < 1:
+            raise ValueError(
+                f"the number of mixture components M must be an integer >= 1, got {components!r}"
+            )
+        self.components = components
         if routing not in ROUTINGS:
             raise ValueError(f"unknown routing {routing!r}; use one of {list(ROUTINGS)}")
         self.routing = routing
@@ -111,7 +105,6 @@ class Rank1BNNModel(SiteTensors):
         self.sites: list[BayesianSite] = []
         self._factor_sites: dict[str, tuple[str, str]] = {}
         for layer in self.layers:
-            names = []
             for which, dim in (("r", layer.out_features), ("s", layer.in_features)):
                 name = f"{layer.module_name}.{which}" if layer.module_name else which
                 if name in params:
@@ -128,12 +121,11 @@ class Rank1BNNModel(SiteTensors):
                         fan_in=layer.fan_in,
                     )
                 )
-                names.append(name)
-            self._factor_sites[layer.module_name] = (names[0], names[1])
+            r_site, s_site = self.sites[-2:]
+            self._factor_sites[layer.module_name] = (r_site.name, s_site.name)
         # the layer's shared weight W of each factor site: the device and dtype of its prior
         self._site_weights = [net.get_submodule(site.module_name) for site in self.sites]
 
-    # ------------------------------------------------------------------ helpers
     @property
     def factor_sites(self) -> dict[str, tuple[str, str]]:
         """``{module_name: (r_site, s_site)}`` for every rank-1 layer."""
@@ -192,7 +184,6 @@ class Rank1BNNModel(SiteTensors):
         m = torch.arange(self.components, device=x.device)
         return m.repeat_interleave(x.shape[0])
 
-    # ------------------------------------------------------------------ program
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         r"""The model program: the factor sites, each counted :math:`1/M` (so that a stock
         ELBO's KL is the per-component average :math:`\frac1M\sum_m \mathrm{KL}(q_m\|p)`,
