@@ -25,6 +25,7 @@ matplotlib's too; paths print whatever bytes their names hold (:mod:`.cli_output
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -45,7 +46,7 @@ def _overrides(args) -> dict:
         over["progress"] = False
     if getattr(args, "no_diagnostics", False):
         over["diagnostics"] = {"enabled": False}
-    if getattr(args, "root", None) is not None and args.command in ("run", "train"):
+    if getattr(args, "root", None) is not None:
         over["data"] = {"root": args.root}
     if getattr(args, "methods", None):
         over["methods"] = args.methods
@@ -148,6 +149,7 @@ def _interrupted(args, ctx: dict) -> str:
     out, cfg = ctx.get("out"), ctx.get("cfg")
     if out is None:
         return "interrupted"
+    from .infer.checkpoint import load_checkpoint
     from .pipeline.runtime.resume import STAGES
 
     command = f"twodg-pyro {args.command} --resume {out}"
@@ -156,15 +158,10 @@ def _interrupted(args, ctx: dict) -> str:
         if not path.is_file():
             continue
         where = str(path)
-        try:
-            from .infer.checkpoint import load_checkpoint
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ckpt = load_checkpoint(path)
+        with contextlib.suppress(OSError, ValueError), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ckpt = load_checkpoint(path)
             where += f" ({stage}, epoch {ckpt.epoch} of {ckpt.header.get('epochs')})"
-        except (OSError, ValueError):
-            pass
         return f"interrupted; the last checkpoint is {where}. Continue with: {command}"
     every = int(getattr(cfg, "checkpoint_every", 0) or 0)
     if every > 0 and (out / "checkpoints" / "config.json").is_file():
@@ -249,10 +246,7 @@ def _evaluate(args, ctx: dict) -> int:
     evaluate = functools.partial(
         evaluate_model_file, split_name=args.split, uncertainty=uncertainty, **_model_options(args)
     )
-    if files is None:
-        metrics = evaluate(args.model_file)
-    else:
-        metrics = {f.name: evaluate(f) for f in files}
+    metrics = evaluate(args.model_file) if files is None else {f.name: evaluate(f) for f in files}
     text = json.dumps(metrics, indent=2, sort_keys=True)
     print(text)
     if args.out:
@@ -371,18 +365,16 @@ def _diagnose(args, ctx: dict) -> int:
 def _num(value, spec: str) -> str:
     """``value`` formatted with ``spec``; NaN, infinities, strings (``"nan"`` as
     diagnostics.json writes them) and ``None`` are written as they are, never an error."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
             return value
+    if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
+        return str(value)
     try:
-        if isinstance(value, float) and not math.isfinite(value):
-            return str(value)
         return format(value, spec)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # None, or a value the spec does not fit
         return str(value)
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -85,10 +85,6 @@ def plate_batch_shape() -> tuple[int, ...]:
     for f in frames:
         shape[f.dim] = f.size
     return tuple(shape)
-
-
-def _full_names(prefix: str, named: Iterable[tuple[str, torch.Tensor]]):
-    return [(f"{prefix}.{name}", p) for name, p in named if p.requires_grad]
 
 
 def _sync(prefix: str, full_named: list[tuple[str, torch.Tensor]]) -> list[str]:
@@ -162,7 +158,10 @@ class PyroParamsMixin:
         Raises:
             ValueError: the store holds a foreign tensor of another shape under a name.
         """
-        return _sync(self.pyro_name, _full_names(self.pyro_name, self.pyro_parameters()))
+        return _sync(self.pyro_name, self._full_names())
+
+    def _full_names(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(f"{self.pyro_name}.{name}", p) for name, p in self.pyro_parameters()]
 
     def _param_statements(self) -> None:
         """One ``pyro.param`` statement per trainable parameter, at the start of a program
@@ -174,7 +173,7 @@ class PyroParamsMixin:
         is untouched."""
         if _LOCAL.get():
             return
-        full_named = _full_names(self.pyro_name, self.pyro_parameters())
+        full_named = self._full_names()
         if not pyro.settings.get("module_local_params"):
             _sync(self.pyro_name, full_named)
             for full, _ in full_named:

@@ -45,8 +45,7 @@ class Rule:
     what: str
 
     def check(self, name: str, value: Any) -> None:
-        if not self.test(value):
-            raise ConfigError(f"{name} = {value!r}: {self.what}")
+        require(self.test(value), name, value, self.what)
 
 
 def positive(what: str = "must be a positive number") -> Rule:
