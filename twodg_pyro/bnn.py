@@ -277,8 +277,7 @@ class BNNModel(SiteTensors):
 
     def initial_values(self) -> dict[str, torch.Tensor]:
         """The network's current values of the Bayesian tensors (detached copies)."""
-        params = dict(self.net.named_parameters())
-        return {s.name: params[s.name].detach().clone() for s in self.sites}
+        return {s.name: self.site_parameter(i).detach().clone() for i, s in enumerate(self.sites)}
 
     def network_forward(self, weights: Mapping[str, torch.Tensor], x: torch.Tensor):
         """Run the network with the given Bayesian tensors: :math:`f_w(x)`.
