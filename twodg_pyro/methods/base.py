@@ -76,7 +76,11 @@ class TrainedMethod(nn.Module):
     #: the network every draw runs through (the architecture; an attribute or property)
     net: nn.Module
 
-    # ------------------------------------------------------------------ prediction
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of its network's parameters."""
+        return next(self.net.parameters()).dtype
+
     @property
     def settings(self) -> dict:
         """How it was trained or drawn (JSON-able; ``{}``: nothing beyond its name)."""
@@ -138,7 +142,6 @@ class TrainedMethod(nn.Module):
         samples = probs if keep_samples else None
         return Prediction(mean=probs.mean(0), targets=_targets(parts), samples=samples)
 
-    # ------------------------------------------------------------------ files
     def file_content(self) -> tuple[dict, dict]:
         """``(fields, tensors)`` of its model file: the header fields after ``method``,
         ``baseline``, ``network`` and ``dtype`` (JSON), and the tensors keyed

@@ -73,10 +73,6 @@ class Ensemble(TrainedMethod):
         """The first member (the architecture, for checks of inputs and outputs)."""
         return self.members[0]
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.members[0].parameters()).dtype
-
     def num_params(self) -> int:
         """Floating-point numbers of all members (trained and stored: ``M`` networks)."""
         return sum(p.numel() for p in self.parameters())
@@ -89,10 +85,8 @@ class Ensemble(TrainedMethod):
         return torch.stack([deterministic_predict(m, parts).mean for m in self.members])
 
     def file_content(self) -> tuple[dict, dict]:
-        tensors = {}
-        for m, member in enumerate(self.members):
-            tensors.update(state_tensors(member, f"member/{m}/"))
-        return {"members": self.num_members}, tensors
+        tensors = [state_tensors(member, f"member/{m}/") for m, member in enumerate(self.members)]
+        return {"members": self.num_members}, {k: v for t in tensors for k, v in t.items()}
 
     @classmethod
     def from_file(cls, header, payload, network, where):

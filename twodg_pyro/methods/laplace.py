@@ -147,11 +147,6 @@ class LaplacePosterior(TrainedMethod):
                 for j, f in enumerate(block):
                     self.register_buffer(f"kfac_{i}_{j}", f.detach().clone())
 
-    # ------------------------------------------------------------------ structure
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.net.parameters()).dtype
-
     @property
     def factors(self):
         """The precision factors as given to the constructor (on this module's device)."""
@@ -165,10 +160,8 @@ class LaplacePosterior(TrainedMethod):
     def num_factor_values(self) -> int:
         """Floating-point numbers of the posterior beyond the network: the precision
         factors and the prior precision."""
-        extra = self.prior_precision.numel()
-        if self.hessian == "diag":
-            return extra + self.diag_h.numel()
-        return extra + sum(f.numel() for block in self.factors for f in block)
+        factors = [self.diag_h] if self.hessian == "diag" else [f for b in self.factors for f in b]
+        return self.prior_precision.numel() + sum(f.numel() for f in factors)
 
     @property
     def settings(self) -> dict:
@@ -208,13 +201,10 @@ class LaplacePosterior(TrainedMethod):
                 ]
             return cls(
                 net,
-                subset=la["subset"],
-                hessian=la["hessian"],
-                param_names=la["param_names"],
                 factors=factors,
                 prior_precision=payload["laplace/prior_precision"],
                 h_factor=float(la["h_factor"]),
-                pred_type=la["pred_type"],
+                **{k: la[k] for k in ("subset", "hessian", "param_names", "pred_type")},
             )
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise ValueError(
@@ -254,7 +244,6 @@ class LaplacePosterior(TrainedMethod):
         cols = self._scale(eye, exponent=-0.5)  # P^(-1/2) is symmetric
         return cols @ cols.T
 
-    # ------------------------------------------------------------------ draws
     def _scale(self, z: torch.Tensor, exponent: float = -0.5) -> torch.Tensor:
         """``(P^exponent z^T)^T`` for ``z`` of shape ``(S, P)``, laplace-torch's
         ``KronDecomposed.bmm`` / ``DiagLaplace.sample`` arithmetic."""

@@ -11,21 +11,17 @@ from __future__ import annotations
 
 from ..._lazy import lazy_names
 
-_M = "twodg_pyro.methods.mcmc."
 #: exported name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    "MCMCConfig": _M + "settings",
-    "DEFAULT_MAX_PARAMS": _M + "settings",
-    "FlatPotential": _M + "potential",
-    "flat_potential": _M + "potential",
-    "MCMCPosterior": _M + "posterior",
-    "STAT_NAMES": _M + "sampler",
-    "TooLargeForMCMCError": _M + "sampler",
-    "run_mcmc": _M + "sampler",
-    "mcmc_report": _M + "arviz",
-    "mcmc_tree": _M + "arviz",
-    "plot_mcmc_chains": _M + "arviz",
-    "report_lines": _M + "arviz",
+    name: f"twodg_pyro.methods.mcmc.{module}"
+    for module, names in {
+        "settings": ("MCMCConfig", "DEFAULT_MAX_PARAMS"),
+        "potential": ("FlatPotential", "flat_potential"),
+        "posterior": ("MCMCPosterior",),
+        "sampler": ("STAT_NAMES", "TooLargeForMCMCError", "run_mcmc"),
+        "arviz": ("mcmc_report", "mcmc_tree", "plot_mcmc_chains", "report_lines"),
+    }.items()
+    for name in names
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -66,19 +66,13 @@ def mcmc_tree(posterior, x=None, max_examples: int | None = None, seed: int = 0)
       the chains beside the variational methods.
 
     The settings are the root's (and every group's) attributes."""
-    dims: dict[str, list[str]] = {}
+    dims = {
+        s.name: [f"{s.name}_dim_{i}" for i in range(len(s.shape))] for s in posterior.model.sites
+    }
     coords: dict = {}
-    post = {}
-    for site in posterior.model.sites:
-        names = [f"{site.name}_dim_{i}" for i in range(len(site.shape))]
-        dims[site.name] = names
-        post[site.name] = _np(posterior.site_draws()[site.name])
-    stats = {}
-    for key in STAT_NAMES:
-        v = _np(posterior.sample_stats[key])
-        stats[_ARVIZ_NAMES.get(key, key)] = (
-            v.astype(np.int8) if key == "diverging" else v
-        )  # netCDF has no bool
+    post = {name: _np(v) for name, v in posterior.site_draws().items()}
+    stats = {_ARVIZ_NAMES.get(k, k): _np(posterior.sample_stats[k]) for k in STAT_NAMES}
+    stats["diverging"] = stats["diverging"].astype(np.int8)  # netCDF has no bool
     groups = {"posterior": post, "sample_stats": stats}
     labelled = isinstance(x, (tuple, list)) and len(x) == 2
     regression = posterior.regression
@@ -144,21 +138,23 @@ def summarise_chain_stats(stats: dict[str, np.ndarray]) -> dict:
     (NaN entries, constant values, are left out and counted in ``n_constant``)."""
     r = stats["rhat"].ravel()
     ok = ~np.isnan(r)
-
-    def f(v):
-        return None if v is None or not math.isfinite(v) else float(v)
-
     eb, et = stats["ess_bulk"].ravel()[ok], stats["ess_tail"].ravel()[ok]
+
+    def f(fn, v: np.ndarray) -> float | None:
+        """``fn(v)``; ``None`` when ``v`` is empty or the value is not finite."""
+        x = float(fn(v)) if v.size else math.nan
+        return x if math.isfinite(x) else None
+
     return {
         "n_values": int(r.size),
         "n_constant": int((~ok).sum()),
-        "max_rhat": f(r[ok].max()) if ok.any() else None,
-        "median_rhat": f(np.median(r[ok])) if ok.any() else None,
-        "share_rhat_ok": f((r[ok] <= RHAT_TARGET).mean()) if ok.any() else None,
-        "min_ess_bulk": f(eb.min()) if eb.size else None,
-        "median_ess_bulk": f(np.median(eb)) if eb.size else None,
-        "min_ess_tail": f(et.min()) if et.size else None,
-        "median_ess_tail": f(np.median(et)) if et.size else None,
+        "max_rhat": f(np.max, r[ok]),
+        "median_rhat": f(np.median, r[ok]),
+        "share_rhat_ok": f(np.mean, r[ok] <= RHAT_TARGET),
+        "min_ess_bulk": f(np.min, eb),
+        "median_ess_bulk": f(np.median, eb),
+        "min_ess_tail": f(np.min, et),
+        "median_ess_tail": f(np.median, et),
     }
 
 
@@ -179,10 +175,10 @@ def mcmc_report(posterior, x=None, max_examples: int | None = None, probs=None) 
         "num_chains": posterior.num_chains,
         "draws_per_chain": int(posterior.draws.shape[1]),
         "settings": {k: v for k, v in s.items() if k not in ("chain_seconds",)},
-    }
-    out["sites"] = {
-        name: summarise_chain_stats(chain_stats(_np(v)))
-        for name, v in posterior.site_draws().items()
+        "sites": {
+            name: summarise_chain_stats(chain_stats(_np(v)))
+            for name, v in posterior.site_draws().items()
+        },
     }
     st = {k: _np(v) for k, v in posterior.sample_stats.items()}
     out["lp"] = summarise_chain_stats(chain_stats(st["lp"]))
@@ -241,10 +237,8 @@ def report_lines(report: dict) -> list[str]:
     if "predictive" in report:
         quantity = report.get("predictive_quantity", "probabilities")
         lines.append(row(f"predictive {quantity}", report["predictive"]))
-    lines.append(row("log density", report["lp"]))
-    for name, r in report["sites"].items():
-        lines.append(row(name, r))
-    return lines
+    rows = [("log density", report["lp"]), *report["sites"].items()]
+    return lines + [row(name, r) for name, r in rows]
 
 
 def plot_mcmc_chains(posterior, path: str | os.PathLike, probs=None, n_values: int = 3) -> Path:

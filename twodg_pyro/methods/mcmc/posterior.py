@@ -189,14 +189,12 @@ class MCMCPosterior(TrainedMethod):
                 "stats": sorted(self.sample_stats),
             }
         }
-        tensors = {
+        return fields, {
             **state_tensors(self.net, "net/"),
             "mcmc/draws": self.draws.detach().cpu().clone(),
+            **{f"mcmc/stats/{k}": v.detach().cpu().clone() for k, v in self.sample_stats.items()},
+            **{f"prior/{k}": v for k, v in prior_tensors.items()},
         }
-        for name, value in self.sample_stats.items():
-            tensors[f"mcmc/stats/{name}"] = value.detach().cpu().clone()
-        tensors.update({f"prior/{name}": value for name, value in prior_tensors.items()})
-        return fields, tensors
 
     @classmethod
     def from_file(cls, header, payload, network, where):
