@@ -311,10 +311,8 @@ def on_main(fn: Callable[[], Any], what: str, share: bool = False) -> Any:
             result = fn()
         except BaseException as e:  # noqa: BLE001 - re-raised below on every rank
             error = e
-    outcome = (None if error is None else f"{type(error).__name__}: {error}", None)
-    if share and error is None:
-        outcome = (None, result)
-    message, shared = broadcast_object(outcome)
+    message = None if error is None else f"{type(error).__name__}: {error}"
+    message, shared = broadcast_object((message, result if share else None))
     if error is not None:
         raise error
     if message is not None:

@@ -57,15 +57,8 @@ class _GlobalPoints:
     """
 
     def __init__(self, z_local: Tensor, offset: int, n: int):
-        self.z_local, self.offset, self.n = z_local, int(offset), int(n)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.n, 2)
-
-    @property
-    def device(self) -> torch.device:
-        return self.z_local.device
+        self.z_local, self.offset = z_local, int(offset)
+        self.shape, self.device = (int(n), 2), z_local.device
 
     def __getitem__(self, rows: Tensor) -> Tensor:
         rows = torch.as_tensor(rows, device=self.device).reshape(-1)
@@ -141,7 +134,6 @@ class DistributedGaussianMixture2D(GaussianMixture2D):
         self.sharded = bool(sharded)
         super().__init__(n_components, **kwargs)
 
-    # ------------------------------------------------------------------ seams
     # GaussianMixture2D's EM with its process seams filled in; each is the plain
     # single-process one without a process group of more than one process.
     def _is_main(self) -> bool:

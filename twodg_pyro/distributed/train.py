@@ -113,10 +113,6 @@ def state_checksum(*modules: nn.Module) -> torch.Tensor:
     return torch.cat([torch.tensor([float(n_t), float(n_e)], dtype=torch.float64), s])
 
 
-def _param_ids(module: nn.Module) -> list[int]:
-    return [id(p) for p in module.parameters()]
-
-
 def _wrap(
     module: nn.Module, device: torch.device | None, options: Mapping | None, sync: bool = True
 ) -> nn.Module:
@@ -210,7 +206,7 @@ class DataParallelStep(TrainingStep):
         """Wrap the ELBO module in DDP; the callbacks' seed."""
         self.module = ELBOTermsModule(state.model, state.guide, state.elbo)
         self.wrapped = _wrap(self.module, self.device, self.ddp_options)
-        self.ids = _param_ids(self.module)
+        self.ids = [id(p) for p in self.module.parameters()]
         _seed_common(self.seed, state.epoch, 1)
 
     def before_epoch(self, state: TrainState) -> None:
@@ -241,7 +237,14 @@ class DataParallelStep(TrainingStep):
         local = torch.stack([loss.detach().reshape(())] + [terms[k].detach() for k in keys])
         glob = env.all_reduce_sum(local.to(torch.float64)) / self.world
         if not bool(torch.isfinite(glob).all()):
-            _raise_non_finite(state, keys, local, glob, self.rank)
+            names = ["loss", *keys]
+            bad = {k: v for k, v in zip(names, local.tolist(), strict=True) if not math.isfinite(v)}
+            raise FloatingPointError(
+                f"loss is not finite at epoch {state.epoch}, step {state.step} (rank {self.rank}); "
+                f"global mean terms {dict(zip(names, glob.tolist(), strict=True))}; "
+                f"non-finite terms on this rank: {bad or 'none (another rank)'}; "
+                f"last good epoch: {state.epoch - 1}"
+            )
         self._sums = glob if self._sums is None else self._sums + glob
         self._n += 1
 
@@ -265,7 +268,7 @@ class DataParallelStep(TrainingStep):
             f"the model and guide state after epoch {self._epoch} (callbacks: "
             f"{[type(c).__name__ for c in callbacks]})",
         )
-        new_ids = _param_ids(self.module)
+        new_ids = [id(p) for p in self.module.parameters()]
         if new_ids != self.ids:  # a hook replaced parameters: a new DDP reducer over them
             del self.wrapped
             self.wrapped = _wrap(self.module, self.device, self.ddp_options, sync=False)
@@ -339,17 +342,3 @@ def fit_distributed(
             raise ValueError("batch_size (the global batch) is required when data is a Dataset")
         loader = ShardedLoader(data, batch_size, seed=seed)
     return fit(model, guide, loader, epochs, device=device, step=step, **fit_kwargs)
-
-
-def _raise_non_finite(state, keys, local, glob, rank) -> None:
-    bad_local = {
-        k: float(v)
-        for k, v in zip(["loss", *keys], local.tolist(), strict=True)
-        if not math.isfinite(v)
-    }
-    raise FloatingPointError(
-        f"loss is not finite at epoch {state.epoch}, step {state.step} (rank {rank}); "
-        f"global mean terms {dict(zip(['loss', *keys], glob.tolist(), strict=True))}; "
-        f"non-finite terms on this rank: {bad_local or 'none (another rank)'}; "
-        f"last good epoch: {state.epoch - 1}"
-    )
