@@ -10,54 +10,42 @@
   ranks' agreement on the sharing structure, the default backend;
 * :mod:`.launch` -- starting N local processes on loopback (tests, benchmarks).
 
-Everything also runs in a single process without a process group.  Nothing here knows
-the pipeline: the whole main job under ``torchrun`` is
+Everything also runs in a single process without a process group.  The names load on
+first use (PEP 562).  Nothing here knows the pipeline: the whole main job under
+``torchrun`` is
 :func:`twodg_pyro.pipeline.run_distributed` (:mod:`twodg_pyro.pipeline.runtime.data_parallel`).
 """
 
-from .data import ShardedLoader, local_batch_size
-from .env import (
-    DEFAULT_TIMEOUT_S,
-    DistInfo,
-    DistributedSetupError,
-    barrier,
-    cleanup,
-    env_rank,
-    env_world_size,
-    get_info,
-    get_rank,
-    get_world_size,
-    is_distributed,
-    is_main,
-    on_main,
-    setup,
-)
-from .gmm import DistributedGaussianMixture2D
-from .parallel import agree_on_structure, default_backend, sharded_predict
-from .train import DataParallelStep, MainOnly, fit_distributed
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "DataParallelStep",
-    "DistInfo",
-    "DistributedGaussianMixture2D",
-    "DistributedSetupError",
-    "MainOnly",
-    "ShardedLoader",
-    "agree_on_structure",
-    "barrier",
-    "cleanup",
-    "default_backend",
-    "env_rank",
-    "env_world_size",
-    "fit_distributed",
-    "get_info",
-    "get_rank",
-    "get_world_size",
-    "is_distributed",
-    "is_main",
-    "local_batch_size",
-    "on_main",
-    "setup",
-    "sharded_predict",
-]
+from .._lazy import lazy_names
+
+#: exported name -> the module that defines it (loaded on first use, PEP 562)
+_EXPORTS: dict[str, str] = {
+    name: f"twodg_pyro.distributed.{module}"
+    for module, names in {
+        "data": ("ShardedLoader", "local_batch_size"),
+        "env": (
+            "DEFAULT_TIMEOUT_S",
+            "DistInfo",
+            "DistributedSetupError",
+            "barrier",
+            "cleanup",
+            "env_rank",
+            "env_world_size",
+            "get_info",
+            "get_rank",
+            "get_world_size",
+            "is_distributed",
+            "is_main",
+            "on_main",
+            "setup",
+        ),
+        "gmm": ("DistributedGaussianMixture2D",),
+        "parallel": ("agree_on_structure", "default_backend", "sharded_predict"),
+        "train": ("DataParallelStep", "MainOnly", "fit_distributed"),
+    }.items()
+    for name in names
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
