@@ -298,18 +298,14 @@ class LaplacePosterior(TrainedMethod):
         """``(s, B, C)`` logits of the draws ``(s, P)`` on a batch (``pred_type``)."""
         net = self.net
         base = {k: v.detach() for k, v in net.named_parameters()}
-        base.update({k: v for k, v in net.named_buffers()})
-        if self.pred_type == "nn":
-
-            def one(flat):
-                return functional_call(net, {**base, **self._unflatten(flat)}, (x,))
-
-            return vmap(one, randomness="different")(draws)
-        primal = self._unflatten(self.mean())
+        base.update(net.named_buffers())
 
         def f(sub):
             return functional_call(net, {**base, **sub}, (x,))
 
+        if self.pred_type == "nn":
+            return vmap(lambda flat: f(self._unflatten(flat)), randomness="different")(draws)
+        primal = self._unflatten(self.mean())
         f_mu = f(primal)
         tangents = self._unflatten(draws - self.mean().reshape(1, -1))
         jv = vmap(lambda t: jvp(f, (primal,), (t,))[1], randomness="different")(tangents)

@@ -77,8 +77,7 @@ class _Recording:
     def sample(self, params):
         if not hasattr(self, "stats"):
             self._reset_stats()
-        self._leapfrogs, self._depth, self._diverged = 0, 0, False
-        self._energy = math.nan
+        self._leapfrogs, self._depth, self._diverged, self._energy = 0, 0, False, math.nan
         n_div = len(self._divergences)
         step_size = float(self.step_size)  # the step this iteration integrates with
         hmc_steps = None if isinstance(self, NUTS) else int(self.num_steps)
