@@ -264,8 +264,7 @@ def all_gather_rows(t: torch.Tensor) -> torch.Tensor:
     top = max(sizes)
     buf = t.detach().to(dev)
     if buf.shape[0] < top:
-        pad = buf.new_zeros((top - buf.shape[0], *buf.shape[1:]))
-        buf = torch.cat([buf, pad])
+        buf = torch.cat([buf, buf.new_zeros((top - buf.shape[0], *buf.shape[1:]))])
     parts = [torch.empty_like(buf) for _ in sizes]
     dist.all_gather(parts, buf.contiguous())
     return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)]).to(t.device)

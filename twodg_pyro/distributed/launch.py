@@ -81,10 +81,7 @@ def run_local(
             if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
                 failed_at = now
             if now > deadline or (failed_at is not None and now > failed_at + grace_s):
-                for i, p in enumerate(procs):
-                    if p.poll() is None:
-                        p.kill()
-                        timed_out[i] = True
+                timed_out = [p.poll() is None for p in procs]  # killed below
                 break
             time.sleep(0.05)
     finally:
