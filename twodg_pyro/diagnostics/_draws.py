@@ -197,7 +197,6 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-# ---------------------------------------------------------------------------- the joint density
 def log_prior(model, guide, weights: dict[str, torch.Tensor]) -> torch.Tensor:
     r""":math:`\log p(w)` per draw ``(S,)`` for draws ``{site: (S, *shape)}``; for an
     :class:`~twodg_pyro.guides.SSVIGuide` the prior restricted to its active subspace."""

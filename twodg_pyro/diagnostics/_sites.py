@@ -7,6 +7,7 @@ draws: the guide's variational parameters at the exported coordinates
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -19,7 +20,6 @@ from ._draws import subset, to_numpy
 KIND_CODES = {"outlier": 0, "plain": 1, "ellipse": 2}
 
 
-# ---------------------------------------------------------------------------- names
 def method_of(guide) -> str:
     """The method name of a guide (:attr:`~twodg_pyro.guide.BNNGuide.method`:
     ``"mean_field"``, ``"2dg"``, ``"rank1"``, ``"ssvi"``), else the guide's class name."""
@@ -82,24 +82,26 @@ def take(t: torch.Tensor, grid: list[torch.Tensor] | None, lead: int) -> torch.T
     return t
 
 
+def site_offsets(sites) -> list[int]:
+    """The global flat index of each site's first weight (in the guide's site order)."""
+    return list(itertools.accumulate((s.numel for s in sites), initial=0))[:-1]
+
+
 def gather_flat(weights: dict[str, torch.Tensor], sites, flat_index: torch.Tensor) -> torch.Tensor:
     """``(S, len(flat_index))``: the draws ``{site: (S, *shape)}`` at global flat indices
     (in the guide's site order), without concatenating every site."""
     flat_index = flat_index.long().cpu()
     first = next(iter(weights.values()))
     out = first.new_empty(first.shape[0], flat_index.numel())
-    off = 0
-    for site in sites:
+    for site, off in zip(sites, site_offsets(sites), strict=True):
         inside = (flat_index >= off) & (flat_index < off + site.numel)
         if inside.any():
             local = (flat_index[inside] - off).to(first.device)
             w = weights[site.name].reshape(first.shape[0], -1)
             out[:, inside.to(out.device)] = w.index_select(1, local)
-        off += site.numel
     return out
 
 
-# ---------------------------------------------------------------------------- constants, sharing
 def _put(out: dict, dims: dict, site, suffix: str, values: torch.Tensor, grids: dict) -> None:
     name = f"{site.name}.{suffix}"
     out[name] = to_numpy(take(values.detach().reshape(site.shape), grids[site.name], 0))
@@ -147,12 +149,10 @@ def sharing_group(
     kind[st.ellipse_index] = KIND_CODES["ellipse"]
     comp = torch.full((n_w,), -1, dtype=torch.long)
     comp[st.plain_index] = st.plain_component
-    off, offsets = 0, []
-    for site in guide.sites:
+    offsets = site_offsets(guide.sites)
+    for site, off in zip(guide.sites, offsets, strict=True):
         _put(out, dims, site, "kind", kind[off : off + site.numel], grids)
         _put(out, dims, site, "component", comp[off : off + site.numel], grids)
-        offsets.append(off)
-        off += site.numel
     names = ["mu", "sigma"] if st.coordinates == "sigma" else ["mu", "log_sigma"]
     coords.update(component=np.arange(st.n_gaussians), coord=names, coord_=list(names))
     coords["site"] = [s.name for s in guide.sites]

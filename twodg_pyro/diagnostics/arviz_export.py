@@ -240,45 +240,42 @@ def to_inference_data(
             stats["log_q"].append(log_q(weights).to(torch.float64).cpu())
             bar.update(s)
 
-    groups: dict[str, dict] = {}
-    dims: dict[str, list[str]] = {}
+    dims = {s.name: site_dims(s) for s in guide.sites}
     coords: dict = {"obs": to_numpy(example_index)}
-    group_coords: dict[str, dict] = {}
-    thinned = []
-    posterior = {}
     for site in guide.sites:
-        names = site_dims(site)
         grid = grids[site.name]
-        posterior[site.name] = to_numpy(torch.cat(site_draws[site.name]))[None]
-        dims[site.name] = names
-        for d, name in enumerate(names):
+        for d, name in enumerate(dims[site.name]):
             coords[name] = to_numpy(grid[d]) if grid is not None else np.arange(site.shape[d])
-        if grid is not None:
-            thinned.append(site.name)
+    thinned = [name for name, grid in grids.items() if grid is not None]
+    posterior = {name: to_numpy(torch.cat(v))[None] for name, v in site_draws.items()}
+    group_coords: dict[str, dict] = {}
     if comp_draws:
         posterior["component_value"] = to_numpy(torch.cat(comp_draws))[None]
         dims["component_value"] = ["component"]
         n_k = posterior["component_value"].shape[-1]
         ks = reps[0] if sample.component_values is None else np.arange(n_k)
         group_coords["posterior"] = {"component": ks}
-    groups["posterior"] = posterior
 
     outs = torch.cat(out_draws)  # (S, N, C) probabilities, or (S, [M,] N, ...) outputs
     gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + 7)
     predictive = {"y": to_numpy(_sample_y(model, outs, is_cat, components, gen))[None]}
-    dims["y"] = ["obs"]
+    dims["y"], dims["example_index"] = ["obs"], ["obs"]
     if is_cat:
         predictive["class_probs"] = to_numpy(outs)[None]
         dims["class_probs"] = ["obs", "class"]
         coords["class"] = np.arange(outs.shape[-1])
-    groups["posterior_predictive"] = predictive
     ll = _on_grid(torch.cat(ll_draws).to(torch.float64))
-    groups["log_likelihood"] = {"y": to_numpy(ll)[None]}
-    groups["observed_data"] = {"y": to_numpy(labels)}
-    dims["example_index"] = ["obs"]
-    constant = guide_constants(guide, grids, dims)
-    groups["constant_data"] = {"example_index": to_numpy(example_index), **constant}
-    groups["sample_stats"] = {k: to_numpy(torch.cat(v))[None] for k, v in stats.items()}
+    groups = {
+        "posterior": posterior,
+        "posterior_predictive": predictive,
+        "log_likelihood": {"y": to_numpy(ll)[None]},
+        "observed_data": {"y": to_numpy(labels)},
+        "constant_data": {
+            "example_index": to_numpy(example_index),
+            **guide_constants(guide, grids, dims),
+        },
+        "sample_stats": {k: to_numpy(torch.cat(v))[None] for k, v in stats.items()},
+    }
     if structure is not None:
         groups[SHARING_GROUP] = sharing_group(
             guide, structure, grids, dims, coords, max_site_values, seed

@@ -45,7 +45,7 @@ from ..evaluation import seeded
 from ..guide import SharingGuide
 from ..guides.marginal_density import component_marginals, log_q_fn
 from ._draws import chunks, likelihood_scale, log_joint, n_examples
-from ._sites import gather_flat
+from ._sites import gather_flat, site_offsets
 from .arviz_stats import khat_threshold
 from .vi import khat_inputs, khat_row
 
@@ -71,10 +71,8 @@ def default_blocks(guide, max_components: int = DEFAULT_MAX_COMPONENTS) -> list[
     components."""
     out: list[Block] = []
     layers: dict[str, list[torch.Tensor]] = {}
-    off = 0
-    for site in guide.sites:
+    for site, off in zip(guide.sites, site_offsets(guide.sites), strict=True):
         layers.setdefault(site.module_name, []).append(torch.arange(off, off + site.numel))
-        off += site.numel
     for name, parts in layers.items():
         out.append(Block(f"layer {name}", "layer", torch.cat(parts)))
     if not isinstance(guide, SharingGuide):
@@ -103,15 +101,14 @@ def _skip_reason(guide, block: Block) -> str | None:
 def _hybrid(mean: dict, weights: dict, sites, index: torch.Tensor) -> dict:
     """The draws' values on the block's flat ``index``, the reference ``mean`` elsewhere."""
     s = next(iter(weights.values())).shape[0]
-    out, off = {}, 0
-    for site in sites:
+    out = {}
+    for site, off in zip(sites, site_offsets(sites), strict=True):
         h = mean[site.name].expand(s, *site.shape).clone().reshape(s, -1)
         inside = index[(index >= off) & (index < off + site.numel)] - off
         if inside.numel():
             local = inside.to(h.device)
             h[:, local] = weights[site.name].reshape(s, -1)[:, local]
         out[site.name] = h.reshape(s, *site.shape)
-        off += site.numel
     return out
 
 
