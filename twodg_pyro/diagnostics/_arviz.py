@@ -52,8 +52,7 @@ else:
 @contextmanager
 def quiet():
     """Silence ArviZ's warnings and log lines (one chain: no R-hat; constant variables)."""
-    logger = logging.getLogger("arviz") if DATATREE else getattr(az, "_log", None)
-    logger = logger or logging.getLogger("arviz")
+    logger = (None if DATATREE else getattr(az, "_log", None)) or logging.getLogger("arviz")
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
@@ -64,7 +63,6 @@ def quiet():
         logger.setLevel(level)
 
 
-# ---------------------------------------------------------------------------- the tree
 def _dataset(variables: dict, coords: dict, dims: dict, attrs: dict, sampled: bool):
     used = {d for name in variables for d in dims.get(name, [])}
     coords = {k: v for k, v in coords.items() if k in used}
@@ -117,7 +115,6 @@ def group(tree, name: str) -> xr.Dataset | None:
     return tree[name].to_dataset() if DATATREE else getattr(tree, name)
 
 
-# ---------------------------------------------------------------------------- PSIS
 def _psis_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if DATATREE:
         return array_stats.psislw(-rows, r_eff=1.0, axis=-1)  # it smooths the negated input
@@ -143,12 +140,10 @@ def psislw(log_ratios) -> tuple[np.ndarray, np.ndarray]:
     flat = r.reshape(-1, r.shape[-1])
     n = flat.shape[1]
     lw, khat = log_softmax(flat, axis=-1), np.full(flat.shape[0], np.nan)
-    varying = ~np.all(flat == flat[:, :1], axis=1)
-    if n < 1 or not varying.any():
-        pass
-    elif math.ceil(min(0.2 * n, 3 * math.sqrt(n))) < 5:  # PSIS's tail length
+    varying = ~np.all(flat == flat[:, :1], axis=1)  # (none when there are no draws)
+    if varying.any() and math.ceil(min(0.2 * n, 3 * math.sqrt(n))) < 5:  # PSIS's tail length
         khat[varying] = np.inf
-    else:
+    elif varying.any():
         rows = np.flatnonzero(varying)
         try:
             lw[rows], khat[rows] = _psis_rows(flat[rows])
@@ -164,7 +159,6 @@ def psislw(log_ratios) -> tuple[np.ndarray, np.ndarray]:
     return lw.reshape(r.shape), khat.reshape(r.shape[:-1])
 
 
-# ---------------------------------------------------------------------------- PSIS-LOO
 def loo_data(tree, var_name: str = "y"):
     r"""ArviZ's own PSIS-LOO object (1.x ``ELPDDataLOO``, 0.x ``ELPDData``) of ``var_name``
     in the tree's ``log_likelihood`` group (``reff = 1``: independent draws; pointwise),
@@ -224,7 +218,6 @@ def compare_table(elpds: dict):
         return az.compare(elpds, ic="loo", method="pseudo-BMA")
 
 
-# ---------------------------------------------------------------------------- chains
 def chain_stats(values: np.ndarray) -> dict[str, np.ndarray]:
     """ArviZ's convergence statistics of draws ``values`` of shape ``(chain, draw, ...)``,
     one per trailing entry: ``rhat`` (rank-normalised split R-hat, Vehtari et al. 2021),
@@ -238,12 +231,11 @@ def chain_stats(values: np.ndarray) -> dict[str, np.ndarray]:
     with quiet():
         if DATATREE:
             ary = np.moveaxis(flat, (0, 1), (-2, -1))  # (..., chain, draw)
-            out = {
-                "rhat": array_stats.rhat(ary, chain_axis=-2, draw_axis=-1, method="rank"),
-                "ess_bulk": array_stats.ess(ary, chain_axis=-2, draw_axis=-1, method="bulk"),
-                "ess_tail": array_stats.ess(  # 0.x's default quantiles, 5 % and 95 %
-                    ary, chain_axis=-2, draw_axis=-1, method="tail", prob=(0.05, 0.95)
-                ),
+            axes = {"chain_axis": -2, "draw_axis": -1}
+            out = {  # ess_tail at 0.x's default quantiles, 5 % and 95 %
+                "rhat": array_stats.rhat(ary, **axes, method="rank"),
+                "ess_bulk": array_stats.ess(ary, **axes, method="bulk"),
+                "ess_tail": array_stats.ess(ary, **axes, method="tail", prob=(0.05, 0.95)),
             }
         else:
             ds = xr.Dataset({"v": (("chain", "draw", "i"), flat)})
@@ -255,7 +247,6 @@ def chain_stats(values: np.ndarray) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, dtype=float).reshape(trailing) for k, v in out.items()}
 
 
-# ---------------------------------------------------------------------------- summaries, file
 def summary(tree, var_names: list[str] | None = None, **kwargs):
     """ArviZ's posterior summary of the tree (``arviz_stats.summary`` / ``az.summary``: a
     pandas ``DataFrame`` of plain numbers, one row per value, ``mean``, ``sd``, the
@@ -280,7 +271,6 @@ def from_netcdf(path: str, engine: str):
     return tree
 
 
-# ---------------------------------------------------------------------------- figures
 def _figure_of(result):
     if DATATREE:
         return result.get_viz("figure")

@@ -76,7 +76,6 @@ def psislw(log_ratios, reff: float = 1.0) -> tuple[np.ndarray, float]:
     return lw, float(khat)
 
 
-# ---------------------------------------------------------------------------- PSIS-LOO
 def loo(tree, pointwise: bool = False) -> dict:
     r"""PSIS-LOO of the tree (module docstring), as plain numbers.
 
@@ -167,14 +166,12 @@ def compare(trees: dict):
             )
     elpds = {name: loo_data(tree) for name, tree in trees.items()}
     table = A.compare_table(elpds)
-    names = list(elpds)
-    pointwise = np.stack([A.elpd_fields(elpds[m])["elpd_i"] for m in names], axis=1)
-    weights = dict(zip(names, stacking_weights(pointwise), strict=True))
+    pointwise = np.stack([A.elpd_fields(e)["elpd_i"] for e in elpds.values()], axis=1)
+    weights = dict(zip(elpds, stacking_weights(pointwise), strict=True))
     table["weight"] = [weights[name] for name in table.index]
     return table
 
 
-# ---------------------------------------------------------------------------- files
 def save_inference_data(tree, path: str | os.PathLike) -> Path:
     """Write an exported tree as netCDF4 (``h5netcdf``) atomically: a temporary file in
     the same folder, renamed into place.  Read it with :func:`load_inference_data`

@@ -38,15 +38,7 @@ from tqdm.auto import tqdm
 from ..evaluation import seeded
 from ..guides.marginal_density import LOG_Q_METHODS, log_q_fn
 from ..prediction import _device_of
-from ._draws import (
-    batches,
-    check_guide,
-    chunks,
-    likelihood_scale,
-    log_joint,
-    n_examples,
-    target,
-)
+from ._draws import batches, check_guide, chunks, likelihood_scale, log_joint, n_examples, target
 from .arviz_stats import khat_threshold, psislw
 
 #: Yao et al.'s ceiling of a usable k-hat (0.5, "good", is the threshold at S = 100 draws).
