@@ -55,15 +55,11 @@ def _np(t) -> np.ndarray:
     return t.detach().cpu().numpy() if torch.is_tensor(t) else np.asarray(t)
 
 
-# ---------------------------------------------------------------------------- plane
 def _ellipse_axes(covs: np.ndarray, n_std: float):
     """Full widths, heights and angles (degrees) of the ``n_std`` ellipses of 2x2 ``covs``."""
     vals, vecs = np.linalg.eigh(covs)  # ascending eigenvalues
-    vals = np.clip(vals, 0.0, None)
-    widths = 2 * n_std * np.sqrt(vals[:, 1])
-    heights = 2 * n_std * np.sqrt(vals[:, 0])
-    angles = np.degrees(np.arctan2(vecs[:, 1, 1], vecs[:, 0, 1]))
-    return widths, heights, angles
+    half = n_std * np.sqrt(np.clip(vals, 0.0, None))  # the semi-axes
+    return 2 * half[:, 1], 2 * half[:, 0], np.degrees(np.arctan2(vecs[:, 1, 1], vecs[:, 0, 1]))
 
 
 def plot_sharing_plane(
@@ -102,8 +98,7 @@ def plot_sharing_plane(
     comp = _np(s.plain_component)
     means, covs = _np(s.means), _np(s.covariances)
     K = means.shape[0]
-    cmap = matplotlib.colormaps["tab20"]
-    colours = cmap(np.arange(K) % 20)
+    colours = matplotlib.colormaps["tab20"](np.arange(K) % 20)
 
     fig = _figure(8.0, 6.0)
     ax = fig.add_subplot()
@@ -120,12 +115,9 @@ def plot_sharing_plane(
             idx = sub(len(xy))
             c = c if isinstance(c, str) else c[idx]
             ax.scatter(xy[idx, 0], xy[idx, 1], c=c, label=label.format(len(xy)), **style)
-    w, h, a = _ellipse_axes(covs, n_std)
     ax.add_collection(
         EllipseCollection(
-            w,
-            h,
-            a,
+            *_ellipse_axes(covs, n_std),
             units="xy",
             offsets=means,
             offset_transform=ax.transData,
@@ -144,8 +136,7 @@ def plot_sharing_plane(
         label=f"component centres ({K:,}), {n_std:g}-sigma ellipses",
     )
     ax.autoscale_view()
-    ax.set_xlabel(r"$\mu$")
-    ax.set_ylabel(r"$\log\sigma$" if log_sigma else r"$\sigma$")
+    ax.set(xlabel=r"$\mu$", ylabel=r"$\log\sigma$" if log_sigma else r"$\sigma$")
     ax.set_title(
         title or f"weight sharing in the ({'mu, log sigma' if log_sigma else 'mu, sigma'}) plane"
     )
@@ -153,13 +144,8 @@ def plot_sharing_plane(
     return _save(fig, path)
 
 
-# ---------------------------------------------------------------------------- reliability
 def plot_reliability(
-    probs,
-    labels,
-    path: str | os.PathLike,
-    n_bins: int = 15,
-    title: str | None = None,
+    probs, labels, path: str | os.PathLike, n_bins: int = 15, title: str | None = None
 ) -> Path:
     """Reliability diagram of predictive class probabilities ``(N, C)`` against labels.
 
@@ -185,18 +171,14 @@ def plot_reliability(
     top.bar(x, acc, edgecolor="k", color="tab:blue", label="accuracy", **bars)
     gap = dict(color="none", edgecolor="tab:red", hatch="//", label="gap to mean confidence")
     top.bar(x, np.abs(conf - acc), bottom=np.minimum(acc, conf), **gap, **bars)
-    top.set_xlim(0, 1)
-    top.set_ylim(0, 1)
-    top.set_ylabel("accuracy")
+    top.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy")
     top.legend(loc="upper left", fontsize="small")
     top.set_title(title or f"reliability ({n_bins} bins), ECE = {value:.4f}")
     bottom.bar(centres, bins["count"], color="0.5", edgecolor="k", **bars)
-    bottom.set_xlabel("confidence")
-    bottom.set_ylabel("examples")
+    bottom.set(xlabel="confidence", ylabel="examples")
     return _save(fig, path)
 
 
-# ---------------------------------------------------------------------------- ELBO
 def plot_elbo_terms(
     history: Sequence[Mapping] | Mapping[str, Sequence[Mapping]],
     path: str | os.PathLike,
@@ -217,9 +199,9 @@ def plot_elbo_terms(
     axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
     for ax, (name, hist) in zip(axes, panels.items(), strict=False):
         hist = list(hist or [])
+        ax.set_title(name)
         if not hist:
             _note(ax, "no training history")
-            ax.set_title(name)
             continue
         epochs = np.array([r.get("epoch", i) for i, r in enumerate(hist)], dtype=float) + 1
         keys = [k for k in _ELBO_TERMS if any(k in r for r in hist)]
@@ -245,17 +227,14 @@ def plot_elbo_terms(
             twin.plot(epochs, betas, c="0.4", ls=":", label="beta (KL weight)")
             twin.set_ylabel("beta")
             twin.legend(loc="upper center", fontsize="small")
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("epoch mean of the term")
+        ax.set(xlabel="epoch", ylabel="epoch mean of the term")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(loc="upper right", fontsize="small")
-        ax.set_title(name)
     if title:
         fig.suptitle(title)
     return _save(fig, path)
 
 
-# ---------------------------------------------------------------------------- merges
 def plot_merges(
     log: Sequence[Mapping] | None,
     path: str | os.PathLike,

@@ -78,8 +78,8 @@ def plot_score_histograms(
         ax.hist(out, edges, density=True, alpha=0.55, label="OOD")
         auroc = record.get("ood", {}).get(name, {}).get(_AUROC_KEY[score])
         ax.set_title(name + ("" if auroc is None else f" (AUROC {auroc:.3f})"), fontsize=9)
-        ax.set_xlabel({"entropy": "entropy (nats)", "mi": "MI (nats)"}.get(score, "1 - max p"))
-        ax.set_ylabel("density")
+        xlabel = {"entropy": "entropy (nats)", "mi": "MI (nats)"}.get(score, "1 - max p")
+        ax.set(xlabel=xlabel, ylabel="density")
     return _save(fig, axes, title, path)
 
 
@@ -126,7 +126,5 @@ def plot_shift(
                 xs, ys = [0, *xs], [record["clean"][metric], *ys]
             ax.plot(xs, ys, marker="o", label=label)
         ax.set_title(family.replace("_", " "), fontsize=9)
-        ax.set_xlabel("severity (0: clean)")
-        ax.set_ylabel(metric)
-        ax.set_xticks(range(0, 6))
+        ax.set(xlabel="severity (0: clean)", ylabel=metric, xticks=range(0, 6))
     return _save(fig, axes, title, path)
