@@ -20,13 +20,7 @@ Library code: nothing here imports :mod:`twodg_pyro.pipeline`.
 """
 
 from .calibration import apply_temperature, fit_temperature
-from .corruptions import (
-    CORRUPTIONS,
-    SEVERITIES,
-    SEVERITY_PARAMETERS,
-    corrupt,
-    load_cifar10c,
-)
+from .corruptions import CORRUPTIONS, SEVERITIES, SEVERITY_PARAMETERS, corrupt, load_cifar10c
 from .detection import fpr_at_tpr, ood_metrics
 from .draws import draws_curve, sufficient_draws
 from .ood_sets import BUILTIN_OOD_SETS, FOLDER_OOD_SETS, builtin_ood_sets, folder_ood_set

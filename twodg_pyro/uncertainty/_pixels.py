@@ -57,12 +57,10 @@ def stat(value: Stat, shape: Sequence[int], like: torch.Tensor, name: str) -> to
     channel (``shape[0]`` values) or one per pixel (``prod(shape)`` values)."""
     t = torch.as_tensor(value, dtype=like.dtype).to(like.device).flatten()
     c = int(shape[0])
-    if t.numel() == 1:
-        return t.view(1, 1, 1, 1)
-    if t.numel() == c:
-        return t.view(1, c, 1, 1)
-    if t.numel() == math.prod(shape):
-        return t.view(1, *shape)
+    # where two sizes coincide (one channel, 1 x 1 images) so do their views
+    views = {math.prod(shape): (1, *shape), c: (1, c, 1, 1), 1: (1, 1, 1, 1)}
+    if t.numel() in views:
+        return t.view(*views[t.numel()])
     raise ValueError(
         f"{name} has {t.numel()} values: expected 1, {c} (per channel) or "
         f"{math.prod(shape)} (per pixel) for inputs of image shape {tuple(shape)}"

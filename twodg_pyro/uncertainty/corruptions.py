@@ -199,7 +199,6 @@ def corrupt(
     return from_pixels(out, pixel_mean, pixel_std, test_inputs, clamp=True)
 
 
-# ------------------------------------------------------------------- CIFAR-10-C files
 CIFAR10C_URL = "https://zenodo.org/record/2535967"
 
 
@@ -241,7 +240,5 @@ def load_cifar10c(
     n = images.shape[0] // 5
     block = slice((severity - 1) * n, severity * n)
     u = torch.from_numpy(np.array(images[block])).permute(0, 3, 1, 2).float() / 255.0
-    like = torch.empty((1, 3, 32, 32))
-    return from_pixels(u, pixel_mean, pixel_std, like), torch.from_numpy(
-        np.array(labels[block], dtype=np.int64)
-    )
+    y = torch.from_numpy(np.array(labels[block], dtype=np.int64))
+    return from_pixels(u, pixel_mean, pixel_std, torch.empty((1, 3, 32, 32))), y

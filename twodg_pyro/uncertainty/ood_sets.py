@@ -207,7 +207,6 @@ def builtin_ood_sets(
     }
 
 
-# ----------------------------------------------------------------- sets read from folders
 #: Folder sets: ``name -> (title, files expected under root, official page)``.
 FOLDER_OOD_SETS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "fashion_mnist": (

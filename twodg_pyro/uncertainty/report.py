@@ -150,25 +150,17 @@ def uncertainty_report(
     raw: dict = {"clean": {k: v.tolist() for k, v in clean.items()}, "ood": {}}
     for name, xo in ood_sets.items():
         _, out, _ = _predict_chunked(predict_fn, xo, chunk_size)
-        by_entropy = ood_metrics(clean["entropy"], out["entropy"])
-        entry = {"entropy_auroc": by_entropy["auroc"]}
-        if bayesian:
-            entry["mi_auroc"] = ood_metrics(clean["mi"], out["mi"])["auroc"]
-        entry["maxprob_auroc"] = ood_metrics(clean["maxprob"], out["maxprob"])["auroc"]
-        entry["aupr"], entry["fpr95"] = by_entropy["aupr"], by_entropy["fpr95"]
+        by = {k: ood_metrics(clean[k], out[k]) for k in _SCORE_KEYS if bayesian or k != "mi"}
+        entry = {f"{k}_auroc": m["auroc"] for k, m in by.items()}
+        entry.update(aupr=by["entropy"]["aupr"], fpr95=by["entropy"]["fpr95"])
         record["ood"][name] = entry
         raw["ood"][name] = {k: v.tolist() for k, v in out.items()}
     for family in families:
-        record["shift"][family] = {}
+        shift = record["shift"][family] = {}
         for severity in severities:
-            xc = corrupt(
-                x, family, int(severity), pixel_mean, pixel_std, seed, image_shape=image_shape
-            )
-            m, _, _ = _predict_chunked(predict_fn, xc, chunk_size)
-            metrics = classification_metrics(m, y)
-            record["shift"][family][str(int(severity))] = {
-                k: metrics[k] for k in ("accuracy", "nll", "ece")
-            }
+            xc = corrupt(x, family, severity, pixel_mean, pixel_std, seed, image_shape=image_shape)
+            metrics = classification_metrics(_predict_chunked(predict_fn, xc, chunk_size)[0], y)
+            shift[str(int(severity))] = {k: metrics[k] for k in ("accuracy", "nll", "ece")}
     if return_scores:
         record["scores"] = raw
     return record

@@ -32,9 +32,7 @@ from .detection import ArrayLike, as_scores
 
 def _errors(confidence: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     conf = as_scores(confidence, "confidence")
-    if isinstance(correct, torch.Tensor):
-        correct = correct.detach().cpu().numpy()
-    ok = np.asarray(correct)
+    ok = np.asarray(correct.detach().cpu() if isinstance(correct, torch.Tensor) else correct)
     if ok.shape != conf.shape:
         raise ValueError(
             f"correct must have one entry per confidence: shapes {ok.shape} and {conf.shape}"
