@@ -34,15 +34,14 @@ CRITERIA = ("nll", "mean_auroc")
 
 def _block_figures(mean_in, labels, means_out: Mapping[str, torch.Tensor]) -> dict[str, float]:
     p = mean_in.double().clamp_min(1e-12)
-    out = {
-        "nll": float(-p.gather(1, labels.view(-1, 1)).log().mean()),
-        "accuracy": float((mean_in.argmax(1) == labels).double().mean()),
-    }
     h_in = entropy(mean_in)
     aurocs = {k: ood_metrics(h_in, entropy(m))["auroc"] for k, m in means_out.items()}
-    out["auroc"] = aurocs
-    out["mean_auroc"] = sum(aurocs.values()) / len(aurocs) if aurocs else float("nan")
-    return out
+    return {
+        "nll": float(-p.gather(1, labels.view(-1, 1)).log().mean()),
+        "accuracy": float((mean_in.argmax(1) == labels).double().mean()),
+        "auroc": aurocs,
+        "mean_auroc": sum(aurocs.values()) / len(aurocs) if aurocs else float("nan"),
+    }
 
 
 def _summary(values: list[float]) -> tuple[float, float]:

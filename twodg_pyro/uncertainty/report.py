@@ -218,7 +218,7 @@ def evaluate_uncertainty(
     """
 
     def predict_fn(xb: torch.Tensor) -> torch.Tensor:
-        pred = seeded_predict(
+        return seeded_predict(
             model,
             guide,
             xb,
@@ -227,8 +227,7 @@ def evaluate_uncertainty(
             batch_size=batch_size,
             device=device,
             keep_samples=True,
-        )
-        return pred.samples
+        ).samples
 
     record = _evaluate(predict_fn, True, locals())
     record["draws"] = draws_record(num_samples, seed, test_X.shape[0])
