@@ -69,12 +69,10 @@ def default_blocks(guide, max_components: int = DEFAULT_MAX_COMPONENTS) -> list[
     """One block per layer (its weight and bias sites), then, for a shared-GMM guide, the
     outlier set and the plain inliers of each of the ``max_components`` largest
     components."""
-    out: list[Block] = []
     layers: dict[str, list[torch.Tensor]] = {}
     for site, off in zip(guide.sites, site_offsets(guide.sites), strict=True):
         layers.setdefault(site.module_name, []).append(torch.arange(off, off + site.numel))
-    for name, parts in layers.items():
-        out.append(Block(f"layer {name}", "layer", torch.cat(parts)))
+    out = [Block(f"layer {name}", "layer", torch.cat(parts)) for name, parts in layers.items()]
     if not isinstance(guide, SharingGuide):
         return out
     st = guide.structure()

@@ -37,8 +37,7 @@ def as_samples(probs: torch.Tensor, name: str = "probs") -> torch.Tensor:
         ValueError: another number of dimensions, no examples or classes, or values that
             are NaN, infinite, or outside ``[0, 1]``.
     """
-    if not isinstance(probs, torch.Tensor):
-        probs = torch.as_tensor(probs)
+    probs = torch.as_tensor(probs)
     if probs.dim() == 2:
         probs = probs.unsqueeze(0)
     if probs.dim() != 3:
