@@ -115,26 +115,12 @@ def plot_sharing_plane(
             idx = sub(len(xy))
             c = c if isinstance(c, str) else c[idx]
             ax.scatter(xy[idx, 0], xy[idx, 1], c=c, label=label.format(len(xy)), **style)
-    ax.add_collection(
-        EllipseCollection(
-            *_ellipse_axes(covs, n_std),
-            units="xy",
-            offsets=means,
-            offset_transform=ax.transData,
-            facecolors="none",
-            edgecolors=colours,
-            linewidths=1.0,
-        )
-    )
-    ax.scatter(
-        means[:, 0],
-        means[:, 1],
-        s=22,
-        marker="+",
-        c=colours,
-        lw=1.2,
-        label=f"component centres ({K:,}), {n_std:g}-sigma ellipses",
-    )
+    w, h, a = _ellipse_axes(covs, n_std)
+    ellipses = EllipseCollection(w, h, a, units="xy", offsets=means, offset_transform=ax.transData)
+    ellipses.set(facecolor="none", edgecolor=colours, linewidth=1.0)
+    ax.add_collection(ellipses)
+    label = f"component centres ({K:,}), {n_std:g}-sigma ellipses"
+    ax.scatter(means[:, 0], means[:, 1], s=22, marker="+", c=colours, lw=1.2, label=label)
     ax.autoscale_view()
     ax.set(xlabel=r"$\mu$", ylabel=r"$\log\sigma$" if log_sigma else r"$\sigma$")
     ax.set_title(
