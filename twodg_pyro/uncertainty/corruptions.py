@@ -162,13 +162,16 @@ def brightness(u: torch.Tensor, severity: int, generator: torch.Generator) -> to
 
 #: The corruption families by name (see the module docstring's table).
 CORRUPTIONS: dict[str, Corruption] = {
-    "gaussian_noise": gaussian_noise,
-    "impulse_noise": impulse_noise,
-    "gaussian_blur": gaussian_blur,
-    "rotation": rotation,
-    "translation": translation,
-    "contrast": contrast,
-    "brightness": brightness,
+    f.__name__: f
+    for f in (
+        gaussian_noise,
+        impulse_noise,
+        gaussian_blur,
+        rotation,
+        translation,
+        contrast,
+        brightness,
+    )
 }
 
 

@@ -32,7 +32,10 @@ from .scores import as_samples, entropy
 CRITERIA = ("nll", "mean_auroc")
 
 
-def _block_figures(mean_in, labels, means_out: Mapping[str, torch.Tensor]) -> dict[str, float]:
+def _block_figures(probs_in, labels, outs: Mapping[str, torch.Tensor], block: slice) -> dict:
+    """The figures of the average of the draws ``block`` of the pools."""
+    mean_in = probs_in[block].mean(0)
+    means_out = {k: v[block].mean(0) for k, v in outs.items()}
     p = mean_in.double().clamp_min(1e-12)
     h_in = entropy(mean_in)
     aurocs = {k: ood_metrics(h_in, entropy(m))["auroc"] for k, m in means_out.items()}
@@ -93,12 +96,7 @@ def draws_curve(
             raise ValueError(f"draws must be in [1, {P}] (the pool), got {n}")
         blocks = min(P // n, max_blocks)
         figures = [
-            _block_figures(
-                probs_in[b * n : (b + 1) * n].mean(0),
-                labels,
-                {k: v[b * n : (b + 1) * n].mean(0) for k, v in outs.items()},
-            )
-            for b in range(blocks)
+            _block_figures(probs_in, labels, outs, slice(b * n, (b + 1) * n)) for b in range(blocks)
         ]
         row: dict = {"blocks": blocks}
         for key in ("nll", "accuracy", "mean_auroc"):

@@ -172,12 +172,8 @@ def digits_upsampled(x, shape, mean, std, seed) -> torch.Tensor:
 
 #: The built-in OOD sets by name (see the module docstring).
 BUILTIN_OOD_SETS: dict[str, OODSet] = {
-    "rotated90": rotated90,
-    "vflip": vflip,
-    "inverted": inverted,
-    "uniform_noise": uniform_noise,
-    "gaussian_blobs": gaussian_blobs,
-    "digits_upsampled": digits_upsampled,
+    f.__name__: f
+    for f in (rotated90, vflip, inverted, uniform_noise, gaussian_blobs, digits_upsampled)
 }
 
 

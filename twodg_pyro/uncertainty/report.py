@@ -217,17 +217,10 @@ def evaluate_uncertainty(
     every family.  Pass ``{}`` / ``()`` for none.
     """
 
+    kw = {"batch_size": batch_size, "device": device, "keep_samples": True}
+
     def predict_fn(xb: torch.Tensor) -> torch.Tensor:
-        return seeded_predict(
-            model,
-            guide,
-            xb,
-            num_samples,
-            seed,
-            batch_size=batch_size,
-            device=device,
-            keep_samples=True,
-        ).samples
+        return seeded_predict(model, guide, xb, num_samples, seed, **kw).samples
 
     record = _evaluate(predict_fn, True, locals())
     record["draws"] = draws_record(num_samples, seed, test_X.shape[0])
