@@ -12,10 +12,10 @@ from .model_file import (
     load_model,
     load_model_file,
     read_model_header,
-    register_guide_file,
     save_2dg,
     save_model,
 )
+from .model_format import register_guide_file
 from .specs import PriorNotStoredWarning, UnavailablePrior
 
 __all__ = [

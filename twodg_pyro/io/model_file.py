@@ -39,19 +39,8 @@ from .model_format import (
     FORMATS,
     SHARED_GMM_FILE,
     model_from_payload,
-    register_guide_file,
     write_model_file,
 )
-
-__all__ = [
-    "load_2dg",
-    "load_model",
-    "load_model_file",
-    "read_model_header",
-    "register_guide_file",
-    "save_2dg",
-    "save_model",
-]
 
 
 def save_model(
