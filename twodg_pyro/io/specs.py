@@ -73,7 +73,7 @@ class UnavailablePrior(Prior):
         self.description = description
         self.where = where
 
-    def _fail(self):
+    def _fail(self, *_args, **_kwargs):
         raise ValueError(
             f"the prior of the model loaded from {self.where!r} was not stored in the file "
             f"({self.description}): pass it to the loader, e.g. load_model(path, "
@@ -81,11 +81,7 @@ class UnavailablePrior(Prior):
             "does not need it"
         )
 
-    def __call__(self, site, like=None):
-        self._fail()
-
-    def site_distribution(self, site):
-        self._fail()
+    __call__ = site_distribution = _fail
 
     def to_spec(self, model=None) -> tuple[dict, dict[str, torch.Tensor]]:
         """``{"kind": "custom", "repr": description}``: still not stored."""
