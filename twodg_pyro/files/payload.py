@@ -91,9 +91,7 @@ def read_payload(path: str | Path, fmt: PayloadFormat, loaded=None) -> tuple[dic
         )
     if not checked:
         verify_checksum(payload, where)  # raises: the format requires one
-    if fmt.finite_prefixes:
-        checked_sections = {k: v for k, v in payload.items() if k.startswith(fmt.finite_prefixes)}
-        check_finite(checked_sections, where, "parameters")
+    check_finite({k: v for k, v in payload.items() if k.startswith(fmt.finite_prefixes)}, where)
     return payload, header
 
 
