@@ -71,6 +71,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -134,9 +135,7 @@ def check_spec_fields(header: dict, where: str) -> None:
 
 
 def _check_model_fields(header: dict, where: str, layout: ModelFileLayout) -> None:
-    def bad(field: str, what: str) -> ValueError:
-        return header_error(header, where, field, what)
-
+    bad = partial(header_error, header, where)  # bad(field, what)
     if layout is SHARED_GMM_FILE:
         if header.get("tying") not in TYINGS:
             raise bad("tying", f"is not one of {list(TYINGS)}")
