@@ -168,8 +168,7 @@ def export_compact(
     s = guide.structure()
     K, n_w = s.n_gaussians, s.num_weights
     sizes = [lay.numel for lay in s.sites]
-    offsets = [lay.offset for lay in s.sites]
-    if offsets != [sum(sizes[:i]) for i in range(len(sizes))]:
+    if [lay.offset for lay in s.sites] != [sum(sizes[:i]) for i in range(len(sizes))]:
         raise ValueError("the sharing structure's sites are not laid out back to back")
     ends = np.cumsum(sizes)
     if covariances is None:
@@ -178,9 +177,8 @@ def export_compact(
     # centres (and covariances as Cholesky parameters)
     centre_bytes, centre_dt = _float_bytes(s.means, centre_dtype)
     cov_bytes, cov_dt = b"", None
-    if covariances:
-        with torch.no_grad():
-            chol = torch.cat([guide.chol_log_diag, guide.chol_off[:, None]], 1)
+    if covariances:  # (_float_bytes detaches)
+        chol = torch.cat([guide.chol_log_diag, guide.chol_off[:, None]], 1)
         cov_bytes, cov_dt = _float_bytes(chol, centre_dtype)
 
     # the per-weight index
@@ -226,12 +224,7 @@ def export_compact(
         "alpha_bits": alpha_bits,
         "ellipse_components": comp_info,
         "ellipse_alphas": alpha_info,
-        "index": {
-            "coding": code.mode,
-            "lanes": code.lanes,
-            "words": code.n_words,
-            "alphabet": K + 2,
-        },
+        "index": dict(coding=code.mode, lanes=code.lanes, words=code.n_words, alphabet=K + 2),
         "net": net_spec,
         "info": s.info,
         **({} if evaluation is None else {"evaluation": evaluation}),

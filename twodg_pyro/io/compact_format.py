@@ -377,8 +377,7 @@ def index_symbols(s) -> np.ndarray:
 
 def _site_counts(index: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """How many of the sorted flat ``index`` fall into each site (``ends``: site ends)."""
-    cuts = np.searchsorted(index, ends)
-    return np.diff(np.concatenate([[0], cuts]))
+    return np.diff(np.searchsorted(index, ends), prepend=0)
 
 
 def _encode_columns(values: np.ndarray, alphabet: int, bits: int) -> tuple[bytes, dict]:

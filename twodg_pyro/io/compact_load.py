@@ -181,9 +181,7 @@ def _load_2dg(header: dict, sec: dict, net, prior, where: str):
     # index -> who is what
     ix = header["index"]
     sym = decode_index(sec["index"], sizes, K + 2, ix["coding"], ix["lanes"], ix["words"])
-    plain = np.flatnonzero(sym < K)
-    outl = np.flatnonzero(sym == K)
-    ell = np.flatnonzero(sym == K + 1)
+    plain, outl, ell = (np.flatnonzero(who) for who in (sym < K, sym == K, sym == K + 1))
     if outl.size != header["n_outliers"] or ell.size != header["n_ellipses"]:
         raise ValueError(
             f"the index has {outl.size} outliers and {ell.size} ellipse weights, the header "
