@@ -210,10 +210,8 @@ def rans_encode(
     x_max = f << (np.uint64(32) - m)
     x = np.full(lanes, RANS_LOW, dtype=np.uint64)
     chunks = []
-    steps = -(-n // lanes)
     mask16 = np.uint64(0xFFFF)
-    for t in range(steps - 1, -1, -1):
-        lo = t * lanes
+    for lo in reversed(range(0, n, lanes)):
         hi = min(lo + lanes, n)
         xs = x[: hi - lo]
         emit = xs >= x_max[lo:hi]
@@ -267,9 +265,7 @@ def rans_decode(
         raise ValueError("invalid rANS lane states")
     out = np.empty(n, dtype=np.int64)
     ptr, n_words = 0, words.size
-    steps = -(-n // lanes)
-    for t in range(steps):
-        lo = t * lanes
+    for lo in range(0, n, lanes):
         hi = min(lo + lanes, n)
         xs = x[: hi - lo]
         cc = ctx[lo:hi]
