@@ -229,8 +229,7 @@ def _float_bytes(values: torch.Tensor, dtype: str) -> tuple[bytes, str]:
 def _read_floats(buf, dtype: str, shape: tuple[int, ...], what: str) -> torch.Tensor:
     if dtype not in _FLOAT_DTYPES:
         raise ValueError(f"{what} has unknown dtype {dtype!r}")
-    n = math.prod(shape)
-    need = n * _FLOAT_DTYPES[dtype].itemsize
+    need = math.prod(shape) * _FLOAT_DTYPES[dtype].itemsize
     if len(buf) != need:
         raise ValueError(f"{what} holds {len(buf)} bytes, {shape} at {dtype} needs {need}")
     a = np.frombuffer(bytes(buf), dtype=_FLOAT_DTYPES[dtype]).astype(np.float32)

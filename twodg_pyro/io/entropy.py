@@ -323,9 +323,8 @@ def _encode_mode(sym, segments, alphabet, mode, lanes) -> IndexCode:
     tables, freqs, bits = [], np.zeros((n_ctx, alphabet), np.int64), np.zeros(n_ctx, np.int64)
     for k in range(n_ctx):
         empty = np.eye(1, alphabet, dtype=np.int64)[0]  # an empty segment: any valid table
-        f, m, _, _ = choose_table(counts[k] if counts[k].any() else empty)
-        freqs[k], bits[k] = f, m
-        tables.append(encode_table(f, m))
+        freqs[k], bits[k], _, _ = choose_table(counts[k] if counts[k].any() else empty)
+        tables.append(encode_table(freqs[k], bits[k]))
     states, words = rans_encode(sym, ctx, freqs, bits, lanes)
     table_bytes = b"".join(tables)
     data = table_bytes + states.astype("<u4").tobytes() + words.astype("<u2").tobytes()
