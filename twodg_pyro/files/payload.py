@@ -102,5 +102,4 @@ def write_payload(payload: dict, path: str | Path) -> Path:
 
 def payload_section(payload: Mapping, prefix: str) -> dict:
     """The entries of ``payload`` whose key starts with ``prefix``, keyed without it."""
-    n = len(prefix)
-    return {k[n:]: v for k, v in payload.items() if k.startswith(prefix)}
+    return {k.removeprefix(prefix): v for k, v in payload.items() if k.startswith(prefix)}
