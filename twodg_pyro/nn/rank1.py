@@ -28,7 +28,6 @@ selected modules for the rank-1 forward inside a ``with`` block only.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sites import _matches
+from .sites import _fan_in, _selected
 
 #: Layer types that can carry rank-1 factors.
 RANK1_LAYER_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -91,15 +90,14 @@ def find_rank1_layers(
         if not isinstance(module, layer_types) or not isinstance(module, RANK1_LAYER_TYPES):
             continue
         wname = f"{name}.weight" if name else "weight"
-        if (include is not None and not _matches(wname, include)) or _matches(wname, exclude):
+        if not _selected(wname, include, exclude):
             continue
         if isinstance(module, nn.Linear):
             n_in, n_out = module.in_features, module.out_features
-            fan_in = n_in
         else:
             n_in, n_out = module.in_channels, module.out_channels
-            fan_in = n_in // module.groups * math.prod(module.kernel_size)
-        layers.append(Rank1Layer(name, type(module).__name__, int(n_in), int(n_out), int(fan_in)))
+        fan_in = _fan_in(module, module.weight)
+        layers.append(Rank1Layer(name, type(module).__name__, int(n_in), int(n_out), fan_in))
     if not layers:
         raise ValueError(
             f"{type(net).__name__} has no layer for rank-1 factors: no "

@@ -77,6 +77,11 @@ def _matches(name: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+def _selected(name: str, include: Sequence[str] | None, exclude: Sequence[str]) -> bool:
+    """Whether a parameter name matches ``include`` (all when ``None``) and no ``exclude``."""
+    return (include is None or _matches(name, include)) and not _matches(name, exclude)
+
+
 def find_sites(
     net: nn.Module,
     layer_types: Iterable[type[nn.Module]] = DEFAULT_LAYER_TYPES,
@@ -115,20 +120,12 @@ def find_sites(
             if param is None or (param_name == "bias" and not bias):
                 continue
             name = f"{module_name}.{param_name}" if module_name else param_name
-            if include is not None and not _matches(name, include):
-                continue
-            if _matches(name, exclude):
+            if not _selected(name, include, exclude):
                 continue
             fan_in = _fan_in(module, weight) if isinstance(weight, torch.Tensor) else param.numel()
+            layer = type(module).__name__
             sites.append(
-                BayesianSite(
-                    name=name,
-                    module_name=module_name,
-                    param_name=param_name,
-                    shape=param.shape,
-                    layer_type=type(module).__name__,
-                    fan_in=max(fan_in, 1),
-                )
+                BayesianSite(name, module_name, param_name, param.shape, layer, max(fan_in, 1))
             )
     if not sites:
         kinds = ", ".join(t.__name__ for t in layer_types)
