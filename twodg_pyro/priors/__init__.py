@@ -47,12 +47,7 @@ horseshoe), ``pretrained``, ``empirical_bayes`` (learnt by stage 1 from the curv
 the pretrained network), or a user's class, built by its :meth:`Prior.from_settings`.
 """
 
-from .base import (
-    PRIORS,
-    Prior,
-    distribution_to,
-    prior_class,
-)
+from .base import PRIORS, Prior, distribution_to, prior_class
 from .horseshoe import RegularizedHorseshoe, RegularizedHorseshoePrior
 from .iid import CauchyPrior, LaplacePrior, LayerwiseNormalPrior, NormalPrior
 from .per_site import PerSiteNormalPrior

@@ -49,9 +49,7 @@ def _tensor_to(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> tor
         return t
     if t.requires_grad:  # a learnt prior parameter: keep the graph, no caching
         return t.to(device=device, dtype=target)
-    per = _MOVED.get(t)
-    if per is None:
-        per = _MOVED[t] = {}
+    per = _MOVED.setdefault(t, {})
     hit = per.get((device, target))
     if hit is not None and hit[0] == t._version:
         return hit[1]
@@ -86,7 +84,7 @@ def distribution_to(
         if mix is d.mixture_distribution and comp is d.component_distribution:
             return d
         return dist.MixtureSameFamily(mix, comp, validate_args=False)
-    params, moved, changed = {}, {}, False
+    params = {}
     attrs = d.__dict__
     for name in d.arg_constraints:
         value = attrs.get(name)
@@ -98,10 +96,8 @@ def distribution_to(
             params[name] = value
     if "logits" in params and "probs" in params:
         del params["probs"]
-    for name, value in params.items():
-        moved[name] = new = _tensor_to(value, device, dtype)
-        changed = changed or new is not value
-    if not changed:
+    moved = {name: _tensor_to(value, device, dtype) for name, value in params.items()}
+    if all(moved[name] is value for name, value in params.items()):
         return d
     try:
         # no validation, also of parts built inside (StudentT's Chi2): it would read
@@ -238,10 +234,9 @@ class Prior(ABC):
 
         Returns a distribution with ``event_shape == site.shape``.
         """
-        if like is None:
-            device, dtype = _CPU, torch.get_default_dtype()
-        else:
-            device, dtype = like.device, like.dtype
+        device, dtype = (
+            (_CPU, torch.get_default_dtype()) if like is None else (like.device, like.dtype)
+        )
         outer = self.__dict__.get("_target")
         self._target = (device, dtype)  # what constant() makes its tensors for
         try:

@@ -78,7 +78,6 @@ class PretrainedPrior(Prior):
         same = all(
             n in net_values
             and n in self.values
-            and net_values[n].shape == self.values[n].shape
             and torch.equal(
                 net_values[n].detach().cpu(), self.values[n].detach().cpu().to(net_values[n].dtype)
             )

@@ -117,9 +117,7 @@ def _distribution_spec(d) -> dict | None:
         again = _rebuild_distribution({"type": name, "params": params})
     except (TypeError, ValueError):
         return None
-    if type(again) is not type(d):
-        return None
-    return {"type": name, "params": params}
+    return {"type": name, "params": params} if type(again) is type(d) else None
 
 
 def _rebuild_distribution(spec: dict):
