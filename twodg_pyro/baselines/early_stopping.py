@@ -80,10 +80,9 @@ def train_early_stopped(
     train(net, data, epochs, lr, on_epoch_end=hook, **recipe)
     if best["state"] is not None:
         net.load_state_dict(best["state"])
-    trained = len(history) if val_data is not None else int(epochs)
     report = {
         "epochs": int(epochs),
-        "epochs_trained": trained,
+        "epochs_trained": len(history) if val_data is not None else int(epochs),
         "best_epoch": best["epoch"] if val_data is not None else int(epochs),
         "best_val_nll": best["nll"],
         "val_nll": history,

@@ -155,13 +155,12 @@ class ScaleTrajectory(Callback):
             return
         mu, sigma = got
         ratio = sigma / self._initial
-        q = torch.quantile(_subsample(ratio), torch.tensor([0.1, 0.5, 0.9]))
+        q = torch.quantile(_subsample(ratio), torch.tensor([0.1, 0.5, 0.9])).tolist()
         summary = scale_summary(mu, sigma)
+        names = ("sigma_ratio_p10", "sigma_ratio_median", "sigma_ratio_p90")
         state.history[-1].update(
             sigma_median=summary["sigma_median"],
-            sigma_ratio_p10=float(q[0]),
-            sigma_ratio_median=float(q[1]),
-            sigma_ratio_p90=float(q[2]),
+            **dict(zip(names, q, strict=True)),
             sigma_over_spread=summary["sigma_over_spread"],
         )
 

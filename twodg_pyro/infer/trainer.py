@@ -93,10 +93,8 @@ class TrainingStep:
                 f"last good epoch: {state.epoch - 1}"
                 + (f"; last good checkpoint: {ckpt[0]}" if ckpt else "")
             )
-        sums = self._sums
-        sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-        for k, v in terms.items():
-            sums[k] = sums.get(k, 0.0) + float(v.detach())
+        for k, v in {"loss": loss, **terms}.items():
+            self._sums[k] = self._sums.get(k, 0.0) + float(v.detach())
         self._n += 1
 
     def epoch_means(self) -> dict[str, float] | None:
