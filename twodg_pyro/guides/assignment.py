@@ -107,13 +107,12 @@ def assignment_tables(
             s.ellipse_alphas.reshape(-1).to(dtype),
         )
     reg("site_counts", counts)
-    sites = {}
-    for position, lay in enumerate(s.sites):
-        lo, hi = lay.offset, lay.offset + lay.numel
-        ranges = []
-        for idx in (s.outlier_index, s.plain_index, s.ellipse_index):
-            ranges.append(slice(int(torch.searchsorted(idx, lo)), int(torch.searchsorted(idx, hi))))
-        sites[lay.name] = SiteIndex(lay, position, *ranges)
+    lists = (s.outlier_index, s.plain_index, s.ellipse_index)
+    bounds = torch.tensor([[lay.offset, lay.offset + lay.numel] for lay in s.sites])
+    at = [torch.searchsorted(i, bounds).tolist() for i in lists]  # per list: [lo, hi] per site
+    sites = {
+        lay.name: SiteIndex(lay, p, *(slice(*a[p]) for a in at)) for p, lay in enumerate(s.sites)
+    }
     kinds = WeightKinds(s.outlier_index.numel(), s.plain_index.numel(), s.ellipse_index.numel())
     return buffers, sites, kinds
 

@@ -112,9 +112,7 @@ def scalar_prior(fn: dist.Distribution) -> dist.Distribution | None:
         value = base.__dict__.get(name)
         if value is None:
             continue
-        if not torch.is_tensor(value):
-            return None
-        if value.numel() > 1 and any(st != 0 for st in value.stride()):
+        if not torch.is_tensor(value) or (value.numel() > 1 and any(value.stride())):
             return None
         params[name] = value[(0,) * value.dim()]  # an element, no copy of an expanded tensor
     try:
@@ -242,14 +240,12 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
         are on."""
         return GuideSample(self.normal_draws(num_samples, rsample=False)[0])
 
-    # ------------------------------------------------------------------ KL
     def site_kl(self, name: str, prior_fn, value, guide_fn=None) -> dict[str, torch.Tensor]:
         """``{"kl": ...}``: :func:`~twodg_pyro.guide.kl_or_estimate` of ``guide_fn`` (the
         traced program's) or else :meth:`site_distribution`."""
         fn = guide_fn if guide_fn is not None else self.site_distribution(self.site(name))
         return {"kl": kl_or_estimate(fn, prior_fn, value)}
 
-    # ------------------------------------------------------------------ fast step
     def fast_draw(self, priors) -> dict[str, torch.Tensor] | None:
         r"""The program's draw (:meth:`normal_draws` with ``rsample``: same noise, same
         two roundings); ``None`` for a subclass with another program or a prior whose base
@@ -268,14 +264,9 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
         r""":math:`\sum_s \sum_i \mathrm{KL}(\mathcal N(\mu_{s,i}, \sigma_{s,i}^2) \|
         \mathcal N(m_{s,i}, s_{s,i}^2))` in closed form (:func:`normal_normal_kl`), summed
         as the traced ELBO sums it (``fused`` changes nothing: the terms are elementwise)."""
-        total = None
-        for (loc, scale), (p_loc, p_scale) in self._fast:
-            kl = normal_normal_kl(loc, scale, p_loc, p_scale).sum()
-            total = kl if total is None else total + kl
-        self._fast = None
-        return {"kl": total}
+        fast, self._fast = self._fast, None
+        return {"kl": sum(normal_normal_kl(*q, *p).sum() for q, p in fast)}
 
-    # ------------------------------------------------------------------ densities
     def site_parameters(self, name: str) -> dict[str, torch.Tensor]:
         r"""``{"loc": mu, "scale": sigma}`` of a site."""
         return {"loc": self.loc(name), "scale": self.scale(name)}

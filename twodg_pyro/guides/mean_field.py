@@ -155,7 +155,6 @@ class MeanFieldGuide(DiagonalNormalGuide):
             self.locs[site_key(site.name)] = nn.Parameter(loc.clone())
             self.rhos[site_key(site.name)] = nn.Parameter(inverse_softplus(scale).to(loc.device))
 
-    # ------------------------------------------------------------------ posterior
     def means_and_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
         r"""All :math:`(\mu_i, \sigma_i)` flattened in site order: the 2-D points of stage 2."""
         with torch.no_grad():

@@ -43,7 +43,6 @@ KL annealing over the first two thirds of training, as in the paper, is
 
 from __future__ import annotations
 
-import math
 from typing import Literal, get_args
 
 import pyro.poutine as poutine
@@ -54,15 +53,9 @@ from ..guide import GuideSample, kl_or_estimate
 from ..infer.callbacks import KLAnnealing
 from ..nn.functional import inverse_softplus
 from ..priors import CauchyPrior
-from ..rank1_bnn import (
-    RANK1_PRIORS,
-    ROUTINGS,
-    Rank1BNNModel,
-    Rank1PriorKind,
-    Routing,
-    rank1_prior,
-)
+from ..rank1_bnn import RANK1_PRIORS, ROUTINGS, Rank1BNNModel, Rank1PriorKind, Routing, rank1_prior
 from .base import DiagonalNormalGuide, site_key
+from .mean_field import check_init_scale
 
 __all__ = [
     "CauchyPrior",
@@ -134,8 +127,7 @@ class Rank1Guide(DiagonalNormalGuide):
         if init_mean not in INIT_MEANS:
             raise ValueError(f"unknown init_mean {init_mean!r}; use one of {list(INIT_MEANS)}")
         init_scale = float(init_scale)
-        if not (math.isfinite(init_scale) and init_scale > 0):
-            raise ValueError(f"init_scale must be a positive float, got {init_scale!r}")
+        check_init_scale(init_scale)
         self.sites = list(model.sites)
         self.components = model.components
         # the factors follow the network's device and dtype
@@ -173,7 +165,6 @@ class Rank1Guide(DiagonalNormalGuide):
         """The sites' KL terms, each factor site counted :math:`1/M` as in the program."""
         return {k: v / self.components for k, v in super().kl_terms(priors, values).items()}
 
-    # ------------------------------------------------------------------ BNNGuide API
     def draw(self, num_samples: int | None = None) -> GuideSample:
         """Factor draws: ``(M, dim)`` per site, or ``(num_samples, M, dim)``, in two
         roundings (:meth:`normal_draws` with ``rsample``), not the fused ``addcmul`` of

@@ -100,7 +100,6 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         """The tying's name: ``"representative"``, ``"stochastic"`` or ``"tied"``."""
         return self.tying_rule.name
 
-    # ------------------------------------------------------------------ parameters
     def _set_assignments(self, s: SharingStructure) -> None:
         buffers, self._sites, self.kinds = assignment_tables(
             s, self.outlier_loc.device, self.outlier_loc.dtype
@@ -110,7 +109,6 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         #: the stored tables, which a loaded state must repeat (see ``load_state_dict``)
         self._tables = [name for name, _, persistent in buffers if persistent]
 
-    # ------------------------------------------------------------------ drawing
     def _ellipse_components(self, S: int) -> torch.Tensor | None:
         """Component of each ellipse weight in each of ``S`` draws, ``(S, n_e)``."""
         if not self.kinds.ellipses:
@@ -140,20 +138,14 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
 
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         lead = flat.shape[:-1]
+        # the sites cover the weights one after another (SharingStructure.validate): one
+        # split, whose backward is one concatenation, where per-site slices would each build
+        # a zero-filled gradient of all n_w weights (n_sites x n_w work)
         layouts = sorted((s.layout for s in self._sites.values()), key=lambda lay: lay.offset)
-        offsets = [lay.offset for lay in layouts]
-        sizes = [lay.numel for lay in layouts]
-        if offsets == [sum(sizes[:i]) for i in range(len(sizes))]:
-            # one split: its backward is one concatenation, where per-site slices would
-            # each build a zero-filled gradient of all n_w weights (n_sites x n_w work)
-            parts = flat.split(sizes, dim=-1)
-            return {
-                lay.name: part.reshape(*lead, *lay.shape)
-                for lay, part in zip(layouts, parts, strict=True)
-            }
+        parts = flat.split([lay.numel for lay in layouts], dim=-1)
         return {
-            name: flat[..., s.offset : s.offset + s.layout.numel].reshape(*lead, *s.layout.shape)
-            for name, s in self._sites.items()
+            lay.name: part.reshape(*lead, *lay.shape)
+            for lay, part in zip(layouts, parts, strict=True)
         }
 
     def draw(self, num_samples: int | None = None) -> GuideSample:
@@ -206,7 +198,6 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         (:meth:`~twodg_pyro.guides.tyings.Tying.log_density`; none for ``tied``)."""
         return self.tying_rule.log_density(self, self._last if draw is None else draw)
 
-    # ------------------------------------------------------------------ KL (Eq. 10)
     def site_kl(
         self, name: str, prior_fn, value: torch.Tensor, guide_fn=None
     ) -> dict[str, torch.Tensor]:
@@ -217,14 +208,11 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         draw = self._last
         prior = scalar_prior(prior_fn)
         zero = self.centre_mu.new_zeros(())
-        log_p_elem = None
         base = prior_fn.base_dist if isinstance(prior_fn, dist.Independent) else prior_fn
+        log_p_elem = functools.cache(lambda: base.log_prob(value).reshape(-1))  # on the first ask
 
         def log_p_at(global_idx: torch.Tensor) -> torch.Tensor:
-            nonlocal log_p_elem
-            if log_p_elem is None:
-                log_p_elem = base.log_prob(value).reshape(-1)
-            return log_p_elem[global_idx - site.offset]
+            return log_p_elem()[global_idx - site.offset]
 
         # a Normal prior that differs between weights (e.g. PretrainedPrior): closed form,
         # weight by weight, at the prior's entries for the weights concerned
@@ -236,7 +224,6 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
             scale = base.scale.expand(base.batch_shape).reshape(-1).index_select(0, local)
             return dist.Normal(loc, scale, validate_args=False)
 
-        # ---- outliers
         kl_out = zero
         if site.outliers.stop > site.outliers.start:
             idx = self.outlier_index[site.outliers]
@@ -252,7 +239,6 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
                     pass
             if kl_out is None:  # Monte Carlo at the drawn weights
                 kl_out = Tying._estimate(draw, idx, loc, scale, prior, log_p_at)
-        # ---- inliers
         kl_in = zero
         if site.plain.stop > site.plain.start or site.ellipses.stop > site.ellipses.start:
             kl_in = self.tying_rule.inlier_kl(
@@ -260,7 +246,6 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
             )
         return {"kl_inlier": kl_in, "kl_outlier": kl_out}
 
-    # ------------------------------------------------------------------ densities
     def marginal_log_density(self, quadrature_nodes: int = 64) -> MarginalDensity:
         r""":math:`\log q(w)` of joint draws: outliers' Normals, the tying's component
         marginals for plain inliers, their alpha-mixtures for ellipse weights
@@ -269,7 +254,6 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         marginals = self.tying_rule.component_marginals(self, int(quadrature_nodes))
         return shared_mixture_log_q(self, marginals)
 
-    # ------------------------------------------------------------------ parameters
     def param_groups(self) -> list[dict]:
         groups = [
             {"name": "centre", "params": [self.centre_mu, self.centre_raw]},

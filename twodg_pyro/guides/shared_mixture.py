@@ -44,7 +44,6 @@ class SharedMixture:
     (see the module docstring): with the guide's ``tying``, the
     :class:`~twodg_pyro.guide.SharingGuide` extension of the guide protocol."""
 
-    # ------------------------------------------------------------------ parameters
     def _set_outliers(self, s: SharingStructure, device, dtype) -> None:
         loc, scale = (
             t.detach().to(device=device, dtype=dtype) for t in (s.outlier_loc, s.outlier_scale)
@@ -79,7 +78,6 @@ class SharedMixture:
             else:
                 self.register_buffer(name, value.clone())
 
-    # ------------------------------------------------------------------ components
     @property
     def n_components(self) -> int:
         return int(self.centre_mu.shape[0])
@@ -169,7 +167,6 @@ class SharedMixture:
             params += [self.chol_log_diag, self.chol_off]
         return params
 
-    # ------------------------------------------------------------------ structure
     def structure(self, current_points: bool = False) -> SharingStructure:
         """The current sharing structure (centres and covariances as trained so far).
 
@@ -199,7 +196,6 @@ class SharedMixture:
                 info=dict(self._info),
             )
 
-    # ------------------------------------------------------------------ refinement
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # files written before 0.1.0's memory diet carry an unused weight-sized buffer
         state_dict.pop(prefix + "inverse_order", None)

@@ -47,12 +47,7 @@ from ..bnn import BNNModel, require_model
 from ..guide import BNNGuide, GuideSample
 from ..nn.functional import inverse_softplus
 from ..nn.sites import BayesianSite
-from .base import (
-    GuideDraw,
-    LocScaleParameters,
-    particle_batch_shape,
-    site_key,
-)
+from .base import GuideDraw, LocScaleParameters, particle_batch_shape, site_key
 from .mean_field import check_init_scale, initial_means, paper_initial_scales
 
 
@@ -125,7 +120,6 @@ class SSVIGuide(LocScaleParameters, BNNGuide):
             scales = self._initial_scales(site, idx).to(full_loc.dtype)
             self.rhos[key] = nn.Parameter(inverse_softplus(scales).to(device))
 
-    # ------------------------------------------------------------------ subspace
     def _initial_scales(self, site: BayesianSite, idx: torch.Tensor) -> torch.Tensor:
         if self.init_scale == "paper":
             return paper_initial_scales(site, self._generator).reshape(-1)[idx.cpu()]
@@ -205,18 +199,13 @@ class SSVIGuide(LocScaleParameters, BNNGuide):
         site = self.site(name)
         old_loc, old_rho = self.locs[key], self.rhos[key]
         new_loc = torch.cat([old_loc[kept_pos], old_loc.new_zeros(len(add))])
-        new_rho = torch.cat(
-            [
-                old_rho[kept_pos],
-                inverse_softplus(self._initial_scales(site, add).to(old_rho.dtype)).to(old_rho),
-            ]
-        )
+        added_rho = inverse_softplus(self._initial_scales(site, add).to(old_rho.dtype))
+        new_rho = torch.cat([old_rho[kept_pos], added_rho.to(old_rho)])
         setattr(self, f"index__{key}", torch.cat([idx[kept_pos], add]))
         self.locs[key] = nn.Parameter(new_loc)
         self.rhos[key] = nn.Parameter(new_rho)
         return kept_pos
 
-    # ------------------------------------------------------------------ Pyro guide
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         r"""The guide as a Pyro program: a dense draw per site, exactly zero off
         :math:`\Gamma`, as a :class:`~twodg_pyro.guides.base.GuideDraw` whose ``log_prob``
@@ -267,7 +256,6 @@ class SSVIGuide(LocScaleParameters, BNNGuide):
         log_p = base.log_prob(value).expand(site.shape).reshape(-1)[idx]
         return {"kl": (q.log_prob(active) - log_p).sum()}
 
-    # ------------------------------------------------------------------ BNNGuide API
     def draw(self, num_samples: int | None = None) -> GuideSample:
         """Dense draws, exactly zero outside the subspace: ``site.shape`` or ``(S, *shape)``."""
         lead = () if num_samples is None else (num_samples,)

@@ -159,9 +159,8 @@ class SubspaceUpdate(Callback):
         if epoch % self.update_every or epoch >= state.epochs:
             return
         frac = self.fraction(epoch, state.epochs)
-        if frac <= 0:
-            return
-        self.update(state, frac)
+        if frac > 0:
+            self.update(state, frac)
 
     def _addition_scores(self, model, guide: SSVIGuide) -> dict[str, torch.Tensor]:
         """Dense ``|sum of dNLL/dtheta|`` at the posterior mean, per site."""

@@ -73,7 +73,6 @@ def normal_kl(loc: torch.Tensor, scale: torch.Tensor, prior: dist.Distribution) 
     return kl_divergence(dist.Normal(loc, scale, validate_args=False), prior)
 
 
-# ------------------------------------------------------------------------ draws
 @dataclass
 class SharedDraw:
     """One draw of the shared-GMM guide and what its KL and densities need of it.
@@ -96,7 +95,6 @@ class SharedDraw:
     expected_kl: dict = field(default_factory=dict)
 
 
-# ------------------------------------------------------------------------ strategies
 class Tying:
     """How a tied weight is drawn from its component (see the module docstring).
 
@@ -193,10 +191,8 @@ class Representative(Tying):
         return loc.index_select(0, guide.nat_index), scale.index_select(0, guide.nat_index)
 
     def draw(self, guide, S, chosen, out_scale, fast):
-        n_w = guide.nat_index.numel()
-        dev = guide.centre_mu.device
         loc, scale = self.normals(guide, out_scale)
-        eps = torch.randn(S, n_w, device=dev, dtype=loc.dtype)
+        eps = torch.randn(S, loc.numel(), device=loc.device, dtype=loc.dtype)
         flat = torch.addcmul(loc, scale, eps, out=None if torch.is_grad_enabled() else eps)
         ell = None
         if chosen is not None:
@@ -204,7 +200,7 @@ class Representative(Tying):
             ell = torch.addcmul(
                 guide.centre_mu.index_select(0, c),
                 guide.centre_sigma().index_select(0, c),
-                torch.randn(c.numel(), device=dev, dtype=loc.dtype),
+                torch.randn(c.numel(), device=loc.device, dtype=loc.dtype),
             ).view(chosen.shape)
         return SharedDraw(flat, chosen), ell
 
@@ -214,9 +210,8 @@ class Representative(Tying):
         centre of the component drawn from its alphas (ellipse weights):
         :math:`\mathbb E[\log q(w \mid c) - \log p(w)] = \sum_k \alpha_k
         \mathrm{KL}(\mathcal N(m_{k,0}, m_{k,1}^2) \| p)`."""
-        flat = draw.flat
         loc, scale = self.normals(guide, F.softplus(guide.outlier_rho))
-        chosen = draw.chosen
+        flat, chosen = draw.flat, draw.chosen
         if chosen is not None:
             shape = (flat.shape[0], loc.shape[0])
             loc = loc.expand(shape).index_copy(1, guide.ellipse_index, guide.centre_mu[chosen])
@@ -283,11 +278,9 @@ class Stochastic(Tying):
             parts = draw.stochastic
             state = parts.plain
             if parts.ellipse is not None:
-                state = Conditional(
-                    *(
-                        full.index_copy(1, guide.ellipse_index, e)
-                        for full, e in zip(state, parts.ellipse, strict=True)
-                    )
+                state = Conditional._make(
+                    full.index_copy(1, guide.ellipse_index, e)
+                    for full, e in zip(state, parts.ellipse, strict=True)
                 )
             draw.conditional = state
         return draw.conditional
