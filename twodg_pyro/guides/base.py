@@ -98,9 +98,7 @@ def _normal_base(prior, event_dim: int):
         if type(prior) is not dist.Independent or prior.reinterpreted_batch_ndims != event_dim:
             return None
         prior = prior.base_dist
-    if type(prior) is not dist.Normal:
-        return None
-    return prior.loc, prior.scale
+    return (prior.loc, prior.scale) if type(prior) is dist.Normal else None
 
 
 def scalar_prior(fn: dist.Distribution) -> dist.Distribution | None:
@@ -130,13 +128,6 @@ def particle_batch_shape() -> tuple[int, ...]:
 def site_key(name: str) -> str:
     """A parameter-safe key for a site name (``"layers.0.weight" -> "layers__0__weight"``)."""
     return name.replace(".", "__")
-
-
-def standard_normal(like: torch.Tensor, num_samples: int | None = None) -> torch.Tensor:
-    r""":math:`\mathcal N(0, 1)` noise of ``like``'s shape, or ``(num_samples, *like.shape)``,
-    on its device and with its dtype: the noise of one or ``num_samples`` draws of a site."""
-    shape = like.shape if num_samples is None else (num_samples, *like.shape)
-    return torch.randn(shape, device=like.device, dtype=like.dtype)
 
 
 class LocScaleParameters:
@@ -218,7 +209,8 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
         out, params = {}, []
         for site in self.sites:
             loc, scale = self.loc(site.name), self.scale(site.name)
-            eps = standard_normal(loc, num_samples)
+            shape = loc.shape if num_samples is None else (num_samples, *loc.shape)
+            eps = torch.randn(shape, device=loc.device, dtype=loc.dtype)
             if rsample:
                 out[site.name] = loc + eps * scale
             elif torch.is_grad_enabled() and (loc.requires_grad or scale.requires_grad):

@@ -64,17 +64,13 @@ class SharedGMMFastStep(FastStepGuide):
     """The fast step of :class:`~twodg_pyro.guides.SharedGMMGuide`
     (:class:`~twodg_pyro.guide.FastStepGuide`)."""
 
-    def _mirrors_program(self) -> bool:
-        """Whether the class's program is the one :meth:`fast_draw` stands in for (the
-        class that mixes this in, not a subclass with its own ``forward``)."""
-        owner = next(c for c in type(self).__mro__ if "forward" in vars(c))
-        return SharedGMMFastStep in owner.__bases__
-
     def fast_draw(self, priors) -> dict[str, torch.Tensor] | None:
         """The program's draw without the program: one draw of all weights, kept for the
         KL (:meth:`site_kl`), split into the sites.  ``None`` for a subclass with another
         program."""
-        if not self._mirrors_program():
+        # the program it stands in for is that of the class mixing this in, not a subclass's
+        owner = next(c for c in type(self).__mro__ if "forward" in vars(c))
+        if SharedGMMFastStep not in owner.__bases__:
             return None
         self._last = last = self._draw(1)
         return self._split(last.flat[0])

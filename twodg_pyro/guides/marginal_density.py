@@ -56,12 +56,6 @@ _LOG_2PI = math.log(2 * math.pi)
 _GROUP_ELEMENTS = 1 << 22  # draws are evaluated in groups of about this many terms
 
 
-def _flatten(weights: dict[str, torch.Tensor], guide) -> torch.Tensor:
-    """``{site: (S, *shape)}`` -> ``(S, n_w)`` in the guide's site order."""
-    names = [s.name for s in guide.sites]
-    return torch.cat([weights[n].reshape(weights[n].shape[0], -1) for n in names], 1)
-
-
 class ComponentMarginals(NamedTuple):
     r"""Each component's marginal of one weight tied to it, as a Gaussian mixture over
     ``J`` nodes: :math:`q_k(w) = \sum_j e^{\ell_{kj}} \mathcal N(w \mid a_{kj}, b_{kj}^2)`,
@@ -134,7 +128,8 @@ def shared_mixture_log_q(guide, marginals: ComponentMarginals) -> MarginalDensit
     group = max(1, _GROUP_ELEMENTS // max(1, n_terms * J))
 
     def fn(weights, flat: torch.Tensor | None = None) -> torch.Tensor:
-        flat = _flatten(weights, guide) if flat is None else flat
+        if flat is None:  # (S, n_w) in the guide's site order
+            flat = torch.cat([weights[s.name].flatten(1) for s in guide.sites], 1)
         total = flat.new_zeros(flat.shape[0])
         if out_idx.numel():
             z = (flat[:, out_idx] - loc) / scale

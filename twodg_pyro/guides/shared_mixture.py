@@ -56,9 +56,7 @@ class SharedMixture:
     ) -> None:
         like = self.outlier_loc  # the guide's device and dtype
         point_covs = covs if point_covs is None else point_covs
-        means, covs, point_covs = (
-            t.detach().to(device=like.device, dtype=like.dtype) for t in (means, covs, point_covs)
-        )
+        means, covs, point_covs = (t.detach().to(like) for t in (means, covs, point_covs))
         # the spread of each component's member points, which the Mahalanobis check
         # measures them against (see point_covariances)
         self.register_buffer("point_covs", point_covs.clone())

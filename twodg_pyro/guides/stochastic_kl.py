@@ -36,12 +36,6 @@ import torch
 _SERIES_MAX_H = 200.0
 
 
-def _series_terms(h_max: float) -> int:
-    r"""Terms of the Poisson series: :math:`h + 12\sqrt h + 25` leaves a tail mass below
-    :math:`10^{-30}` (at most 395 terms, for :math:`h = 200`)."""
-    return int(math.ceil(h_max + 12.0 * math.sqrt(h_max) + 25.0))
-
-
 # E log|1 + r z| = -1/2 sum_n (2n - 1)!! / n r^(2n): the coefficients (2n - 1)!! / (2n)
 _ASYM = (0.5, 0.75, 2.5, 13.125, 94.5, 866.25)
 
@@ -80,7 +74,9 @@ def expected_log_abs_normal(mean: torch.Tensor, var: torch.Tensor) -> torch.Tens
     # d xlogy(j, h)/dh = j / h stays finite at m = 0
     series_h = torch.where(big, torch.ones_like(h), h).clamp_min(1e-30)
     h_max = float(series_h.detach().max()) if series_h.numel() else 0.0
-    j = torch.arange(_series_terms(h_max), dtype=mean.dtype, device=mean.device)
+    # h + 12 sqrt(h) + 25 terms leave a tail mass below 1e-30 (at most 395, for h = 200)
+    n_terms = int(math.ceil(h_max + 12.0 * math.sqrt(h_max) + 25.0))
+    j = torch.arange(n_terms, dtype=mean.dtype, device=mean.device)
     log_w = torch.xlogy(j, series_h.unsqueeze(-1)) - series_h.unsqueeze(-1) - torch.lgamma(j + 1)
     psi = torch.special.digamma(j + 0.5)
     series = 0.5 * (torch.log(2 * var) + (log_w.exp() * psi).sum(-1))

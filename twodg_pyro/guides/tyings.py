@@ -356,17 +356,12 @@ class Tied(Tying):
     trains_covariances = True
 
     def draw(self, guide, S, chosen, out_scale, fast):
-        dev = guide.centre_mu.device
         L = guide.cholesky()
-        z = guide.centres() + (
-            L @ torch.randn(S, guide.n_components, 2, 1, device=dev, dtype=L.dtype)
-        ).squeeze(-1)
+        like = {"device": L.device, "dtype": L.dtype}
+        z = guide.centres() + (L @ torch.randn(S, guide.n_components, 2, 1, **like)).squeeze(-1)
         z0 = z[..., 0]
-        w_out = torch.addcmul(
-            guide.outlier_loc,
-            out_scale,
-            torch.randn(S, guide.kinds.outliers, device=dev, dtype=L.dtype),
-        )
+        eps = torch.randn(S, guide.kinds.outliers, **like)
+        w_out = torch.addcmul(guide.outlier_loc, out_scale, eps)
         table = torch.cat([z0, w_out], 1)
         flat = gather_rows(table, guide.nat_index)
         ell = z0.gather(1, chosen) if chosen is not None else None

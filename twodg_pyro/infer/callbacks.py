@@ -167,6 +167,4 @@ class ScaleTrajectory(Callback):
 
 def _subsample(x: torch.Tensor, limit: int = 1_000_000) -> torch.Tensor:
     """At most ``limit`` evenly spaced entries of ``x`` (``torch.quantile``'s size limit)."""
-    if x.numel() <= limit:
-        return x
-    return x[:: -(-x.numel() // limit)]
+    return x if x.numel() <= limit else x[:: -(-x.numel() // limit)]

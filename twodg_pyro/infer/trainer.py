@@ -99,9 +99,7 @@ class TrainingStep:
 
     def epoch_means(self) -> dict[str, float] | None:
         """The epoch's mean loss and terms, ``None`` when it had no minibatches."""
-        if self._n == 0:
-            return None
-        return {k: v / self._n for k, v in self._sums.items()}
+        return {k: v / self._n for k, v in self._sums.items()} if self._n else None
 
     def end_epoch(self, state: TrainState) -> None:
         """After the epoch's record, before the callbacks' ``on_epoch_end``: nothing here."""

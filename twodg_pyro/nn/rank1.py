@@ -135,8 +135,7 @@ def _per_example(factor: torch.Tensor, like: torch.Tensor, channel_dim: int) -> 
         if factor.dim() == 1:
             return factor
         return factor.reshape(factor.shape[0], *([1] * (like.dim() - 2)), factor.shape[-1])
-    spatial = like.dim() - 2
-    return factor.reshape(*factor.shape, *([1] * spatial))
+    return factor.reshape(*factor.shape, *([1] * (like.dim() - 2)))
 
 
 def _rank1_forward(module: nn.Module, r: torch.Tensor, s: torch.Tensor, x: torch.Tensor):

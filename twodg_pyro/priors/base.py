@@ -84,8 +84,7 @@ def distribution_to(
         if mix is d.mixture_distribution and comp is d.component_distribution:
             return d
         return dist.MixtureSameFamily(mix, comp, validate_args=False)
-    params = {}
-    attrs = d.__dict__
+    params, attrs = {}, d.__dict__
     for name in d.arg_constraints:
         value = attrs.get(name)
         if value is None:
