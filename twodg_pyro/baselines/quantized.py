@@ -58,9 +58,7 @@ def quantize_mean_field(guide, sigma_bits: int = 4):
     with torch.no_grad():
         for site in q_guide.sites:
             mu, sigma = q_guide.loc(site.name), q_guide.scale(site.name)
-            q, s = _quantize_mu(mu)
-            code, lo_step = _quantize_sigma(sigma, sigma_bits)
-            mu_hat, sigma_hat = dequantize(q, s, code, lo_step)
+            mu_hat, sigma_hat = dequantize(*_quantize_mu(mu), *_quantize_sigma(sigma, sigma_bits))
             q_guide.loc(site.name).copy_(mu_hat)
             q_guide.rhos[site.name.replace(".", "__")].copy_(inverse_softplus(sigma_hat))
     return q_guide
