@@ -7,8 +7,6 @@ line's help lists, does not import torch and the whole pipeline.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .._lazy import lazy_names
 
 #: exported name -> the module that defines or re-exports it
@@ -28,34 +26,5 @@ _EXPORTS: dict[str, str] = {
     "run": "twodg_pyro.pipeline.runtime.runner",
 }
 
-__all__ = [
-    "ConfigError",
-    "RunConfig",
-    "RunFolder",
-    "RunFolderError",
-    "RunFolderLocked",
-    "SharingConfig",
-    "config_from_dict",
-    "format_table",
-    "load_config",
-    "read_results",
-    "run",
-    "run_distributed",
-    "write_results",
-]
-
-if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from .outputs.results import format_table, read_results, write_results
-    from .runtime.data_parallel import run_distributed
-    from .runtime.run_folder import RunFolder, RunFolderError, RunFolderLocked
-    from .runtime.runner import run
-    from .settings.config import (
-        ConfigError,
-        RunConfig,
-        SharingConfig,
-        config_from_dict,
-        load_config,
-    )
-
-
+__all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

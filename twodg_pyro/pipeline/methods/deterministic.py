@@ -6,7 +6,6 @@ Laplace."""
 from __future__ import annotations
 
 import copy
-import time
 from typing import TYPE_CHECKING
 
 from torch import nn
@@ -24,16 +23,13 @@ def recipe(ctx: RunContext) -> dict:
     optimiser and, for SGD, its schedule: ``stage1.deterministic_*``), the device,
     progress and ``train``, this execution's trainer."""
     s1 = ctx.cfg.stage1
+    keys = ("optimizer", "momentum", "weight_decay", "milestones", "gamma", "warmup_epochs")
     return {
         "train": ctx.execution.train_deterministic,
         "device": ctx.cfg.device,
         "progress": ctx.progress,
-        "optimizer": s1.deterministic_optimizer,
-        "momentum": s1.deterministic_momentum,
-        "weight_decay": s1.deterministic_weight_decay,
+        **{k: getattr(s1, f"deterministic_{k}") for k in keys},
         "milestones": tuple(s1.deterministic_milestones),
-        "gamma": s1.deterministic_gamma,
-        "warmup_epochs": s1.deterministic_warmup_epochs,
     }
 
 
@@ -41,11 +37,12 @@ def train(ctx: RunContext, epochs: int, loader=None, net=None) -> tuple[nn.Modul
     """``net`` (default: a copy of the run's initial network) trained deterministically for
     ``epochs`` on ``loader`` (default: the run's loader); and seconds."""
     det = copy.deepcopy(ctx.net) if net is None else net
-    t0 = time.perf_counter()
     kw = recipe(ctx)
     data = ctx.execution.shard(ctx.loader if loader is None else loader, ctx.cfg.seed)
-    kw.pop("train")(det, data, epochs, ctx.cfg.stage1.deterministic_lr, **kw)
-    return det, time.perf_counter() - t0
+    seconds = ctx.timed(kw.pop("train"), det, data, epochs, ctx.cfg.stage1.deterministic_lr, **kw)[
+        1
+    ]
+    return det, seconds
 
 
 def initial_network(ctx: RunContext) -> nn.Module:

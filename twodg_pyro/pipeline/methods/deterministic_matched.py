@@ -7,7 +7,6 @@ trains ``stage1.deterministic_epochs`` and keeps its last epoch."""
 from __future__ import annotations
 
 import copy
-import time
 from typing import TYPE_CHECKING
 
 from ...baselines import train_early_stopped
@@ -42,8 +41,8 @@ def run(ctx: RunContext) -> dict:
     val = art.split.val
     seed_everything(cfg.seed)
     net = copy.deepcopy(ctx.net)
-    t0 = time.perf_counter()
-    net, report = train_early_stopped(
+    (net, report), seconds = ctx.timed(
+        train_early_stopped,
         net,
         fresh_loader(ctx, cfg.seed),
         None if val is None or len(val) == 0 else eval_data(val, cfg.device),
@@ -52,7 +51,6 @@ def run(ctx: RunContext) -> dict:
         patience=cfg.deterministic_matched.patience,
         **recipe(ctx),
     )
-    seconds = time.perf_counter() - t0
     keys = ("epochs", "epochs_trained", "best_epoch", "best_val_nll", "validation")
     return ctx.finish(
         "deterministic_matched",

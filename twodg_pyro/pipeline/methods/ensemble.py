@@ -4,7 +4,6 @@ member 0 is the deterministic row's network)."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from ...methods import train_ensemble
@@ -29,11 +28,10 @@ def run(ctx: RunContext) -> dict:
         net = build_net(cfg.network, art.split).to(cfg.device)
         return net, fresh_loader(ctx, cfg.seed + m)
 
-    t0 = time.perf_counter()
-    ensemble = train_ensemble(
-        make_member, ec.members, epochs, cfg.stage1.deterministic_lr, **recipe(ctx)
+    lr = cfg.stage1.deterministic_lr
+    ensemble, seconds = ctx.timed(
+        train_ensemble, make_member, ec.members, epochs, lr, **recipe(ctx)
     )
-    seconds = time.perf_counter() - t0
     pred = ctx.predict(ensemble, keep_samples=True)
     members = [classification_metrics(p, pred.targets) for p in pred.samples]
     ctx.keep("ensemble", ensemble, pred)

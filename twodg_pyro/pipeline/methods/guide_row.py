@@ -9,7 +9,6 @@ at float32, in :math:`10^6` bytes) and ``train_seconds``, plus the method's own 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from ...infer import DecomposedELBO, fit
@@ -34,8 +33,8 @@ def train_and_record(
     ``extra(n_guide, n_det)`` (called after training; the guide's trainable parameters
     and the network's deterministic ones)."""
     cfg = ctx.cfg
-    t0 = time.perf_counter()
-    state = fit(
+    state, seconds = ctx.timed(
+        fit,
         model,
         guide,
         loader,
@@ -46,7 +45,6 @@ def train_and_record(
         device=cfg.device,
         progress=cfg.progress,
     )
-    seconds = time.perf_counter() - t0
     n_guide = guide.num_trainable()
     n_det = sum(p.numel() for p in model.deterministic_parameters())
     return ctx.finish(

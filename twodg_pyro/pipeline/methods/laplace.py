@@ -5,7 +5,6 @@ deterministic network (the deterministic row's, else one trained as it would be;
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from ...data import make_loader
@@ -23,9 +22,7 @@ def run(ctx: RunContext) -> dict:
     lc = ctx.cfg.laplace
     net, source, map_seconds = map_network(ctx)
     loader = make_loader(ctx.art.split.train, lc.batch_size, shuffle=False)
-    t0 = time.perf_counter()
-    post = fit_laplace(net, loader, lc, progress=ctx.progress)
-    seconds = time.perf_counter() - t0
+    post, seconds = ctx.timed(fit_laplace, net, loader, lc, progress=ctx.progress)
     n_net = sum(p.numel() for p in net.parameters())
     prior = [float(v) for v in post.prior_precision.tolist()]
     return ctx.finish(

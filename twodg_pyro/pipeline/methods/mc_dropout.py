@@ -25,6 +25,7 @@ protocol every consumer uses (:class:`~twodg_pyro.methods.TrainedMethod`).
 from __future__ import annotations
 
 import copy
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,15 +43,10 @@ if TYPE_CHECKING:
     from ..runtime.context import RunContext
 
 
-class _DropInput:
-    """A forward pre-hook: dropout of rate ``p`` on a layer's input, in training and
-    prediction alike."""
-
-    def __init__(self, p: float):
-        self.p = float(p)
-
-    def __call__(self, module, args):
-        return (F.dropout(args[0], self.p, training=True), *args[1:])
+def _drop_input(p: float, module, args):
+    """A forward pre-hook (with ``p`` bound): dropout of rate ``p`` on a layer's input, in
+    training and prediction alike."""
+    return (F.dropout(args[0], p, training=True), *args[1:])
 
 
 class MCDropout(TrainedMethod):
@@ -85,7 +81,7 @@ class MCDropout(TrainedMethod):
                 f"first), {type(net).__name__} has {len(layers)}"
             )
         for layer in layers[1:]:
-            layer.register_forward_pre_hook(_DropInput(self.p))
+            layer.register_forward_pre_hook(functools.partial(_drop_input, self.p))
 
     @property
     def settings(self) -> dict:

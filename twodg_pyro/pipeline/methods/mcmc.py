@@ -5,7 +5,6 @@ with the run's ``[mcmc]`` settings), predicted by all its kept draws."""
 from __future__ import annotations
 
 import copy
-import time
 from typing import TYPE_CHECKING
 
 from ...methods import run_mcmc
@@ -25,9 +24,7 @@ def run(ctx: RunContext) -> dict:
     seed_everything(cfg.seed)
     train = eval_data(art.split.train, cfg.device)
     model = build_model(copy.deepcopy(ctx.net), cfg.prior, len(art.split.train))
-    t0 = time.perf_counter()
-    post = run_mcmc(model, train, mc, seed=cfg.seed, progress=ctx.progress)
-    seconds = time.perf_counter() - t0
+    post, seconds = ctx.timed(run_mcmc, model, train, mc, seed=cfg.seed, progress=ctx.progress)
     stats = post.sample_stats
     divergences = sum(post.settings["divergences"])
     return ctx.finish(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from typing import TYPE_CHECKING
 
 from ...methods import GuidePosterior
@@ -26,15 +25,10 @@ def stage1(ctx: RunContext) -> tuple[GuidePosterior, float]:
     if ctx.stage1 is None:
         net = initial_network(ctx)
         seed_everything(ctx.cfg.seed)
-        t0 = time.perf_counter()
-        trained = stage1_mean_field(
-            ctx,
-            ctx.art.split,
-            copy.deepcopy(net),
-            {"records": ctx.art.records},  # the live list: checkpoints see new rows
-        )
-        ctx.stage1 = (trained, time.perf_counter() - t0)
-        ctx.art.trained["mean_field"] = trained
+        # the live list of records: checkpoints see new rows
+        extra = {"records": ctx.art.records}
+        ctx.stage1 = ctx.timed(stage1_mean_field, ctx, ctx.art.split, copy.deepcopy(net), extra)
+        ctx.art.trained["mean_field"] = ctx.stage1[0]
     return ctx.stage1
 
 

@@ -53,15 +53,8 @@ def run(ctx: RunContext) -> dict:
         cfg.device
     )
     loader = train_loader(split, cfg.data, cfg.seed)
-    update = SubspaceUpdate(
-        loader,
-        removal=sc.removal,
-        addition=sc.addition,
-        update_every=sc.update_every,
-        move_fraction=sc.move_fraction,
-        stop_fraction=sc.stop_fraction,
-        seed=cfg.seed,
-    )
+    keys = ("removal", "addition", "update_every", "move_fraction", "stop_fraction")
+    update = SubspaceUpdate(loader, seed=cfg.seed, **{k: getattr(sc, k) for k in keys})
     callbacks = [update]
     beta = ctx.kl_weight("stage1", model)
     if cfg.stage1.kl_warmup_epochs:

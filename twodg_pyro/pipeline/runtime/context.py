@@ -10,6 +10,7 @@ and returned to the methods that build on it
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,13 @@ class RunContext:
             setting = getattr(self.cfg, stage).kl_weight
             self.kl_weights[stage] = resolve_kl_weight(setting, model)
         return self.kl_weights[stage]
+
+    @staticmethod
+    def timed(fn, *args, **kwargs) -> tuple[Any, float]:
+        """``fn(*args, **kwargs)`` and the seconds it took."""
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        return out, time.perf_counter() - t0
 
     def predict(self, method, eval_data=None, **kw) -> Prediction:
         """The run's prediction of ``eval_data`` (default: the run's evaluation data) by a
