@@ -38,7 +38,6 @@ from ...infer.curvature import curvature_scales, diagonal_fisher, empirical_baye
 from ...infer.temperature import resolve_kl_weight
 from ...infer.von import VariationalOnlineNewton
 from ...methods import GuidePosterior
-from ...metrics import classification_metrics
 from ...priors import LayerwiseNormalPrior, PerSiteNormalPrior
 from ...sharing import (
     MahalanobisHook,
@@ -53,7 +52,6 @@ from ..settings.build import build_model, build_prior, train_loader
 
 if TYPE_CHECKING:
     from ..runtime.context import RunContext
-    from ..runtime.trained import RunArtifacts
 
 
 # ---------------------------------------------------------------------------- stage 1
@@ -270,10 +268,10 @@ def train_svi(
 
 
 # ---------------------------------------------------------------------------- the 2DG row
-def run_2dg(rt: RunContext, split, stage1: GuidePosterior, art: RunArtifacts, eval_data) -> dict:
+def run_2dg(rt: RunContext, split, stage1: GuidePosterior, eval_data) -> dict:
     """Stages 2-3 on top of ``stage1``, the trained mean-field BNN that
     :func:`stage1_mean_field` returned; returns the 2DG record and keeps the trained 2DG
-    BNN in ``art.trained["2dg"]``, its prediction in ``art.predictions["2dg"]``.
+    BNN in ``rt.art.trained["2dg"]``, its prediction in ``rt.art.predictions["2dg"]``.
 
     When resuming from a stage-3 checkpoint (``rt.checkpoints``), stage 2 is not rerun:
     its structure and report come from the checkpoint.
@@ -288,29 +286,27 @@ def run_2dg(rt: RunContext, split, stage1: GuidePosterior, art: RunArtifacts, ev
     else:
         structure = resumed.structure(SharingStructure.from_payload)
         report = resumed.extra["report"]
-    extra = {"records": list(art.records), "report": report}
+    extra = {"records": list(rt.art.records), "report": report}
     # stage 3 trains the network's deterministic parameters (BatchNorm) too: on a copy,
-    # so that the mean-field model in ``art`` keeps predicting as it was evaluated
+    # so that the mean-field model in ``rt.art`` keeps predicting as it was evaluated
     model = copy.deepcopy(model)
     trained, hooks = stage3_shared_gmm(rt, model, structure, loader, extra)
     seconds = time.perf_counter() - t0
-    guide, state = trained.guide, trained.state
     pred = rt.predict(trained, eval_data)
-    art.predictions["2dg"] = pred
-    record = {
-        "method": "2dg",
-        **classification_metrics(pred.mean, pred.targets),
-        **compression_report(guide, model),
-        "tying": cfg.stage3.tying,
-        "merge_rule": cfg.sharing.merge_rule,
-        "coordinates": cfg.sharing.coordinates,
-        "outlier_rule": report["outlier_rules"].get("rule"),
-        "stage2": report,
-        "hooks": {type(h).__name__: h.log for h in hooks},
+    rt.keep("2dg", trained, pred)
+    compression = compression_report(trained.guide, model)
+    return rt.record(
+        "2dg",
+        pred,
+        seconds,
+        compression["trainable_params"],
+        state=trained.state,
+        **compression,
+        tying=cfg.stage3.tying,
+        merge_rule=cfg.sharing.merge_rule,
+        coordinates=cfg.sharing.coordinates,
+        outlier_rule=report["outlier_rules"].get("rule"),
+        stage2=report,
+        hooks={type(h).__name__: h.log for h in hooks},
         **kl_weight_field(rt.kl_weight("stage3", model)),
-        "train_seconds": seconds,
-        "final_elbo_terms": state.history[-1] if state.history else {},
-        **rt.execution.record_fields(),
-    }
-    art.trained["2dg"] = trained
-    return record
+    )

@@ -64,9 +64,7 @@ def scale_trajectory(history: list[dict], points: int = 11) -> list[dict]:
     if not history:
         return []
     step = max(1, len(history) // max(1, points - 1))
-    picked = list(range(0, len(history), step))
-    if picked[-1] != len(history) - 1:
-        picked.append(len(history) - 1)
+    picked = sorted({*range(0, len(history), step), len(history) - 1})
     return [
         {
             "epoch": history[i].get("epoch", i),

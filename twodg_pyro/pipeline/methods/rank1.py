@@ -43,9 +43,5 @@ def run(ctx: RunContext) -> dict:
         rc.epochs,
         rc.lr,
         [rank1_kl_annealing(rc.epochs)],
-        lambda n_guide, n_det: {
-            "components": rc.components,
-            "prior": rc.prior,
-            "prior_scale": rc.prior_scale,
-        },
+        lambda n_guide, n_det: {k: getattr(rc, k) for k in ("components", "prior", "prior_scale")},
     )

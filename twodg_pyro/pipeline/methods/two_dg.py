@@ -15,4 +15,4 @@ if TYPE_CHECKING:
 
 def run(ctx: RunContext) -> dict:
     """The 2DG BNN's record; its trained method is ``ctx.art.trained["2dg"]``."""
-    return run_2dg(ctx, ctx.art.split, stage1(ctx)[0], ctx.art, ctx.art.eval_data)
+    return run_2dg(ctx, ctx.art.split, stage1(ctx)[0], ctx.art.eval_data)

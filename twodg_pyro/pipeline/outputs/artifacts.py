@@ -91,12 +91,12 @@ def _variational(art) -> dict:
     with a row (stage 1's states before the 2DG BNN's own)."""
     recorded = {r.get("method") for r in art.records}
     mf = art.trained.get("mean_field")
-    out = {}
-    for name, method in art.trained.items():
-        if method.variational and name in recorded:
-            stage1 = [mf.state] if name == "2dg" and mf is not None else []
-            out[name] = (method.model, method.guide, stage1 + [method.state])
-    return out
+    stage1 = [] if mf is None else [mf.state]
+    return {
+        name: (m.model, m.guide, (stage1 if name == "2dg" else []) + [m.state])
+        for name, m in art.trained.items()
+        if m.variational and name in recorded
+    }
 
 
 def _metrics(record: dict | None) -> dict | None:
@@ -238,9 +238,8 @@ def write_artifacts(art, cfg, out_dir, skip_diagnostics: str | None = None) -> d
         report["methods"][method] = {"metrics": metrics, "draws": draws, **section}
     report["compare"] = compare_step(writer, idatas)
     model, guide, states = trained[primary]
-    primary_section = report["methods"][primary]
-    report["metrics"] = primary_section["metrics"]
-    report["loo"] = primary_section.get("loo")
+    section = report["methods"][primary]
+    report.update(metrics=section["metrics"], loo=section.get("loo"))
     pred = art.predictions.get(primary)
     if pred is None:  # e.g. a record restored from a checkpoint: the same seeded draws
         pred = art.trained[primary].predict(eval_data, cfg.num_samples, cfg.seed)

@@ -107,9 +107,7 @@ def add_costs(art, cfg, reference_net: nn.Module, files: dict[str, str]) -> None
         method = det if name == "deterministic" else art.trained.get(name)
         if name == "deterministic":
             record.update(
-                file=DETERMINISTIC_FILE,
-                file_bytes=sizes["float32"],
-                file_bytes_int8=sizes["int8"],
+                file=DETERMINISTIC_FILE, file_bytes=sizes["float32"], file_bytes_int8=sizes["int8"]
             )
         else:
             path = files.get(COMPACT_2DG if name == "2dg" else f"model_{name}")

@@ -37,11 +37,9 @@ class StepWriter:
     beside it)."""
 
     def __init__(self, out_dir: Path, steps: int = 0, progress: bool = False, warn: bool = True):
-        self.out = out_dir
-        self.warn = warn
+        self.out, self.warn, self.progress = out_dir, warn, bool(progress)
         self.files: dict[str, str] = {}
         self.errors: dict[str, str] = {}
-        self.progress = bool(progress)
         self.bar = tqdm(
             total=steps or None, desc="diagnostics", unit="step", disable=not progress, leave=False
         )
@@ -110,12 +108,11 @@ def diagnostics_budget(
     s_k, s_e, e = int(dcfg.khat_samples), int(num_samples), max(1, int(n_exports))
     n_k, n_e = min(n_train, dcfg.max_examples), min(n_eval, dcfg.max_examples)
     work = s_k * n_k + e * s_e * (n_e + n_k)
-    reduced = False
-    if train_passes is not None and work > dcfg.budget * train_passes:
+    reduced = train_passes is not None and work > dcfg.budget * train_passes
+    if reduced:
         f = dcfg.budget * train_passes / work
         n_k = max(min(n_train, dcfg.min_examples), int(n_k * f))
         n_e = max(min(n_eval, dcfg.min_examples), int(n_e * f))
-        reduced = True
     passes = s_k * n_k + e * s_e * (n_e + n_k)
     blocks = max(0, int(khat_blocks))
     run_blocks = blocks > 0 and (

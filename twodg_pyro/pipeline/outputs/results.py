@@ -197,10 +197,8 @@ def write_results(
     out_dir = Path(out_dir)
     payload = {"schema": SCHEMA_VERSION, "config": config or {}, "records": records}
     payload["complete"] = incomplete is None
-    if incomplete is not None:
-        payload["incomplete"] = incomplete
-    if evaluation is not None:
-        payload["evaluation"] = evaluation
+    optional = {"incomplete": incomplete, "evaluation": evaluation}
+    payload.update({k: v for k, v in optional.items() if v is not None})
     atomic_write_text(out_dir / "results.json", json.dumps(payload, indent=2, sort_keys=True))
     atomic_write_text(out_dir / "results.md", format_results(payload))
     return out_dir / "results.json"

@@ -60,26 +60,17 @@ def evaluation_defaults(model_file, data=None, num_samples=None, seed=None) -> d
     }
 
 
-def load_saved(model_file, header: dict | None = None, device: str = "cpu"):
-    """The trained method of a model file of any method
-    (:func:`~twodg_pyro.methods.load_method`), after importing the module of the run's
-    method that the header names (a method defined by the pipeline registers its file
-    there)."""
-    from ...methods import load_method
-
-    name = (header or {}).get("method")
-    if name in METHOD_REGISTRY:
-        method_runner(name)
-    return load_method(model_file, device=device)
-
-
 def _load(model_file, d: dict, root: str | None, device: str):
-    """The saved trained method and the data split it is evaluated on (with the run's
-    split settings, e.g. ``test_fraction``, from ``d``)."""
+    """The saved trained method (:func:`~twodg_pyro.methods.load_method`) and the data
+    split it is evaluated on (with the run's split settings, e.g. ``test_fraction``, from
+    ``d``)."""
+    from ...methods import load_method
     from ...models import MLP
 
     check_device(device)
-    method = load_saved(model_file, d["header"], device)
+    if d["header"].get("method") in METHOD_REGISTRY:  # its module registers its file
+        method_runner(d["header"]["method"])
+    method = load_method(model_file, device=device)
     run = d["data_settings"]
     settings = {
         k: v for k, v in run.items() if k in ("val_fraction", "test_fraction", "split_seed")

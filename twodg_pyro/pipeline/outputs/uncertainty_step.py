@@ -30,11 +30,8 @@ def data_tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
     """``(X, y)`` on the CPU of ``(X, y)`` tensors or ``(x, y)`` batches."""
     if isinstance(data, tuple):
         return data[0].cpu(), data[1].cpu()
-    xs, ys = [], []
-    for xb, yb in data:
-        xs.append(xb.cpu())
-        ys.append(yb.cpu())
-    return torch.cat(xs), torch.cat(ys)
+    batches = list(data)
+    return torch.cat([xb.cpu() for xb, _ in batches]), torch.cat([yb.cpu() for _, yb in batches])
 
 
 def _subset(x: torch.Tensor, size: int | None, generator: torch.Generator) -> torch.Tensor:
@@ -50,12 +47,10 @@ class UncertaintySets:
         self.settings, self.seed = settings, int(seed)
         self.x, self.y = data_tensors(eval_data)
         info = getattr(split, "info", {}) or {}
-        self.mean = info.get("mean")
-        self.std = info.get("std")
-        self.image_shape = None
-        if self.x.dim() == 2:  # flat inputs (the digits MLP): 8x8 images, per-feature stats
-            side = int(round(self.x.shape[1] ** 0.5))
-            self.image_shape = (1, side, side)
+        self.mean, self.std = info.get("mean"), info.get("std")
+        # flat inputs (the digits MLP): 8x8 images, per-feature stats
+        side = int(round(self.x.shape[-1] ** 0.5))
+        self.image_shape = (1, side, side) if self.x.dim() == 2 else None
         if self.mean is None or self.std is None:
             raise ValueError(
                 "uncertainty.enabled needs the data's normalisation (split.info 'mean' and "
@@ -63,11 +58,8 @@ class UncertaintySets:
             )
         g = torch.Generator().manual_seed(self.seed)
         # scikit-learn's digits are no OOD set for a model of the digits themselves
-        names = [
-            n
-            for n in settings.ood_sets
-            if not (n == "digits_upsampled" and getattr(split, "name", "") == "digits")
-        ]
+        skip = "digits_upsampled" if getattr(split, "name", "") == "digits" else None
+        names = [n for n in settings.ood_sets if n != skip]
         self.ood = {
             k: _subset(v, settings.ood_size, g)
             for k, v in builtin_ood_sets(

@@ -121,8 +121,7 @@ def check_output_file(path: str | Path, what: str = "output file") -> Path:
             f"{what} {str(path)!r} is not a regular file (a device, pipe or socket); "
             "give a file name"
         )
-    parent = path.absolute().parent
-    check_output_folder(parent, f"the folder of {what} {str(path)!r}:")
+    check_output_folder(path.absolute().parent, f"the folder of {what} {str(path)!r}:")
     return path
 
 
@@ -152,8 +151,8 @@ def previous_outputs(path: str | Path) -> list[str]:
 def _clean_temporaries(folder: Path) -> list[str]:
     """Remove ``.*.tmp`` files (interrupted atomic writes) in ``folder`` and
     ``folder/checkpoints``; returns their names."""
-    found = [p for sub in (folder, folder / "checkpoints") for p in sub.glob(".*.tmp")]
-    removed = [p for p in found if p.is_file()]
+    folders = (folder, folder / "checkpoints")
+    removed = [p for sub in folders for p in sub.glob(".*.tmp") if p.is_file()]
     for tmp in removed:
         tmp.unlink(missing_ok=True)
     return [str(p.relative_to(folder)) for p in removed]
@@ -197,8 +196,7 @@ class RunFolder:
 
     def __init__(self, path: str | Path, resume: bool = False, overwrite: bool = False):
         self.path = Path(path)
-        self.resume = bool(resume)
-        self.overwrite = bool(overwrite)
+        self.resume, self.overwrite = bool(resume), bool(overwrite)
         if self.resume and self.overwrite:
             raise RunFolderError(
                 "resume and overwrite exclude each other: resuming keeps the folder's "

@@ -99,22 +99,15 @@ def run(
     if folder is not None:
         env.on_main(folder.acquire, f"prepare the output folder {out_dir}")
     try:
-        return _run(cfg, out_dir, resume, execution, folder)
+        return _run(_context(cfg, out_dir, resume, execution, folder), out_dir)
     finally:
         if folder is not None:
             folder.release()
 
 
-def _run(
-    cfg: RunConfig,
-    out_dir: str | Path | None,
-    resume: bool,
-    execution: Execution,
-    folder: RunFolder | None,
-) -> RunArtifacts:
-    """:func:`run` once the device and the output folder are checked."""
-    ctx = _context(cfg, out_dir, resume, execution, folder)
-    art = ctx.art
+def _run(ctx: RunContext, out_dir: str | Path | None) -> RunArtifacts:
+    """:func:`run` once the device, the output folder and the data are checked."""
+    cfg, art = ctx.cfg, ctx.art
     for name in METHOD_REGISTRY:
         if name in cfg.methods:
             try:
@@ -196,8 +189,9 @@ def _keep_finished(out_dir, art: RunArtifacts, cfg: RunConfig, failed: str, erro
         "finished": [r.get("method") for r in art.records],
     }
     try:
-        evaluation = evaluation_of(cfg, art.eval_data)
-        write_results(out_dir, art.records, cfg.to_dict(), evaluation, incomplete=status)
+        write_results(
+            out_dir, art.records, cfg.to_dict(), evaluation_of(cfg, art.eval_data), status
+        )
         _write_model_files(art, cfg, out_dir)
         artifacts.write_artifacts(art, cfg, out_dir, skip_diagnostics=f"{failed} failed")
     except Exception as e:  # keep the original error

@@ -62,16 +62,18 @@ def run_variants(
     shared = config_from_dict(merge_settings(base.to_dict(), {"methods": methods}))
     art = run(shared)
     records = [dict(r, variant="-") for r in art.records if r["method"] in base.methods]
-    eval_data = art.eval_data
     if on_variant is not None:
         on_variant("-", {}, art)
     for name, cfg in configs.items():
         stage1 = copy.deepcopy(art.trained["mean_field"])
-        v_art = RunArtifacts(trained={"mean_field": stage1})
+        v_art = RunArtifacts(
+            split=art.split, eval_data=art.eval_data, trained={"mean_field": stage1}
+        )
         seed_everything(cfg.seed)
-        rec = run_2dg(RunContext(cfg=cfg), art.split, stage1, v_art, eval_data)
+        rec = run_2dg(RunContext(cfg=cfg, art=v_art), art.split, stage1, art.eval_data)
         rec["variant"] = name
-        _variant_costs(rec, v_art, art, cfg)
+        v_art.records.append(rec)
+        _variant_costs(v_art, art, cfg)
         records.append(rec)
         art.variants[name] = v_art.trained["2dg"]
         if on_variant is not None:
@@ -79,19 +81,13 @@ def run_variants(
     return records, art
 
 
-def _variant_costs(record: dict, v_art: RunArtifacts, art: RunArtifacts, cfg: RunConfig) -> None:
+def _variant_costs(v_art: RunArtifacts, art: RunArtifacts, cfg: RunConfig) -> None:
     """Add the cost fields of :func:`~twodg_pyro.pipeline.outputs.costs.add_costs` to a variant's
-    2DG ``record``, measured against the shared run's deterministic network (an untrained
-    network of the same architecture when the run trained none: the same bytes and
-    forward time)."""
+    2DG record (``v_art``: the variant's artifacts, its record the only one), measured
+    against the shared run's deterministic network (an untrained network of the same
+    architecture when the run trained none: the same bytes and forward time)."""
     det = art.trained.get("deterministic")
     reference = det.net if det is not None else build_net(cfg.network, art.split)
-    one = RunArtifacts(
-        records=[record],
-        split=art.split,
-        eval_data=art.eval_data,
-        trained={"2dg": v_art.trained["2dg"]},
-        predictions={"2dg": v_art.predictions["2dg"]},
-    )
     with tempfile.TemporaryDirectory(prefix="twodg-costs-") as tmp:
-        add_costs(one, cfg, reference.to(cfg.device), write_model_files(one, cfg, tmp)["files"])
+        files = write_model_files(v_art, cfg, tmp)["files"]  # the 2DG BNN's (stage 1 has no row)
+        add_costs(v_art, cfg, reference.to(cfg.device), files)

@@ -116,10 +116,7 @@ def build_prior(cfg: PriorConfig, net: nn.Module | None = None) -> Prior:
 
 
 def build_model(
-    net: nn.Module,
-    prior: PriorConfig | Prior,
-    n_train: int,
-    norm_stats: str = "batch",
+    net: nn.Module, prior: PriorConfig | Prior, n_train: int, norm_stats: str = "batch"
 ) -> BNNModel:
     """A categorical-likelihood BNN model over ``net`` with the configured prior (whose
     current values centre a ``pretrained`` prior), or a given :class:`Prior`."""

@@ -16,13 +16,9 @@ def _targets(ds):
     image, or ``None`` when the data set does not list them (``targets``)."""
     if isinstance(ds, Subset):
         inner = _targets(ds.dataset)
-        if inner is None:
-            return None
-        return inner[torch.as_tensor(ds.indices, dtype=torch.long)]
+        return None if inner is None else inner[torch.as_tensor(ds.indices, dtype=torch.long)]
     targets = getattr(ds, "targets", None)
-    if targets is None:
-        return None
-    return torch.as_tensor(targets)
+    return None if targets is None else torch.as_tensor(targets)
 
 
 def _tensors(ds):

@@ -138,14 +138,9 @@ class _RunSettings(Section):
             )
         hints = get_type_hints(type(self))
         for f in dataclasses.fields(self):
-            cls = hints[f.name]
+            cls, value = hints[f.name], getattr(self, f.name)
             if dataclasses.is_dataclass(cls):
-                require(
-                    isinstance(getattr(self, f.name), cls),
-                    f.name,
-                    getattr(self, f.name),
-                    f"must be a {cls.__name__}",
-                )
+                require(isinstance(value, cls), f.name, value, f"must be a {cls.__name__}")
 
     def to_dict(self) -> dict:
         """Plain, JSON-serialisable dictionary of every setting."""
@@ -170,7 +165,9 @@ RunConfig = dataclasses.make_dataclass(
 
 
 def _coerce(name: str, hint, value):
-    """Coerce simple JSON/TOML values to a field's type (ints to floats)."""
+    """Coerce simple JSON/TOML values to a field's type (ints and ``"inf"`` to floats)."""
+    if isinstance(value, str) and value in ("inf", "+inf", "-inf"):
+        value = float(value)
     origin = get_origin(hint)
     args = get_args(hint)
     if dataclasses.is_dataclass(hint):
@@ -202,12 +199,7 @@ def config_from_dict(values: dict, cls: type = RunConfig, prefix: str = ""):
             f"unknown setting(s) {', '.join(prefix + u for u in unknown)}; "
             f"known in this section: {sorted(names)}"
         )
-    kwargs = {}
-    for key, value in values.items():
-        if isinstance(value, str) and value in ("inf", "+inf", "-inf"):
-            value = float(value)
-        kwargs[key] = _coerce(prefix + key, hints[key], value)
-    return cls(**kwargs)
+    return cls(**{key: _coerce(prefix + key, hints[key], v) for key, v in values.items()})
 
 
 def _read_text(path: Path) -> str:

@@ -21,14 +21,7 @@ from ...guides.rank1 import InitMean, Rank1PriorKind, Routing
 from ...guides.ssvi_subspace import AdditionCriterion, RemovalCriterion
 from ...methods.laplace_settings import LaplaceConfig
 from ...methods.mcmc.settings import MCMCConfig
-from ...settings import (
-    UNIT,
-    Section,
-    at_least,
-    in_range,
-    optional_at_least,
-    positive,
-)
+from ...settings import UNIT, Section, at_least, in_range, optional_at_least, positive
 
 
 @dataclass
