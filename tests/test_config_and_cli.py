@@ -25,6 +25,9 @@ def test_config_round_trip_and_types(tmp_path):
     assert load_config(p) == cfg
     with pytest.raises(ConfigError, match="num_samples = 0"):
         RunConfig(num_samples=0)
+    # a section of the wrong type is named, not an AttributeError of a later check
+    with pytest.raises(ConfigError, match="data = 'x': must be a DataConfig"):
+        RunConfig(data="x")
     with pytest.raises(ConfigError, match="stage1.epochs must be an integer"):
         config_from_dict({"stage1": {"epochs": "ten"}})
 

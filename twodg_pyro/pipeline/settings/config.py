@@ -109,6 +109,12 @@ class _RunSettings(Section):
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
     def _check(self) -> None:
+        # the sections' types first: the checks below read them
+        hints = get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            cls, value = hints[f.name], getattr(self, f.name)
+            if dataclasses.is_dataclass(cls):
+                require(isinstance(value, cls), f.name, value, f"must be a {cls.__name__}")
         for m in self.methods:
             one_of(METHODS).check("methods[]", m)
         require(len(self.methods) > 0, "methods", self.methods, "must name at least one method")
@@ -136,11 +142,6 @@ class _RunSettings(Section):
                 "the method 'laplace' needs the laplace-torch package, which is not "
                 "installed: pip install laplace-torch",
             )
-        hints = get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            cls, value = hints[f.name], getattr(self, f.name)
-            if dataclasses.is_dataclass(cls):
-                require(isinstance(value, cls), f.name, value, f"must be a {cls.__name__}")
 
     def to_dict(self) -> dict:
         """Plain, JSON-serialisable dictionary of every setting."""
