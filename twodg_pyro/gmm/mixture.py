@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,7 @@ def as_points(
     return t
 
 
+@dataclass(eq=False, repr=False)
 class GaussianMixture2D:
     """Full-covariance Gaussian mixture on 2-D points, fitted by EM or mini-batch online EM.
 
@@ -118,49 +120,29 @@ class GaussianMixture2D:
         gmm.means_, gmm.covariances_, gmm.weights_
     """
 
-    def __init__(
-        self,
-        n_components: int,
-        *,
-        max_iter: int = 100,
-        tol: float = 1e-4,
-        batch_size: int | None = None,
-        n_epochs: int = 5,
-        learning_decay: float = 0.6,
-        learning_offset: float = 1.0,
-        init: str = "kmeans++",
-        init_lloyd_iter: int = 5,
-        init_subsample: int | None = None,
-        reg_covar: float = 1e-6,
-        chunk_size: int = 250_000,
-        prune_margin: float = 20.0,
-        random_state: int | None = None,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype = torch.float32,
-        verbose: bool = False,
-        progress: bool = False,
-    ) -> None:
-        self.n_components = n_components
-        self.max_iter = max_iter
-        self.tol = tol
-        self.batch_size = batch_size
-        self.n_epochs = n_epochs
-        self.learning_decay = learning_decay
-        self.learning_offset = learning_offset
-        self.init = init
-        self.init_lloyd_iter = init_lloyd_iter
-        self.init_subsample = init_subsample
-        self.reg_covar = reg_covar
-        self.chunk_size = chunk_size
-        self.prune_margin = prune_margin
-        self.random_state = random_state
-        self.device = device
-        self.dtype = dtype
-        self.verbose = verbose
-        self.progress = progress
+    n_components: int
+    _: KW_ONLY
+    max_iter: int = 100
+    tol: float = 1e-4
+    batch_size: int | None = None
+    n_epochs: int = 5
+    learning_decay: float = 0.6
+    learning_offset: float = 1.0
+    init: str = "kmeans++"
+    init_lloyd_iter: int = 5
+    init_subsample: int | None = None
+    reg_covar: float = 1e-6
+    chunk_size: int = 250_000
+    prune_margin: float = 20.0
+    random_state: int | None = None
+    device: str | torch.device | None = None
+    dtype: torch.dtype = torch.float32
+    verbose: bool = False
+    progress: bool = False
+
+    def __post_init__(self) -> None:
         self._validate_params()
 
-    # ------------------------------------------------------------------ validation
     def _validate_params(self) -> None:
         _check_int("n_components", self.n_components, 1)
         _check_int("max_iter", self.max_iter, 0)
@@ -258,7 +240,6 @@ class GaussianMixture2D:
         """The labels ``fit_predict`` returns, from those of the local points."""
         return labels
 
-    # ------------------------------------------------------------------ fitting
     def fit(self, X: Any) -> GaussianMixture2D:
         """Fit the mixture to ``X`` (``(N, 2)`` tensor or array) and return ``self``."""
         self._fit(X)
@@ -286,16 +267,13 @@ class GaussianMixture2D:
         del x64
         log_jac = float(torch.log(scale).sum())
         w, mu, cov, labels = run_em(self, z, offset, n, device, log_jac)
-        self._set_params(w, mu, cov, loc, scale)
-        return self._gather_labels(labels)
-
-    def _set_params(self, w: Tensor, mu: Tensor, cov: Tensor, loc: Tensor, scale: Tensor) -> None:
         self._w64, self._mu64, self._cov64 = w, mu, cov
         self._loc, self._scale = loc, scale
         self.weights_ = w.to(self.dtype)
         self.means_ = (mu * scale + loc).to(self.dtype)
         c = cov * (scale[None, :, None] * scale[None, None, :])
         self.covariances_ = (0.5 * (c + c.transpose(1, 2))).to(self.dtype)
+        return self._gather_labels(labels)
 
     def _initialise(self, z: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
         """Initial weights, means, covariances of the components on ``z`` (see
@@ -317,17 +295,13 @@ class GaussianMixture2D:
         self.n_reseeded_ += n_dead
         return w, mu, cov, s, n_dead
 
-    # ------------------------------------------------------------------ inference
-    def _check_fitted(self) -> None:
+    def _prepare(self, X: Any) -> tuple[CellLayout, Components, Engine]:
+        """``X``'s cells in the fit's standardised coordinates, the fitted components and
+        an E-step engine for them."""
         if not hasattr(self, "_w64"):
             raise NotFittedError(
                 "this GaussianMixture2D is not fitted yet; call fit(X) before using it"
             )
-
-    def _prepare(self, X: Any) -> tuple[CellLayout, Components, Engine]:
-        """``X``'s cells in the fit's standardised coordinates, the fitted components and
-        an E-step engine for them."""
-        self._check_fitted()
         device = self._w64.device
         x = as_points(X, "X", device=device)
         z = ((x.to(torch.float64) - self._loc) / self._scale).to(self.dtype)
