@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from ._cells import Engine, PassResult, Plan, make_plan
 from ._layout import CellLayout, Components
+from .linalg2x2 import mat2x2
 
 
 class FitProgress(tqdm):
@@ -44,10 +45,6 @@ class FitProgress(tqdm):
     def __init__(self, enabled: bool, total: int, log_jac: float, k: int):
         super().__init__(total=total, desc="GMM EM", unit="step", disable=not enabled, leave=False)
         self.log_jac, self.k = log_jac, k
-
-    def add(self, steps: int) -> None:
-        self.total += steps
-        self.refresh()
 
     def tick(self, phase: str, ll: float, reseeded: int) -> None:
         ll_data = f"{ll - self.log_jac:.5g}"
@@ -194,7 +191,8 @@ def _online_em(
     s = _stats_from_params(w, mu, cov - reg_eye)
     m = layout.cell_size
     cols, n_steps = gm._online_schedule(layout)
-    bar.add(gm.n_epochs * n_steps)
+    bar.total += gm.n_epochs * n_steps
+    bar.refresh()
     replan_every = max(1, n_steps // 4)
     comps = Components.from_params(w, mu, cov)
     k = gm.n_components
@@ -261,10 +259,7 @@ def _moments(s: Tensor, reg: float) -> tuple[Tensor, Tensor]:
     cyy = (s[:, 5] / n0 - mu[:, 1] ** 2).clamp_min(0.0)
     lim = torch.sqrt(cxx * cyy)
     cxy = torch.maximum(torch.minimum(s[:, 4] / n0 - mu[:, 0] * mu[:, 1], lim), -lim)
-    cov = torch.stack(
-        (torch.stack((cxx + reg, cxy), dim=-1), torch.stack((cxy, cyy + reg), dim=-1)), dim=-2
-    )
-    return mu, cov
+    return mu, mat2x2(cxx + reg, cxy, cxy, cyy + reg)
 
 
 def _stats_from_params(w: Tensor, mu: Tensor, cov: Tensor) -> Tensor:

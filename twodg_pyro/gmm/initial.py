@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .linalg2x2 import mat2x2
+
 
 def subsample_size(n: int, k: int, subsample: int | None) -> int:
     """Points the initialisation of ``K = k`` components uses out of ``n``: ``subsample``
@@ -46,9 +48,7 @@ def initial_mixture(
     n_sub = subsample_size(n, k, subsample)
     sub = z[torch.randperm(n, generator=gen, device=z.device)[:n_sub]] if n_sub < n else z
     if init == "random":
-        pick = torch.randperm(n_sub, generator=gen, device=z.device)[:k]
-        centres = sub[pick]
-        labels, _ = nearest_centre(sub, centres)
+        centres = sub[torch.randperm(n_sub, generator=gen, device=z.device)[:k]]
     else:
         n_seed = int(min(n_sub, max(10_000, 4 * k)))
         if n_sub < n or n_seed == n_sub:
@@ -56,11 +56,9 @@ def initial_mixture(
         else:  # input order may be meaningful (e.g. weights layer by layer): draw
             seed_set = sub[torch.randperm(n_sub, generator=gen, device=z.device)[:n_seed]]
         centres = kmeans_plusplus(seed_set, k, generator=gen, n_local_trials=3)
-        iters = lloyd_iter if init == "kmeans++" else 100
-        if iters > 0:
-            centres, labels, _ = lloyd(sub, centres, max_iter=iters)
-        else:
-            labels, _ = nearest_centre(sub, centres)
+    # zero Lloyd iterations: the labels of the nearest centre
+    iters = {"random": 0, "kmeans++": lloyd_iter}.get(init, 100)
+    centres, labels, _ = lloyd(sub, centres, max_iter=iters)
     return _params_from_labels(sub, labels, centres, k, reg)
 
 
@@ -83,12 +81,8 @@ def _params_from_labels(
     if float(pooled[0]) <= 0 or float(pooled[2]) <= 0:
         pooled = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64, device=x.device) / k
     c3 = (acc + pooled) / (counts + 1.0)[:, None]
-    cov = torch.stack(
-        (torch.stack((c3[:, 0] + reg, c3[:, 1]), -1), torch.stack((c3[:, 1], c3[:, 2] + reg), -1)),
-        dim=-2,
-    )
-    w = (counts + 1.0) / (n + k)
-    return w, mu, cov
+    cov = mat2x2(c3[:, 0] + reg, c3[:, 1], c3[:, 1], c3[:, 2] + reg)
+    return (counts + 1.0) / (n + k), mu, cov
 
 
 def _cluster_means(x: Tensor, labels: Tensor, centres: Tensor) -> tuple[Tensor, Tensor]:
@@ -189,8 +183,7 @@ def lloyd(x: Tensor, centres: Tensor, *, max_iter: int = 5) -> tuple[Tensor, Ten
     for n_iter in range(1, max_iter + 1):  # noqa: B007 - n_iter is returned
         centres = _cluster_means(x, labels, centres)[1]
         new_labels, _ = nearest_centre(x, centres)
-        changed = bool((new_labels != labels).any())
-        labels = new_labels
-        if not changed:
+        if torch.equal(new_labels, labels):
             break
+        labels = new_labels
     return centres, labels, n_iter

@@ -32,6 +32,11 @@ def _check_square2(S: Tensor, name: str = "S") -> None:
         raise ValueError(f"{name} must have shape (..., 2, 2), got {tuple(S.shape)}")
 
 
+def mat2x2(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
+    """``[[a, b], [c, d]]`` of four tensors shaped ``(...)``; shape ``(..., 2, 2)``."""
+    return torch.stack((a, b, c, d), dim=-1).unflatten(-1, (2, 2))
+
+
 def det2x2(S: Tensor) -> Tensor:
     """Determinant ``det S = S00 S11 - S01 S10`` of each 2x2 matrix; shape ``(...)``."""
     _check_square2(S)
@@ -52,13 +57,7 @@ def logdet2x2(S: Tensor) -> Tensor:
 def inv2x2(S: Tensor) -> Tensor:
     """Inverse ``S^{-1} = adj(S) / det S`` with ``adj [[a, b], [c, d]] = [[d, -b], [-c, a]]``."""
     det = det2x2(S)
-    adj = torch.stack(
-        (
-            torch.stack((S[..., 1, 1], -S[..., 0, 1]), dim=-1),
-            torch.stack((-S[..., 1, 0], S[..., 0, 0]), dim=-1),
-        ),
-        dim=-2,
-    )
+    adj = mat2x2(S[..., 1, 1], -S[..., 0, 1], -S[..., 1, 0], S[..., 0, 0])
     return adj / det[..., None, None]
 
 
@@ -84,7 +83,7 @@ def cholesky2x2(S: Tensor) -> Tensor:
     l21 = S[..., 1, 0] / l11
     l22 = torch.sqrt((S[..., 1, 1] - l21 * l21).clamp_min(0.0))
     zero = torch.zeros_like(l11)
-    return torch.stack((torch.stack((l11, zero), dim=-1), torch.stack((l21, l22), dim=-1)), dim=-2)
+    return mat2x2(l11, zero, l21, l22)
 
 
 def eigvalsh2x2(S: Tensor) -> tuple[Tensor, Tensor]:
