@@ -115,14 +115,10 @@ def make_plan(layout: CellLayout, comps: Components, *, margin: float = 20.0) ->
             ids, cand, counts = _refine_blocks(layout, comps, bmask, s, block, margin)
         bucket = torch.floor(torch.log(counts.double().clamp_min(1.0)) / math.log(1.5)).long()
         for sel in _by_bucket(bucket):
-            size = int(sel.shape[0])
             cmax = int(counts[sel].max())
-            if cmax > _DENSE_FRACTION * k:
-                groups.append((ids[sel], None))
-                total += k * size
-            else:
-                groups.append((ids[sel], cand[sel, :cmax].contiguous()))
-                total += cmax * size
+            dense = cmax > _DENSE_FRACTION * k
+            groups.append((ids[sel], None if dense else cand[sel, :cmax].contiguous()))
+            total += (k if dense else cmax) * int(sel.shape[0])
     mean_count = total / max(1, n_cells)
     if mean_count > _DENSE_FRACTION * k:
         return Plan([(all_cells, None)], float(k))
@@ -151,13 +147,12 @@ def _refine_blocks(
         cmask = comps.candidate_mask(layout.centre[ids], layout.half[ids], margin, sub)
         cand, counts = _compact(cmask, k, sub)
         parts.append((ids, cand, counts))
-    width = max(int(p[1].shape[1]) for p in parts)
-    ids = torch.cat([p[0] for p in parts])
+    ids, cands, counts = zip(*parts, strict=True)
+    width = max(int(c.shape[1]) for c in cands)
     cand = torch.cat(
-        [torch.nn.functional.pad(p[1], (0, width - int(p[1].shape[1])), value=k) for p in parts]
+        [torch.nn.functional.pad(c, (0, width - int(c.shape[1])), value=k) for c in cands]
     )
-    counts = torch.cat([p[2] for p in parts])
-    return ids, cand, counts
+    return torch.cat(ids), cand, torch.cat(counts)
 
 
 #: cap on (point, candidate) pairs held in the work buffer (128 MiB in float32)
@@ -282,11 +277,5 @@ class Engine:
                             raise RuntimeError("resp_out needs a dense plan")
                         lg.div_(tot)
                         resp_out[dest] = lg.reshape(b * rows, c)[real].to(resp_out.dtype)
-        weight_sum = weight_v.sum(dtype=f64)
-        return PassResult(
-            ll_sum=ll_sum,
-            weight_sum=weight_sum,
-            stats=None if stats is None else stats[:k],
-            lse=lse_out,
-            argmax=am_out,
-        )
+        stats = None if stats is None else stats[:k]
+        return PassResult(ll_sum, weight_v.sum(dtype=f64), stats, lse_out, am_out)

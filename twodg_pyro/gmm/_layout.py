@@ -121,14 +121,7 @@ def build_cells(
     del xs
     u1, u2 = u[..., 0], u[..., 1]
     feats = torch.stack((torch.ones_like(u1), u1, u2, u1 * u1, u1 * u2, u2 * u2), dim=-1)
-    return CellLayout(
-        feats=feats,
-        weight=real.to(dtype),
-        index=order,
-        centre=centre,
-        half=half,
-        n_points=n_pts,
-    )
+    return CellLayout(feats, real.to(dtype), order, centre, half, n_pts)
 
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -140,13 +133,12 @@ _NULL_LOGW = -1e10
 class Components:
     """Mixture parameters in float64, with one trailing "null" component (index ``K``).
 
-    ``const = log pi - 0.5 log det S - log 2 pi``; ``prec = (P11, P12, P22)`` of
-    ``P = S^{-1}``; ``lam_min``, ``lam_max`` are the eigenvalues of ``P``.
+    ``const = log pi - 0.5 log det S - log 2 pi``; ``lam_min``, ``lam_max`` are the
+    eigenvalues of the precision ``P = S^{-1}``.
     """
 
     const: Tensor
     mean: Tensor
-    prec: Tensor
     lam_min: Tensor
     lam_max: Tensor
     n_components: int
@@ -156,37 +148,24 @@ class Components:
     def from_params(weights: Tensor, means: Tensor, covs: Tensor) -> Components:
         """Derive evaluation constants from ``weights (K,)``, ``means (K,2)``, ``covs (K,2,2)``."""
         k = int(weights.shape[0])
-        w = weights.to(torch.float64)
-        mu = means.to(torch.float64)
-        s = covs.to(torch.float64)
+        w, mu, s = (t.to(torch.float64) for t in (weights, means, covs))
         p = inv2x2(s)
         lmin, lmax = eigvalsh2x2(p)
         const = torch.log(w) - 0.5 * logdet2x2(s) - _LOG_2PI
-        dev = w.device
-        one = torch.ones(1, dtype=torch.float64, device=dev)
-        const = torch.cat((const, one * _NULL_LOGW))
-        mu = torch.cat((mu, torch.zeros(1, 2, dtype=torch.float64, device=dev)))
-        prec = torch.cat(
-            (
-                torch.stack((p[:, 0, 0], p[:, 0, 1], p[:, 1, 1]), dim=1),
-                torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64, device=dev),
-            )
-        )
-        a, b, c = prec.unbind(dim=1)
+        a, b, c = p[:, 0, 0], p[:, 0, 1], p[:, 1, 1]
         pm0 = a * mu[:, 0] + b * mu[:, 1]
         pm1 = b * mu[:, 0] + c * mu[:, 1]
         row0 = const - 0.5 * (mu[:, 0] * pm0 + mu[:, 1] * pm1)
-        row0[k] = _NULL_LOGW
         wglobal = torch.stack((row0, pm0, pm1, -0.5 * a, -b, -0.5 * c), dim=1)
-        wglobal[k, 1:] = 0.0
+        one = torch.ones(1, dtype=torch.float64, device=w.device)
+        null = torch.cat((one * _NULL_LOGW, one.new_zeros(5)))[None]  # the null component's row
         return Components(
-            const=const,
-            mean=mu,
-            prec=prec,
+            const=torch.cat((const, one * _NULL_LOGW)),
+            mean=torch.cat((mu, mu.new_zeros(1, 2))),
             lam_min=torch.cat((lmin, one)),
             lam_max=torch.cat((lmax, one)),
             n_components=k,
-            wglobal=wglobal,
+            wglobal=torch.cat((wglobal, null)),
         )
 
     def gemm_weights(self, shift: Tensor, cand: Tensor | None, dtype: torch.dtype) -> Tensor:

@@ -195,11 +195,8 @@ class _State:
         for s in range(0, int(rows.shape[0]), chunk_size):
             r = rows[s : s + chunk_size]
             rx = self.means[r, 0]
-            if math.isinf(tau):
-                lo, hi = 0, int(cols.shape[0])
-            else:
-                lo = int(torch.searchsorted(cx, rx[0:1] - tau)[0])
-                hi = int(torch.searchsorted(cx, rx[-1:] + tau, right=True)[0])
+            lo = int(torch.searchsorted(cx, rx[0:1] - tau)[0])
+            hi = int(torch.searchsorted(cx, rx[-1:] + tau, right=True)[0])
             if hi <= lo:
                 continue
             c = cols[lo:hi]
@@ -322,8 +319,7 @@ def merge_components(
             redirect[b] = a
             slot_of = redirect[slot_of]
             touched = torch.zeros(k0, dtype=torch.bool, device=dev)
-            touched[a] = True
-            touched[b] = True
+            touched[torch.cat((a, b))] = True
             keep = ~(touched[src] | touched[dst])
             src, dst, d2 = src[keep], dst[keep], d2[keep]
             ns, nd, ndist = st.qualify(a, chunk_size)
