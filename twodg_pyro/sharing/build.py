@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..gmm import GaussianMixture2D, ellipse_assign, merge_components
 from .outliers import check_finite, mean_gradients, select_outliers
 from .refine import drop_small_components, hard_assign, no_ellipses
 from .structure import SharingStructure, SiteLayout, inlier_fields, plane_coordinate
@@ -205,8 +206,6 @@ def fit_mixture(
     ``cfg.n_components``) fitted to the inlier points (or to :func:`mixture_sample` of
     them); returns the fitted mixture and sets ``inl.means`` and ``inl.covs`` (CPU, the
     points' dtype)."""
-    from ..gmm import GaussianMixture2D
-
     rows = mixture_sample(int(inl.points.shape[0]), cfg.gmm_max_points, seed)
     gmm = (mixture or GaussianMixture2D)(
         cfg.n_components if n_components is None else n_components,
@@ -281,8 +280,6 @@ def merge_to_fixed_point(inl: Inliers, cfg, progress: bool = False) -> dict:
     """Step 7: W2 merging (Eqs. 4-6) until no pair qualifies
     (:func:`~twodg_pyro.gmm.merge_components`); renumbers ``inl.assign``. Returns the report
     entries of the step (none when ``use_merging`` is off)."""
-    from ..gmm import merge_components
-
     if not cfg.use_merging:
         return {}
     dtype = inl.points.dtype
@@ -309,8 +306,6 @@ def blend_ellipses(inl: Inliers, cfg, progress: bool = False) -> tuple[Tensor, T
     squared Mahalanobis distance to their component exceeds :math:`T_M`, tied to their
     ``k`` nearest components (:func:`~twodg_pyro.gmm.ellipse_assign`); none when
     ``use_ellipses`` is off."""
-    from ..gmm import ellipse_assign
-
     dtype = inl.points.dtype
     if not cfg.use_ellipses:
         return no_ellipses(int(inl.points.shape[0]), min(cfg.k_nearest, len(inl.means)), dtype)

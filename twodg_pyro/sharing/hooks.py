@@ -19,9 +19,12 @@ import math
 
 import torch
 
+from ..gmm import merge_components
+from ..gmm.merging import check_merge_settings
 from ..guide import require_sharing
 from ..infer.callbacks import Callback
 from ..infer.optim import remap_optimizer_rows
+from .refine import reassign
 
 
 class _Scheduled(Callback):
@@ -86,8 +89,6 @@ class MergeHook(_Scheduled):
         until_fixed_point: bool = True,
     ):
         super().__init__(every, until_fixed_point)
-        from ..gmm.merging import check_merge_settings
-
         self.tau_d, self.tau_g, self.tau_v = check_merge_settings(tau_d, tau_g, tau_v, rule, test)
         if math.isfinite(self.tau_g) and data is None:
             raise ValueError("a finite tau_g needs data to compute centre gradients")
@@ -96,8 +97,6 @@ class MergeHook(_Scheduled):
 
     def apply(self, state) -> int:
         """Run the merge on ``state.guide`` now; returns the number of merges."""
-        from ..gmm import merge_components
-
         guide = state.guide
         require_sharing(guide, type(self).__name__)
         grads = None
@@ -174,8 +173,6 @@ class MahalanobisHook(_Scheduled):
 
     def apply(self, state) -> int:
         """Reassign now; returns how many weights changed component or kind."""
-        from .refine import reassign
-
         guide = state.guide
         require_sharing(guide, type(self).__name__)
         before = guide.structure(current_points=True)

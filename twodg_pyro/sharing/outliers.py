@@ -16,12 +16,15 @@ weights outliers, hence the scale-aware rules (spec, Stage 1 step 3).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
+
+from ..infer.elbo import DecomposedELBO
 
 #: the mean rules: ``|mu| > tau_w`` (the paper's), a quantile of ``|mu|``, or a multiple of
 #: each layer's standard deviation of ``mu``
@@ -143,14 +146,8 @@ def select_outliers(
         if n_top > 0:
             top = grads.abs().topk(n_top).indices
             by_grad[top] = True
-    mask = by_mean | by_grad
-    return OutlierReport(
-        mask=mask,
-        by_mean=int(by_mean.sum()),
-        by_gradient=int(by_grad.sum()),
-        both=int((by_mean & by_grad).sum()),
-        rule=described,
-    )
+    counts = (int(by_mean.sum()), int(by_grad.sum()), int((by_mean & by_grad).sum()))
+    return OutlierReport(by_mean | by_grad, *counts, described)
 
 
 def mean_gradients(
@@ -161,15 +158,13 @@ def mean_gradients(
     Returns the flat ``(n_w,)`` gradient in site order (the order of
     :meth:`MeanFieldGuide.means_and_scales`).
     """
-    from ..infer.elbo import DecomposedELBO
-
     if int(n_batches) < 1:
         raise ValueError(f"n_batches must be at least 1, got {n_batches!r}")
     elbo = elbo or DecomposedELBO()
     locs = [guide.loc(s.name) for s in guide.sites]
     total = [torch.zeros_like(p) for p in locs]
     seen = 0
-    for batch in batches:
+    for seen, batch in enumerate(itertools.islice(batches, int(n_batches)), 1):  # noqa: B007
         x, y = batch[0], batch[1]
         if device is not None:
             x, y = x.to(device), y.to(device)
@@ -177,9 +172,6 @@ def mean_gradients(
         grads = torch.autograd.grad(loss, locs)
         for t, g in zip(total, grads, strict=True):
             t.add_(g)
-        seen += 1
-        if seen >= n_batches:
-            break
     if seen == 0:
         raise ValueError("no minibatch to compute gradients on (empty data)")
     return torch.cat([(t / seen).reshape(-1) for t in total])

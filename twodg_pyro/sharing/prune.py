@@ -79,11 +79,8 @@ def _centre(sigma: float, coordinates: str) -> list[float]:
 
 def _spread_of(points: torch.Tensor) -> torch.Tensor:
     """The covariance of ``points`` (n, 2), kept positive definite."""
-    if points.shape[0] < 2:
-        cov = torch.zeros(2, 2, dtype=points.dtype)
-    else:
-        cov = torch.cov(points.T)
-    scale = float(cov.diagonal().abs().max()) if points.shape[0] >= 2 else 0.0
+    cov = torch.cov(points.T) if points.shape[0] >= 2 else torch.zeros(2, 2, dtype=points.dtype)
+    scale = float(cov.diagonal().abs().max())
     return cov + (1e-6 * scale + 1e-12) * torch.eye(2, dtype=points.dtype)
 
 
@@ -155,22 +152,11 @@ def prune_structure(
     # the inliers' fields: pruned ellipse weights become plain weights of their component
     component = torch.cat([s.plain_component, torch.zeros(idx.numel() - n_plain, dtype=torch.long)])
     component = torch.where(pruned, new_comp, component)
-    ellipse = torch.zeros(idx.numel(), dtype=torch.bool)
-    ellipse[n_plain:] = ~pruned[n_plain:]
-    k = max(int(s.ellipse_components.shape[1]), 1)
-    comps = torch.zeros(idx.numel(), k, dtype=torch.long)
-    alphas = torch.zeros(idx.numel(), k, dtype=s.ellipse_alphas.dtype)
-    if s.n_ellipses:
-        comps[n_plain:] = s.ellipse_components
-        alphas[n_plain:] = s.ellipse_alphas
+    kept = ~pruned[n_plain:]  # the ellipse weights left, in (ascending) index order
+    ellipse = torch.cat([torch.zeros(n_plain, dtype=torch.bool), kept])
     order = torch.argsort(idx)  # the fields keep index order within each kind
-    keep = ellipse[order]
-    fields = inlier_fields(
-        idx[order],
-        points[order],
-        component[order],
-        (keep, comps[order][keep], alphas[order][keep]),
-    )
+    ellipses = (ellipse[order], s.ellipse_components[kept], s.ellipse_alphas[kept])
+    fields = inlier_fields(idx[order], points[order], component[order], ellipses)
     means = torch.cat([s.means, torch.tensor(new_means, dtype=dtype)])
     covs = torch.cat([s.covariances, torch.stack(new_covs).to(dtype)])
     n = int(pruned.sum())

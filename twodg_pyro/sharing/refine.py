@@ -20,6 +20,7 @@ import dataclasses
 
 import torch
 
+from ..gmm import ellipse_assign, gaussian_log_prob
 from .structure import SharingStructure, inlier_fields
 
 
@@ -31,12 +32,8 @@ def hard_assign(
     chunk_size: int = 65536,
 ) -> torch.Tensor:
     r""":math:`\arg\max_k \log\pi_k + \log\mathcal N(x_i \mid m_k, S_k)` per point (chunked)."""
-    from ..gmm import gaussian_log_prob
-
     log_pi = weights.clamp_min(1e-30).log()
-    out = []
-    for chunk in points.split(chunk_size):
-        out.append((gaussian_log_prob(chunk, means, covs) + log_pi).argmax(1))
+    out = [(gaussian_log_prob(c, means, covs) + log_pi).argmax(1) for c in points.split(chunk_size)]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
@@ -56,8 +53,6 @@ def reassign(
     weights.  The weights of the last ``pinned`` components (pruned ones,
     :func:`~twodg_pyro.sharing.prune.prune_structure`) stay as they are, and no other
     weight is assigned or blended to those components."""
-    from ..gmm import ellipse_assign
-
     dtype = _float_dtype(means)
     means, covs = means.detach().cpu().to(dtype), covs.detach().cpu().to(dtype)
     idx = torch.cat([s.plain_index, s.ellipse_index])
@@ -75,7 +70,8 @@ def reassign(
     free = assign < K - pinned if pinned else torch.ones_like(assign, dtype=torch.bool)
     m, c = means[: K - pinned], covs[: K - pinned]
     if not keep_components:
-        weights = _component_weights(s, K)[: K - pinned]
+        counts = s.component_counts() if s.n_gaussians == K else torch.ones(K, dtype=s.means.dtype)
+        weights = (counts / counts.sum().clamp_min(1e-30))[: K - pinned]
         assign[free] = hard_assign(points[free], m, c, weights / weights.sum().clamp_min(1e-30))
     mask, comps, alphas = no_ellipses(int(points.shape[0]), min(k, K - pinned), dtype)
     if bool(free.any()):
@@ -100,11 +96,6 @@ def no_ellipses(n: int, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
 def _float_dtype(t: torch.Tensor) -> torch.dtype:
     """float64 for float64 input (a float64 network's stage 2), else float32."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
-def _component_weights(s: SharingStructure, K: int) -> torch.Tensor:
-    counts = s.component_counts() if s.n_gaussians == K else torch.ones(K, dtype=s.means.dtype)
-    return counts / counts.sum().clamp_min(1e-30)
 
 
 def apply_mapping(

@@ -29,7 +29,8 @@ from typing import Literal, get_args
 
 import torch
 
-from ..files.integrity import FieldError, check_field
+from ..files.atomic import atomic_torch_save, safe_torch_load
+from ..files.integrity import CHECKSUM_KEY, FieldError, check_field, seal, verify_checksum
 from ..nn.functional import MIN_SIGMA
 
 FORMAT_VERSION = 1
@@ -113,7 +114,6 @@ class SharingStructure:
     def __post_init__(self):
         self.validate()
 
-    # ------------------------------------------------------------------ counts
     @property
     def num_weights(self) -> int:
         """:math:`n_w`."""
@@ -154,7 +154,6 @@ class SharingStructure:
             n = n.index_add(0, self.ellipse_components.reshape(-1), self.ellipse_alphas.reshape(-1))
         return n
 
-    # ------------------------------------------------------------------ checks
     def validate(self) -> None:
         """Check that every weight is covered exactly once and indices are in range.
 
@@ -249,7 +248,6 @@ class SharingStructure:
                 f"structure has {diff[0]}, network has {diff[1]}"
             )
 
-    # ------------------------------------------------------------------ I/O
     def to_payload(self) -> dict:
         """Plain tensors and a JSON header (no pickled objects)."""
         header = {
@@ -301,18 +299,12 @@ class SharingStructure:
 
     def save(self, path: str | Path) -> None:
         """Write atomically (temporary file then rename), with a content checksum."""
-        from ..files.atomic import atomic_torch_save
-        from ..files.integrity import seal
-
         atomic_torch_save(seal(self.to_payload()), path)
 
     @classmethod
     def load(cls, path: str | Path) -> SharingStructure:
         """Read a file written by :meth:`save` without unpickling code; its checksum
         (when it has one: files written before it existed have none) is verified."""
-        from ..files.atomic import safe_torch_load
-        from ..files.integrity import CHECKSUM_KEY, verify_checksum
-
         payload = safe_torch_load(path)
         if isinstance(payload, dict) and CHECKSUM_KEY in payload:
             verify_checksum(payload, path)
