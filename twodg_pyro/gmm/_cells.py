@@ -95,13 +95,11 @@ def make_plan(layout: CellLayout, comps: Components, *, margin: float = 20.0) ->
     block = _BLOCK if n_cells >= 4 * _BLOCK and k >= 64 else 1
     n_blocks = math.ceil(n_cells / block)
     pad = n_blocks * block - n_cells
-    lo = layout.centre - layout.half
-    hi = layout.centre + layout.half
+    lo, hi = layout.centre - layout.half, layout.centre + layout.half
     if pad:
         lo = torch.cat((lo, lo[-1:].expand(pad, 2)))
         hi = torch.cat((hi, hi[-1:].expand(pad, 2)))
-    blo = lo.view(n_blocks, block, 2).amin(dim=1)
-    bhi = hi.view(n_blocks, block, 2).amax(dim=1)
+    blo, bhi = lo.view(n_blocks, block, 2).amin(dim=1), hi.view(n_blocks, block, 2).amax(dim=1)
     bcentre, bhalf = 0.5 * (blo + bhi), 0.5 * (bhi - blo)
     rows = max(1, _BOUND_CHUNK // k)
     groups: list[tuple[Tensor, Tensor | None]] = []

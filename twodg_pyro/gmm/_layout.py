@@ -113,10 +113,8 @@ def build_cells(
     real = torch.gather(real, 1, perm)
 
     xs = z[order].to(torch.float64)  # (n_cells, m, 2)
-    lo = xs.amin(dim=1)
-    hi = xs.amax(dim=1)
-    centre = 0.5 * (lo + hi)
-    half = 0.5 * (hi - lo)
+    lo, hi = xs.amin(dim=1), xs.amax(dim=1)
+    centre, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
     u = (xs - centre[:, None, :]).to(dtype)
     del xs
     u1, u2 = u[..., 0], u[..., 1]

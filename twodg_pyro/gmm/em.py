@@ -157,7 +157,6 @@ def _batch_em(
     (with nothing re-seeded), at most ``max_iter``."""
     n = gm._n_fit
     prev = -math.inf
-    converged = False
     for it in range(1, gm.max_iter + 1):
         t0 = time.perf_counter()
         comps = Components.from_params(w, mu, cov)
@@ -175,10 +174,9 @@ def _batch_em(
                 f"reseeded {n_dead}, {time.perf_counter() - t0:.2f} s)"
             )
         if abs(change) < gm.tol and n_dead == 0:
-            converged = True
-            break
+            return w, mu, cov, True
         prev = ll
-    return w, mu, cov, converged
+    return w, mu, cov, False
 
 
 def _online_em(
@@ -195,16 +193,13 @@ def _online_em(
     bar.refresh()
     replan_every = max(1, n_steps // 4)
     comps = Components.from_params(w, mu, cov)
-    k = gm.n_components
     t = 0
     prev = None
-    converged = False
     gamma = math.nan
     for epoch in range(1, gm.n_epochs + 1):
         t0 = time.perf_counter()
         layout.shuffle_within_cells(fit.shuffle_gen)
-        ll_acc = 0.0
-        w_acc = 0.0
+        ll_acc = w_acc = 0.0
         plan: Plan | None = None
         for j in range(n_steps):
             c0 = j * cols
@@ -215,8 +210,7 @@ def _online_em(
                 res = fit.engine.run(layout, comps, plan, cols=cs, want_stats=True)
             else:  # this process's cells are used up (sharded fits): it adds nothing
                 zero = torch.zeros((), dtype=torch.float64, device=w.device)
-                stats = torch.zeros(k, 6, dtype=torch.float64, device=w.device)
-                res = PassResult(zero, zero, stats, None, None)
+                res = PassResult(zero, zero, zero.new_zeros(gm.n_components, 6), None, None)
             res = gm._reduce_estep(res)
             wsum = float(res.weight_sum)
             if wsum <= 0:
@@ -231,8 +225,7 @@ def _online_em(
             ll_acc += float(res.ll_sum)
             w_acc += wsum
             bar.tick(f"epoch {epoch}/{gm.n_epochs}", ll_acc / w_acc, gm.n_reseeded_)
-        gm.n_epochs_ = epoch
-        gm.n_steps_ = t
+        gm.n_epochs_, gm.n_steps_ = epoch, t
         ll = ll_acc / max(w_acc, 1.0)
         if gm.verbose and gm._is_main():
             print(
@@ -241,10 +234,9 @@ def _online_em(
                 f"{time.perf_counter() - t0:.2f} s)"
             )
         if prev is not None and abs(ll - prev) < gm.tol:
-            converged = True
-            break
+            return w, mu, cov, True
         prev = ll
-    return w, mu, cov, converged
+    return w, mu, cov, False
 
 
 def _moments(s: Tensor, reg: float) -> tuple[Tensor, Tensor]:

@@ -143,9 +143,7 @@ def select_outliers(
             raise ValueError(f"grads has {grads.numel()} elements, the means have {mus.numel()}")
         check_finite("gradients", grads)
         n_top = int(math.ceil(grad_percentile * mus.numel()))
-        if n_top > 0:
-            top = grads.abs().topk(n_top).indices
-            by_grad[top] = True
+        by_grad[grads.abs().topk(n_top).indices] = True
     counts = (int(by_mean.sum()), int(by_grad.sum()), int((by_mean & by_grad).sum()))
     return OutlierReport(by_mean | by_grad, *counts, described)
 
