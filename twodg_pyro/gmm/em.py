@@ -256,14 +256,6 @@ def _moments(s: Tensor, reg: float) -> tuple[Tensor, Tensor]:
 
 def _stats_from_params(w: Tensor, mu: Tensor, cov: Tensor) -> Tensor:
     """Per-point statistics implied by the parameters: ``w [1, m, S + m m^T]``; ``(K, 6)``."""
-    return torch.stack(
-        (
-            w,
-            w * mu[:, 0],
-            w * mu[:, 1],
-            w * (cov[:, 0, 0] + mu[:, 0] ** 2),
-            w * (cov[:, 0, 1] + mu[:, 0] * mu[:, 1]),
-            w * (cov[:, 1, 1] + mu[:, 1] ** 2),
-        ),
-        dim=1,
-    )
+    m0, m1 = mu[:, 0], mu[:, 1]
+    second = (cov[:, 0, 0] + m0**2, cov[:, 0, 1] + m0 * m1, cov[:, 1, 1] + m1**2)
+    return w[:, None] * torch.stack((torch.ones_like(w), m0, m1, *second), dim=1)

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..gmm import GaussianMixture2D, ellipse_assign, merge_components
 from .outliers import check_finite, mean_gradients, select_outliers
-from .refine import drop_small_components, hard_assign, no_ellipses
+from .refine import _float_dtype, drop_small_components, hard_assign, no_ellipses
 from .structure import SharingStructure, SiteLayout, inlier_fields, plane_coordinate
 
 #: ``step(name)`` returns a context manager around one named step (e.g. a timer)
@@ -108,9 +108,8 @@ def points_from_arrays(
         ValueError: a NaN or infinite mean or scale (naming how many and the first), or
             sizes that do not match ``sites``.
     """
-    mus, sigmas = mus.detach().reshape(-1).cpu(), sigmas.detach().reshape(-1).cpu()
-    dtype = mus.dtype if mus.dtype == torch.float64 else torch.float32
-    mus, sigmas = mus.to(dtype), sigmas.to(dtype)
+    dtype = _float_dtype(mus)
+    mus, sigmas = (t.detach().reshape(-1).cpu().to(dtype) for t in (mus, sigmas))
     n_sites = sum(s.numel for s in sites)
     if mus.numel() != n_sites or sigmas.numel() != n_sites:
         raise ValueError(

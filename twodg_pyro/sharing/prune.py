@@ -102,12 +102,7 @@ def prune_structure(
             would move its pruned weights to yet another component and leave the first
             one empty: prune the unpruned structure at the new threshold).
     """
-    if (
-        isinstance(snr, bool)
-        or not isinstance(snr, int | float)
-        or not math.isfinite(snr)
-        or snr < 0
-    ):
+    if isinstance(snr, bool) or not isinstance(snr, int | float) or not 0 <= snr < math.inf:
         raise ValueError(f"snr must be a finite number >= 0, got {snr!r}")
     if spread not in SPREADS:
         raise ValueError(f"spread must be one of {list(SPREADS)}, got {spread!r}")

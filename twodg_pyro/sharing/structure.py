@@ -193,9 +193,7 @@ class SharingStructure:
             idx = getattr(self, f"{name}_index")
             if idx.numel() > 1 and not bool((idx[1:] > idx[:-1]).all()):
                 raise FieldError(f"{name}_index must be sorted ascending")
-        if self.outlier_loc.shape != self.outlier_index.shape or (
-            self.outlier_scale.shape != self.outlier_index.shape
-        ):
+        if not self.outlier_loc.shape == self.outlier_scale.shape == self.outlier_index.shape:
             raise FieldError("outlier_loc/outlier_scale must match outlier_index")
         if self.plain_component.shape != self.plain_index.shape:
             raise FieldError("plain_component must match plain_index")
