@@ -294,8 +294,7 @@ def merge_components(
     src, dst, d2 = st.qualify(torch.arange(k0, device=dev), chunk_size)
     keep = src < dst
     src, dst, d2 = src[keep], dst[keep], d2[keep]
-    n_rounds = 0
-    n_merged = 0
+    n_rounds = n_merged = 0
     big = k0
     with tqdm(
         total=max_rounds, desc="merge", unit="round", disable=not progress, leave=False

@@ -162,7 +162,7 @@ def mean_gradients(
     locs = [guide.loc(s.name) for s in guide.sites]
     total = [torch.zeros_like(p) for p in locs]
     seen = 0
-    for seen, batch in enumerate(itertools.islice(batches, int(n_batches)), 1):  # noqa: B007
+    for batch in itertools.islice(batches, int(n_batches)):
         x, y = batch[0], batch[1]
         if device is not None:
             x, y = x.to(device), y.to(device)
@@ -170,6 +170,7 @@ def mean_gradients(
         grads = torch.autograd.grad(loss, locs)
         for t, g in zip(total, grads, strict=True):
             t.add_(g)
+        seen += 1
     if seen == 0:
         raise ValueError("no minibatch to compute gradients on (empty data)")
     return torch.cat([(t / seen).reshape(-1) for t in total])

@@ -181,9 +181,7 @@ class SharingStructure:
                 f"coordinates must be one of {list(COORDINATES)}, got {self.coordinates!r}"
             )
         all_idx = torch.cat([self.outlier_index, self.plain_index, self.ellipse_index])
-        if all_idx.numel() != n_w or (
-            n_w and not torch.equal(torch.sort(all_idx).values, torch.arange(n_w))
-        ):
+        if all_idx.numel() != n_w or not torch.equal(all_idx.sort().values, torch.arange(n_w)):
             raise FieldError(
                 f"the sharing structure covers {all_idx.numel()} indices "
                 f"({all_idx.unique().numel()} distinct) but the network has {n_w} weights: "
