@@ -76,6 +76,7 @@ def stage2_structure(trained_mean_field, digits):
         n_min=20,
         use_merging=False,
     )
+    torch.manual_seed(0)  # the gradients' draws: the same structure whatever ran before
     structure, _ = build_sharing(model, mf_guide, loader, cfg)
     return structure
 

