@@ -20,7 +20,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 
@@ -29,7 +29,6 @@ from ..infer.elbo import DecomposedELBO
 #: the mean rules: ``|mu| > tau_w`` (the paper's), a quantile of ``|mu|``, or a multiple of
 #: each layer's standard deviation of ``mu``
 OutlierRule = Literal["absolute", "quantile", "layer_std"]
-OUTLIER_RULES: tuple[str, ...] = get_args(OutlierRule)
 
 
 @dataclass
