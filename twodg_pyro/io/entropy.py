@@ -95,18 +95,20 @@ def quantise_frequencies(counts: np.ndarray, scale_bits: int) -> np.ndarray:
     f[present] = np.maximum(1, np.floor(counts[present] * total / n + 0.5)).astype(np.int64)
     diff = total - int(f.sum())
     c = counts.astype(np.float64)
-    # rounding leaves |diff| <= n_present / 2 (plus the forced ones): one or two passes;
-    # add where one more unit saves the most bits, take away where one unit less costs the
-    # fewest (the saving negated, so that the smallest cost comes first either way)
-    while diff:
-        can = present if diff > 0 else present & (f > 1)
-        cost = np.full(f.shape, np.inf)
-        if diff > 0:
-            cost[can] = -(c[can] * np.log2((f[can] + 1) / f[can]))
-        else:
-            cost[can] = c[can] * np.log2(f[can] / (f[can] - 1))
-        order = np.argsort(cost, kind="stable")[: min(abs(diff), int(can.sum()))]
-        f[order] += 1 if diff > 0 else -1
+    # rounding leaves |diff| <= n_present / 2 (plus the forced ones): one or two passes
+    while diff > 0:  # add where one more unit saves the most bits
+        gain = np.full(f.shape, -np.inf)
+        gain[present] = c[present] * np.log2((f[present] + 1) / f[present])
+        order = np.argsort(-gain, kind="stable")[: min(diff, n_present)]
+        f[order] += 1
+        diff = total - int(f.sum())
+    while diff < 0:  # take away where one unit less costs the fewest bits
+        can = present & (f > 1)
+        loss = np.full(f.shape, np.inf)
+        loss[can] = c[can] * np.log2(f[can] / (f[can] - 1))
+        k = min(-diff, int(can.sum()))
+        order = np.argsort(loss, kind="stable")[:k]
+        f[order] -= 1
         diff = total - int(f.sum())
     return f
 
@@ -265,15 +267,24 @@ def rans_decode(
         raise ValueError("invalid rANS lane states")
     out = np.empty(n, dtype=np.int64)
     ptr, n_words = 0, words.size
+    single = n_ctx == 1  # one context (a global table): no per-symbol table gathers
+    if single:
+        m0 = np.uint64(m_tab[0])
+        mask0 = np.uint64((1 << int(m_tab[0])) - 1)
     for lo in range(0, n, lanes):
         hi = min(lo + lanes, n)
         xs = x[: hi - lo]
-        cc = ctx[lo:hi]
-        mc = m_tab[cc].astype(np.uint64)
-        slot = xs & ((np.uint64(1) << mc) - np.uint64(1))
-        s = find(offsets[cc] + slot.astype(np.int64))
-        key = cc * alphabet + s
-        xs = flat_f[key] * (xs >> mc) + slot - flat_c[key]
+        if single:
+            slot = xs & mask0
+            s = find(slot.astype(np.int64))
+            xs = f_tab[0][s].astype(np.uint64) * (xs >> m0) + slot - flat_c[s]
+        else:
+            cc = ctx[lo:hi]
+            mc = m_tab[cc].astype(np.uint64)
+            slot = xs & ((np.uint64(1) << mc) - np.uint64(1))
+            s = find(offsets[cc] + slot.astype(np.int64))
+            key = cc * alphabet + s
+            xs = flat_f[key] * (xs >> mc) + slot - flat_c[key]
         out[lo:hi] = s
         need = xs < RANS_LOW
         k = int(need.sum())
