@@ -173,6 +173,10 @@ class MainOnly:
     on_train_end = partialmethod(_call, "on_train_end")
 
 
+def _param_ids(module: nn.Module) -> list[int]:
+    return [id(p) for p in module.parameters()]
+
+
 class DataParallelStep(TrainingStep):
     """:func:`~twodg_pyro.infer.fit`'s step on every rank of a process group (see the
     module docstring); without a group, the same loop in one process.
@@ -206,7 +210,7 @@ class DataParallelStep(TrainingStep):
         """Wrap the ELBO module in DDP; the callbacks' seed."""
         self.module = ELBOTermsModule(state.model, state.guide, state.elbo)
         self.wrapped = _wrap(self.module, self.device, self.ddp_options)
-        self.ids = [id(p) for p in self.module.parameters()]
+        self.ids = _param_ids(self.module)
         _seed_common(self.seed, state.epoch, 1)
 
     def before_epoch(self, state: TrainState) -> None:
@@ -268,7 +272,7 @@ class DataParallelStep(TrainingStep):
             f"the model and guide state after epoch {self._epoch} (callbacks: "
             f"{[type(c).__name__ for c in callbacks]})",
         )
-        new_ids = [id(p) for p in self.module.parameters()]
+        new_ids = _param_ids(self.module)
         if new_ids != self.ids:  # a hook replaced parameters: a new DDP reducer over them
             del self.wrapped
             self.wrapped = _wrap(self.module, self.device, self.ddp_options, sync=False)

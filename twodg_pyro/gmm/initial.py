@@ -56,8 +56,8 @@ def initial_mixture(
         else:  # input order may be meaningful (e.g. weights layer by layer): draw
             seed_set = sub[torch.randperm(n_sub, generator=gen, device=z.device)[:n_seed]]
         centres = kmeans_plusplus(seed_set, k, generator=gen, n_local_trials=3)
-    # zero Lloyd iterations: the labels of the nearest centre
-    iters = {"random": 0, "kmeans++": lloyd_iter}.get(init, 100)
+    # "random": zero Lloyd iterations, i.e. the labels of the nearest centre
+    iters = {"random": 0, "kmeans++": lloyd_iter, "kmeans": 100}[init]
     centres, labels, _ = lloyd(sub, centres, max_iter=iters)
     return _params_from_labels(sub, labels, centres, k, reg)
 

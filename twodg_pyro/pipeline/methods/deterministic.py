@@ -23,13 +23,16 @@ def recipe(ctx: RunContext) -> dict:
     optimiser and, for SGD, its schedule: ``stage1.deterministic_*``), the device,
     progress and ``train``, this execution's trainer."""
     s1 = ctx.cfg.stage1
-    keys = ("optimizer", "momentum", "weight_decay", "milestones", "gamma", "warmup_epochs")
     return {
         "train": ctx.execution.train_deterministic,
         "device": ctx.cfg.device,
         "progress": ctx.progress,
-        **{k: getattr(s1, f"deterministic_{k}") for k in keys},
+        "optimizer": s1.deterministic_optimizer,
+        "momentum": s1.deterministic_momentum,
+        "weight_decay": s1.deterministic_weight_decay,
         "milestones": tuple(s1.deterministic_milestones),
+        "gamma": s1.deterministic_gamma,
+        "warmup_epochs": s1.deterministic_warmup_epochs,
     }
 
 
@@ -39,9 +42,8 @@ def train(ctx: RunContext, epochs: int, loader=None, net=None) -> tuple[nn.Modul
     det = copy.deepcopy(ctx.net) if net is None else net
     kw = recipe(ctx)
     data = ctx.execution.shard(ctx.loader if loader is None else loader, ctx.cfg.seed)
-    seconds = ctx.timed(kw.pop("train"), det, data, epochs, ctx.cfg.stage1.deterministic_lr, **kw)[
-        1
-    ]
+    lr = ctx.cfg.stage1.deterministic_lr
+    _, seconds = ctx.timed(kw.pop("train"), det, data, epochs, lr, **kw)
     return det, seconds
 
 
