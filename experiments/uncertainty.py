@@ -106,9 +106,16 @@ RECIPES: dict[str, dict] = {
     # issue 43: stage 1 by variational online Newton from the same pretrained network,
     # the KL weight (stages 1 and 3) at 0.3 times the data-size rule's, chosen on the
     # validation split (recipe_selection/stage1_lenet5.md; BatchNorm: stage1_resnet20.md)
+    # laplace (issue 43): laplace-torch's last-layer Laplace around stage 1's posterior
+    # means (last_layer_study.py: a mean-field last layer cannot hold the features'
+    # covariance that OOD detection needs)
     NATURAL_GRADIENT: {
         "preset": "mnist-lenet5-bayes",
-        "settings": {"methods": ["mean_field"], "stage1": VON},
+        "settings": {
+            "methods": ["mean_field", "laplace"],
+            "stage1": VON,
+            "laplace": {"network": "mean_field"},
+        },
         "kl_multiple": VON_MULTIPLE,
         "tyings": ("representative",),
     },

@@ -19,6 +19,7 @@ from twodg_pyro.data import make_loader
 from twodg_pyro.io import load_model
 from twodg_pyro.methods import (
     Ensemble,
+    GuidePosterior,
     LaplacePosterior,
     MissingLaplaceError,
     Network,
@@ -294,6 +295,29 @@ def test_the_baseline_rows_of_a_run(baseline_run):
         art.trained["laplace"].sample_probs(art.eval_data[0], 6, 0).mean(0),
         art.predictions["laplace"].mean,
     )
+
+
+def test_laplace_around_stage_1s_posterior_means(tmp_path):
+    """``laplace.network = "mean_field"``: the approximation's network is stage 1's mean
+    network (every Bayesian weight at its guide's loc, the same BatchNorm-free MLP
+    otherwise), trained by stage 1's parameters; no deterministic network is trained."""
+    cfg = {**_RUN, "methods": ["mean_field", "laplace"], "num_samples": 4}
+    cfg["laplace"] = {"marglik_steps": 20, "network": "mean_field"}
+    art = run(config_from_dict(copy.deepcopy(cfg)))
+    mf, la = (next(r for r in art.records if r["method"] == m) for m in cfg["methods"])
+    assert la["map_network"] == "stage 1's posterior means" and la["network"] == "mean_field"
+    assert la["trainable_params"] == mf["trainable_params"] and la["map_train_seconds"] > 0
+    guide, post = art.trained["mean_field"].guide, art.trained["laplace"]
+    params = dict(post.net.named_parameters())
+    for site in guide.sites:
+        torch.testing.assert_close(params[site.name], guide.loc(site.name), rtol=0, atol=0)
+    assert "deterministic" not in art.trained and la["prior_precision"] > 0
+    assert 0.5 < la["accuracy"] <= 1.0
+    # a guide without per-weight means has no mean network
+    with pytest.raises(TypeError, match="no per-weight posterior mean"):
+        GuidePosterior(art.trained["mean_field"].model, torch.nn.Module()).mean_network()
+    with pytest.raises(ConfigError, match=r"laplace.network = 'map'"):
+        config_from_dict({"laplace": {"network": "map"}})
 
 
 @pytest.mark.parametrize("method", ["ensemble", "laplace", "deterministic_matched"])

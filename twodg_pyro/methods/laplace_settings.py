@@ -17,12 +17,18 @@ LaplaceHessian = Literal["kron", "diag"]
 LaplacePredictive = Literal["glm", "nn"]
 #: the prior precision fitted by marginal likelihood: one number, or one per tensor
 PriorStructure = Literal["scalar", "layerwise"]
+#: the network the approximation is built around: the deterministic row's, or stage 1's
+#: posterior means
+LaplaceNetwork = Literal["deterministic", "mean_field"]
 
 
 @dataclass
 class LaplaceConfig(Section):
-    """Post-hoc Laplace (method ``laplace``; needs ``pip install laplace-torch``) on the
-    run's deterministic network: over the ``last_layer`` or ``all`` weights with a
+    r"""Post-hoc Laplace (method ``laplace``; needs ``pip install laplace-torch``) around the
+    run's deterministic network (``network = "deterministic"``) or stage 1's posterior
+    means (``"mean_field"``: the network at the mean-field guide's :math:`\mu`, e.g. the
+    natural-gradient recipe's, whose mean predicts better than the deterministic
+    network): over the ``last_layer`` or ``all`` weights with a
     ``kron`` or ``diag`` GGN, the prior precision (``scalar`` or, with ``subset =
     "all"``, ``layerwise``) fitted by ``marglik_steps`` steps on the marginal likelihood;
     predicted by ``num_samples`` seeded draws of the linearised (``glm``) or the plain
@@ -37,6 +43,7 @@ class LaplaceConfig(Section):
     """
 
     section: ClassVar[str] = "laplace"
+    network: LaplaceNetwork = "deterministic"
     subset: LaplaceSubset = "last_layer"
     hessian: LaplaceHessian = "kron"
     pred_type: LaplacePredictive = "glm"

@@ -5,7 +5,11 @@ from), predicting by the seeded draws every evaluation of the library uses
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+
+import torch
+from torch import nn
 
 from ..evaluation import seeded_predict
 from ..prediction import Prediction
@@ -52,6 +56,28 @@ class GuidePosterior(TrainedMethod):
     def forwards_per_prediction(self, num_samples: int) -> int:
         """``num_samples`` draws, times the ``K`` outputs of a rank-1 model's draw."""
         return int(num_samples) * int(getattr(self.model, "output_components", 1) or 1)
+
+    def mean_network(self) -> nn.Module:
+        r"""A copy of the network with every Bayesian site at its posterior mean
+        :math:`\mu` (a diagonal Normal guide's ``loc``: mean-field), trainable (e.g. for
+        :func:`~twodg_pyro.methods.fit_laplace`); its other parameters and buffers (e.g.
+        BatchNorm's statistics) are the model's.
+
+        Raises:
+            TypeError: a guide without a per-weight mean (``loc``).
+        """
+        loc = getattr(self.guide, "loc", None)
+        if not callable(loc):
+            raise TypeError(
+                f"{self.name}: its guide ({type(self.guide).__name__}) has no per-weight "
+                "posterior mean (loc); a mean network needs a diagonal Normal guide"
+            )
+        net = copy.deepcopy(self.net)
+        params = dict(net.named_parameters())
+        with torch.no_grad():
+            for site in self.model.sites:
+                params[site.name].copy_(loc(site.name))
+        return net.requires_grad_(True)
 
     def predict(self, data, num_samples: int = 30, seed: int = 0, **kw) -> Prediction:  # type: ignore[override]
         """:func:`~twodg_pyro.evaluation.seeded_predict` (``kw``: ``batch_size``,

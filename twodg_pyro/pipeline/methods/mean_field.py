@@ -37,20 +37,24 @@ def run(ctx: RunContext) -> dict | None:
     method, seconds = stage1(ctx)
     if ctx.resume_from == "stage3":
         return None
-    model, guide, state = method.model, method.guide, method.state
-    # 2 per Bayesian weight + the deterministic ones
-    n_train = guide.num_trainable() + sum(p.numel() for p in model.deterministic_parameters())
+    model, state = method.model, method.state
     return ctx.finish(
         "mean_field",
         method,
         seconds,
-        n_train,
+        trainable_params(method),
         state=state,
         scale_trajectory=scale_trajectory(state.history),
         scale_convergence=scale_convergence(state.history),
         trainer=ctx.cfg.stage1.trainer,
         **kl_weight_field(ctx.kl_weight("stage1", model)),
     )
+
+
+def trainable_params(method: GuidePosterior) -> int:
+    """Stage 1's trainable parameters: 2 per Bayesian weight and the deterministic ones."""
+    deterministic = sum(p.numel() for p in method.model.deterministic_parameters())
+    return method.guide.num_trainable() + deterministic
 
 
 _TRAJECTORY_KEYS = ("loss", "kl", "nll", "sigma_median", "sigma_ratio_median", "sigma_over_spread")
