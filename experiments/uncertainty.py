@@ -50,8 +50,10 @@ from pathlib import Path
 
 from common import by_recipe_method, cell, check, command, data_size_beta, mean, setup, table
 
+from twodg_pyro.data import make_loader
 from twodg_pyro.files import atomic_write_text
-from twodg_pyro.metrics import ece, nll
+from twodg_pyro.methods import fit_laplace
+from twodg_pyro.metrics import classification_metrics, ece, nll
 from twodg_pyro.pipeline import config_from_dict
 from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets, data_tensors
 from twodg_pyro.pipeline.runtime.variants import run_variants
@@ -118,6 +120,8 @@ RECIPES: dict[str, dict] = {
         },
         "kl_multiple": VON_MULTIPLE,
         "tyings": ("representative",),
+        # and the same Laplace around the 2DG BNN's mean network (its centres)
+        "laplace_around_2dg": True,
     },
     "true ELBO": {
         "preset": "mnist-lenet5-bayes",
@@ -271,10 +275,13 @@ def run_recipe(
     sizes = {"ood_size": ev_args["ood_size"], "shift_size": ev_args["shift_size"]}
     ev = UncertaintySets(art.split, art.eval_data, UncertaintyConfig(**sizes), seed)
     out, scores = [], {}
-    for r in records:
+    extra = laplace_around_2dg(art, records, settings) if spec.get("laplace_around_2dg") else {}
+    for r in records + [rec for rec, _ in extra.values()]:
         method = r["method"]
         variant = r.get("variant", "-")
-        if method == "2dg":
+        if method in extra:
+            trained, label = extra[method][1], method
+        elif method == "2dg":
             trained, label = art.variants[variant], f"2dg ({variant})"
         else:
             trained, label = art.trained[method], method
@@ -305,6 +312,33 @@ def run_recipe(
             flush=True,
         )
     return out, scores
+
+
+def laplace_around_2dg(art, records: list[dict], settings: dict) -> dict[str, tuple]:
+    """``{label: (record, trained)}``: laplace-torch's Laplace (the run's ``[laplace]``
+    settings) around each 2DG variant's mean network (its component centres and outlier
+    means: ``GuidePosterior.mean_network``), scored on the test images with the run's
+    draws; its trainable parameters are the 2DG BNN's, its stored ones those plus the
+    Laplace factors."""
+    cfg = config_from_dict(settings)
+    loader = make_loader(art.split.train, cfg.laplace.batch_size, shuffle=False)
+    out = {}
+    for r in records:
+        if r["method"] != "2dg":
+            continue
+        t0 = time.perf_counter()
+        post = fit_laplace(art.variants[r["variant"]].mean_network(), loader, cfg.laplace)
+        probs = post.predict(art.eval_data, cfg.num_samples, cfg.seed).mean
+        rec = {
+            "method": f"2dg ({r['variant']}) + laplace",
+            **classification_metrics(probs, data_tensors(art.eval_data)[1]),
+            "trainable_params": r["trainable_params"],
+            "stored_params": r["stored_params"] + post.num_factor_values(),
+            "forwards_per_prediction": post.forwards_per_prediction(cfg.num_samples),
+            "seconds": time.perf_counter() - t0,
+        }
+        out[rec["method"]] = (rec, post)
+    return out
 
 
 def recipe_data_size_beta(settings: dict, root: str) -> float:

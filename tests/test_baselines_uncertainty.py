@@ -314,7 +314,7 @@ def test_laplace_around_stage_1s_posterior_means(tmp_path):
     assert "deterministic" not in art.trained and la["prior_precision"] > 0
     assert 0.5 < la["accuracy"] <= 1.0
     # a guide without per-weight means has no mean network
-    with pytest.raises(TypeError, match="no per-weight posterior mean"):
+    with pytest.raises(TypeError, match="no per-weight posterior means"):
         GuidePosterior(art.trained["mean_field"].model, torch.nn.Module()).mean_network()
     with pytest.raises(ConfigError, match=r"laplace.network = 'map'"):
         config_from_dict({"laplace": {"network": "map"}})

@@ -111,3 +111,35 @@ def test_mean_field_prediction_draws_match_training_draws():
     for k in a:
         assert torch.equal(a[k], b[k].detach())
     assert b["layers.0.weight"].requires_grad
+
+
+@pytest.mark.parametrize("tying", ["representative", "stochastic", "tied"])
+def test_mean_weights_are_the_mean_of_the_guides_draws(tying):
+    """The closed-form posterior mean of every weight (outliers, plain inliers, ellipse
+    weights) against the average of 40,000 draws, and the mean network that carries it."""
+    from twodg_pyro.methods import GuidePosterior
+
+    torch.manual_seed(0)
+    model = BNNModel(MLP(4, (3,), 2), likelihood=Categorical(10))  # 23 weights
+    s = make_structure(model, n_components=3, outlier_frac=0.15, ellipse_frac=0.3, seed=1)
+    s.means = torch.tensor([[0.1, 0.05], [-0.2, 0.1], [0.3, 0.02]])
+    s.covariances = torch.tensor(
+        [[[4e-3, 1e-3], [1e-3, 2e-3]], [[1e-3, 0.0], [0.0, 1e-3]], [[2e-3, -5e-4], [-5e-4, 1e-3]]]
+    )
+    guide = SharedGMMGuide(model, s, tying)
+    assert guide.kinds.ellipses > 0
+    n = 40000
+    with torch.no_grad():
+        flat = guide._draw(n, fast=True).flat
+    means = guide.mean_weights()
+    exact = torch.cat([means[site.name].reshape(-1) for site in model.sites])
+    se = (flat.var(0) / n).sqrt()
+    assert ((flat.mean(0) - exact).abs() < 6 * se + 1e-6).all()
+    net = GuidePosterior(model, guide).mean_network()
+    params = dict(net.named_parameters())
+    for site in model.sites:
+        assert torch.equal(params[site.name].detach(), means[site.name])
+        assert params[site.name].requires_grad
+    # mean-field: its locs
+    mf = MeanFieldGuide(model, init_scale=0.1)
+    assert all(torch.equal(v, mf.loc(k)) for k, v in mf.mean_weights().items())

@@ -147,6 +147,10 @@ class LocScaleParameters:
         r""":math:`\sigma = \operatorname{softplus}(\rho)` of a site."""
         return F.softplus(self.rhos[site_key(name)])
 
+    def mean_weights(self) -> dict[str, torch.Tensor]:
+        r"""Every site's posterior mean :math:`\mu`, detached."""
+        return {s.name: self.loc(s.name).detach() for s in self.sites}
+
     def param_groups(self) -> list[dict]:
         r"""``[{"name": "loc", ...}, {"name": "scale", ...}]``: the :math:`\mu` and the
         :math:`\rho` of every site."""

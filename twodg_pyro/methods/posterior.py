@@ -58,25 +58,26 @@ class GuidePosterior(TrainedMethod):
         return int(num_samples) * int(getattr(self.model, "output_components", 1) or 1)
 
     def mean_network(self) -> nn.Module:
-        r"""A copy of the network with every Bayesian site at its posterior mean
-        :math:`\mu` (a diagonal Normal guide's ``loc``: mean-field), trainable (e.g. for
+        r"""A copy of the network with every Bayesian site at its posterior mean (the
+        guide's ``mean_weights()``: mean-field's :math:`\mu`, a 2DG BNN's component
+        centres and outlier means), trainable (e.g. for
         :func:`~twodg_pyro.methods.fit_laplace`); its other parameters and buffers (e.g.
         BatchNorm's statistics) are the model's.
 
         Raises:
-            TypeError: a guide without a per-weight mean (``loc``).
+            TypeError: a guide without per-weight means (rank-1's).
         """
-        loc = getattr(self.guide, "loc", None)
-        if not callable(loc):
+        means = getattr(self.guide, "mean_weights", None)
+        if not callable(means):
             raise TypeError(
                 f"{self.name}: its guide ({type(self.guide).__name__}) has no per-weight "
-                "posterior mean (loc); a mean network needs a diagonal Normal guide"
+                "posterior means (mean_weights)"
             )
         net = copy.deepcopy(self.net)
         params = dict(net.named_parameters())
         with torch.no_grad():
-            for site in self.model.sites:
-                params[site.name].copy_(loc(site.name))
+            for name, mean in means().items():
+                params[name].copy_(mean)
         return net.requires_grad_(True)
 
     def predict(self, data, num_samples: int = 30, seed: int = 0, **kw) -> Prediction:  # type: ignore[override]
