@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from common import cell, command, data_size_beta, setup
 from recipe_selection import selection_parser, settings_of
-from stage1_selection import GRID, score
+from stage1_selection import GRID, score, score_cells
 
 from twodg_pyro.data import make_loader
 from twodg_pyro.files import atomic_write_text
@@ -165,11 +165,9 @@ def markdown(doc: dict) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["records"]:
-        mi = f" ({cell(r['mi_auroc'])})" if r.get("mi_auroc") is not None else ""
         lines.append(
-            f"| {r['point']} | {cell(r.get('prior_precision'), '.3g')} | {r['accuracy']:.4f} "
-            f"| {r['nll']:.3f} | {r['ece']:.3f} | {r['mean_mi_clean']:.3f} "
-            f"| {r['entropy_auroc']:.3f}{mi} | {cell(r['severity5'])} |"
+            f"| {r['point']} | {cell(r.get('prior_precision'), '.3g')} | {score_cells(r)} "
+            f"| {cell(r['severity5'])} |"
         )
     return "\n".join(lines) + "\n"
 

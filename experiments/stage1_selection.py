@@ -90,6 +90,16 @@ def score(probs, ev: UncertaintySets, trained, draws: int, y) -> dict:
     }
 
 
+def score_cells(r: dict) -> str:
+    """The cells acc | NLL | ECE | clean MI | OOD AUROC entropy (MI) of a record of
+    :func:`score`."""
+    mi = f" ({cell(r['mi_auroc'])})" if r.get("mi_auroc") is not None else ""
+    return (
+        f"{r['accuracy']:.4f} | {r['nll']:.3f} | {r['ece']:.3f} | {r['mean_mi_clean']:.3f} "
+        f"| {r['entropy_auroc']:.3f}{mi}"
+    )
+
+
 def markdown(doc: dict) -> str:
     recs = doc["records"]
     bayes = [r for r in recs if r["point"] not in ("deterministic", "deterministic, scaled")]
@@ -110,14 +120,11 @@ def markdown(doc: dict) -> str:
     ]
     for r in recs:
         sev = statistics.fmean(r["severity5_nll"].values()) if r["severity5_nll"] else None
-        mi = f" ({cell(r['mi_auroc'])})" if r.get("mi_auroc") is not None else ""
         conv = r.get("scale_convergence")
         change = "-" if not conv else f"{conv['median_scale_change']:.1%}"
         lines.append(
-            f"| {r['point']} | {cell(r.get('kl_weight'), '.4g')} | {r['accuracy']:.4f} "
-            f"| {r['nll']:.3f} | {r['ece']:.3f} | {r['mean_mi_clean']:.3f} "
-            f"| {r['entropy_auroc']:.3f}{mi} | {cell(sev)} | {change} "
-            f"| {cell(r.get('seconds'), '.0f')} |"
+            f"| {r['point']} | {cell(r.get('kl_weight'), '.4g')} | {score_cells(r)} "
+            f"| {cell(sev)} | {change} | {cell(r.get('seconds'), '.0f')} |"
         )
     return "\n".join(lines) + "\n"
 
