@@ -297,11 +297,14 @@ def test_the_baseline_rows_of_a_run(baseline_run):
     )
 
 
-def test_laplace_around_stage_1s_posterior_means(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_laplace_around_stage_1s_posterior_means(dtype):
     """``laplace.network = "mean_field"``: the approximation's network is stage 1's mean
     network (every Bayesian weight at its guide's loc, the same BatchNorm-free MLP
-    otherwise), trained by stage 1's parameters; no deterministic network is trained."""
+    otherwise, in the run's dtype), trained by stage 1's parameters; no deterministic
+    network is trained."""
     cfg = {**_RUN, "methods": ["mean_field", "laplace"], "num_samples": 4}
+    cfg["network"] = {**_RUN["network"], "dtype": dtype}
     cfg["laplace"] = {"marglik_steps": 20, "network": "mean_field"}
     art = run(config_from_dict(copy.deepcopy(cfg)))
     mf, la = (next(r for r in art.records if r["method"] == m) for m in cfg["methods"])
@@ -309,6 +312,7 @@ def test_laplace_around_stage_1s_posterior_means(tmp_path):
     assert la["trainable_params"] == mf["trainable_params"] and la["map_train_seconds"] > 0
     guide, post = art.trained["mean_field"].guide, art.trained["laplace"]
     params = dict(post.net.named_parameters())
+    assert {p.dtype for p in params.values()} == {getattr(torch, dtype)}
     for site in guide.sites:
         torch.testing.assert_close(params[site.name], guide.loc(site.name), rtol=0, atol=0)
     assert "deterministic" not in art.trained and la["prior_precision"] > 0
