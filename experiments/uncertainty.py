@@ -269,13 +269,14 @@ def run_recipe(
     settings, spec = recipe_settings(name, root, seed, quick, arch, methods, device)
     variants = {t: {"stage3": {"tying": t}} for t in spec["tyings"]}
     t0 = time.perf_counter()
-    records, art = run_variants(config_from_dict(settings), variants)
+    cfg = config_from_dict(settings)
+    records, art = run_variants(cfg, variants)
     print(f"[{name} / seed {seed}] trained in {time.perf_counter() - t0:.0f} s", flush=True)
     # the same OOD sets and corrupted subset for every method (made once, seeded)
     sizes = {"ood_size": ev_args["ood_size"], "shift_size": ev_args["shift_size"]}
     ev = UncertaintySets(art.split, art.eval_data, UncertaintyConfig(**sizes), seed)
     out, scores = [], {}
-    extra = laplace_around_2dg(art, records, settings) if spec.get("laplace_around_2dg") else {}
+    extra = laplace_around_2dg(art, records, cfg) if spec.get("laplace_around_2dg") else {}
     for r in records + [rec for rec, _ in extra.values()]:
         method = r["method"]
         variant = r.get("variant", "-")
@@ -314,13 +315,12 @@ def run_recipe(
     return out, scores
 
 
-def laplace_around_2dg(art, records: list[dict], settings: dict) -> dict[str, tuple]:
+def laplace_around_2dg(art, records: list[dict], cfg) -> dict[str, tuple]:
     """``{label: (record, trained)}``: laplace-torch's Laplace (the run's ``[laplace]``
     settings) around each 2DG variant's mean network (its component centres and outlier
     means: ``GuidePosterior.mean_network``), scored on the test images with the run's
     draws; its trainable parameters are the 2DG BNN's, its stored ones those plus the
-    Laplace factors."""
-    cfg = config_from_dict(settings)
+    Laplace factors (``cfg``: the run's settings)."""
     loader = make_loader(art.split.train, cfg.laplace.batch_size, shuffle=False)
     out = {}
     for r in records:

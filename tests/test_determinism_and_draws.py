@@ -143,3 +143,11 @@ def test_mean_weights_are_the_mean_of_the_guides_draws(tying):
     # mean-field: its locs
     mf = MeanFieldGuide(model, init_scale=0.1)
     assert all(torch.equal(v, mf.loc(k)) for k, v in mf.mean_weights().items())
+    # rank-1: its sites are factors of M members, no mean network (it would otherwise
+    # inherit the factor means and fail on the missing parameter names)
+    from twodg_pyro.guides import Rank1Guide
+    from twodg_pyro.rank1_bnn import Rank1BNNModel
+
+    r1 = Rank1BNNModel(MLP(4, (3,), 2), components=2, likelihood=Categorical(10))
+    with pytest.raises(TypeError, match="Rank1Guide has no per-weight posterior means"):
+        GuidePosterior(r1, Rank1Guide(r1)).mean_network()

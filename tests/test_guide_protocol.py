@@ -37,6 +37,7 @@ CORE = {
     "marginal_log_density",
     "param_groups",
     "site_parameters",
+    "mean_weights",
 }
 DERIVED = {"sample_weights", "num_trainable", "site"}
 FAST_STEP = {"fast_draw", "fast_kl"}

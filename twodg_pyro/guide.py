@@ -38,7 +38,9 @@ call -- without probing the guide for what it has.
   draws of all sites, marginal over any auxiliary variable the guide draws on the way
   (the importance ratios of the VI diagnostics).
 * **Parameters**: ``param_groups`` (named groups, one learning rate each) and
-  ``site_parameters`` (a site's variational parameters, for export; none by default).
+  ``site_parameters`` (a site's variational parameters, for export; none by default);
+  ``mean_weights`` (every site's posterior mean, the mean network's weights; a guide
+  without them refuses, the default).
 
 Derived, not protocol: ``sample_weights`` (``draw``'s weights), ``num_trainable`` (of
 ``param_groups``), ``site`` (of ``sites``).  **Extensions**, stated apart and checked
@@ -256,6 +258,15 @@ class BNNGuide(PyroParamsMixin, nn.Module):
     @abstractmethod
     def param_groups(self) -> list[dict]:
         """``[{"name": group_name, "params": [...]}, ...]`` covering every parameter."""
+
+    def mean_weights(self) -> dict[str, torch.Tensor]:
+        """Every site's posterior mean at the site's shape, by name (the network at these
+        weights is :meth:`~twodg_pyro.methods.GuidePosterior.mean_network`).
+
+        Raises:
+            TypeError: the guide has no per-weight means (here: none is defined).
+        """
+        raise TypeError(f"{type(self).__name__} has no per-weight posterior means")
 
     def site_parameters(self, name: str) -> dict[str, torch.Tensor]:
         """The variational parameters of site ``name`` at the site's shape, by name

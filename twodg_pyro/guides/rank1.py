@@ -143,6 +143,18 @@ class Rank1Guide(DiagonalNormalGuide):
             self.locs[site_key(site.name)] = nn.Parameter(loc.to(device=device, dtype=dtype))
             self.rhos[site_key(site.name)] = nn.Parameter(rho.to(device))
 
+    def mean_weights(self) -> dict[str, torch.Tensor]:
+        """Refused: the sites are the members' factors, and a rank-1 BNN's weights are a
+        mixture of its ``M`` members, not one mean network.
+
+        Raises:
+            TypeError: always.
+        """
+        raise TypeError(
+            "Rank1Guide has no per-weight posterior means: its sites are the factors of "
+            f"{self.components} mixture members"
+        )
+
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         r"""The factor sites, each counted :math:`1/M` (``poutine.scale``), as in the model:
         the per-component average of the objective."""

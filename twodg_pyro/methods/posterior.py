@@ -65,7 +65,8 @@ class GuidePosterior(TrainedMethod):
         BatchNorm's statistics) are the model's.
 
         Raises:
-            TypeError: a guide without per-weight means (rank-1's).
+            TypeError: a guide without per-weight means (rank-1's refuses; a guide
+                outside the library's protocol without ``mean_weights``).
         """
         means = getattr(self.guide, "mean_weights", None)
         if not callable(means):
