@@ -129,6 +129,7 @@ class DrawnNetwork(TrainedMethod):
             out.append(
                 torch.cat([self.net(x[i : i + 500]).softmax(-1) for i in range(0, len(x), 500)])
             )
+            self.ll._phi.clear()  # the last-layer study's feature hook keeps every forward's
         self.ll.set_weights(None)
         load_statistics(self.net, self.frozen)
         return torch.stack(out).float()
