@@ -324,6 +324,33 @@ def test_laplace_around_stage_1s_posterior_means(dtype):
         config_from_dict({"laplace": {"network": "map"}})
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_laplace_around_the_2dg_bnns_posterior_means(dtype, tmp_path):
+    """``laplace.network = "2dg"``: the approximation's network is the run's 2DG BNN's mean
+    network (every Bayesian weight at its component centre or outlier mean, in the run's
+    dtype), counted as trained by the 2DG row's parameters; its model file predicts what
+    the row recorded; without the ``2dg`` row the settings say what is missing."""
+    cfg = {**_RUN, "methods": ["mean_field", "2dg", "laplace"], "num_samples": 4}
+    cfg["network"] = {**_RUN["network"], "dtype": dtype}
+    cfg["laplace"] = {"marglik_steps": 20, "network": "2dg"}
+    cfg["sharing"] = {"n_components": 8, "n_min": 2}
+    art = run(config_from_dict(copy.deepcopy(cfg)), tmp_path / "run")
+    two_dg, la = (next(r for r in art.records if r["method"] == m) for m in ("2dg", "laplace"))
+    assert la["map_network"] == "the 2DG BNN's posterior means" and la["network"] == "2dg"
+    assert la["trainable_params"] == two_dg["trainable_params"] < la["stored_params"]
+    assert la["map_train_seconds"] == two_dg["train_seconds"]
+    means, post = art.trained["2dg"].guide.mean_weights(), art.trained["laplace"]
+    params = dict(post.net.named_parameters())
+    assert {p.dtype for p in params.values()} == {getattr(torch, dtype)}
+    for name, mean in means.items():
+        torch.testing.assert_close(params[name], mean, rtol=0, atol=0)
+    assert 0.5 < la["accuracy"] <= 1.0 and la["nll"] != two_dg["nll"]
+    result = evaluate_model_file(tmp_path / "run" / "model_laplace.pt")
+    assert result["nll"] == la["nll"] and result["accuracy"] == la["accuracy"]
+    with pytest.raises(ConfigError, match=r"laplace.network = '2dg'.*add '2dg' to methods"):
+        config_from_dict({"methods": ["mean_field", "laplace"], "laplace": {"network": "2dg"}})
+
+
 @pytest.mark.parametrize("method", ["ensemble", "laplace", "deterministic_matched"])
 def test_baseline_model_files_evaluate_to_the_records_numbers(baseline_run, method, capsys):
     out, _ = baseline_run

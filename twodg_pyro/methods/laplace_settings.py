@@ -17,9 +17,9 @@ LaplaceHessian = Literal["kron", "diag"]
 LaplacePredictive = Literal["glm", "nn"]
 #: the prior precision fitted by marginal likelihood: one number, or one per tensor
 PriorStructure = Literal["scalar", "layerwise"]
-#: the network the approximation is built around: the deterministic row's, or stage 1's
-#: posterior means
-LaplaceNetwork = Literal["deterministic", "mean_field"]
+#: the network the approximation is built around: the deterministic row's, stage 1's
+#: posterior means, or the 2DG BNN's
+LaplaceNetwork = Literal["deterministic", "mean_field", "2dg"]
 
 
 @dataclass
@@ -28,9 +28,11 @@ class LaplaceConfig(Section):
     run's deterministic network (``network = "deterministic"``) or stage 1's posterior
     means (``"mean_field"``: the network at the mean-field guide's :math:`\mu`, e.g. the
     natural-gradient recipe's, whose mean predicts better than the deterministic
-    network): over the ``last_layer`` or ``all`` weights with a
-    ``kron`` or ``diag`` GGN, the prior precision (``scalar`` or, with ``subset =
-    "all"``, ``layerwise``) fitted by ``marglik_steps`` steps on the marginal likelihood;
+    network) or the 2DG BNN's (``"2dg"``: its component centres and outlier means, the
+    guide's ``mean_weights()``; the run's ``2dg`` row trains it): over the
+    ``last_layer`` or ``all`` weights with a ``kron`` or ``diag`` GGN, the prior
+    precision (``scalar`` or, with ``subset = "all"``, ``layerwise``) fitted by
+    ``marglik_steps`` steps on the marginal likelihood;
     predicted by ``num_samples`` seeded draws of the linearised (``glm``) or the plain
     (``nn``) network (:mod:`twodg_pyro.methods.laplace`); the curvature is summed over
     the training set in batches of ``batch_size``.

@@ -1,8 +1,8 @@
 """The ``laplace`` row: post-hoc Laplace (``cfg.laplace``, laplace-torch) around the run's
 deterministic network (the deterministic row's, else one trained as it would be) or, with
-``laplace.network = "mean_field"``, stage 1's posterior means
-(:func:`~twodg_pyro.methods.fit_laplace`), predicted by ``num_samples`` draws seeded with
-``seed``."""
+``laplace.network = "mean_field"`` / ``"2dg"``, the posterior means of stage 1 / of the
+run's 2DG BNN (:func:`~twodg_pyro.methods.fit_laplace`), predicted by ``num_samples``
+draws seeded with ``seed``."""
 
 from __future__ import annotations
 
@@ -22,12 +22,16 @@ def run(ctx: RunContext) -> dict:
     its record (``subset``, ``hessian``, ``pred_type``, ``prior_structure``,
     ``prior_precision``, ``covered_params``, ``map_network``, ``map_train_seconds``).
     Its trainable parameters are those that trained the network (stage 1's guide's
-    around the posterior means)."""
+    around its posterior means, the 2DG row's around the 2DG BNN's)."""
     lc = ctx.cfg.laplace
     if lc.network == "mean_field":
         method, map_seconds = stage1(ctx)
         net, source = method.mean_network(), "stage 1's posterior means"
         n_train = trainable_params(method)
+    elif lc.network == "2dg":  # the settings ask for the 2dg row, which runs first
+        row = next(r for r in ctx.art.records if r["method"] == "2dg")
+        net, source = ctx.art.trained["2dg"].mean_network(), "the 2DG BNN's posterior means"
+        n_train, map_seconds = row["trainable_params"], row["train_seconds"]
     else:
         net, source, map_seconds = map_network(ctx)
         n_train = None

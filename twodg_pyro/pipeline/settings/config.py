@@ -142,6 +142,12 @@ class _RunSettings(Section):
                 "the method 'laplace' needs the laplace-torch package, which is not "
                 "installed: pip install laplace-torch",
             )
+            require(
+                self.laplace.network != "2dg" or "2dg" in self.methods,
+                "laplace.network",
+                self.laplace.network,
+                "is the 2DG BNN's mean network: add '2dg' to methods",
+            )
 
     def to_dict(self) -> dict:
         """Plain, JSON-serialisable dictionary of every setting."""
