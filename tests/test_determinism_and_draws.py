@@ -113,6 +113,35 @@ def test_mean_field_prediction_draws_match_training_draws():
     assert b["layers.0.weight"].requires_grad
 
 
+def test_seeded_prediction_is_the_network_run_on_the_guides_draws():
+    """A conv BNN with BatchNorm frozen at its running statistics (the natural-gradient
+    recipe's ResNet-20 set-up, one draw at a time): every drawn prediction of
+    ``seeded_predict`` is the plain network run, in evaluation mode, with the weights the
+    guide draws under the same seed, bit for bit."""
+    from twodg_pyro.evaluation import seeded_predict
+    from twodg_pyro.models import build_network
+
+    torch.manual_seed(0)
+    net = build_network("resnet20", num_classes=10, in_channels=1)
+    with torch.no_grad():  # running statistics other than the initial ones
+        net.train()(torch.randn(32, 1, 28, 28))
+    model = BNNModel(net, likelihood=Categorical(100), norm_stats="frozen")
+    guide = MeanFieldGuide(model, init_scale=0.05)
+    x = torch.rand(8, 1, 28, 28)
+    pred = seeded_predict(model, guide, x, num_samples=3, seed=4, keep_samples=True)
+    torch.manual_seed(4)
+    draws = guide.sample_weights(3)
+    params = dict(net.named_parameters())
+    by_hand = []
+    with torch.no_grad():
+        for k in range(3):
+            for site in guide.sites:
+                params[site.name].copy_(draws[site.name][k])
+            by_hand.append(net.eval()(x).softmax(-1))
+    assert torch.equal(pred.samples, torch.stack(by_hand))
+    assert (pred.samples[0] - pred.samples[1]).abs().max() > 1e-3  # the draws differ
+
+
 @pytest.mark.parametrize("tying", ["representative", "stochastic", "tied"])
 def test_mean_weights_are_the_mean_of_the_guides_draws(tying):
     """The closed-form posterior mean of every weight (outliers, plain inliers, ellipse
