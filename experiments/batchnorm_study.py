@@ -28,28 +28,20 @@ Results: ``experiments/results/recipe_selection/batchnorm_<arch>.{json,md}``.
 
 from __future__ import annotations
 
-import copy
 import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
-from common import cell, command, data_size_beta, setup
-from last_layer_study import POINTS, LastLayer
-from recipe_selection import selection_parser, settings_of
-from stage1_selection import GRID, score, score_cells
+from common import cell, command
+from last_layer_study import POINTS, LastLayer, natural_gradient_stage1
+from recipe_selection import selection_parser
+from stage1_selection import score, score_cells
 from torch import nn
 
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.methods.base import TrainedMethod
-from twodg_pyro.pipeline import config_from_dict, run
-from twodg_pyro.pipeline.methods.algorithm1 import stage1_mean_field
-from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets, data_tensors
-from twodg_pyro.pipeline.runtime.context import RunContext
-from twodg_pyro.pipeline.settings.build import eval_data, seed_everything
-from twodg_pyro.pipeline.settings.config import merge_settings
-from twodg_pyro.pipeline.settings.evaluation import UncertaintyConfig
 
 MODES = ("frozen", "at the mean", "per draw")
 
@@ -191,22 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads(Path(args.from_json).read_text())
         atomic_write_text(out / f"{stem}.md", markdown(doc))
         return 0
-    setup(args.threads)
-    base = settings_of(args.arch, args.root, args.seed, args.quick)
-    art = run(config_from_dict(merge_settings(base, {"methods": ["deterministic"]})))
-    det = art.trained["deterministic"]
-    xv, yv = data_tensors(eval_data(art.split.val))
-    xt, _ = data_tensors(eval_data(art.split.train))
+    study = natural_gradient_stage1(args)
+    det, stage1, ev, beta = (study[k] for k in ("det", "stage1", "ev", "beta"))
+    (xv, yv), xt = study["val"], study["train_x"]
     xt = xt[torch.randperm(len(xt), generator=torch.Generator().manual_seed(args.seed))]
     xt = xt[: args.bn_images]
-    ucfg = UncertaintyConfig(ood_size=args.ood_size, shift_size=args.shift_size, severities=[5])
-    ev = UncertaintySets(art.split, (xv, yv), ucfg, args.seed)
-    over, multiple = GRID[POINTS[args.arch]]
-    beta = multiple * data_size_beta(len(art.split.train), det.net)
-    over = merge_settings(over, {"stage1": {"kl_weight": beta}})
-    cfg = config_from_dict(merge_settings(base, {**over, "methods": ["mean_field"]}))
-    seed_everything(cfg.seed)
-    stage1 = stage1_mean_field(RunContext(cfg=cfg), art.split, copy.deepcopy(det.net))
     ll = LastLayer(stage1)
     doc = {
         "arch": args.arch,

@@ -150,6 +150,32 @@ class LaplaceLastLayer(TrainedMethod):
         return torch.stack(out)
 
 
+def natural_gradient_stage1(args) -> dict:
+    """What a validation study of the natural-gradient posterior starts from (``args``:
+    :func:`recipe_selection.selection_parser`'s): torch's threads set, the recipe's
+    pretrained network (``"art"``, ``"det"``), the validation images (``"val"``: inputs
+    and labels) and their OOD and shifted sets (``"ev"``), the training inputs
+    (``"train_x"``), and stage 1 (``"stage1"``) trained from a copy of the network at
+    ``POINTS[arch]`` with its KL weight (``"beta"``) and settings (``"cfg"``)."""
+    setup(args.threads)
+    base = settings_of(args.arch, args.root, args.seed, args.quick)
+    art = run(config_from_dict(merge_settings(base, {"methods": ["deterministic"]})))
+    det = art.trained["deterministic"]
+    xv, yv = data_tensors(eval_data(art.split.val))
+    xt, _ = data_tensors(eval_data(art.split.train))
+    ucfg = UncertaintyConfig(ood_size=args.ood_size, shift_size=args.shift_size, severities=[5])
+    ev = UncertaintySets(art.split, (xv, yv), ucfg, args.seed)
+    over, multiple = GRID[POINTS[args.arch]]
+    beta = multiple * data_size_beta(len(art.split.train), det.net)
+    over = merge_settings(over, {"stage1": {"kl_weight": beta}})
+    cfg = config_from_dict(merge_settings(base, {**over, "methods": ["mean_field"]}))
+    seed_everything(cfg.seed)
+    stage1 = stage1_mean_field(RunContext(cfg=cfg), art.split, copy.deepcopy(det.net))
+    return dict(
+        art=art, det=det, val=(xv, yv), train_x=xt, ev=ev, beta=beta, cfg=cfg, stage1=stage1
+    )
+
+
 def markdown(doc: dict) -> str:
     lines = [
         f"# The last layer of the natural-gradient posterior: {doc['arch']}, seed {doc['seed']}",
@@ -182,20 +208,11 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads(Path(args.from_json).read_text())
         atomic_write_text(out / f"{stem}.md", markdown(doc))
         return 0
-    setup(args.threads)
-    base = settings_of(args.arch, args.root, args.seed, args.quick)
-    art = run(config_from_dict(merge_settings(base, {"methods": ["deterministic"]})))
-    det = art.trained["deterministic"]
-    xv, yv = data_tensors(eval_data(art.split.val))
-    xt, _ = data_tensors(eval_data(art.split.train))
-    ucfg = UncertaintyConfig(ood_size=args.ood_size, shift_size=args.shift_size, severities=[5])
-    ev = UncertaintySets(art.split, (xv, yv), ucfg, args.seed)
-    over, multiple = GRID[POINTS[args.arch]]
-    beta = multiple * data_size_beta(len(art.split.train), det.net)
-    over = merge_settings(over, {"stage1": {"kl_weight": beta}})
-    cfg = config_from_dict(merge_settings(base, {**over, "methods": ["mean_field"]}))
-    seed_everything(cfg.seed)
-    stage1 = stage1_mean_field(RunContext(cfg=cfg), art.split, copy.deepcopy(det.net))
+    study = natural_gradient_stage1(args)
+    art, det, stage1, ev, beta, cfg = (
+        study[k] for k in ("art", "det", "stage1", "ev", "beta", "cfg")
+    )
+    (xv, yv), xt = study["val"], study["train_x"]
     ll = LastLayer(stage1)
     last = ll.sites[-2:]
     network_precision = float(1.0 / stage1.model.prior(last[0]).variance.flatten()[0])
