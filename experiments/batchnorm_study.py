@@ -28,6 +28,7 @@ Results: ``experiments/results/recipe_selection/batchnorm_<arch>.{json,md}``.
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import time
@@ -42,6 +43,10 @@ from torch import nn
 
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.methods.base import TrainedMethod
+from twodg_pyro.nn.sites import DEFAULT_LAYER_TYPES
+from twodg_pyro.pipeline.methods.algorithm1 import stage1_mean_field
+from twodg_pyro.pipeline.runtime.context import RunContext
+from twodg_pyro.pipeline.settings.build import seed_everything
 
 MODES = ("frozen", "at the mean", "per draw")
 
@@ -220,6 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     for point, method in methods.items():
         for draw_seed in args.draw_seeds:
             save(point, method, draw_seed)
+    # the same stage 1 with BatchNorm's affine parameters Bayesian too (N(0, 1) under the
+    # layer-wise prior: fan-in 1), the statistics frozen, its guide's own draws
+    seed_everything(study["cfg"].seed)
+    layers = (*DEFAULT_LAYER_TYPES, nn.BatchNorm2d)
+    bayes_affine = stage1_mean_field(
+        RunContext(cfg=study["cfg"]), study["art"].split, copy.deepcopy(det.net), layers=layers
+    )
+    for draw_seed in args.draw_seeds:
+        save("affine parameters Bayesian (the guide's own draws, frozen)", bayes_affine, draw_seed)
     return 0
 
 

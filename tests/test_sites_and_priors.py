@@ -31,6 +31,58 @@ def test_site_selection_by_name_and_type():
     assert [s.name for s in find_sites(net, exclude=["*.bias"])] == ["0.weight", "4.weight"]
 
 
+def test_norm_affine_parameters_are_bayesian_only_when_their_class_is_named(tmp_path):
+    """Naming ``nn.BatchNorm2d`` makes its affine parameters sites of fan-in 1 (N(0, 1)
+    under the layer-wise prior); a base class such as ``nn.Module`` does not select them;
+    a model with them trains its scales, predicts with the running statistics and its
+    model file reads back to the same draws."""
+    import twodg_pyro as tp
+    from twodg_pyro.evaluation import seeded_predict
+    from twodg_pyro.nn.sites import DEFAULT_LAYER_TYPES
+
+    types = (*DEFAULT_LAYER_TYPES, nn.BatchNorm2d)
+    sites = find_sites(small_cnn(), layer_types=types)
+    assert [s.name for s in sites] == [
+        "0.weight",
+        "0.bias",
+        "1.weight",
+        "1.bias",
+        "4.weight",
+        "4.bias",
+    ]
+    assert sites[2].fan_in == sites[3].fan_in == 1
+    assert [s.name for s in find_sites(small_cnn(), layer_types=(nn.Module,))] == [
+        "0.weight",
+        "0.bias",
+        "4.weight",
+        "4.bias",
+    ]
+    prior = LayerwiseNormalPrior()(sites[2])
+    assert torch.allclose(prior.base_dist.scale, torch.ones(4))
+    torch.manual_seed(0)
+    net = small_cnn()
+    with torch.no_grad():
+        net.train()(torch.randn(16, 1, 8, 8))  # running statistics other than the initial
+    model = BNNModel(
+        net,
+        prior=LayerwiseNormalPrior(),
+        likelihood=Categorical(64),
+        layer_types=types,
+        norm_stats="frozen",
+    )
+    guide = tp.MeanFieldGuide(model, init_scale=0.05)
+    x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 3, (64,))
+    before = guide.scale("1.weight").clone()
+    tp.fit(model, guide, [(x, y)], epochs=3, lr=1e-2, progress=False)
+    assert not torch.equal(guide.scale("1.weight"), before)  # the affine scales train
+    pred = seeded_predict(model, guide, x, num_samples=4, seed=0, keep_samples=True)
+    tp.save_model(tmp_path / "m.pt", model, guide)
+    model2, guide2 = tp.load_model(tmp_path / "m.pt", net=small_cnn())
+    assert model2.site_names == model.site_names
+    again = seeded_predict(model2, guide2, x, num_samples=4, seed=0, keep_samples=True)
+    assert torch.equal(again.samples, pred.samples)
+
+
 def test_network_without_linear_or_conv_is_a_clear_error():
     with pytest.raises(ValueError, match="Sequential has no Bayesian parameter"):
         BNNModel(nn.Sequential(nn.ReLU(), nn.BatchNorm1d(3)))

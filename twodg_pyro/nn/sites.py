@@ -3,7 +3,8 @@
 A *site* is one parameter tensor (a Linear or Conv weight or bias) that becomes one
 Pyro ``sample`` statement.  Pyro costs about half a millisecond per sample site and
 step, so sites are whole tensors, never single weights or clusters.  Normalisation
-layers (BatchNorm, LayerNorm, ...) are never selected: they stay deterministic.
+layers (BatchNorm, LayerNorm, ...) stay deterministic unless their class is named in
+``layer_types``.
 """
 
 from __future__ import annotations
@@ -89,12 +90,15 @@ def find_sites(
     exclude: Sequence[str] = (),
     bias: bool = True,
 ) -> list[BayesianSite]:
-    """List the Bayesian parameter tensors of ``net``.
+    r"""List the Bayesian parameter tensors of ``net``.
 
     A parameter is selected when its module is an instance of ``layer_types``, its
     qualified name matches one of the glob patterns in ``include`` (all when
-    ``None``) and none in ``exclude``.  Parameters of normalisation layers are never
-    selected.
+    ``None``) and none in ``exclude``.  The affine parameters of normalisation layers
+    are selected only when a normalisation class is named in ``layer_types`` (e.g.
+    ``nn.BatchNorm2d``; a base such as ``nn.Module`` does not select them); each scales
+    or shifts one normalised input, so its ``fan_in`` is 1 (a layer-wise prior
+    :math:`\mathcal N(0, 1/\text{fan\_in})` puts :math:`\mathcal N(0, 1)` on it).
 
     Args:
         net: any ``torch.nn.Module``.
@@ -110,9 +114,11 @@ def find_sites(
     layer_types = tuple(layer_types)
     if not layer_types or not all(isinstance(t, type) for t in layer_types):
         raise ValueError(f"layer_types must be a non-empty tuple of classes, got {layer_types!r}")
+    norms = tuple(t for t in layer_types if issubclass(t, _NORM_TYPES))
     sites: list[BayesianSite] = []
     for module_name, module in net.named_modules():
-        if not isinstance(module, layer_types) or isinstance(module, _NORM_TYPES):
+        norm = isinstance(module, _NORM_TYPES)
+        if not isinstance(module, layer_types) or (norm and not isinstance(module, norms)):
             continue
         weight = getattr(module, "weight", None)
         for param_name in ("weight", "bias"):
@@ -123,6 +129,7 @@ def find_sites(
             if not _selected(name, include, exclude):
                 continue
             fan_in = _fan_in(module, weight) if isinstance(weight, torch.Tensor) else param.numel()
+            fan_in = 1 if norm else fan_in
             layer = type(module).__name__
             sites.append(
                 BayesianSite(name, module_name, param_name, param.shape, layer, max(fan_in, 1))

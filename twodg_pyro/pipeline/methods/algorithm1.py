@@ -59,7 +59,9 @@ if TYPE_CHECKING:
 EMPIRICAL_BAYES_KINDS = ("empirical_bayes", PerSiteNormalPrior.kind)
 
 
-def stage1_model(cfg, split, net, prior_scales: dict | None = None, resumed: bool = False):
+def stage1_model(
+    cfg, split, net, prior_scales: dict | None = None, resumed: bool = False, layers=None
+):
     r"""The Bayesian model over ``net`` that stage 1 trains and its guide's initial scales
     (``stage1.init_scale``, or the per-weight tensors it derives).
 
@@ -78,26 +80,31 @@ def stage1_model(cfg, split, net, prior_scales: dict | None = None, resumed: boo
 
     A resumed stage 1 (``resumed``: its checkpoint restores the guide) passes the learnt
     ``prior_scales`` its checkpoint holds: the Fisher is not computed again (the
-    network a resumed run starts from is not the pretrained one).
+    network a resumed run starts from is not the pretrained one).  ``layers``: the module
+    classes whose parameters are Bayesian (default
+    :data:`~twodg_pyro.nn.sites.DEFAULT_LAYER_TYPES`; a study of BatchNorm's affine
+    parameters adds ``nn.BatchNorm2d``).
     """
     n_train, norm = len(split.train), cfg.network.norm_stats
+    types = {} if layers is None else {"layer_types": tuple(layers)}
     eb = cfg.prior.kind in EMPIRICAL_BAYES_KINDS
     curvature = cfg.stage1.init_scale in ("curvature", "hess_init")
     init = "paper" if curvature else cfg.stage1.init_scale  # resumed: the checkpoint's
     if cfg.stage1.init_scale == "hess_init" and not (eb or resumed):
-        model = build_model(net, build_prior(cfg.prior, net), n_train, norm).to(cfg.device)
+        model = build_model(net, build_prior(cfg.prior, net), n_train, norm, **types)
+        model = model.to(cfg.device)
         h0 = {s.name: torch.full(s.shape, n_train * cfg.stage1.hess_init) for s in model.sites}
         beta = resolve_kl_weight(cfg.stage1.kl_weight, model)
         return model, curvature_scales(model, h0, beta)
     if eb and prior_scales is not None:
-        model = build_model(net, PerSiteNormalPrior(prior_scales), n_train, norm)
+        model = build_model(net, PerSiteNormalPrior(prior_scales), n_train, norm, **types)
         if resumed:
             return model.to(cfg.device), init
     elif not (eb or curvature) or resumed:
-        return build_model(net, cfg.prior, n_train, norm).to(cfg.device), init
+        return build_model(net, cfg.prior, n_train, norm, **types).to(cfg.device), init
     else:  # the Fisher does not depend on the prior: a placeholder until the learnt one
         prior = LayerwiseNormalPrior() if eb else build_prior(cfg.prior, net)
-        model = build_model(net, prior, n_train, norm)
+        model = build_model(net, prior, n_train, norm, **types)
     model = model.to(cfg.device)
     fisher = diagonal_fisher(model, split.train, seed=cfg.seed)
     beta = resolve_kl_weight(cfg.stage1.kl_weight, model)
@@ -106,15 +113,17 @@ def stage1_model(cfg, split, net, prior_scales: dict | None = None, resumed: boo
     return model, curvature_scales(model, fisher, beta) if curvature else init
 
 
-def stage1_mean_field(rt: RunContext, split, net, extra: dict | None = None) -> GuidePosterior:
-    """Stage 1: a mean-field BNN over ``net`` (:func:`stage1_model`) trained by SVI on the
-    (annealed) ELBO; returns it (the input of :func:`run_2dg`).  Its checkpoints
-    (``stage1.pt``) also hold ``extra``.
+def stage1_mean_field(
+    rt: RunContext, split, net, extra: dict | None = None, layers=None
+) -> GuidePosterior:
+    """Stage 1: a mean-field BNN over ``net`` (:func:`stage1_model`, whose ``layers`` are
+    Bayesian) trained by SVI on the (annealed) ELBO; returns it (the input of
+    :func:`run_2dg`).  Its checkpoints (``stage1.pt``) also hold ``extra``.
     """
     cfg = rt.cfg
     resumed = rt.checkpoints.load("stage1") if rt.checkpoints is not None else None
     saved = None if resumed is None else resumed.extra.get("prior_scales")
-    model, init_scale = stage1_model(cfg, split, net, saved, resumed is not None)
+    model, init_scale = stage1_model(cfg, split, net, saved, resumed is not None, layers)
     if isinstance(model.prior, PerSiteNormalPrior):  # a resumed stage 1 reads them back
         extra = {**(extra or {}), "prior_scales": model.prior.scales}
     guide = MeanFieldGuide(model, init_scale=init_scale, seed=cfg.seed).to(cfg.device)

@@ -13,6 +13,7 @@ from torch import nn
 from ...bnn import BNNModel
 from ...data import DataSplit, load_dataset, make_loader
 from ...likelihoods import Categorical
+from ...nn.sites import DEFAULT_LAYER_TYPES
 from ...priors import Prior, prior_class
 from ...settings import ConfigError
 from .sections import DataConfig, NetworkConfig, PriorConfig, torch_dtype
@@ -116,10 +117,19 @@ def build_prior(cfg: PriorConfig, net: nn.Module | None = None) -> Prior:
 
 
 def build_model(
-    net: nn.Module, prior: PriorConfig | Prior, n_train: int, norm_stats: str = "batch"
+    net: nn.Module,
+    prior: PriorConfig | Prior,
+    n_train: int,
+    norm_stats: str = "batch",
+    layer_types: tuple[type[nn.Module], ...] = DEFAULT_LAYER_TYPES,
 ) -> BNNModel:
     """A categorical-likelihood BNN model over ``net`` with the configured prior (whose
-    current values centre a ``pretrained`` prior), or a given :class:`Prior`."""
+    current values centre a ``pretrained`` prior), or a given :class:`Prior`; its Bayesian
+    sites are the parameters of the ``layer_types`` modules
+    (:func:`~twodg_pyro.nn.find_sites`)."""
     if isinstance(prior, PriorConfig):
         prior = build_prior(prior, net)
-    return BNNModel(net, prior=prior, likelihood=Categorical(n_train), norm_stats=norm_stats)
+    lik = Categorical(n_train)
+    return BNNModel(
+        net, prior=prior, likelihood=lik, layer_types=layer_types, norm_stats=norm_stats
+    )
