@@ -18,6 +18,10 @@ running mean and variance
   mode with a cumulative average, then evaluation mode), so a prediction costs
   ``1 + bn_images / N`` forward passes a draw for ``N`` predicted inputs.
 
+A second stage 1, the same recipe with BatchNorm's affine parameters Bayesian too
+(``layer_types`` naming ``nn.BatchNorm2d``: fan-in 1, N(0, 1) under the layer-wise
+prior), is scored by its guide's own draws, beside the first one's.
+
 Each row is scored on the **validation split** (its OOD sets and corruptions, as in
 ``stage1_selection.py``; the test images play no part).
 
