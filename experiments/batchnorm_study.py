@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     seed_everything(study["cfg"].seed)
     layers = (*DEFAULT_LAYER_TYPES, nn.BatchNorm2d)
     bayes_affine = stage1_mean_field(
-        RunContext(cfg=study["cfg"]), study["art"].split, copy.deepcopy(det.net), layers=layers
+        RunContext(cfg=study["cfg"]), study["art"].split, copy.deepcopy(det.net), layer_types=layers
     )
     for draw_seed in args.draw_seeds:
         save("affine parameters Bayesian (the guide's own draws, frozen)", bayes_affine, draw_seed)

@@ -60,7 +60,12 @@ EMPIRICAL_BAYES_KINDS = ("empirical_bayes", PerSiteNormalPrior.kind)
 
 
 def stage1_model(
-    cfg, split, net, prior_scales: dict | None = None, resumed: bool = False, layers=None
+    cfg,
+    split,
+    net,
+    prior_scales: dict | None = None,
+    resumed: bool = False,
+    layer_types=None,
 ):
     r"""The Bayesian model over ``net`` that stage 1 trains and its guide's initial scales
     (``stage1.init_scale``, or the per-weight tensors it derives).
@@ -80,13 +85,13 @@ def stage1_model(
 
     A resumed stage 1 (``resumed``: its checkpoint restores the guide) passes the learnt
     ``prior_scales`` its checkpoint holds: the Fisher is not computed again (the
-    network a resumed run starts from is not the pretrained one).  ``layers``: the module
+    network a resumed run starts from is not the pretrained one).  ``layer_types``: the module
     classes whose parameters are Bayesian (default
     :data:`~twodg_pyro.nn.sites.DEFAULT_LAYER_TYPES`; a study of BatchNorm's affine
     parameters adds ``nn.BatchNorm2d``).
     """
     n_train, norm = len(split.train), cfg.network.norm_stats
-    types = {} if layers is None else {"layer_types": tuple(layers)}
+    types = {} if layer_types is None else {"layer_types": tuple(layer_types)}
     eb = cfg.prior.kind in EMPIRICAL_BAYES_KINDS
     curvature = cfg.stage1.init_scale in ("curvature", "hess_init")
     init = "paper" if curvature else cfg.stage1.init_scale  # resumed: the checkpoint's
@@ -114,16 +119,16 @@ def stage1_model(
 
 
 def stage1_mean_field(
-    rt: RunContext, split, net, extra: dict | None = None, layers=None
+    rt: RunContext, split, net, extra: dict | None = None, layer_types=None
 ) -> GuidePosterior:
-    """Stage 1: a mean-field BNN over ``net`` (:func:`stage1_model`, whose ``layers`` are
+    """Stage 1: a mean-field BNN over ``net`` (:func:`stage1_model`, whose ``layer_types`` are
     Bayesian) trained by SVI on the (annealed) ELBO; returns it (the input of
     :func:`run_2dg`).  Its checkpoints (``stage1.pt``) also hold ``extra``.
     """
     cfg = rt.cfg
     resumed = rt.checkpoints.load("stage1") if rt.checkpoints is not None else None
     saved = None if resumed is None else resumed.extra.get("prior_scales")
-    model, init_scale = stage1_model(cfg, split, net, saved, resumed is not None, layers)
+    model, init_scale = stage1_model(cfg, split, net, saved, resumed is not None, layer_types)
     if isinstance(model.prior, PerSiteNormalPrior):  # a resumed stage 1 reads them back
         extra = {**(extra or {}), "prior_scales": model.prior.scales}
     guide = MeanFieldGuide(model, init_scale=init_scale, seed=cfg.seed).to(cfg.device)
