@@ -128,8 +128,12 @@ def find_sites(
             name = f"{module_name}.{param_name}" if module_name else param_name
             if not _selected(name, include, exclude):
                 continue
-            fan_in = _fan_in(module, weight) if isinstance(weight, torch.Tensor) else param.numel()
-            fan_in = 1 if norm else fan_in
+            if norm:  # scales or shifts one normalised input
+                fan_in = 1
+            elif isinstance(weight, torch.Tensor):
+                fan_in = _fan_in(module, weight)
+            else:
+                fan_in = param.numel()
             layer = type(module).__name__
             sites.append(
                 BayesianSite(name, module_name, param_name, param.shape, layer, max(fan_in, 1))

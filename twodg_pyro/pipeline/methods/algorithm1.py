@@ -28,6 +28,7 @@ import time
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from ...accounting import compression_report
 from ...distributed import MainOnly
@@ -38,6 +39,7 @@ from ...infer.curvature import curvature_scales, diagonal_fisher, empirical_baye
 from ...infer.temperature import resolve_kl_weight
 from ...infer.von import VariationalOnlineNewton
 from ...methods import GuidePosterior
+from ...nn.sites import DEFAULT_LAYER_TYPES
 from ...priors import LayerwiseNormalPrior, PerSiteNormalPrior
 from ...sharing import (
     MahalanobisHook,
@@ -65,7 +67,7 @@ def stage1_model(
     net,
     prior_scales: dict | None = None,
     resumed: bool = False,
-    layer_types=None,
+    layer_types: tuple[type[nn.Module], ...] = DEFAULT_LAYER_TYPES,
 ):
     r"""The Bayesian model over ``net`` that stage 1 trains and its guide's initial scales
     (``stage1.init_scale``, or the per-weight tensors it derives).
@@ -85,31 +87,29 @@ def stage1_model(
 
     A resumed stage 1 (``resumed``: its checkpoint restores the guide) passes the learnt
     ``prior_scales`` its checkpoint holds: the Fisher is not computed again (the
-    network a resumed run starts from is not the pretrained one).  ``layer_types``: the module
-    classes whose parameters are Bayesian (default
-    :data:`~twodg_pyro.nn.sites.DEFAULT_LAYER_TYPES`; a study of BatchNorm's affine
-    parameters adds ``nn.BatchNorm2d``).
+    network a resumed run starts from is not the pretrained one).  ``layer_types``: the
+    module classes whose parameters are Bayesian (:func:`~twodg_pyro.nn.find_sites`; a
+    study of BatchNorm's affine parameters adds ``nn.BatchNorm2d``).
     """
     n_train, norm = len(split.train), cfg.network.norm_stats
-    types = {} if layer_types is None else {"layer_types": tuple(layer_types)}
     eb = cfg.prior.kind in EMPIRICAL_BAYES_KINDS
     curvature = cfg.stage1.init_scale in ("curvature", "hess_init")
     init = "paper" if curvature else cfg.stage1.init_scale  # resumed: the checkpoint's
     if cfg.stage1.init_scale == "hess_init" and not (eb or resumed):
-        model = build_model(net, build_prior(cfg.prior, net), n_train, norm, **types)
+        model = build_model(net, build_prior(cfg.prior, net), n_train, norm, layer_types)
         model = model.to(cfg.device)
         h0 = {s.name: torch.full(s.shape, n_train * cfg.stage1.hess_init) for s in model.sites}
         beta = resolve_kl_weight(cfg.stage1.kl_weight, model)
         return model, curvature_scales(model, h0, beta)
     if eb and prior_scales is not None:
-        model = build_model(net, PerSiteNormalPrior(prior_scales), n_train, norm, **types)
+        model = build_model(net, PerSiteNormalPrior(prior_scales), n_train, norm, layer_types)
         if resumed:
             return model.to(cfg.device), init
     elif not (eb or curvature) or resumed:
-        return build_model(net, cfg.prior, n_train, norm, **types).to(cfg.device), init
+        return build_model(net, cfg.prior, n_train, norm, layer_types).to(cfg.device), init
     else:  # the Fisher does not depend on the prior: a placeholder until the learnt one
         prior = LayerwiseNormalPrior() if eb else build_prior(cfg.prior, net)
-        model = build_model(net, prior, n_train, norm, **types)
+        model = build_model(net, prior, n_train, norm, layer_types)
     model = model.to(cfg.device)
     fisher = diagonal_fisher(model, split.train, seed=cfg.seed)
     beta = resolve_kl_weight(cfg.stage1.kl_weight, model)
@@ -119,7 +119,11 @@ def stage1_model(
 
 
 def stage1_mean_field(
-    rt: RunContext, split, net, extra: dict | None = None, layer_types=None
+    rt: RunContext,
+    split,
+    net,
+    extra: dict | None = None,
+    layer_types: tuple[type[nn.Module], ...] = DEFAULT_LAYER_TYPES,
 ) -> GuidePosterior:
     """Stage 1: a mean-field BNN over ``net`` (:func:`stage1_model`, whose ``layer_types`` are
     Bayesian) trained by SVI on the (annealed) ELBO; returns it (the input of
