@@ -36,12 +36,11 @@ import copy
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from common import cell, command
 from last_layer_study import POINTS, LastLayer, natural_gradient_stage1
-from recipe_selection import selection_parser
+from recipe_selection import selection_output, selection_parser
 from stage1_selection import score, score_cells
 from torch import nn
 
@@ -130,7 +129,6 @@ class DrawnNetwork(TrainedMethod):
             out.append(
                 torch.cat([self.net(x[i : i + 500]).softmax(-1) for i in range(0, len(x), 500)])
             )
-            self.ll._phi.clear()  # the last-layer study's feature hook keeps every forward's
         self.ll.set_weights(None)
         load_statistics(self.net, self.frozen)
         return torch.stack(out).float()
@@ -185,12 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         "--draw-seeds", type=int, nargs="+", default=[0, 1, 2], help="each row's draws, seeded"
     )
     args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = args.stem or f"batchnorm_{args.arch}"
-    if args.from_json:
-        doc = json.loads(Path(args.from_json).read_text())
-        atomic_write_text(out / f"{stem}.md", markdown(doc))
+    out, stem, done = selection_output(args, f"batchnorm_{args.arch}", markdown)
+    if done:
         return 0
     study = natural_gradient_stage1(args)
     det, stage1, ev, beta = (study[k] for k in ("det", "stage1", "ev", "beta"))

@@ -38,12 +38,11 @@ import copy
 import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from common import cell, command, data_size_beta, setup
-from recipe_selection import selection_parser, settings_of
+from recipe_selection import selection_output, selection_parser, settings_of
 from stage1_selection import GRID, score, score_cells
 
 from twodg_pyro.data import make_loader
@@ -85,11 +84,7 @@ class LastLayer:
         self.net = self.model.net
         self.sites = list(self.guide.sites)
         self.params = dict(self.net.named_parameters())
-        layer = self.sites[-1].name.rsplit(".", 1)[0]
-        self._phi: list[torch.Tensor] = []
-        dict(self.net.named_modules())[layer].register_forward_hook(
-            lambda m, i, o: self._phi.append(i[0].detach())
-        )
+        self.last = self.net.get_submodule(self.sites[-1].name.rsplit(".", 1)[0])
 
     def set_weights(self, gen: torch.Generator | None = None) -> None:
         """The guide's means (``gen`` None) or one draw into the network's parameters."""
@@ -104,11 +99,14 @@ class LastLayer:
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The last layer's inputs and a column of ones, ``(N, F + 1)``, float64."""
         self.net.eval()
-        self._phi.clear()
-        for i in range(0, len(x), 500):
-            self.net(x[i : i + 500])
-        phi = torch.cat(self._phi).double()
-        self._phi.clear()
+        inputs: list[torch.Tensor] = []  # the last layer's, kept only while this runs
+        hook = self.last.register_forward_hook(lambda m, i, o: inputs.append(i[0].detach()))
+        try:
+            for i in range(0, len(x), 500):
+                self.net(x[i : i + 500])
+        finally:
+            hook.remove()
+        phi = torch.cat(inputs).double()
         return torch.cat([phi, torch.ones(len(phi), 1, dtype=phi.dtype)], 1)
 
     def mean(self) -> torch.Tensor:
@@ -201,12 +199,8 @@ def markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = selection_parser(__doc__, 2, "default: last_layer_<arch>")
     args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = args.stem or f"last_layer_{args.arch}"
-    if args.from_json:
-        doc = json.loads(Path(args.from_json).read_text())
-        atomic_write_text(out / f"{stem}.md", markdown(doc))
+    out, stem, done = selection_output(args, f"last_layer_{args.arch}", markdown)
+    if done:
         return 0
     study = natural_gradient_stage1(args)
     art, det, stage1, ev, beta, cfg = (

@@ -179,6 +179,20 @@ def selection_parser(doc: str, threads: int, stem_help: str) -> argparse.Argumen
     return p
 
 
+def selection_output(args, default_stem: str, markdown) -> tuple[Path, str, bool]:
+    """``(out, stem, done)`` of a selection run (``args``: :func:`selection_parser`'s): the
+    results folder (made), the files' stem (``--stem``, else ``default_stem``) and, with
+    ``--from-json``, ``True`` once the saved run's ``markdown(doc)`` is written there
+    (nothing left to run)."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.stem or default_stem
+    if args.from_json:
+        doc = json.loads(Path(args.from_json).read_text())
+        atomic_write_text(out / f"{stem}.md", markdown(doc))
+    return out, stem, bool(args.from_json)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = selection_parser(__doc__, 2, "default: the --arch")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
@@ -186,12 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         "--settings", default="{}", help="JSON settings over the preset's (stage 1 included)"
     )
     args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = args.stem or args.arch
-    if args.from_json:
-        doc = json.loads(Path(args.from_json).read_text())
-        atomic_write_text(out / f"{stem}.md", markdown(doc))
+    out, stem, done = selection_output(args, args.arch, markdown)
+    if done:
         return 0
     torch.set_num_threads(args.threads)
     over = json.loads(args.settings)

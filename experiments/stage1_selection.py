@@ -26,10 +26,9 @@ import copy
 import json
 import statistics
 import time
-from pathlib import Path
 
 from common import cell, command, data_size_beta, setup
-from recipe_selection import selection_parser, settings_of
+from recipe_selection import selection_output, selection_parser, settings_of
 from uncertainty import VON
 
 from twodg_pyro.files import atomic_write_text
@@ -133,13 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p = selection_parser(__doc__, 1, "default: stage1_<arch>")
     p.add_argument("--points", nargs="+", default=list(GRID), choices=list(GRID))
     args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = args.stem or f"stage1_{args.arch}"
-    if args.from_json:
-        atomic_write_text(
-            out / f"{stem}.md", markdown(json.loads(Path(args.from_json).read_text()))
-        )
+    out, stem, done = selection_output(args, f"stage1_{args.arch}", markdown)
+    if done:
         return 0
     setup(args.threads)
     base = settings_of(args.arch, args.root, args.seed, args.quick)
