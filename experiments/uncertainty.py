@@ -48,7 +48,7 @@ import json
 import time
 from pathlib import Path
 
-from common import by_recipe_method, cell, check, command, data_size_beta, mean, setup, table
+from common import by_recipe_method, cell, check, command, mean, setup, table
 
 from twodg_pyro.data import make_loader
 from twodg_pyro.files import atomic_write_text
@@ -57,9 +57,9 @@ from twodg_pyro.metrics import classification_metrics, ece, nll
 from twodg_pyro.pipeline import config_from_dict
 from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets, data_tensors
 from twodg_pyro.pipeline.runtime.variants import run_variants
-from twodg_pyro.pipeline.settings.build import build_net, eval_data, load_data
+from twodg_pyro.pipeline.settings.build import eval_data
 from twodg_pyro.pipeline.settings.config import UncertaintyConfig, merge_settings
-from twodg_pyro.pipeline.settings.presets import preset
+from twodg_pyro.pipeline.settings.presets import VON_RECIPE, preset
 from twodg_pyro.uncertainty import (
     BUILTIN_OOD_SETS,
     CORRUPTIONS,
@@ -71,13 +71,10 @@ from twodg_pyro.uncertainty import (
 
 RECOMMENDED = "KL weight 0.1"
 NATURAL_GRADIENT = "natural gradient"
-#: the natural-gradient recipe's KL weight over the data-size rule's, and BatchNorm's
-#: statistics under it (``experiments/stage1_selection.py`` on the validation split)
-VON_MULTIPLE = 0.3
-VON_NORM_STATS = "frozen"
-#: variational online Newton as stage 1 trains in that recipe and in
-#: ``stage1_selection.py``
-VON = {"trainer": "von", "von_lr": 0.1, "von_beta2": 0.99}
+#: variational online Newton as stage 1 trains in that recipe (the library's ``-von``
+#: presets: ``VON_RECIPE``) and in ``stage1_selection.py``, whose grid multiplies the KL
+#: weight itself
+VON = {k: v for k, v in VON_RECIPE["stage1"].items() if k != "kl_weight"}
 ARCH_TITLES = {
     "lenet5": "LeNet-5",
     "resnet20": "ResNet-20 (CPU epochs)",
@@ -107,18 +104,14 @@ RECIPES: dict[str, dict] = {
     },
     # issue 43: stage 1 by variational online Newton from the same pretrained network,
     # the KL weight (stages 1 and 3) at 0.3 times the data-size rule's, chosen on the
-    # validation split (recipe_selection/stage1_lenet5.md; BatchNorm: stage1_resnet20.md)
+    # validation split (recipe_selection/stage1_lenet5.md; BatchNorm: stage1_resnet20.md):
+    # the library's mnist-lenet5-von / mnist-resnet20-von presets
     # laplace (issue 43): laplace-torch's last-layer Laplace around stage 1's posterior
     # means (last_layer_study.py: a mean-field last layer cannot hold the features'
     # covariance that OOD detection needs)
     NATURAL_GRADIENT: {
-        "preset": "mnist-lenet5-bayes",
-        "settings": {
-            "methods": ["mean_field", "laplace"],
-            "stage1": VON,
-            "laplace": {"network": "mean_field"},
-        },
-        "kl_multiple": VON_MULTIPLE,
+        "preset": "mnist-lenet5-von",
+        "settings": {"methods": ["mean_field", "laplace"], "laplace": {"network": "mean_field"}},
         "tyings": ("representative",),
         # and the same Laplace around the 2DG BNN's mean network (its centres)
         "laplace_around_2dg": True,
@@ -181,11 +174,7 @@ RESNET_RECIPES[NATURAL_GRADIENT] = {
     # at the CPU epochs' 10 the median scale still moved 6.2 % over the last epoch
     # (uncertainty_resnet20_von_seed0.md): stage 1 until it settles
     "cpu_epochs": {"stage1": {"epochs": 20}},
-    "preset": "mnist-resnet20-bayes",
-    "settings": {
-        **RECIPES[NATURAL_GRADIENT]["settings"],
-        "network": {"norm_stats": VON_NORM_STATS},
-    },
+    "preset": "mnist-resnet20-von",
 }
 #: ResNet-20's epochs cut to fit a CPU (the paper's 250 / 200 / 200 with ``--full``)
 RESNET_CPU_EPOCHS = {
@@ -233,9 +222,6 @@ def recipe_settings(
     if arch == "resnet20":  # not "resnet20-full": the paper's epochs, for a GPU
         settings = merge_settings(settings, RESNET_CPU_EPOCHS)
         settings = merge_settings(settings, spec.get("cpu_epochs", {}))
-    if spec.get("kl_multiple"):  # a multiple of the data-size rule, in stages 1 and 3
-        beta = spec["kl_multiple"] * recipe_data_size_beta(settings, root)
-        settings = merge_settings(settings, {s: {"kl_weight": beta} for s in ("stage1", "stage3")})
     if spec.get("rank1_from_scratch"):  # as many epochs as pretraining + stage 1
         epochs = settings["network"]["pretrain_epochs"] + settings["stage1"]["epochs"]
         settings = merge_settings(settings, {"rank1": {"epochs": epochs}})
@@ -339,13 +325,6 @@ def laplace_around_2dg(art, records: list[dict], cfg) -> dict[str, tuple]:
         }
         out[rec["method"]] = (rec, post)
     return out
-
-
-def recipe_data_size_beta(settings: dict, root: str) -> float:
-    """The data-size rule's KL weight for the network and training split of ``settings``."""
-    cfg = config_from_dict(merge_settings(settings, {"data": {"root": root}}))
-    split = load_data(cfg.data, image=True)
-    return data_size_beta(len(split.train), build_net(cfg.network, split))
 
 
 def temperature_scaled(trained, val, test, draws: int, seed: int) -> dict:

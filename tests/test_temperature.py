@@ -55,6 +55,37 @@ def test_numbers_pass_through():
     assert resolve_kl_weight(0.3, _model("lenet5", 10)) == 0.3
 
 
+def test_a_multiple_of_the_rule_is_that_multiple_of_its_beta():
+    """``"data_size * m"`` (the natural-gradient presets' m = 0.3): m times the rule's
+    beta, the same float as the product written out (the experiments computed it so)."""
+    lenet = _model("lenet5", 3600)
+    beta = resolve_kl_weight("data_size", lenet)
+    for text in ("data_size * 0.3", "data_size*0.3", " data_size *  0.3 "):
+        assert resolve_kl_weight(text, lenet) == 0.3 * beta
+    assert resolve_kl_weight("data_size * 0.3", lenet) == pytest.approx(0.03, rel=1e-12)
+    assert resolve_kl_weight("data_size * 1", lenet) == beta
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "data_size * 0",
+        "data_size * -1",
+        "data_size * x",
+        "data_size * nan",
+        "data_size * inf",
+        "0.3 * data_size",
+    ],
+)
+def test_bad_multiples_are_refused_by_the_settings_and_the_resolver(value):
+    from twodg_pyro.pipeline import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=r"stage1\.kl_weight.*data_size \* m"):
+        config_from_dict({"stage1": {"kl_weight": value}})
+    with pytest.raises(ValueError, match="kl_weight"):
+        resolve_kl_weight(value, _model("lenet5", 10))
+
+
 def test_the_settings_take_the_rule_and_name_a_bad_value():
     from twodg_pyro.pipeline import ConfigError, config_from_dict
 
@@ -66,28 +97,55 @@ def test_the_settings_take_the_rule_and_name_a_bad_value():
         config_from_dict({"stage1": {"kl_weight": -0.1}})
 
 
-def test_a_digits_run_records_the_beta_the_rule_gave():
+@pytest.mark.parametrize("recipe", ["data_size", "the -von presets'"])
+def test_a_digits_run_records_the_beta_the_rule_gave(recipe):
     """The main job's MLP on the bundled digits with the rule in both stages: the records
     state the resolved beta (N and P of this network), which the closed form gives; 512
-    hidden units make it below 1 (16 would give the true ELBO, the cap)."""
+    hidden units make it below 1 (16 would give the true ELBO, the cap).  With the
+    natural-gradient presets' stages (``VON_RECIPE``: variational online Newton, 0.3 times
+    the rule) the records state 0.3 times it."""
     from twodg_pyro.pipeline import config_from_dict, run
+    from twodg_pyro.pipeline.settings.config import merge_settings
+    from twodg_pyro.pipeline.settings.presets import VON_RECIPE
 
-    cfg = config_from_dict(
-        {
-            "methods": ["mean_field", "2dg"],
-            "network": {"hidden": [512]},
-            "stage1": {"epochs": 2, "deterministic_epochs": 1, "kl_weight": "data_size"},
-            "sharing": {"n_components": 8, "n_min": 2},
-            "stage3": {"epochs": 1, "kl_weight": "data_size"},
-            "progress": False,
-            "diagnostics": {"enabled": False},
-        }
-    )
+    settings = {
+        "methods": ["mean_field", "2dg"],
+        "network": {"hidden": [512]},
+        "stage1": {"epochs": 2, "deterministic_epochs": 1, "kl_weight": "data_size"},
+        "sharing": {"n_components": 8, "n_min": 2},
+        "stage3": {"epochs": 1, "kl_weight": "data_size"},
+        "progress": False,
+        "diagnostics": {"enabled": False},
+    }
+    multiple = 1.0 if recipe == "data_size" else 0.3
+    if multiple != 1.0:
+        settings = merge_settings(settings, VON_RECIPE)
+    cfg = config_from_dict(settings)
+    assert cfg.stage1.trainer == ("svi" if multiple == 1.0 else "von")
     art = run(cfg)
     model = art.trained["mean_field"].model
-    expected = data_size_kl_weight(model.likelihood.dataset_size, model.num_weights)
+    expected = multiple * data_size_kl_weight(model.likelihood.dataset_size, model.num_weights)
     assert model.num_weights == 64 * 512 + 512 + 512 * 10 + 10
     assert 0 < expected < 1  # a tempered posterior: 1 would leave no kl_weight field
     by = {r["method"]: r for r in art.records}
     assert by["mean_field"]["kl_weight"] == pytest.approx(expected)
     assert by["2dg"]["kl_weight"] == pytest.approx(expected)
+
+
+def test_every_von_preset_is_its_bayes_preset_under_the_natural_gradient_recipe():
+    from twodg_pyro.pipeline import config_from_dict
+    from twodg_pyro.pipeline.settings.presets import PRESETS, VON_RECIPE, merge_settings, preset
+
+    names = sorted(n for n in PRESETS if n.endswith("-von"))
+    assert names == [
+        "cifar10-resnet18-von",
+        "cifar10-resnet20-von",
+        "mnist-lenet5-von",
+        "mnist-resnet20-von",
+    ]
+    for name in names:
+        bayes = preset(name.removesuffix("-von") + "-bayes")
+        assert preset(name) == merge_settings(bayes, VON_RECIPE)
+        cfg = config_from_dict(preset(name))
+        assert (cfg.stage1.trainer, cfg.network.norm_stats) == ("von", "frozen")
+        assert cfg.stage1.kl_weight == cfg.stage3.kl_weight == "data_size * 0.3"

@@ -131,9 +131,27 @@ INIT_SCALE = Rule(
     ),
     "must be 'paper', 'curvature', 'hess_init' or a positive number",
 )
+_DATA_SIZE = re.compile(r"data_size(?:\s*\*\s*(\S+))?")
+
+
+def data_size_multiple(value: Any) -> float | None:
+    r"""The multiple :math:`m` of a KL-weight setting that names the data-size rule:
+    ``"data_size"`` (1) or ``"data_size * m"`` (a positive finite :math:`m`: :math:`m`
+    times the rule's :math:`\beta`); ``None`` for any other value."""
+    match = _DATA_SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None or match.group(1) is None:
+        return None if match is None else 1.0
+    try:
+        m = float(match.group(1))
+    except ValueError:
+        return None
+    return m if 0 < m < math.inf else None
+
+
 KL_WEIGHT = Rule(
-    lambda v: v == "data_size" or (_is_number(v) and 0 < v < math.inf),
-    'must be a positive number or "data_size" (beta tied to the data and network sizes)',
+    lambda v: data_size_multiple(v) is not None or (_is_number(v) and 0 < v < math.inf),
+    'must be a positive number, "data_size" (beta tied to the data and network sizes) or '
+    '"data_size * m" (m > 0 times it)',
 )
 POSITIVE_OR_INF = Rule(lambda v: _is_number(v) and v > 0, "must be a number > 0 (or inf)")
 METHOD_LIST = Rule(lambda v: isinstance(v, (list, tuple)), "must be a list of method names")
