@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,12 +53,13 @@ from common import by_recipe_method, cell, check, command, mean, setup, table
 
 from twodg_pyro.data import make_loader
 from twodg_pyro.files import atomic_write_text
-from twodg_pyro.methods import fit_laplace
+from twodg_pyro.io import export_compact
+from twodg_pyro.methods import fit_laplace, load_method
 from twodg_pyro.metrics import classification_metrics, ece, nll
 from twodg_pyro.pipeline import config_from_dict
 from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets, data_tensors
 from twodg_pyro.pipeline.runtime.variants import run_variants
-from twodg_pyro.pipeline.settings.build import eval_data
+from twodg_pyro.pipeline.settings.build import eval_data, network_spec
 from twodg_pyro.pipeline.settings.config import UncertaintyConfig, merge_settings
 from twodg_pyro.pipeline.settings.presets import VON_RECIPE, preset
 from twodg_pyro.uncertainty import (
@@ -279,7 +281,15 @@ def run_recipe(
         recipe = spec.get("label", name)
         rec = {"recipe": recipe, "method": label, "arch": arch, "seed": seed}
         rec.update({k: r[k] for k in FIELDS + COSTS if k in r})
-        for k in ("kl_weight", "members", "n_outliers", "n_ellipses", "n_gaussians", "prior_scale"):
+        for k in (
+            "kl_weight",
+            "members",
+            "n_outliers",
+            "n_ellipses",
+            "n_gaussians",
+            "prior_scale",
+            "file_prob_diff",
+        ):
             if k in r:
                 rec[k] = r[k]
         for k in ("scale_trajectory", "scale_convergence"):
@@ -306,22 +316,36 @@ def laplace_around_2dg(art, records: list[dict], cfg) -> dict[str, tuple]:
     settings) around each 2DG variant's mean network (its component centres and outlier
     means: ``GuidePosterior.mean_network``), scored on the test images with the run's
     draws; its trainable parameters are the 2DG BNN's, its stored ones those plus the
-    Laplace factors (``cfg``: the run's settings)."""
+    Laplace factors, its file the compact 2DG BNN with the factors beside it
+    (``export_compact(..., laplace=)``: ``file_bytes``, ``bytes_per_weight``, and
+    ``file_prob_diff``, the largest difference of a predicted probability between the
+    file and the row, same draws; ``cfg``: the run's settings)."""
     loader = make_loader(art.split.train, cfg.laplace.batch_size, shuffle=False)
     out = {}
     for r in records:
         if r["method"] != "2dg":
             continue
         t0 = time.perf_counter()
-        post = fit_laplace(art.variants[r["variant"]].mean_network(), loader, cfg.laplace)
+        bnn = art.variants[r["variant"]]
+        post = fit_laplace(bnn.mean_network(), loader, cfg.laplace)
         probs = post.predict(art.eval_data, cfg.num_samples, cfg.seed).mean
+        seconds = time.perf_counter() - t0
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model_laplace.2dgz"
+            spec = network_spec(cfg.network, art.split)
+            export_compact(path, bnn.model, bnn.guide, spec, laplace=post)
+            n_bytes = path.stat().st_size
+            mine = load_method(path).predict(art.eval_data, cfg.num_samples, cfg.seed).mean
         rec = {
             "method": f"2dg ({r['variant']}) + laplace",
             **classification_metrics(probs, data_tensors(art.eval_data)[1]),
             "trainable_params": r["trainable_params"],
             "stored_params": r["stored_params"] + post.num_factor_values(),
             "forwards_per_prediction": post.forwards_per_prediction(cfg.num_samples),
-            "seconds": time.perf_counter() - t0,
+            "seconds": seconds,
+            "file_bytes": n_bytes,
+            "bytes_per_weight": n_bytes / sum(p.numel() for p in post.net.parameters()),
+            "file_prob_diff": float((mine.double() - probs.double()).abs().max()),
         }
         out[rec["method"]] = (rec, post)
     return out

@@ -16,7 +16,7 @@ from twodg_pyro.baselines import train_deterministic, train_early_stopped
 from twodg_pyro.baselines.early_stopping import validation_nll
 from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
-from twodg_pyro.io import load_model
+from twodg_pyro.io import export_compact, load_model
 from twodg_pyro.methods import (
     Ensemble,
     GuidePosterior,
@@ -347,6 +347,39 @@ def test_laplace_around_the_2dg_bnns_posterior_means(dtype, tmp_path):
     assert 0.5 < la["accuracy"] <= 1.0 and la["nll"] != two_dg["nll"]
     result = evaluate_model_file(tmp_path / "run" / "model_laplace.pt")
     assert result["nll"] == la["nll"] and result["accuracy"] == la["accuracy"]
+    # what a user deploys: the compact 2DG BNN with the Laplace factors beside it, which
+    # loads as the same approximation around the file's (rounded) 2DG means
+    compact = tmp_path / "run" / "model_laplace.2dgz"
+    assert la["file"] == compact.name and la["file_bytes"] == compact.stat().st_size
+    assert la["file_bytes"] < (tmp_path / "run" / "model_laplace.pt").stat().st_size
+    factor_bytes = post.prior_precision.element_size() * post.num_factor_values()
+    assert two_dg["file_bytes"] + factor_bytes < la["file_bytes"]
+    assert la["file_bytes"] < two_dg["file_bytes"] + factor_bytes + 512  # + their header
+    assert 0 <= la["file_prob_diff"] < 0.02
+    loaded = load_method(compact)
+    assert type(loaded) is type(post) and loaded.name == "laplace"
+    assert loaded.settings == post.settings and loaded.param_names == post.param_names
+    assert loaded.h_factor == post.h_factor
+    torch.testing.assert_close(loaded.prior_precision, post.prior_precision, rtol=0, atol=0)
+    for mine, theirs in zip(loaded.factors, post.factors, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            assert a.dtype == getattr(torch, dtype)
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    file_bnn = GuidePosterior(*load_model(compact))  # the file's 2DG BNN and its means
+    for name, mean in file_bnn.guide.mean_weights().items():
+        torch.testing.assert_close(dict(loaded.net.named_parameters())[name], mean)
+        torch.testing.assert_close(mean, means[name], rtol=0, atol=2e-3)  # float16 centres
+    assert evaluate_model_file(compact)["accuracy"] == pytest.approx(la["accuracy"], abs=0.02)
+    # a Laplace approximation around another network is refused, naming the tensor
+    other = copy.deepcopy(post)
+    with torch.no_grad():
+        next(iter(other.net.parameters())).add_(1e-3)
+    bnn = art.trained["2dg"]
+    with pytest.raises(ValueError, match="not around this 2DG BNN's posterior means"):
+        export_compact(tmp_path / "x.2dgz", bnn.model, bnn.guide, laplace=other)
+    with pytest.raises(TypeError, match="laplace must be a LaplacePosterior"):
+        export_compact(tmp_path / "x.2dgz", bnn.model, bnn.guide, laplace=bnn)
+    assert not (tmp_path / "x.2dgz").exists()
     with pytest.raises(ConfigError, match=r"laplace.network = '2dg'.*add '2dg' to methods"):
         config_from_dict({"methods": ["mean_field", "laplace"], "laplace": {"network": "2dg"}})
 

@@ -33,6 +33,12 @@ Sections of a 2DG file (kind ``twodg_pyro.Compact2DG``), in this order:
 ``net``          the deterministic tensors back to back (names, dtypes, shapes in the
                  header)
 
+A 2DG + Laplace file (kind ``twodg_pyro.Compact2DGLaplace``) has the 2DG file's sections
+and ``laplace``: the tensors of a Laplace approximation around the 2DG BNN's posterior
+means (its prior precision and Kronecker factors or diagonal) back to back at their own
+dtypes (the header's ``laplace`` table: the approximation's settings, and names, dtypes
+and shapes in ``laplace.tensors``).
+
 An INT8 mean-field file (kind ``twodg_pyro.CompactINT8MeanField``) has the sections
 ``params`` (``n_sites x 3`` ``float32``: scale, log-sigma low, step), ``mu`` (``n_w``
 ``int8``), ``sigma`` (``n_w`` codes packed at ``sigma_bits``) and ``net``.
@@ -69,6 +75,7 @@ COMPACT_MAGIC = b"2DGZ\r\n\x1a\n"
 COMPACT_FORMAT_VERSION = 1
 KIND_2DG = "twodg_pyro.Compact2DG"
 KIND_INT8 = "twodg_pyro.CompactINT8MeanField"
+KIND_2DG_LAPLACE = "twodg_pyro.Compact2DGLaplace"
 _PREFIX = struct.Struct("<8sHI")  # magic, version, header length
 _PAYLOAD_LEN = struct.Struct("<Q")
 _DIGEST = 32
@@ -77,6 +84,7 @@ _SECTIONS = {  # the sections of each kind of file, in order
     KIND_2DG: ("centres", "covariances", "index", "outliers", "ellipses", "net"),
     KIND_INT8: ("params", "mu", "sigma", "net"),
 }
+_SECTIONS[KIND_2DG_LAPLACE] = (*_SECTIONS[KIND_2DG], "laplace")
 _FLOAT_DTYPES = {"float16": np.dtype("<f2"), "float32": np.dtype("<f4")}
 _TENSOR_DTYPES = {  # torch dtype -> NumPy dtype code of the net section
     getattr(torch, n): np.dtype(n).newbyteorder("<").str
@@ -239,12 +247,16 @@ def _read_floats(buf, dtype: str, shape: tuple[int, ...], what: str) -> torch.Te
 def _net_section(model) -> tuple[bytes, list]:
     """The network's deterministic tensors (everything but the Bayesian sites)."""
     sites = set(model.site_names)
+    return _tensor_section((n, t) for n, t in model.net.state_dict().items() if n not in sites)
+
+
+def _tensor_section(items) -> tuple[bytes, list]:
+    """Named tensors ``(name, tensor)`` back to back at their own dtypes, and their
+    ``[name, dtype code, shape]`` header entries."""
     chunks, spec = [], []
-    for name, t in model.net.state_dict().items():
-        if name in sites:
-            continue
+    for name, t in items:
         if t.dtype not in _TENSOR_DTYPES:
-            raise ValueError(f"network tensor {name!r} has dtype {t.dtype}, not storable")
+            raise ValueError(f"tensor {name!r} has dtype {t.dtype}, not storable")
         code = _TENSOR_DTYPES[t.dtype]
         a = t.detach().cpu().contiguous().numpy().astype(np.dtype(code), copy=False)
         chunks.append(a.tobytes())
@@ -283,7 +295,9 @@ def _net_shapes(spec, n_bytes: int) -> dict[str, tuple[int, ...]]:
     return {name: tuple(shape) for name, _, shape in items}
 
 
-def _load_net(net, buf, spec: list, site_names: list[str]) -> None:
+def _read_tensors(buf, spec: list, what: str = "network tensor") -> dict[str, torch.Tensor]:
+    """The tensors of a section written by :func:`_tensor_section` (its ``spec`` checked
+    against the section's bytes first: :func:`_net_shapes`), each finite."""
     state, pos = {}, 0
     for name, code, shape in spec:
         dt = np.dtype(code)
@@ -291,9 +305,14 @@ def _load_net(net, buf, spec: list, site_names: list[str]) -> None:
         a = np.frombuffer(bytes(buf[pos : pos + n]), dtype=dt).reshape(shape)
         if dt.kind == "f" and not np.isfinite(a).all():
             kind = "NaN" if np.isnan(a).any() else "inf"
-            raise ValueError(f"network tensor {name!r} contains {kind}")
+            raise ValueError(f"{what} {name!r} contains {kind}")
         state[name] = torch.from_numpy(a.copy())
         pos += n
+    return state
+
+
+def _load_net(net, buf, spec: list, site_names: list[str]) -> None:
+    state = _read_tensors(buf, spec)
     try:
         missing, unexpected = net.load_state_dict(state, strict=False)
     except RuntimeError as e:

@@ -17,13 +17,15 @@ from .compact_format import (
     _MU_DTYPES,
     _SECTIONS,
     COMPACT_FORMAT_VERSION,
-    KIND_2DG,
+    KIND_2DG_LAPLACE,
+    KIND_INT8,
     _check_bits,
     _decode_columns,
     _dequantise_sites,
     _load_net,
     _net_shapes,
     _read_floats,
+    _read_tensors,
     _shapes,
     _site_counts,
     read_compact,
@@ -292,8 +294,10 @@ def _load_int8(header: dict, sec: dict, net, prior, where: str):
 def load_compact(path: str | Path, net=None, prior=None, device="cpu"):
     """Read a compact file: ``(model, guide)``.
 
-    A 2DG file gives a :class:`~twodg_pyro.guides.SharedGMMGuide`, an INT8 mean-field
-    file a :class:`~twodg_pyro.guides.MeanFieldGuide` holding the dequantised values.
+    A 2DG file gives a :class:`~twodg_pyro.guides.SharedGMMGuide` (a 2DG + Laplace file
+    its 2DG BNN: :func:`~twodg_pyro.methods.load_method` reads the Laplace approximation
+    too), an INT8 mean-field file a :class:`~twodg_pyro.guides.MeanFieldGuide` holding the
+    dequantised values.
 
     Args:
         net: the network architecture (default: built from the file's network spec).
@@ -303,6 +307,13 @@ def load_compact(path: str | Path, net=None, prior=None, device="cpu"):
         ValueError: naming the file: see :func:`read_compact`, or a file whose parts do
             not fit together, or a network that does not match the saved one.
     """
+    return load_compact_parts(path, net, prior, device)[:2]
+
+
+def load_compact_parts(path: str | Path, net=None, prior=None, device="cpu"):
+    """:func:`load_compact`'s ``(model, guide)`` and, for a 2DG + Laplace file, its
+    ``laplace`` header table and tensors (name -> tensor, in the model's dtype on
+    ``device``; ``None`` for other files)."""
     where = str(path)
     header, sec = read_compact(path)
     kind = header.get("kind")
@@ -313,13 +324,30 @@ def load_compact(path: str | Path, net=None, prior=None, device="cpu"):
             f"{where!r}: header version {header.get('format_version')!r} / sections "
             f"{list(sec)} do not match this version of the format"
         )
-    loader = _load_2dg if kind == KIND_2DG else _load_int8
+    loader = _load_int8 if kind == KIND_INT8 else _load_2dg
     try:
         model, guide = loader(header, sec, net, prior, where)
+        laplace = _laplace(header, sec) if kind == KIND_2DG_LAPLACE else None
     except (KeyError, TypeError, IndexError) as e:
         raise ValueError(f"{where!r}: the file's parts do not fit together: {e!r}") from e
     except ValueError as e:
         if where in str(e):
             raise
         raise ValueError(f"{where!r}: {e}") from e
-    return model.to(device), guide.to(device)
+    if laplace is not None:
+        laplace = (laplace[0], {k: v.to(device) for k, v in laplace[1].items()})
+    return model.to(device), guide.to(device), laplace
+
+
+def _laplace(header: dict, sec: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The ``laplace`` table of a 2DG + Laplace file and its tensors, sizes checked
+    against the section before they are read."""
+    table = header["laplace"]
+    if not isinstance(table, dict) or not isinstance(table.get("tensors"), list):
+        raise ValueError(f"the header's laplace = {table!r:.80} is not a table of tensors")
+    spec = table["tensors"]
+    _net_shapes(spec, len(sec["laplace"]))
+    tensors = _read_tensors(sec["laplace"], spec, "Laplace tensor")
+    if any(not name.startswith("laplace/") for name in tensors):
+        raise ValueError(f"the Laplace tensors {sorted(tensors)} are not all laplace/...")
+    return table, tensors

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..files.payload import read_payload
 from ..io.compact import is_compact_file
+from ..io.compact_load import load_compact_parts
 from ..io.model_file import _load, load_model
 from ..io.model_format import BASELINE_FORMAT, check_spec_fields, header_error
 from ..io.specs import rebuild_network
@@ -38,17 +39,24 @@ def load_method(
             (checksum), NaN/inf, a header missing a field, a file tag whose class is not
             defined (its module not imported), or a network that does not match.
     """
-    loaded, kind = (None, None) if is_compact_file(path) else _load(path)
+    where = str(path)
+    if is_compact_file(path):
+        model, guide, laplace = load_compact_parts(path, net, prior, device)
+        if laplace is None:
+            return GuidePosterior(model, guide)
+        # a 2DG + Laplace file: the approximation around the 2DG BNN's posterior means
+        table, tensors = laplace
+        means = GuidePosterior(model, guide).mean_network()
+        method = _file_class(table, "tag", where).from_file(
+            {"laplace": table}, tensors, lambda state: means, where
+        )
+        method.name = table["method"] if isinstance(table.get("method"), str) else method.name
+        return method.to(device)
+    loaded, kind = _load(path)
     if kind != BASELINE_FORMAT.kind:
         return GuidePosterior(*load_model(path, net=net, prior=prior, device=device, loaded=loaded))
     payload, header = read_payload(path, BASELINE_FORMAT, loaded=loaded)
-    where = str(path)
-    tag = header.get("baseline")
-    cls = _FILES.get(tag) if isinstance(tag, str) else None
-    if cls is None:
-        raise header_error(
-            header, where, "baseline", f"is none of the defined methods' files {sorted(_FILES)}"
-        )
+    cls = _file_class(header, "baseline", where)
     if not isinstance(header.get("method"), str):
         raise header_error(header, where, "method", "is not a method name")
     check_spec_fields(header, where)
@@ -59,3 +67,14 @@ def load_method(
     method = cls.from_file(header, payload, rebuild, where)
     method.name = header["method"]
     return method.to(device)
+
+
+def _file_class(header: dict, key: str, where: str) -> type[TrainedMethod]:
+    """The method class whose file tag the header's ``key`` names."""
+    tag = header.get(key)
+    cls = _FILES.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise header_error(
+            header, where, key, f"is none of the defined methods' files {sorted(_FILES)}"
+        )
+    return cls

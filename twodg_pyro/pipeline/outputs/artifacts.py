@@ -19,6 +19,10 @@ before the run measures them, :mod:`.costs`), the rest by :func:`write_artifacts
     precision, with the same ``evaluation`` record less the metrics, which a rounded
     model only approaches): what a user deploys, whose bytes are the 2DG row's
     ``file_bytes`` (:mod:`.costs`);
+``model_laplace.2dgz``
+    with ``laplace.network = "2dg"``: the same compact 2DG BNN with the Laplace
+    approximation around its posterior means stored beside it (``export_compact(...,
+    laplace=)``), the ``laplace`` row's ``file_bytes``;
 ``inference_data_<method>.nc``
     the ArviZ InferenceData of each Bayesian method on the same evaluation examples
     (groups and shapes: :mod:`twodg_pyro.diagnostics.arviz_export`);
@@ -83,7 +87,9 @@ _METRICS = ("accuracy", "nll", "ece", "brier")
 #: The step (the ``files`` key of ``diagnostics.json``) and the file of the compact
 #: ``.2dgz`` a run writes for its 2DG BNN (``twodg-pyro export RUN``'s default name).
 COMPACT_2DG = "model_2dg_compact"
-COMPACT_2DG_FILE = "model_2dg.2dgz"
+#: ``{row: step}`` of the rows whose file is a compact one (the step's file is
+#: ``model_<row>.2dgz``): the 2DG BNN, and Laplace around its means (``laplace.network``)
+COMPACT_STEPS = {"2dg": COMPACT_2DG, "laplace": "model_laplace_compact"}
 
 
 def _variational(art) -> dict:
@@ -120,9 +126,9 @@ def write_model_files(art, cfg, out_dir, warn: bool = True) -> dict:
     """Write the model files of the methods of a run that have a row and a file
     (:attr:`~twodg_pyro.pipeline.settings.registry.Method.model_file`) into ``out_dir``: each
     method's :meth:`~twodg_pyro.methods.TrainedMethod.save` (``model_<method>.pt``) and
-    the 2DG BNN's compact ``model_2dg.2dgz``, one step each.  Returns ``{"files": {name:
-    path}, "errors": {name: message}}`` (a file that cannot be written is an error entry,
-    and a warning with ``warn``)."""
+    the compact ``model_2dg.2dgz`` (and ``model_laplace.2dgz``), one step each.  Returns
+    ``{"files": {name: path}, "errors": {name: message}}`` (a file that cannot be written
+    is an error entry, and a warning with ``warn``)."""
     from ...io.compact import compact_evaluation, export_compact
 
     out = Path(out_dir)
@@ -142,15 +148,20 @@ def write_model_files(art, cfg, out_dir, warn: bool = True) -> dict:
             return method.save(out / f"model_{name}.pt", network=spec, evaluation=evaluation)
 
         writer.step(f"model_{name}", save)
-        if name == "2dg":  # what a user deploys: the .2dgz, the same record less the metrics
+        # what a user deploys: the .2dgz, the same record less the metrics (Laplace: around
+        # the 2DG BNN's means, stored beside it)
+        bnn, laplace = method, None
+        if name == "laplace" and records[name].get("network") == "2dg" and "2dg" in art.trained:
+            bnn, laplace = art.trained["2dg"], method
+        if name == "2dg" or laplace is not None:
 
-            def compact(method=method, evaluation=evaluation):
-                ev = compact_evaluation(evaluation, "model_2dg.pt")
-                path = out / COMPACT_2DG_FILE
-                export_compact(path, method.model, method.guide, network=spec, evaluation=ev)
+            def compact(bnn=bnn, laplace=laplace, name=name, evaluation=evaluation):
+                ev = compact_evaluation(evaluation, f"model_{name}.pt")
+                path = out / f"model_{name}.2dgz"
+                export_compact(path, bnn.model, bnn.guide, spec, evaluation=ev, laplace=laplace)
                 return path
 
-            writer.step(COMPACT_2DG, compact)
+            writer.step(COMPACT_STEPS[name], compact)
     writer.close()
     return writer.record()
 

@@ -10,11 +10,13 @@ runs many forward passes.  :func:`add_costs` adds to every record of a run's tab
     ``model_2dg.2dgz`` for the 2DG BNN (:func:`~twodg_pyro.io.export_compact` at its
     default precision; ``file_prob_diff`` says how close its predictions are to the
     row's: the largest difference of a predicted probability on the test images, same
-    seeded draws), ``model_<method>.pt`` for the other methods.  The ``deterministic``
-    row has no file: its ``file_bytes`` is the float32 size of its parameters and
-    floating-point buffers (4 bytes each, no container), and ``file_bytes_int8`` the
-    INT8 size (1 byte per parameter and a float32 scale per parameter tensor, buffers at
-    float32), both computed (:func:`~twodg_pyro.accounting.network_bytes`);
+    seeded draws), ``model_laplace.2dgz`` for Laplace around the 2DG BNN's means (the
+    same, with ``file_prob_diff``), ``model_<method>.pt`` for the other methods.  The
+    ``deterministic`` row has no file: its ``file_bytes`` is the float32 size of its
+    parameters and floating-point buffers (4 bytes each, no container), and
+    ``file_bytes_int8`` the INT8 size (1 byte per parameter and a float32 scale per
+    parameter tensor, buffers at float32), both computed
+    (:func:`~twodg_pyro.accounting.network_bytes`);
 ``bytes_per_weight``
     ``file_bytes`` over the network's parameters (the deterministic network's count; 4.0
     for the float32 deterministic network);
@@ -72,13 +74,13 @@ def time_call(fn: Callable[[], object], min_seconds: float = 1.0, max_repeats: i
     return min(times)
 
 
-def _file_prob_diff(path: Path, method, art, cfg) -> float:
+def _file_prob_diff(path: Path, name: str, method, art, cfg) -> float:
     """The largest difference of a predicted probability between the compact file at
-    ``path`` and the run's 2DG BNN (the run's seeded draws on its evaluation data)."""
+    ``path`` and the run's row ``name`` (the run's seeded draws on its evaluation data)."""
     from ...methods import load_method
 
     mine = load_method(path, device=cfg.device).predict(art.eval_data, cfg.num_samples, cfg.seed)
-    run = art.predictions.get("2dg")
+    run = art.predictions.get(name)
     ref = run if run is not None else method.predict(art.eval_data, cfg.num_samples, cfg.seed)
     return float((mine.mean.cpu().double() - ref.mean.cpu().double()).abs().max())
 
@@ -91,7 +93,7 @@ def add_costs(art, cfg, reference_net: nn.Module, files: dict[str, str]) -> None
     ``model_2dg_compact``).  ``reference_net``: the deterministic network (trained or
     not: its timing and size are the architecture's) when the run trained no
     ``deterministic`` row."""
-    from .artifacts import COMPACT_2DG
+    from .artifacts import COMPACT_STEPS
 
     det = art.trained.get("deterministic") or Network(reference_net)
     sizes = network_bytes(det.net)
@@ -110,11 +112,13 @@ def add_costs(art, cfg, reference_net: nn.Module, files: dict[str, str]) -> None
                 file=DETERMINISTIC_FILE, file_bytes=sizes["float32"], file_bytes_int8=sizes["int8"]
             )
         else:
-            path = files.get(COMPACT_2DG if name == "2dg" else f"model_{name}")
+            compact = files.get(COMPACT_STEPS.get(name, ""))
+            path = compact or files.get(f"model_{name}")
             if path is not None and Path(path).is_file():
                 record.update(file=Path(path).name, file_bytes=Path(path).stat().st_size)
-                if name == "2dg" and method is not None:
-                    record["file_prob_diff"] = _file_prob_diff(Path(path), method, art, cfg)
+                if compact and method is not None:
+                    diff = _file_prob_diff(Path(path), name, method, art, cfg)
+                    record["file_prob_diff"] = diff
         if "file_bytes" in record:
             record["bytes_per_weight"] = record["file_bytes"] / max(net_params, 1)
             record["float32_ratio"] = sizes["float32"] / max(record["file_bytes"], 1)

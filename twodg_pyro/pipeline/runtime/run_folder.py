@@ -50,6 +50,7 @@ RUN_OUTPUTS = (
     "results.md",
     "model_2dg.pt",
     "model_2dg.2dgz",
+    "model_laplace.2dgz",
     *(f"model_{m}.pt" for m in ("mean_field", "rank1", "ssvi")),
     *(f"inference_data{m}.nc" for m in ("", "_mean_field", "_2dg", "_rank1", "_ssvi")),
     "diagnostics.json",
