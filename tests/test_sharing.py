@@ -216,3 +216,58 @@ def test_a_codebook_per_layer_fits_each_layers_points_alone(trained_mean_field):
 def test_the_codebook_setting_is_validated():
     with pytest.raises(ConfigError, match="sharing.codebook"):
         SharingConfig(codebook="per_site")
+
+
+@pytest.mark.parametrize("coordinates", ["sigma", "log_sigma"])
+def test_nearest_assignment_is_the_w2_nearest_representative_normal(coordinates):
+    """``nearest_components``: argmin over components of W2(N(mu_i, sigma_i^2),
+    N(m_k0, s_k^2))^2 = (mu_i - m_k0)^2 + (sigma_i - s_k)^2, against a brute force over
+    the pairs; in (mu, sigma) coordinates it is the plane's Euclidean nearest centre."""
+    from twodg_pyro.sharing import nearest_components
+    from twodg_pyro.sharing.structure import plane_coordinate
+
+    gen = torch.Generator().manual_seed(0)
+    mu, sigma = torch.randn(500, generator=gen), torch.rand(500, generator=gen) + 0.01
+    c_mu, c_sigma = torch.randn(7, generator=gen), torch.rand(7, generator=gen) + 0.01
+    points = torch.stack([mu, plane_coordinate(sigma, coordinates)], 1)
+    means = torch.stack([c_mu, plane_coordinate(c_sigma, coordinates)], 1)
+    w2 = (mu[:, None] - c_mu[None]) ** 2 + (sigma[:, None] - c_sigma[None]) ** 2
+    got = nearest_components(points, means, coordinates, chunk_size=64)
+    assert torch.equal(got, w2.argmin(1))
+    if coordinates == "sigma":
+        assert torch.equal(got, torch.cdist(points, means).argmin(1))
+
+
+def test_nearest_assignment_bounds_each_weights_shift_of_mean(trained_mean_field):
+    """With few components a broad one is the most responsible for points far from its
+    centre: under ``sharing.assignment = "nearest"`` every plain inlier is tied to its
+    W2-nearest centre, so the shift of the network's means (the representative tying's
+    posterior means against stage 1's) is smaller than under the paper's responsibility;
+    per layer, the nearest among its layer's components.  Without merging the index
+    symbols are the nearest centres exactly; the settings refuse other rules."""
+    from twodg_pyro.sharing import build_sharing_from_points, gather_points, nearest_components
+
+    _, guide = trained_mean_field
+    plain = dict(grad_percentile=0.0, use_ellipses=False, use_merging=False, n_min=1)
+    wp = gather_points(guide, "sigma")
+    shift = {}
+    for rule in ("responsibility", "nearest"):
+        s, _ = build_sharing_from_points(wp, _cfg(n_components=6, assignment=rule, **plain))
+        pts = s.inlier_points[: s.plain_index.numel()]
+        shift[rule] = (s.means[s.plain_component, 0] - pts[:, 0]).pow(2).mean().sqrt()
+        if rule == "nearest":
+            assert torch.equal(s.plain_component, nearest_components(pts, s.means, "sigma"))
+    assert shift["nearest"] < 0.8 * shift["responsibility"]
+    s, _ = build_sharing_from_points(
+        wp, _cfg(n_components=4, k_nearest=2, assignment="nearest", codebook="per_layer", **plain)
+    )
+    ends = torch.tensor([lay.numel for lay in wp.sites]).cumsum(0)
+    layer = torch.bucketize(s.plain_index, ends, right=True)
+    first = torch.tensor([0, *[min(4, lay.numel) for lay in wp.sites]]).cumsum(0)
+    pts = s.inlier_points[: s.plain_index.numel()]
+    for lay, (lo, hi) in enumerate(zip(first[:-1], first[1:], strict=True)):
+        rows = layer == lay
+        own = nearest_components(pts[rows], s.means[lo:hi], "sigma") + lo
+        assert torch.equal(s.plain_component[rows], own)
+    with pytest.raises(ConfigError, match="sharing.assignment"):
+        SharingConfig(assignment="closest")

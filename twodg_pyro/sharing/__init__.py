@@ -25,7 +25,13 @@ from .config import SharingConfig
 from .hooks import MahalanobisHook, MergeHook, PinPruned
 from .outliers import OutlierReport, mean_gradients, select_outliers
 from .prune import PruneReport, inlier_snr, prune_structure
-from .refine import apply_mapping, drop_small_components, hard_assign, reassign
+from .refine import (
+    apply_mapping,
+    drop_small_components,
+    hard_assign,
+    nearest_components,
+    reassign,
+)
 from .structure import FORMAT_VERSION, SharingStructure, SiteLayout
 
 __all__ = [
@@ -52,6 +58,7 @@ __all__ = [
     "fit_mixture",
     "gather_points",
     "hard_assign",
+    "nearest_components",
     "mean_gradients",
     "merge_to_fixed_point",
     "mixture_sample",

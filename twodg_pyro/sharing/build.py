@@ -11,7 +11,7 @@ r"""Stages 1 (steps 3-5) and 2 of Algorithm 1: from a trained mean-field BNN to 
 4. :func:`fit_mixture` — a 2-D Gaussian mixture fitted to the inlier points (Eq. 3), to all
    of them or to a seeded random subsample of ``sharing.gmm_max_points`` (one per
    layer with ``sharing.codebook = "per_layer"``: :func:`fit_layer_mixtures`);
-5. :func:`assign_points` — every inlier to its most responsible component;
+5. :func:`assign_points` — every inlier to its most responsible (or W2-nearest) component;
 6. :func:`reduce_cluster_sizes` — components with fewer than :math:`N_\min` points go;
 7. :func:`merge_to_fixed_point` — W2 merging (Eqs. 4-6) until no pair qualifies;
 8. :func:`blend_ellipses` — Mahalanobis check and alpha-blending (Eq. 7);
@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..gmm import GaussianMixture2D, ellipse_assign, merge_components
 from .outliers import check_finite, mean_gradients, select_outliers
-from .refine import _float_dtype, drop_small_components, hard_assign, no_ellipses
+from .refine import _float_dtype, assign_components, drop_small_components, no_ellipses
 from .structure import SharingStructure, SiteLayout, inlier_fields, plane_coordinate
 
 #: ``step(name)`` returns a context manager around one named step (e.g. a timer)
@@ -226,7 +226,7 @@ def fit_layer_mixtures(
     r"""Steps 4-5 with a codebook per layer (``sharing.codebook = "per_layer"``): for
     each layer :math:`l` with inliers, a mixture of :math:`K_l = \min(K, n_l)` components
     fitted to its :math:`n_l` inlier points (seed ``seed + l``, :func:`fit_mixture`) and
-    each of them assigned to its most responsible component there; the components of
+    each of them assigned to one of them (:func:`assign_points`); the components of
     all layers pooled in layer order (``inl.means``, ``inl.covs``, ``inl.assign``): one
     mixture for all layers spends few components on a layer of small weights.
     """
@@ -238,25 +238,30 @@ def fit_layer_mixtures(
         part = Inliers(index=inl.index[rows], points=inl.points[rows])
         k = min(cfg.n_components, int(rows.numel()))
         gmm = fit_mixture(part, cfg, seed + lay, device, progress, mixture, n_components=k)
-        assign[rows] = gmm.predict(part.points).cpu() + offset
+        assign_points(part, gmm, cfg.assignment, wp.coordinates)
+        assign[rows] = part.assign + offset
         means.append(part.means)
         covs.append(part.covs)
         offset += int(part.means.shape[0])
     inl.means, inl.covs, inl.assign = torch.cat(means), torch.cat(covs), assign
 
 
-def assign_points(inl: Inliers, gmm) -> None:
+def assign_points(inl: Inliers, gmm, rule: str = "responsibility", coords: str = "sigma") -> None:
     r"""Step 5: ``inl.assign``, each inlier's most responsible component
-    :math:`\arg\max_k \pi_k \mathcal N(x_i \mid m_k, S_k)`."""
-    inl.assign = gmm.predict(inl.points).cpu()
+    :math:`\arg\max_k \pi_k \mathcal N(x_i \mid m_k, S_k)` (``rule = "nearest"``: its
+    nearest in :math:`W_2`, :func:`~twodg_pyro.sharing.refine.nearest_components`)."""
+    if rule == "nearest":
+        inl.assign = assign_components(inl.points, inl.means, None, None, rule, coords)
+    else:
+        inl.assign = gmm.predict(inl.points).cpu()
 
 
-def reduce_cluster_sizes(inl: Inliers, outlier: Tensor, cfg) -> dict:
+def reduce_cluster_sizes(inl: Inliers, outlier: Tensor, cfg, coords: str = "sigma") -> dict:
     r"""Step 6: components with fewer than :math:`N_\min` points are deleted.
 
     With outliers on, their points become outliers (``outlier`` is updated in place and
-    ``inl`` loses them); otherwise they move to their most responsible surviving component.
-    Returns the report entries of the step.
+    ``inl`` loses them); otherwise they move to their most responsible (or nearest,
+    ``cfg.assignment``) surviving component.  Returns the report entries of the step.
     """
     keep, assign_kept, inl.means, inl.covs = drop_small_components(
         inl.points, inl.assign, inl.means, inl.covs, cfg.n_min
@@ -268,7 +273,8 @@ def reduce_cluster_sizes(inl: Inliers, outlier: Tensor, cfg) -> dict:
         inl.index, inl.points, inl.assign = inl.index[keep], inl.points[keep], assign_kept
     else:
         weights = torch.bincount(assign_kept, minlength=inl.means.shape[0]).to(inl.points.dtype)
-        moved = hard_assign(inl.points, inl.means, inl.covs, weights / weights.sum())
+        w = weights / weights.sum()
+        moved = assign_components(inl.points, inl.means, inl.covs, w, cfg.assignment, coords)
         if cfg.codebook == "per_layer":  # only the deleted clusters' points move
             moved[keep] = assign_kept
         inl.assign = moved
@@ -376,10 +382,10 @@ def build_sharing_from_points(
     report["gmm_components"] = int(inl.means.shape[0])
     with step("hard_assignment"):
         if gmm is not None:
-            assign_points(inl, gmm)
+            assign_points(inl, gmm, cfg.assignment, wp.coordinates)
     del gmm
     with step("size_reduction"):
-        report.update(reduce_cluster_sizes(inl, outlier, cfg))
+        report.update(reduce_cluster_sizes(inl, outlier, cfg, wp.coordinates))
     with step("merging"):
         report.update(merge_to_fixed_point(inl, cfg, progress=progress))
     report["components_after_merging"] = int(inl.means.shape[0])

@@ -33,10 +33,12 @@ from ..settings import (
 from .outliers import OutlierRule
 from .structure import Coordinates
 
-__all__ = ["Codebook", "SharingConfig"]
+__all__ = ["Assignment", "Codebook", "SharingConfig"]
 
 #: one mixture for every layer's inliers, or one per layer (``n_components`` each)
 Codebook = Literal["global", "per_layer"]
+#: how an inlier picks its component (:func:`~twodg_pyro.sharing.refine.assign_components`)
+Assignment = Literal["responsibility", "nearest"]
 
 
 @dataclass
@@ -69,6 +71,14 @@ class SharingConfig(Section):
     #: quantisation has a scale per tensor), the components then pooled for the rest of
     #: stage 2 and stage 3
     codebook: Codebook = "global"
+    #: step 5, each inlier's component: ``"responsibility"`` (the paper: the most
+    #: responsible, :math:`\arg\max_k \pi_k \mathcal N(x_i \mid m_k, S_k)`) or
+    #: ``"nearest"`` (the component whose Normal :math:`\mathcal N(m_{k,0}, s_k^2)` is
+    #: nearest to the weight's stage-1 :math:`\mathcal N(\mu_i, \sigma_i^2)` in
+    #: :math:`W_2`, so no weight's mean moves further than to the nearest centre, as in a
+    #: quantiser: with few components a broad one is the most responsible for points far
+    #: from its centre)
+    assignment: Assignment = "responsibility"
     gmm_batch_size: Annotated[
         int | None, optional_at_least(1, "the points per EM mini-batch, or absent for full batches")
     ] = None

@@ -148,9 +148,11 @@ class MahalanobisHook(_Scheduled):
     every weight keeps the component it is tied to (``reassign=False``): a weight that now
     lies beyond :math:`T_M` of it becomes an ellipse weight over its ``k`` nearest
     components, an ellipse weight back within :math:`T_M` of its nearest component becomes
-    a plain weight of it.  ``reassign=True`` first re-runs the hard assignment
-    (:math:`\arg\max_k \pi_k \mathcal N(x_i \mid m_k, S_k)`), which moves weights between
-    components whose centres training has already fitted to other members.
+    a plain weight of it.  ``reassign=True`` first re-runs the assignment
+    (:math:`\arg\max_k \pi_k \mathcal N(x_i \mid m_k, S_k)`, or with ``assignment =
+    "nearest"`` the nearest component in :math:`W_2`, as ``sharing.assignment``), which
+    moves weights between components whose centres training has already fitted to other
+    members.
 
     Example::
 
@@ -166,10 +168,15 @@ class MahalanobisHook(_Scheduled):
         every: int = 1,
         until_fixed_point: bool = True,
         reassign: bool = False,
+        assignment: str = "responsibility",
     ):
         super().__init__(every, until_fixed_point)
+        if assignment not in ("responsibility", "nearest"):
+            raise ValueError(
+                f"assignment must be 'responsibility' or 'nearest', got {assignment!r}"
+            )
         self.threshold, self.k = float(threshold), int(k)
-        self.reassign = bool(reassign)
+        self.reassign, self.assignment = bool(reassign), assignment
 
     def apply(self, state) -> int:
         """Reassign now; returns how many weights changed component or kind."""
@@ -184,6 +191,7 @@ class MahalanobisHook(_Scheduled):
             k=self.k,
             keep_components=not self.reassign,
             pinned=getattr(guide, "n_pinned", 0),
+            assignment=self.assignment,
         )
         changed = _n_changed(before, after)
         self.log.append({"epoch": state.epoch, "changed": changed, "ellipses": after.n_ellipses})

@@ -6,7 +6,8 @@ consistent one; the guide-refinement hooks apply them during stage 3.
 * **Size reduction**: components with fewer than :math:`N_\min` hard-assigned
   inliers are deleted; their weights become outliers (or, when outliers are
   switched off, move to their most responsible surviving component).
-* **Reassignment** (Eq. 7): each inlier goes to its most responsible component;
+* **Reassignment** (Eq. 7): each inlier goes to its most responsible component (or, with
+  ``sharing.assignment = "nearest"``, its nearest in :math:`W_2`: :func:`assign_components`);
   if :math:`D^2_i = (x_i - m_c)^\top S_c^{-1} (x_i - m_c) > T_M` it becomes an ellipse
   weight tied to its :math:`k` nearest components (Mahalanobis distance) with
   :math:`\alpha_{ij} \propto \mathcal N(x_i \mid m_j, S_j)`.
@@ -21,7 +22,7 @@ import dataclasses
 import torch
 
 from ..gmm import ellipse_assign, gaussian_log_prob
-from .structure import SharingStructure, inlier_fields
+from .structure import SharingStructure, inlier_fields, plane_sigma
 
 
 def hard_assign(
@@ -37,6 +38,30 @@ def hard_assign(
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
+def nearest_components(
+    points: torch.Tensor, means: torch.Tensor, coordinates: str, chunk_size: int = 65536
+) -> torch.Tensor:
+    r""":math:`\arg\min_k W_2(\mathcal N(\mu_i, \sigma_i^2), \mathcal N(m_{k,0}, s_k^2))^2
+    = (\mu_i - m_{k,0})^2 + (\sigma_i - s_k)^2` per point, with :math:`\sigma_i, s_k` the
+    scales of the plane's second coordinates (:func:`~twodg_pyro.sharing.structure.plane_sigma`;
+    with ``coordinates = "sigma"`` the plane's Euclidean distance)."""
+
+    def normals(x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([x[:, 0], plane_sigma(x[:, 1], coordinates)], 1)
+
+    m = normals(means)
+    out = [torch.cdist(normals(c.to(m.dtype)), m).argmin(1) for c in points.split(chunk_size)]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+
+def assign_components(points, means, covs, weights, rule: str, coordinates: str) -> torch.Tensor:
+    """Each point's component under ``sharing.assignment``'s ``rule``: ``"responsibility"``
+    (:func:`hard_assign`) or ``"nearest"`` (:func:`nearest_components`)."""
+    if rule == "nearest":
+        return nearest_components(points, means, coordinates)
+    return hard_assign(points, means, covs, weights)
+
+
 def reassign(
     s: SharingStructure,
     means: torch.Tensor,
@@ -45,9 +70,11 @@ def reassign(
     k: int = 5,
     keep_components: bool = False,
     pinned: int = 0,
+    assignment: str = "responsibility",
 ) -> SharingStructure:
-    """Re-run the Mahalanobis check of every inlier, after re-running its hard assignment
-    (``keep_components=False``) or against the component it is tied to now
+    """Re-run the Mahalanobis check of every inlier, after re-running its assignment
+    (``keep_components=False``; ``assignment``: :func:`assign_components`' rule) or
+    against the component it is tied to now
     (``keep_components=True``: a plain weight's own component, an ellipse weight's nearest
     one), so that only weights far from that component become (or stop being) ellipse
     weights.  The weights of the last ``pinned`` components (pruned ones,
@@ -72,7 +99,8 @@ def reassign(
     if not keep_components:
         counts = s.component_counts() if s.n_gaussians == K else torch.ones(K, dtype=s.means.dtype)
         weights = (counts / counts.sum().clamp_min(1e-30))[: K - pinned]
-        assign[free] = hard_assign(points[free], m, c, weights / weights.sum().clamp_min(1e-30))
+        weights = weights / weights.sum().clamp_min(1e-30)
+        assign[free] = assign_components(points[free], m, c, weights, assignment, s.coordinates)
     mask, comps, alphas = no_ellipses(int(points.shape[0]), min(k, K - pinned), dtype)
     if bool(free.any()):
         ell = ellipse_assign(points[free], m, c, assign[free], threshold=threshold, k=k)

@@ -206,6 +206,7 @@ def stage3_hooks(cfg, loader) -> list:
                 k=cfg.sharing.k_nearest,
                 every=cfg.stage3.reassign_every,
                 until_fixed_point=False,  # a later merge changes the mixture's shape again
+                assignment=cfg.sharing.assignment,
             )
         )
     if cfg.stage3.prune_snr:
