@@ -216,17 +216,44 @@ def test_stage1_selection_scores_svi_and_von_on_the_validation_split(mnist_folde
 
 @pytest.mark.slow
 def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size_rule(mnist_folder):
-    """``uncertainty.py``'s natural-gradient recipe (``--quick``, a fake MNIST folder):
-    stage 1 by variational online Newton, stages 1 and 3 at ``VON_MULTIPLE`` times the
-    data-size KL weight, a temperature-scaled row per method."""
+    """``uncertainty.py``'s natural-gradient recipe (``--quick``, a fake MNIST folder): the
+    ``mnist-lenet5-von`` preset, stage 1 by variational online Newton, stages 1 and 3 at
+    its multiple of the data-size KL weight, a temperature-scaled row per method, and the
+    2DG + Laplace row with the bytes of its compact file."""
     from twodg_pyro.infer import data_size_kl_weight
+    from twodg_pyro.pipeline.settings.presets import VON_RECIPE
+    from twodg_pyro.settings import data_size_multiple
 
     tmp_path = mnist_folder
     script = _script_module("uncertainty")
     ev = {"draws": 2, "ood_size": 20, "shift_size": 10}
     recs, _ = script.run_recipe(script.NATURAL_GRADIENT, str(tmp_path), 0, ev, quick=True)
-    assert [r["method"] for r in recs] == ["mean_field", "2dg (representative)"]
-    beta = script.VON_MULTIPLE * data_size_kl_weight(180, 61706)
+    methods = ["mean_field", "laplace", "2dg (representative)", "2dg (representative) + laplace"]
+    assert [r["method"] for r in recs] == methods
+    multiple = data_size_multiple(VON_RECIPE["stage1"]["kl_weight"])
+    beta = multiple * data_size_kl_weight(180, 61706)
     for r in recs:
-        assert r["recipe"] == script.NATURAL_GRADIENT and r["kl_weight"] == pytest.approx(beta)
+        assert r["recipe"] == script.NATURAL_GRADIENT and r.get("kl_weight", beta) == beta
         assert r["temperature_scaled"]["temperature"] > 0 and math.isfinite(r["nll"])
+    assert recs[-1]["file_bytes"] > 0 and 0 <= recs[-1]["file_prob_diff"] < 0.1
+
+
+def test_the_assignment_study_scores_both_rules_and_merges_seeds(mnist_folder):
+    """``experiments/assignment_study.py --quick`` on a (fake) MNIST folder: the
+    deterministic network, stage 1 and each variant under both rules, each with the bytes
+    of its ``.2dgz``; ``--merge`` of two runs averages them row by row."""
+    script, out, doc = _quick_selection("assignment_study", mnist_folder, "--variants", "K = 32")
+    recs = doc["records"]
+    assert [(r["point"], r.get("assignment")) for r in recs] == [
+        ("deterministic network", None),
+        ("stage 1 (mean-field)", None),
+        ("2DG, K = 32", "responsibility"),
+        ("2DG, K = 32", "nearest"),
+    ]
+    for r in recs[2:]:
+        assert r["file_bytes"] > 0 and r["float32_ratio"] == doc["float32_bytes"] / r["file_bytes"]
+    path = next(out.glob("*.json"))
+    assert script.main(["--merge", str(path), str(path), "--out", str(out), "--stem", "m"]) == 0
+    merged = json.loads((out / "m.json").read_text())
+    assert [r["nll"] for r in merged["records"]] == pytest.approx([r["nll"] for r in recs])
+    assert "(means)" in (out / "m.md").read_text()
