@@ -34,8 +34,8 @@ from pathlib import Path
 
 from common import cell, command
 from last_layer_study import POINTS, natural_gradient_stage1
-from recipe_selection import selection_output, selection_parser
-from stage1_selection import score, score_cells
+from recipe_selection import append_record, selection_output, selection_parser
+from stage1_selection import score_cells, validation_record
 
 from twodg_pyro.accounting import network_bytes
 from twodg_pyro.files import atomic_write_text
@@ -146,12 +146,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def save(point: str, method, **fields) -> None:
         probs = method.predict((xv, yv), args.draws, args.seed).mean
-        rec = score(probs, ev, method, args.draws, yv)
-        sev = rec.pop("severity5_nll")
-        rec.update(point=point, severity5=statistics.fmean(sev.values()), **fields)
-        doc["records"].append(rec)
-        atomic_write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
-        atomic_write_text(out / f"{stem}.md", markdown(doc))
+        rec = validation_record(probs, ev, method, args.draws, yv, point, **fields)
+        append_record(out, stem, doc, rec, markdown)
         print(f"[{time.perf_counter() - t0:.0f} s] {point}: {json.dumps(rec)}", flush=True)
 
     save("deterministic network", det)

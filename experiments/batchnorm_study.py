@@ -34,17 +34,15 @@ from __future__ import annotations
 
 import copy
 import json
-import statistics
 import time
 
 import torch
 from common import cell, command
 from last_layer_study import POINTS, LastLayer, natural_gradient_stage1
-from recipe_selection import selection_output, selection_parser
-from stage1_selection import score, score_cells
+from recipe_selection import append_record, selection_output, selection_parser
+from stage1_selection import score_cells, validation_record
 from torch import nn
 
-from twodg_pyro.files import atomic_write_text
 from twodg_pyro.methods.base import TrainedMethod
 from twodg_pyro.nn.sites import DEFAULT_LAYER_TYPES
 from twodg_pyro.pipeline.methods.algorithm1 import stage1_mean_field
@@ -209,12 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     def save(point: str, method, draw_seed: int) -> None:
         method = Reseeded(method, draw_seed)
         probs = method.predict((xv, yv), args.draws, draw_seed).mean
-        rec = score(probs, ev, method, args.draws, yv)
-        sev = rec.pop("severity5_nll")
-        rec.update(point=point, draw_seed=draw_seed, severity5=statistics.fmean(sev.values()))
-        doc["records"].append(rec)
-        atomic_write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
-        atomic_write_text(out / f"{stem}.md", markdown(doc))
+        rec = validation_record(probs, ev, method, args.draws, yv, point, draw_seed=draw_seed)
+        append_record(out, stem, doc, rec, markdown)
         print(f"[{time.perf_counter() - t0:.0f} s] {point}: {json.dumps(rec)}", flush=True)
 
     save("deterministic network", det, args.seed)

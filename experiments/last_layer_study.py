@@ -36,17 +36,15 @@ from __future__ import annotations
 
 import copy
 import json
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 from common import cell, command, data_size_beta, setup
-from recipe_selection import selection_output, selection_parser, settings_of
-from stage1_selection import GRID, score, score_cells
+from recipe_selection import append_record, selection_output, selection_parser, settings_of
+from stage1_selection import GRID, score_cells, validation_record
 
 from twodg_pyro.data import make_loader
-from twodg_pyro.files import atomic_write_text
 from twodg_pyro.guides.base import site_key
 from twodg_pyro.methods import fit_laplace
 from twodg_pyro.methods.base import TrainedMethod
@@ -225,12 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
 
     def save(point: str, method, probs, precision: float | None = None) -> None:
-        rec = score(probs, ev, method, args.draws, yv)
-        sev = rec.pop("severity5_nll")
-        rec.update(point=point, prior_precision=precision, severity5=statistics.fmean(sev.values()))
-        doc["records"].append(rec)
-        atomic_write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
-        atomic_write_text(out / f"{stem}.md", markdown(doc))
+        rec = validation_record(probs, ev, method, args.draws, yv, point, prior_precision=precision)
+        append_record(out, stem, doc, rec, markdown)
         print(f"[{time.perf_counter() - t0:.0f} s] {point}: {json.dumps(rec)}", flush=True)
 
     save("deterministic network", det, det.sample_probs(xv, 1, args.seed).mean(0))

@@ -193,6 +193,14 @@ def selection_output(args, default_stem: str, markdown) -> tuple[Path, str, bool
     return out, stem, bool(args.from_json)
 
 
+def append_record(out: Path, stem: str, doc: dict, rec: dict, markdown) -> None:
+    """Add ``rec`` to a selection run's ``doc`` and write its JSON and ``markdown(doc)``
+    again (each row is on disk as soon as it is scored)."""
+    doc["records"].append(rec)
+    atomic_write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
+    atomic_write_text(out / f"{stem}.md", markdown(doc))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = selection_parser(__doc__, 2, "default: the --arch")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
@@ -221,9 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
 
     def save(rec: dict) -> None:
-        doc["records"].append(rec)
-        atomic_write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
-        atomic_write_text(out / f"{stem}.md", markdown(doc))
+        append_record(out, stem, doc, rec, markdown)
         v = rec["val"]
         print(
             f"[{time.perf_counter() - t0:.0f} s] {rec['method']} / {rec['variant']}: val acc "

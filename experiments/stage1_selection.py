@@ -23,15 +23,13 @@ validation NLL.
 from __future__ import annotations
 
 import copy
-import json
 import statistics
 import time
 
 from common import cell, command, data_size_beta, setup
-from recipe_selection import selection_output, selection_parser, settings_of
+from recipe_selection import append_record, selection_output, selection_parser, settings_of
 from uncertainty import VON
 
-from twodg_pyro.files import atomic_write_text
 from twodg_pyro.metrics import accuracy, ece, nll
 from twodg_pyro.pipeline import config_from_dict, run
 from twodg_pyro.pipeline.methods.algorithm1 import stage1_mean_field
@@ -87,6 +85,15 @@ def score(probs, ev: UncertaintySets, trained, draws: int, y) -> dict:
         "mi_auroc": statistics.fmean(v["mi_auroc"] for v in ood.values()) if bayesian else None,
         "severity5_nll": {f: v["5"]["nll"] for f, v in u["shift"].items() if "5" in v},
     }
+
+
+def validation_record(probs, ev, trained, draws: int, y, point: str, **fields) -> dict:
+    """A study's row ``point``: :func:`score`, its severity-5 NLL averaged over the
+    corruption families (``severity5``), and ``fields``."""
+    rec = score(probs, ev, trained, draws, y)
+    sev = rec.pop("severity5_nll")
+    rec.update(point=point, severity5=statistics.fmean(sev.values()), **fields)
+    return rec
 
 
 def score_cells(r: dict) -> str:
@@ -151,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
 
     def save(rec: dict) -> None:
-        doc["records"].append(rec)
-        atomic_write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
-        atomic_write_text(out / f"{stem}.md", markdown(doc))
+        append_record(out, stem, doc, rec, markdown)
         print(
             f"[{time.perf_counter() - t0:.0f} s] {rec['point']}: val acc {rec['accuracy']:.4f} "
             f"nll {rec['nll']:.3f} ece {rec['ece']:.3f} OOD {rec['entropy_auroc']:.3f}",
