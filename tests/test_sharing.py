@@ -245,7 +245,12 @@ def test_nearest_assignment_bounds_each_weights_shift_of_mean(trained_mean_field
     posterior means against stage 1's) is smaller than under the paper's responsibility;
     per layer, the nearest among its layer's components.  Without merging the index
     symbols are the nearest centres exactly; the settings refuse other rules."""
-    from twodg_pyro.sharing import build_sharing_from_points, gather_points, nearest_components
+    from twodg_pyro.sharing import (
+        MahalanobisHook,
+        build_sharing_from_points,
+        gather_points,
+        nearest_components,
+    )
 
     _, guide = trained_mean_field
     plain = dict(grad_percentile=0.0, use_ellipses=False, use_merging=False, n_min=1)
@@ -271,3 +276,5 @@ def test_nearest_assignment_bounds_each_weights_shift_of_mean(trained_mean_field
         assert torch.equal(s.plain_component[rows], own)
     with pytest.raises(ConfigError, match="sharing.assignment"):
         SharingConfig(assignment="closest")
+    with pytest.raises(ValueError, match="assignment must be one of"):
+        MahalanobisHook(assignment="closest")

@@ -311,9 +311,9 @@ def load_compact(path: str | Path, net=None, prior=None, device="cpu"):
 
 
 def load_compact_parts(path: str | Path, net=None, prior=None, device="cpu"):
-    """:func:`load_compact`'s ``(model, guide)`` and, for a 2DG + Laplace file, its
-    ``laplace`` header table and tensors (name -> tensor, in the model's dtype on
-    ``device``; ``None`` for other files)."""
+    """:func:`load_compact`'s ``(model, guide)`` on ``device`` and, for a 2DG + Laplace
+    file, its ``laplace`` header table and tensors (name -> tensor as stored, on the CPU:
+    the method built from them goes to ``device``; ``None`` for other files)."""
     where = str(path)
     header, sec = read_compact(path)
     kind = header.get("kind")
@@ -334,8 +334,6 @@ def load_compact_parts(path: str | Path, net=None, prior=None, device="cpu"):
         if where in str(e):
             raise
         raise ValueError(f"{where!r}: {e}") from e
-    if laplace is not None:
-        laplace = (laplace[0], {k: v.to(device) for k, v in laplace[1].items()})
     return model.to(device), guide.to(device), laplace
 
 

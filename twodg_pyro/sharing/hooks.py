@@ -16,6 +16,7 @@ other parameter keeps its state.
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import torch
 
@@ -24,6 +25,7 @@ from ..gmm.merging import check_merge_settings
 from ..guide import require_sharing
 from ..infer.callbacks import Callback
 from ..infer.optim import remap_optimizer_rows
+from .config import Assignment
 from .refine import reassign
 
 
@@ -171,9 +173,9 @@ class MahalanobisHook(_Scheduled):
         assignment: str = "responsibility",
     ):
         super().__init__(every, until_fixed_point)
-        if assignment not in ("responsibility", "nearest"):
+        if assignment not in get_args(Assignment):
             raise ValueError(
-                f"assignment must be 'responsibility' or 'nearest', got {assignment!r}"
+                f"assignment must be one of {get_args(Assignment)}, got {assignment!r}"
             )
         self.threshold, self.k = float(threshold), int(k)
         self.reassign, self.assignment = bool(reassign), assignment
