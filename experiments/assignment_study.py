@@ -46,8 +46,16 @@ from twodg_pyro.pipeline.runtime.context import RunContext
 from twodg_pyro.pipeline.settings.build import network_spec, seed_everything, train_loader
 from twodg_pyro.sharing import build_sharing
 
-#: ``name: (K, codebook)`` of the rows; each runs under both rules
-VARIANTS = {"K = 32": (32, "global"), "K = 16 per layer": (16, "per_layer")}
+#: ``name: (K, codebook, ellipse scope, stage-3 pruning threshold)`` of the rows; each runs
+#: under every rule of ``--rules``
+VARIANTS = {
+    "K = 32": (32, "global", "all", 0.0),
+    "K = 16 per layer": (16, "per_layer", "all", 0.0),
+    "K = 16 per layer, own-layer ellipses": (16, "per_layer", "layer", 0.0),
+    "K = 16 per layer, own-layer ellipses, pruned SNR < 0.5": (16, "per_layer", "layer", 0.5),
+    "K = 16 per layer, own-layer ellipses, pruned SNR < 1": (16, "per_layer", "layer", 1.0),
+    "K = 8 per layer, own-layer ellipses": (8, "per_layer", "layer", 0.0),
+}
 RULES = ("responsibility", "nearest")
 
 
@@ -66,9 +74,9 @@ def markdown(doc: dict) -> str:
         ),
         "",
         "| point | assignment | components (outliers, ellipses) | file bytes | x smaller "
-        "| index bits / weight | acc | NLL | ECE | clean MI | OOD AUROC entropy (MI) "
+        "| index bits / weight | pruned | acc | NLL | ECE | clean MI | OOD AUROC entropy (MI) "
         "| severity-5 NLL (mean) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["records"]:
         parts = "-"
@@ -78,7 +86,8 @@ def markdown(doc: dict) -> str:
         ratio = "-" if r.get("file_bytes") is None else f"{r['float32_ratio']:.1f}x"
         lines.append(
             f"| {r['point']} | {r.get('assignment') or '-'} | {parts} | {size} | {ratio} "
-            f"| {cell(r.get('index_bits_per_weight'), '.2f')} | {score_cells(r)} "
+            f"| {cell(r.get('index_bits_per_weight'), '.2f')} | {cell(r.get('pruned'), '.1%')} "
+            f"| {score_cells(r)} "
             f"| {cell(r['severity5'])} |"
         )
     return "\n".join(lines) + "\n"
@@ -111,7 +120,8 @@ def merged(docs: list[dict], argv: list[str] | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = selection_parser(__doc__, 2, "default: assignment_<arch>")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS)[:2], choices=list(VARIANTS))
+    p.add_argument("--rules", nargs="+", default=list(RULES), choices=list(RULES))
     p.add_argument("--merge", nargs="+", default=None, help="average these runs' JSON files")
     args = p.parse_args(argv)
     out, stem, done = selection_output(args, f"assignment_{args.arch}", markdown)
@@ -156,12 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     loader = train_loader(split, cfg.data, cfg.seed)
     spec = network_spec(cfg.network, split)
     for name in args.variants:
-        k, codebook = VARIANTS[name]
-        for rule in RULES:
+        k, codebook, scope, snr = VARIANTS[name]
+        for rule in args.rules:
             sharing = dataclasses.replace(
-                cfg.sharing, n_components=k, codebook=codebook, assignment=rule
+                cfg.sharing, n_components=k, codebook=codebook, assignment=rule, ellipse_scope=scope
             )
-            run_cfg = dataclasses.replace(cfg, sharing=sharing)
+            stage3 = dataclasses.replace(cfg.stage3, prune_snr=snr)
+            run_cfg = dataclasses.replace(cfg, sharing=sharing, stage3=stage3)
             seed_everything(cfg.seed)
             structure, _ = build_sharing(model, guide, loader, sharing, seed=cfg.seed)
             t1 = time.perf_counter()
@@ -177,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 n_gaussians=s.n_gaussians,
                 n_outliers=s.n_outliers,
                 n_ellipses=s.n_ellipses,
+                pruned=bnn.guide.pruning.get("n", 0) / s.num_weights,
                 file_bytes=report["total"],
                 float32_ratio=float32_bytes / report["total"],
                 index_bits_per_weight=report["index_bits_per_weight"],

@@ -241,17 +241,24 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
 def test_the_assignment_study_scores_both_rules_and_merges_seeds(mnist_folder):
     """``experiments/assignment_study.py --quick`` on a (fake) MNIST folder: the
     deterministic network, stage 1 and each variant under both rules, each with the bytes
-    of its ``.2dgz``; ``--merge`` of two runs averages them row by row."""
-    script, out, doc = _quick_selection("assignment_study", mnist_folder, "--variants", "K = 32")
+    of its ``.2dgz`` (and the share stage-3 pruning removed); ``--merge`` of two runs
+    averages them row by row."""
+    pruned = "K = 16 per layer, own-layer ellipses, pruned SNR < 1"
+    script, out, doc = _quick_selection(
+        "assignment_study", mnist_folder, "--variants", "K = 32", pruned
+    )
     recs = doc["records"]
     assert [(r["point"], r.get("assignment")) for r in recs] == [
         ("deterministic network", None),
         ("stage 1 (mean-field)", None),
         ("2DG, K = 32", "responsibility"),
         ("2DG, K = 32", "nearest"),
+        (f"2DG, {pruned}", "responsibility"),
+        (f"2DG, {pruned}", "nearest"),
     ]
     for r in recs[2:]:
         assert r["file_bytes"] > 0 and r["float32_ratio"] == doc["float32_bytes"] / r["file_bytes"]
+    assert recs[2]["pruned"] == 0 and 0 < recs[4]["pruned"] < 1  # stage-3 pruning's share
     path = next(out.glob("*.json"))
     assert script.main(["--merge", str(path), str(path), "--out", str(out), "--stem", "m"]) == 0
     merged = json.loads((out / "m.json").read_text())

@@ -124,3 +124,41 @@ def test_ellipse_step_does_not_depend_on_its_chunk(dtype, monkeypatch):
     assert big.indices.numel() > 100
     assert torch.equal(big.components, small.components)
     assert torch.equal(big.alphas, small.alphas)  # bit for bit
+
+
+def test_a_scope_keeps_each_point_among_its_groups_components():
+    """``scope = (group, allowed)``: a flagged point's components are the ``k`` nearest of
+    those its group allows, nearest first, and its alphas those of the true distances; a
+    group allowing fewer than ``k`` borrows the nearest others after its own; an
+    everything-allowed scope is the unscoped step bit for bit; a bad scope is named."""
+    pts, means, covs, assign = setup()
+    g = torch.Generator().manual_seed(1)
+    group = torch.randint(0, 3, (len(pts),), generator=g)
+    allowed = torch.rand(3, len(means), generator=g) < 0.5
+    allowed[2] = False
+    allowed[2, :3] = True  # group 2 allows only 3 components: k = 5 borrows two
+    assign[group == 2] %= 3
+    allowed[group, assign] = True
+    res = ellipse_assign(pts, means, covs, assign, k=5, scope=(group, allowed))
+    ref = numpy_d2(pts, means, covs)[res.mask.numpy()]
+    ok = allowed[group[res.mask]].numpy()
+    comps = res.components.numpy()
+    for row, (d2, mask, got) in enumerate(zip(ref, ok, comps, strict=True)):
+        own = np.flatnonzero(mask)[np.argsort(d2[mask])]
+        others = np.flatnonzero(~mask)[np.argsort(d2[~mask])]
+        assert np.array_equal(got, np.concatenate([own, others])[:5]), row
+    assert (ok.sum(1) < 5).any()  # the borrowing rows are there
+    logn = (
+        -0.5 * np.take_along_axis(ref, comps, 1) - 0.5 * np.linalg.slogdet(covs.numpy())[1][comps]
+    )
+    w = np.exp(logn - logn.max(1, keepdims=True))
+    assert np.allclose(res.alphas.numpy(), w / w.sum(1, keepdims=True), rtol=1e-10)
+    every = (group, torch.ones_like(allowed))
+    plain, scoped = (
+        ellipse_assign(pts, means, covs, assign),
+        ellipse_assign(pts, means, covs, assign, scope=every),
+    )
+    assert torch.equal(plain.components, scoped.components)
+    assert torch.equal(plain.alphas, scoped.alphas)
+    with pytest.raises(ValueError, match="scope must be"):
+        ellipse_assign(pts, means, covs, assign, scope=(group[:-1], allowed))

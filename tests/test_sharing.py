@@ -278,3 +278,35 @@ def test_nearest_assignment_bounds_each_weights_shift_of_mean(trained_mean_field
         SharingConfig(assignment="closest")
     with pytest.raises(ValueError, match="assignment must be one of"):
         MahalanobisHook(assignment="closest")
+
+
+def test_own_layer_ellipses_stay_in_their_layers_codebook(trained_mean_field):
+    """``sharing.ellipse_scope = "layer"`` with a codebook per layer: every ellipse weight
+    is blended from its own layer's components, at stage 2 and when the stage-3 hook
+    re-runs the check (:func:`~twodg_pyro.sharing.reassign`); with the paper's ``"all"``
+    some are blended from other layers' components; the settings refuse other scopes."""
+    from twodg_pyro.sharing import MahalanobisHook, build_sharing_from_points, gather_points
+    from twodg_pyro.sharing.refine import reassign
+
+    _, guide = trained_mean_field
+    wp = gather_points(guide, "sigma")
+    first = torch.tensor([0, *[min(4, lay.numel) for lay in wp.sites]]).cumsum(0)
+    ends = torch.tensor([lay.numel for lay in wp.sites]).cumsum(0)
+
+    def crossing(s) -> int:
+        layer = torch.bucketize(s.ellipse_index, ends, right=True)
+        lo, hi = first[layer][:, None], first[layer + 1][:, None]
+        return int(((s.ellipse_components < lo) | (s.ellipse_components >= hi)).sum())
+
+    kw = dict(n_components=4, k_nearest=2, assignment="nearest", codebook="per_layer")
+    kw.update(grad_percentile=0.0, use_merging=False, n_min=0, mahalanobis_threshold=1.0)
+    wide, _ = build_sharing_from_points(wp, _cfg(**kw))
+    own, _ = build_sharing_from_points(wp, _cfg(ellipse_scope="layer", **kw))
+    assert own.n_ellipses == wide.n_ellipses > 100
+    assert crossing(wide) > 0 and crossing(own) == 0
+    again = reassign(own, own.means, own.covariances, 0.5, 2, keep_components=True, scope="layer")
+    assert again.n_ellipses > own.n_ellipses and crossing(again) == 0
+    with pytest.raises(ConfigError, match="sharing.ellipse_scope"):
+        SharingConfig(ellipse_scope="site")
+    with pytest.raises(ValueError, match="scope must be one of"):
+        MahalanobisHook(scope="site")

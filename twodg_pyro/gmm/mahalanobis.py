@@ -146,6 +146,7 @@ def ellipse_assign(
     k: int = 5,
     chunk_size: int = 65_536,
     progress: bool = False,
+    scope: tuple[Tensor, Tensor] | None = None,
 ) -> EllipseAssignment:
     """Flag ellipse points and compute their ``k`` nearest components and blending weights.
 
@@ -156,6 +157,11 @@ def ellipse_assign(
     ``k > K`` all ``K`` components are used (``k = K``). Work is chunked over
     ``chunk_size`` points; no Python loop over points or components. ``progress`` shows
     a tqdm bar (``"Mahalanobis"``, on stderr) over the flagged points.
+
+    ``scope = (group, allowed)`` (``(N,)`` group of each point, ``(G, K)`` bool) restricts
+    a point's candidates to the components its group allows (a layer's own, with a
+    codebook per layer): they rank first, and only a group with fewer than ``k`` of them
+    borrows the nearest others (every ``alpha`` still from the true ``D2``).
     """
     _check_inputs(points, means, covs)
     n, kk = int(points.shape[0]), int(means.shape[0])
@@ -168,6 +174,8 @@ def ellipse_assign(
         raise ValueError(f"threshold must be a finite number > 0, got {threshold!r}")
     _check_int("k", k, 1)
     _check_int("chunk_size", chunk_size, 1)
+    if scope is not None and (scope[0].shape != (n,) or scope[1].shape[1:] != (kk,)):
+        raise ValueError(f"scope must be ((N,) groups, (G, K) mask) for {n} points, K = {kk}")
     k_eff = min(k, kk)
     prec = inv2x2(covs)
     half_logdet = 0.5 * logdet2x2(covs)
@@ -183,7 +191,12 @@ def ellipse_assign(
         for s in range(0, n_e, rows):
             sel = idx[s : s + rows]
             d2 = _d2_all(points[sel], means, prec, rows)
-            val, nb = torch.topk(d2, k_eff, dim=1, largest=False, sorted=True)
+            key = d2
+            if scope is not None:  # the group's components first, then the others
+                ok = scope[1][scope[0][sel]]
+                key = torch.where(ok, d2, d2 + d2.amax(1, keepdim=True) + 1.0)
+            nb = torch.topk(key, k_eff, dim=1, largest=False, sorted=True).indices
+            val = d2.gather(1, nb)
             comps[s : s + rows] = nb
             alphas[s : s + rows] = torch.softmax(-0.5 * val - half_logdet[nb], dim=1)
             bar.update(int(sel.numel()))

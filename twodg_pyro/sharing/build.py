@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..gmm import GaussianMixture2D, ellipse_assign, merge_components
 from .outliers import check_finite, mean_gradients, select_outliers
-from .refine import _float_dtype, assign_components, drop_small_components, no_ellipses
+from .refine import _float_dtype, assign_components, drop_small_components, layer_scope, no_ellipses
 from .structure import SharingStructure, SiteLayout, inlier_fields, plane_coordinate
 
 #: ``step(name)`` returns a context manager around one named step (e.g. a timer)
@@ -306,23 +306,20 @@ def merge_to_fixed_point(inl: Inliers, cfg, progress: bool = False) -> dict:
     return {"merge_rounds": int(result.n_rounds)}
 
 
-def blend_ellipses(inl: Inliers, cfg, progress: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+def blend_ellipses(inl: Inliers, cfg, progress: bool = False, sites=None) -> tuple[Tensor, ...]:
     r"""Step 8: ``(mask, components, alphas)`` of the ellipse weights (Eq. 7): inliers whose
     squared Mahalanobis distance to their component exceeds :math:`T_M`, tied to their
-    ``k`` nearest components (:func:`~twodg_pyro.gmm.ellipse_assign`); none when
-    ``use_ellipses`` is off."""
+    ``k`` nearest components (:func:`~twodg_pyro.gmm.ellipse_assign`; with
+    ``ellipse_scope = "layer"``, of their layer's ``sites``); none when ``use_ellipses``
+    is off."""
     dtype = inl.points.dtype
     if not cfg.use_ellipses:
         return no_ellipses(int(inl.points.shape[0]), min(cfg.k_nearest, len(inl.means)), dtype)
-    ell = ellipse_assign(
-        inl.points,
-        inl.means,
-        inl.covs,
-        inl.assign,
-        threshold=cfg.mahalanobis_threshold,
-        k=cfg.k_nearest,
-        progress=progress,
-    )
+    scope = None
+    if cfg.ellipse_scope == "layer":
+        scope = layer_scope(sites, inl.index, inl.assign, int(inl.means.shape[0]))
+    kw = dict(threshold=cfg.mahalanobis_threshold, k=cfg.k_nearest, progress=progress, scope=scope)
+    ell = ellipse_assign(inl.points, inl.means, inl.covs, inl.assign, **kw)
     return ell.mask.cpu(), ell.components.cpu(), ell.alphas.cpu().to(dtype)
 
 
@@ -390,7 +387,7 @@ def build_sharing_from_points(
         report.update(merge_to_fixed_point(inl, cfg, progress=progress))
     report["components_after_merging"] = int(inl.means.shape[0])
     with step("ellipses"):
-        ellipses = blend_ellipses(inl, cfg, progress=progress)
+        ellipses = blend_ellipses(inl, cfg, progress=progress, sites=wp.sites)
     with step("structure"):
         info = {"outlier_rule": report["outlier_rules"].get("rule")}
         structure = assemble_structure(wp, outlier, inl, ellipses, info)

@@ -39,6 +39,8 @@ __all__ = ["Assignment", "Codebook", "SharingConfig"]
 Codebook = Literal["global", "per_layer"]
 #: how an inlier picks its component (:func:`~twodg_pyro.sharing.refine.assign_components`)
 Assignment = Literal["responsibility", "nearest"]
+#: the components an ellipse weight is blended from (``sharing.ellipse_scope``)
+EllipseScope = Literal["all", "layer"]
 
 
 @dataclass
@@ -95,6 +97,11 @@ class SharingConfig(Section):
     n_min: Annotated[int, at_least(0)] = 20
     mahalanobis_threshold: Annotated[float, positive()] = 5.991
     k_nearest: Annotated[int, at_least(1)] = 5
+    #: an ellipse weight's ``k`` nearest components among all of them (``"all"``, the
+    #: paper) or among those its own layer's inliers are tied to (``"layer"``: with
+    #: ``codebook = "per_layer"`` it stays in its layer's codebook, whose index the
+    #: compact file codes per layer; a layer with fewer than ``k`` borrows the nearest)
+    ellipse_scope: EllipseScope = "all"
     merge_rule: MergeRule = "paper"
     merge_test: MergeTest = "both"
     tau_d: Annotated[float, finite_at_least_zero("must be a number >= 0")] = 1e-2

@@ -25,7 +25,7 @@ from ..gmm.merging import check_merge_settings
 from ..guide import require_sharing
 from ..infer.callbacks import Callback
 from ..infer.optim import remap_optimizer_rows
-from .config import Assignment
+from .config import Assignment, EllipseScope
 from .refine import reassign
 
 
@@ -154,7 +154,8 @@ class MahalanobisHook(_Scheduled):
     (:math:`\arg\max_k \pi_k \mathcal N(x_i \mid m_k, S_k)`, or with ``assignment =
     "nearest"`` the nearest component in :math:`W_2`, as ``sharing.assignment``), which
     moves weights between components whose centres training has already fitted to other
-    members.
+    members.  ``scope = "layer"`` blends an ellipse weight from its own layer's components
+    only (``sharing.ellipse_scope``).
 
     Example::
 
@@ -171,14 +172,17 @@ class MahalanobisHook(_Scheduled):
         until_fixed_point: bool = True,
         reassign: bool = False,
         assignment: str = "responsibility",
+        scope: str = "all",
     ):
         super().__init__(every, until_fixed_point)
-        if assignment not in get_args(Assignment):
-            raise ValueError(
-                f"assignment must be one of {get_args(Assignment)}, got {assignment!r}"
-            )
+        for name, value, allowed in (
+            ("assignment", assignment, Assignment),
+            ("scope", scope, EllipseScope),
+        ):
+            if value not in get_args(allowed):
+                raise ValueError(f"{name} must be one of {get_args(allowed)}, got {value!r}")
         self.threshold, self.k = float(threshold), int(k)
-        self.reassign, self.assignment = bool(reassign), assignment
+        self.reassign, self.assignment, self.scope = bool(reassign), assignment, scope
 
     def apply(self, state) -> int:
         """Reassign now; returns how many weights changed component or kind."""
@@ -194,6 +198,7 @@ class MahalanobisHook(_Scheduled):
             keep_components=not self.reassign,
             pinned=getattr(guide, "n_pinned", 0),
             assignment=self.assignment,
+            scope=self.scope,
         )
         changed = _n_changed(before, after)
         self.log.append({"epoch": state.epoch, "changed": changed, "ellipses": after.n_ellipses})

@@ -71,6 +71,7 @@ def reassign(
     keep_components: bool = False,
     pinned: int = 0,
     assignment: str = "responsibility",
+    scope: str = "all",
 ) -> SharingStructure:
     """Re-run the Mahalanobis check of every inlier, after re-running its assignment
     (``keep_components=False``; ``assignment``: :func:`assign_components`' rule) or
@@ -79,7 +80,8 @@ def reassign(
     one), so that only weights far from that component become (or stop being) ellipse
     weights.  The weights of the last ``pinned`` components (pruned ones,
     :func:`~twodg_pyro.sharing.prune.prune_structure`) stay as they are, and no other
-    weight is assigned or blended to those components."""
+    weight is assigned or blended to those components.  ``scope = "layer"`` blends an
+    ellipse weight from its own layer's components only (:func:`layer_scope`)."""
     dtype = _float_dtype(means)
     means, covs = means.detach().cpu().to(dtype), covs.detach().cpu().to(dtype)
     idx = torch.cat([s.plain_index, s.ellipse_index])
@@ -103,7 +105,12 @@ def reassign(
         assign[free] = assign_components(points[free], m, c, weights, assignment, s.coordinates)
     mask, comps, alphas = no_ellipses(int(points.shape[0]), min(k, K - pinned), dtype)
     if bool(free.any()):
-        ell = ellipse_assign(points[free], m, c, assign[free], threshold=threshold, k=k)
+        within = None
+        if scope == "layer":
+            within = layer_scope(s.sites, idx[free], assign[free], K - pinned)
+        ell = ellipse_assign(
+            points[free], m, c, assign[free], threshold=threshold, k=k, scope=within
+        )
         mask[free] = ell.mask
         comps, alphas = ell.components, ell.alphas
     return dataclasses.replace(
@@ -113,6 +120,19 @@ def reassign(
         info=dict(s.info),
         **inlier_fields(idx, points, assign, (mask, comps, alphas)),
     )
+
+
+def layer_scope(
+    sites, index: torch.Tensor, assign: torch.Tensor, n_components: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(layer, allowed)`` for :func:`~twodg_pyro.gmm.ellipse_assign`'s ``scope``: the
+    layer (site) of each flat weight ``index`` and, per layer, the components that its
+    weights are ``assign``-ed to (``(L, K)`` bool)."""
+    ends = torch.tensor([lay.offset + lay.numel for lay in sites])
+    layer = torch.bucketize(index, ends, right=True)
+    allowed = torch.zeros(len(sites), n_components, dtype=torch.bool)
+    allowed[layer, assign.long()] = True
+    return layer, allowed
 
 
 def no_ellipses(n: int, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:

@@ -207,6 +207,7 @@ def stage3_hooks(cfg, loader) -> list:
                 every=cfg.stage3.reassign_every,
                 until_fixed_point=False,  # a later merge changes the mixture's shape again
                 assignment=cfg.sharing.assignment,
+                scope=cfg.sharing.ellipse_scope,
             )
         )
     if cfg.stage3.prune_snr:
