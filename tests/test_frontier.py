@@ -182,3 +182,36 @@ def test_the_deployed_file_is_the_smallest_stage3_variant_that_keeps_validation(
     }
     assert chosen == {0: "2dg K=16", 1: "2dg K=256"}
     assert frontier.with_chosen(both) == both  # made anew, not added twice
+
+
+def test_runs_of_the_same_seeds_merge_with_each_baseline_once(frontier, tmp_path):
+    """``--from-json`` of the committed seed-0 stage-3 frontier and the nearest rule's
+    run of the same seed (``--nearest``): each (seed, point) once, the first file's
+    baselines kept (the two runs' baselines are identical), both runs' 2DG variants there,
+    and the file chosen on validation picked over both; the committed merge of the three
+    seeds is what its points give."""
+    import json
+
+    res = ROOT / "experiments" / "results"
+    a, b = res / "frontier_stage3_seed0.json", res / "frontier_nearest_seed0.json"
+    if not (a.exists() and b.exists()):
+        pytest.skip("the seed-0 frontiers are not committed")
+    argv = ["--from-json", str(a), str(b), "--out", str(tmp_path), "--stem", "m"]
+    assert frontier.main(argv) == 0
+    merged = json.loads((tmp_path / "m.json").read_text())["points"]
+    keys = [(p["seed"], p["point"]) for p in merged]
+    assert len(keys) == len(set(keys))
+    first = {p["point"]: p for p in json.loads(a.read_text())["points"]}
+    second = {p["point"]: p for p in json.loads(b.read_text())["points"]}
+    for name in ("deterministic float32", "ensemble", "laplace", "mean-field float32"):
+        assert first[name]["nll"] == second[name]["nll"]
+    names = {p["point"] for p in merged}
+    assert {n for n in second if "nearest" in n} <= names
+    chosen = next(
+        p for p in merged if p["point"] == "2dg small, K and pruning chosen on validation"
+    )
+    assert chosen["chosen"] == "2dg K=32 nearest pruned in stage 3 SNR<0.5 zero small"
+    path = res / "frontier_stage3_nearest.json"
+    payload = json.loads(path.read_text())
+    rows = frontier.summarise(frontier.with_chosen(payload["points"]))
+    assert json.loads(json.dumps(rows)) == payload["summary"]
