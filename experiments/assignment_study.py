@@ -95,7 +95,8 @@ def markdown(doc: dict) -> str:
 
 def merged(docs: list[dict], argv: list[str] | None) -> dict:
     """The first run's document with every numeric field of a row (``point`` and
-    ``assignment``) averaged over the runs, and their seeds."""
+    ``assignment``) averaged over the runs that have it (named when not all do), and
+    their seeds."""
     rows: dict[tuple, list[dict]] = {}
     for d in docs:
         for r in d["records"]:
@@ -107,6 +108,8 @@ def merged(docs: list[dict], argv: list[str] | None) -> dict:
             values = [r.get(key) for r in group]
             if isinstance(value, int | float) and None not in values:
                 rec[key] = statistics.fmean(values)
+        if len(group) < len(docs):  # a row that only some runs have
+            rec["point"] += f" ({len(group)} of {len(docs)} runs)"
         records.append(rec)
     seeds = ", ".join(str(d["seed"]) for d in docs)
     return {
