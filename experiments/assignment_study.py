@@ -51,6 +51,8 @@ from twodg_pyro.sharing import build_sharing
 VARIANTS = {
     "K = 32": (32, "global", "all", 0.0),
     "K = 16 per layer": (16, "per_layer", "all", 0.0),
+    "K = 16 per layer, pruned SNR < 0.5": (16, "per_layer", "all", 0.5),
+    "K = 16 per layer, pruned SNR < 1": (16, "per_layer", "all", 1.0),
     "K = 16 per layer, own-layer ellipses": (16, "per_layer", "layer", 0.0),
     "K = 16 per layer, own-layer ellipses, pruned SNR < 0.5": (16, "per_layer", "layer", 0.5),
     "K = 16 per layer, own-layer ellipses, pruned SNR < 1": (16, "per_layer", "layer", 1.0),
