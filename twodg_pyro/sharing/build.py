@@ -37,7 +37,7 @@ from torch import Tensor
 from ..gmm import GaussianMixture2D, ellipse_assign, merge_components
 from .outliers import check_finite, mean_gradients, select_outliers
 from .refine import _float_dtype, assign_components, drop_small_components, layer_scope, no_ellipses
-from .structure import SharingStructure, SiteLayout, inlier_fields, plane_coordinate
+from .structure import SharingStructure, SiteLayout, inlier_fields, plane_coordinate, site_index
 
 #: ``step(name)`` returns a context manager around one named step (e.g. a timer)
 StepHook = Callable[[str], contextlib.AbstractContextManager]
@@ -230,8 +230,7 @@ def fit_layer_mixtures(
     all layers pooled in layer order (``inl.means``, ``inl.covs``, ``inl.assign``): one
     mixture for all layers spends few components on a layer of small weights.
     """
-    ends = torch.tensor([lay.offset + lay.numel for lay in wp.sites])
-    layer = torch.bucketize(inl.index, ends, right=True)
+    layer = site_index(wp.sites, inl.index)
     means, covs, assign, offset = [], [], torch.empty_like(inl.index), 0
     for lay in layer.unique().tolist():
         rows = (layer == lay).nonzero().squeeze(1)

@@ -38,7 +38,7 @@ from typing import Literal, get_args
 import torch
 
 from ..nn.functional import MIN_SIGMA
-from .structure import SharingStructure, inlier_fields, plane_sigma
+from .structure import SharingStructure, inlier_fields, plane_sigma, site_index
 
 Spread = Literal["zero", "matched"]
 SPREADS: tuple[str, ...] = get_args(Spread)
@@ -123,8 +123,7 @@ def prune_structure(
     if not bool(pruned.any()):
         return s, PruneReport(float(snr), spread, 0, 0.0, 0, {})
     # the new component of every pruned inlier: K (zero), or K + j for its site's j-th
-    starts = torch.tensor([lay.offset for lay in s.sites[1:]], dtype=idx.dtype)
-    site_of = torch.bucketize(idx, starts, right=True)
+    site_of = site_index(s.sites, idx)
     points = s.inlier_points
     new_means, new_covs, scales = [], [], {}
     new_comp = torch.full((idx.numel(),), -1, dtype=torch.long)

@@ -22,7 +22,7 @@ import dataclasses
 import torch
 
 from ..gmm import ellipse_assign, gaussian_log_prob
-from .structure import SharingStructure, inlier_fields, plane_sigma
+from .structure import SharingStructure, inlier_fields, plane_sigma, site_index
 
 
 def hard_assign(
@@ -128,8 +128,7 @@ def layer_scope(
     """``(layer, allowed)`` for :func:`~twodg_pyro.gmm.ellipse_assign`'s ``scope``: the
     layer (site) of each flat weight ``index`` and, per layer, the components that its
     weights are ``assign``-ed to (``(L, K)`` bool)."""
-    ends = torch.tensor([lay.offset + lay.numel for lay in sites])
-    layer = torch.bucketize(index, ends, right=True)
+    layer = site_index(sites, index)
     allowed = torch.zeros(len(sites), n_components, dtype=torch.bool)
     allowed[layer, assign.long()] = True
     return layer, allowed

@@ -89,6 +89,13 @@ class SiteLayout:
         return math.prod(self.shape)
 
 
+def site_index(sites: list[SiteLayout], index: torch.Tensor) -> torch.Tensor:
+    """The site (its position in ``sites``, which lie in offset order) of each flat weight
+    ``index``."""
+    ends = torch.tensor([site.offset + site.numel for site in sites], dtype=index.dtype)
+    return torch.bucketize(index, ends, right=True)
+
+
 @dataclass
 class SharingStructure:
     """The result of stages 1-2 for the whole network (see module docstring).
