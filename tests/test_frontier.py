@@ -78,9 +78,21 @@ def test_targets_pick_the_smallest_2dg_file_that_keeps_the_uncertainty(frontier)
         # kept on the two seeds where validation chose a threshold: not a 3-seed claim
         _row("2dg chosen on validation", "2dg", 22, 0.97, 0.12, 0.95, seeds=2),
     ]
+    kept = "keeping acc >= det - 0.5 pp, NLL <= det, OOD >= ensemble"
     checks = frontier.targets(rows)
-    first = checks["smallest 2DG file keeping acc >= det - 0.5 pp, NLL <= det, OOD >= ensemble"]
+    first = checks[f"smallest 2DG file {kept} (chosen on the test images: a bound, not a choice)"]
     assert first["met"] and first["value"].startswith("2dg mid: 40.0x")
+    assert not any(k.startswith("the 2DG file chosen") for k in checks)  # no such rows
+    # the files chosen on validation are judged as they are, whatever the test images say
+    rows += [
+        _row("2dg, K and pruning chosen on validation", "2dg", 50, 0.975, 0.11, 0.96),
+        _row(f"2dg, {frontier.ONCE}", "2dg", 25, 0.90, 0.12, 0.95),
+    ]
+    checks = frontier.targets(rows)
+    per_seed = checks[f"the 2DG file chosen on each seed's validation split, {kept}"]
+    assert not per_seed["met"] and per_seed["value"].endswith("20.0x, keeps them: yes")
+    once = checks[f"the 2DG file chosen once, on the seeds' mean validation, {kept}"]
+    assert not once["met"] and once["value"].endswith("40.0x, keeps them: no")
     assert not checks["moonshot: that file >= 50x smaller"]["met"]
     beat4 = checks["a 2DG point beats 4-bit det on NLL and OOD AUROC at a smaller file"]
     assert beat4["met"] and "2dg small" not in beat4["value"]
@@ -182,6 +194,46 @@ def test_the_deployed_file_is_the_smallest_stage3_variant_that_keeps_validation(
     }
     assert chosen == {0: "2dg K=16", 1: "2dg K=256"}
     assert frontier.with_chosen(both) == both  # made anew, not added twice
+
+
+def test_the_file_chosen_once_keeps_the_targets_on_the_seeds_mean_validation(frontier):
+    """One variant for every seed, as the studies choose their other settings: the
+    smallest mean file whose seed-averaged validation accuracy and NLL keep the targets
+    against the deterministic network's averages, though one seed alone would refuse it;
+    a variant that a seed lacks is not a candidate."""
+
+    def point(name, seed, nbytes, acc, nll, family="2dg"):
+        return {
+            "point": name,
+            "family": family,
+            "seed": seed,
+            "file_bytes": nbytes,
+            "val_accuracy": acc,
+            "val_nll": nll,
+        }
+
+    det = "deterministic float32"
+    points = [
+        point(det, 0, 1000, 0.970, 0.120, family="deterministic"),
+        point(det, 1, 1000, 0.960, 0.140, family="deterministic"),
+        point("2dg K=32", 0, 300, 0.975, 0.090),
+        point("2dg K=32", 1, 310, 0.965, 0.100),
+        # seed 0 alone refuses it (0.125 > 0.120); the means keep (0.1275 <= 0.130)
+        point("2dg T=1", 0, 100, 0.966, 0.125),
+        point("2dg T=1", 1, 110, 0.962, 0.130),
+        point("2dg T=2", 0, 50, 0.950, 0.200),  # too inaccurate
+        point("2dg T=2", 1, 60, 0.955, 0.150),
+        point("2dg T=3", 0, 10, 0.970, 0.100),  # seed 1 lacks it
+    ]
+    assert frontier.choose_for_recipe(points) == "2dg T=1"
+    assert frontier.choose_variant([p for p in points if p["seed"] == 0])["point"] == "2dg T=3"
+    once = [p for p in frontier.with_chosen(points) if p["point"].endswith(frontier.ONCE)]
+    assert [(p["seed"], p["chosen"], p["file_bytes"]) for p in once] == [
+        (0, "2dg T=1", 100),
+        (1, "2dg T=1", 110),
+    ]
+    points[5]["val_nll"] = 0.140  # the means no longer keep: the unpruned file
+    assert frontier.choose_for_recipe(points) == "2dg K=32"
 
 
 def test_runs_of_the_same_seeds_merge_with_each_baseline_once(frontier, tmp_path):
