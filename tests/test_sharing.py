@@ -286,7 +286,7 @@ def test_own_layer_ellipses_stay_in_their_layers_codebook(trained_mean_field):
     re-runs the check (:func:`~twodg_pyro.sharing.reassign`); with the paper's ``"all"``
     some are blended from other layers' components; the settings refuse other scopes."""
     from twodg_pyro.sharing import MahalanobisHook, build_sharing_from_points, gather_points
-    from twodg_pyro.sharing.refine import reassign
+    from twodg_pyro.sharing.refine import layer_scope, reassign
 
     _, guide = trained_mean_field
     wp = gather_points(guide, "sigma")
@@ -310,3 +310,5 @@ def test_own_layer_ellipses_stay_in_their_layers_codebook(trained_mean_field):
         SharingConfig(ellipse_scope="site")
     with pytest.raises(ValueError, match="scope must be one of"):
         MahalanobisHook(scope="site")
+    with pytest.raises(ValueError, match="needs the sites of the weights"):
+        layer_scope(None, own.ellipse_index, own.ellipse_components[:, 0], len(own.means))

@@ -83,6 +83,33 @@ def test_exactly_s_active_after_every_update_and_inactive_exactly_zero(digits, a
     assert classification_metrics(pred.mean, pred.targets)["accuracy"] > 0.3  # chance: 0.1
 
 
+def test_gradient_addition_reads_only_its_batches(digits):
+    """The gradient criterion reads ``grad_batches`` batches of its data, not one more:
+    the scores of two batches are the sum of each batch's own."""
+    model = BNNModel(MLP(64, (32,), 10), likelihood=Categorical(len(digits.train)))
+    guide = SSVIGuide(model, density=0.1, seed=0)
+    batches = list(make_loader(digits.train, 64, shuffle=False))
+    fetched = []
+
+    class Counting:
+        def __init__(self, first=0):
+            self.first = first
+
+        def __iter__(self):
+            for i, batch in enumerate(batches[self.first :], self.first):
+                fetched.append(i)
+                yield batch
+
+    both = SubspaceUpdate(Counting(), grad_batches=2)._addition_scores(model, guide)
+    assert fetched == [0, 1]
+    one = SubspaceUpdate(Counting(), grad_batches=1)._addition_scores(model, guide)
+    two = SubspaceUpdate(Counting(1), grad_batches=1)._addition_scores(model, guide)
+    assert fetched == [0, 1, 0, 1]
+    for name, score in both.items():
+        assert torch.all(score <= one[name] + two[name] + 1e-5)  # |g1 + g2| <= |g1| + |g2|
+        assert not torch.equal(score, one[name])
+
+
 # ---------------------------------------------------------------- removal criteria
 # hand-made (mu, sigma): |mu| order and |mu|/sigma order differ
 HAND = {

@@ -33,6 +33,7 @@ Removal scores (:func:`removal_scores`; higher means keep), for
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from typing import Literal, get_args
@@ -173,9 +174,7 @@ class SubspaceUpdate(Callback):
         device = next(iter(weights.values())).device
         total = {k: torch.zeros_like(v) for k, v in weights.items()}
         with torch.enable_grad():
-            for i, batch in enumerate(self.data):
-                if i >= self.grad_batches:
-                    break
+            for batch in itertools.islice(self.data, self.grad_batches):  # no batch more
                 x, y = batch[0].to(device), batch[1].to(device)
                 out = model.network_forward(weights, x)
                 nll = -model.likelihood.distribution(out).log_prob(y).sum()

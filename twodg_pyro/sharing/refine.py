@@ -127,7 +127,15 @@ def layer_scope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(layer, allowed)`` for :func:`~twodg_pyro.gmm.ellipse_assign`'s ``scope``: the
     layer (site) of each flat weight ``index`` and, per layer, the components that its
-    weights are ``assign``-ed to (``(L, K)`` bool)."""
+    weights are ``assign``-ed to (``(L, K)`` bool).
+
+    Raises:
+        ValueError: no ``sites`` (``ellipse_scope = "layer"`` needs the layers)."""
+    if sites is None:
+        raise ValueError(
+            'ellipse_scope = "layer" needs the sites of the weights (blend_ellipses(..., '
+            "sites=...)) to know each weight's layer; got sites=None"
+        )
     layer = site_index(sites, index)
     allowed = torch.zeros(len(sites), n_components, dtype=torch.bool)
     allowed[layer, assign.long()] = True
