@@ -20,26 +20,23 @@ Run: python benchmarks/bench_checksum.py [--threads N] [--repeats R]
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
+from _common import interleaved, record
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, record  # noqa: E402
-
-from twodg_pyro.bnn import BNNModel  # noqa: E402
-from twodg_pyro.files.atomic import atomic_torch_save, safe_torch_load  # noqa: E402
-from twodg_pyro.files.integrity import CHECKSUM_KEY, content_digest  # noqa: E402
-from twodg_pyro.files.payload import read_payload, write_payload  # noqa: E402
-from twodg_pyro.guides import MeanFieldGuide  # noqa: E402
-from twodg_pyro.infer import DecomposedELBO  # noqa: E402
-from twodg_pyro.infer import checkpoint as ckpt_mod  # noqa: E402
-from twodg_pyro.infer.checkpoint import checkpoint_payload  # noqa: E402
-from twodg_pyro.infer.state import start_state  # noqa: E402
-from twodg_pyro.likelihoods import Categorical  # noqa: E402
-from twodg_pyro.models import build_network  # noqa: E402
+from twodg_pyro.bnn import BNNModel
+from twodg_pyro.files.atomic import atomic_torch_save, safe_torch_load
+from twodg_pyro.files.integrity import CHECKSUM_KEY, content_digest
+from twodg_pyro.files.payload import read_payload, write_payload
+from twodg_pyro.guides import MeanFieldGuide
+from twodg_pyro.infer import DecomposedELBO
+from twodg_pyro.infer import checkpoint as ckpt_mod
+from twodg_pyro.infer.checkpoint import checkpoint_payload
+from twodg_pyro.infer.state import start_state
+from twodg_pyro.likelihoods import Categorical
+from twodg_pyro.models import build_network
 
 
 def checkpoint() -> dict:

@@ -43,36 +43,33 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from _common import record
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import record  # noqa: E402
-
-from twodg_pyro.accounting import compression_report  # noqa: E402
-from twodg_pyro.io import save_2dg  # noqa: E402
-from twodg_pyro.io.compact import (  # noqa: E402
+from twodg_pyro.accounting import compression_report
+from twodg_pyro.io import save_2dg
+from twodg_pyro.io.compact import (
     FAITHFUL_OPTIONS,
     export_compact,
     export_int8_mean_field,
     load_compact,
 )
-from twodg_pyro.io.model_file import load_model_file  # noqa: E402
-from twodg_pyro.metrics import classification_metrics  # noqa: E402
-from twodg_pyro.pipeline import config_from_dict  # noqa: E402
-from twodg_pyro.pipeline.methods.algorithm1 import run_2dg, stage1_mean_field  # noqa: E402
-from twodg_pyro.pipeline.outputs.artifacts import network_spec  # noqa: E402
-from twodg_pyro.pipeline.outputs.saved_models import evaluate_model_file  # noqa: E402
-from twodg_pyro.pipeline.runtime.context import RunContext  # noqa: E402
-from twodg_pyro.pipeline.runtime.trained import RunArtifacts  # noqa: E402
-from twodg_pyro.pipeline.settings.build import build_net, load_data, seed_everything  # noqa: E402
-from twodg_pyro.pipeline.settings.config import merge_settings  # noqa: E402
-from twodg_pyro.pipeline.settings.presets import preset  # noqa: E402
-from twodg_pyro.prediction import predict  # noqa: E402
+from twodg_pyro.io.model_file import load_model_file
+from twodg_pyro.metrics import classification_metrics
+from twodg_pyro.pipeline import config_from_dict
+from twodg_pyro.pipeline.methods.algorithm1 import run_2dg, stage1_mean_field
+from twodg_pyro.pipeline.outputs.artifacts import network_spec
+from twodg_pyro.pipeline.outputs.saved_models import evaluate_model_file
+from twodg_pyro.pipeline.runtime.context import RunContext
+from twodg_pyro.pipeline.runtime.trained import RunArtifacts
+from twodg_pyro.pipeline.settings.build import build_net, load_data, seed_everything
+from twodg_pyro.pipeline.settings.config import merge_settings
+from twodg_pyro.pipeline.settings.presets import preset
+from twodg_pyro.prediction import predict
 
 TOL = {"accuracy": 0.001, "nll": 0.01, "ece": 0.005}
 _IMAGE = {

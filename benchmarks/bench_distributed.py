@@ -24,15 +24,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import record  # noqa: E402
+from _common import record
 
 N_DATA, BATCH, EPOCHS = 256, 64, 3
 GMM_N, GMM_K, GMM_ITERS = 2_000_000, 256, 10

@@ -30,11 +30,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import RESULTS, machine
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import RESULTS, machine  # noqa: E402
-
-from twodg_pyro.gmm import GaussianMixture2D, merge_components  # noqa: E402
+from twodg_pyro.gmm import GaussianMixture2D, merge_components
 
 N_TRAIN, N_TEST = 1_000_000, 200_000
 OURS_A = dict(batch_size=65_536, n_epochs=2, max_iter=2, random_state=0)

@@ -19,23 +19,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import pyro
 import torch
+from _common import interleaved, record
+from bench_svi_step import make_structure
 from pyro.infer import Predictive
 from pyro.infer.autoguide import AutoNormal
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, record  # noqa: E402
-from bench_svi_step import make_structure  # noqa: E402
-
-from twodg_pyro.bnn import BNNModel  # noqa: E402
-from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide  # noqa: E402
-from twodg_pyro.guides.stochastic_draw import DRAW_BLOCK  # noqa: E402
-from twodg_pyro.likelihoods import Categorical  # noqa: E402
-from twodg_pyro.models import MLP  # noqa: E402
-from twodg_pyro.prediction import predict  # noqa: E402
+from twodg_pyro.bnn import BNNModel
+from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
+from twodg_pyro.guides.stochastic_draw import DRAW_BLOCK
+from twodg_pyro.likelihoods import Categorical
+from twodg_pyro.models import MLP
+from twodg_pyro.prediction import predict
 
 S, BATCH, CHUNK = 30, 512, 10
 TARGETS = {

@@ -21,21 +21,17 @@ passes.  Run: python benchmarks/bench_predict_draws.py [--threads 1] [--images 2
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
+from _common import interleaved, record
 from torch.func import vmap
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, record  # noqa: E402
-
-from twodg_pyro.bnn import BNNModel  # noqa: E402
-from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide  # noqa: E402
-from twodg_pyro.likelihoods import Categorical  # noqa: E402
-from twodg_pyro.models import build_network  # noqa: E402
-from twodg_pyro.prediction import predict  # noqa: E402
-from twodg_pyro.sharing import SharingConfig, build_sharing  # noqa: E402
+from twodg_pyro.bnn import BNNModel
+from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
+from twodg_pyro.likelihoods import Categorical
+from twodg_pyro.models import build_network
+from twodg_pyro.prediction import predict
+from twodg_pyro.sharing import SharingConfig, build_sharing
 
 DRAWS = 30
 

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
+from _common import interleaved, record
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, record  # noqa: E402
-
-from twodg_pyro.guides import Rank1Guide  # noqa: E402
-from twodg_pyro.models import resnet20  # noqa: E402
-from twodg_pyro.prediction import predict  # noqa: E402
-from twodg_pyro.rank1_bnn import Rank1BNNModel  # noqa: E402
+from twodg_pyro.guides import Rank1Guide
+from twodg_pyro.models import resnet20
+from twodg_pyro.prediction import predict
+from twodg_pyro.rank1_bnn import Rank1BNNModel
 
 S, M = 10, 4
 CHUNKS = (40, 10, 4)

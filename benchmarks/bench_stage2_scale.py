@@ -63,9 +63,7 @@ import warnings
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import RESULTS, machine  # noqa: E402
+from _common import RESULTS, machine
 
 TARGET_S, TARGET_GIB = 300.0, 8.0
 K = 6000

@@ -21,22 +21,17 @@ Run: python benchmarks/bench_step_overhead.py   (sets one thread itself)
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
+from _common import interleaved, record
+from bench_svi_step import make_structure
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, record  # noqa: E402
-from bench_svi_step import make_structure  # noqa: E402
-
-from twodg_pyro.bnn import BNNModel  # noqa: E402
-from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide  # noqa: E402
-from twodg_pyro.infer import DecomposedELBO  # noqa: E402
-from twodg_pyro.infer.optim import build_optimizer  # noqa: E402
-from twodg_pyro.likelihoods import Categorical  # noqa: E402
-from twodg_pyro.models import LeNet5  # noqa: E402
+from twodg_pyro.bnn import BNNModel
+from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
+from twodg_pyro.infer import DecomposedELBO
+from twodg_pyro.infer.optim import build_optimizer
+from twodg_pyro.likelihoods import Categorical
+from twodg_pyro.models import LeNet5
 
 N_DATA, BATCH, SIDE = 60000, 32, 28
 TYINGS = ("representative", "stochastic", "tied")

@@ -16,27 +16,23 @@ Run: python benchmarks/bench_svi_step.py
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pyro
 import pyro.optim
 import torch
 import torch.nn.functional as F
+from _common import interleaved, record
 from pyro.infer import SVI, TraceMeanField_ELBO
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, record  # noqa: E402
-
-from twodg_pyro.bnn import BNNModel  # noqa: E402
-from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide  # noqa: E402
-from twodg_pyro.infer import DecomposedELBO  # noqa: E402
-from twodg_pyro.infer.optim import build_optimizer  # noqa: E402
-from twodg_pyro.likelihoods import Categorical  # noqa: E402
-from twodg_pyro.models import MLP  # noqa: E402
-from twodg_pyro.sharing import SharingStructure  # noqa: E402
-from twodg_pyro.sharing.build import site_layouts  # noqa: E402
+from twodg_pyro.bnn import BNNModel
+from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide
+from twodg_pyro.infer import DecomposedELBO
+from twodg_pyro.infer.optim import build_optimizer
+from twodg_pyro.likelihoods import Categorical
+from twodg_pyro.models import MLP
+from twodg_pyro.sharing import SharingStructure
+from twodg_pyro.sharing.build import site_layouts
 
 N_DATA, BATCH = 60000, 128
 

@@ -13,22 +13,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _common import interleaved, record
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, record  # noqa: E402
-
-from twodg_pyro.bnn import BNNModel  # noqa: E402
-from twodg_pyro.guides import MeanFieldGuide  # noqa: E402
-from twodg_pyro.infer import DecomposedELBO, VariationalOnlineNewton  # noqa: E402
-from twodg_pyro.infer.optim import build_optimizer  # noqa: E402
-from twodg_pyro.likelihoods import Categorical  # noqa: E402
-from twodg_pyro.models import build_network  # noqa: E402
-from twodg_pyro.priors import LayerwiseNormalPrior  # noqa: E402
+from twodg_pyro.bnn import BNNModel
+from twodg_pyro.guides import MeanFieldGuide
+from twodg_pyro.infer import DecomposedELBO, VariationalOnlineNewton
+from twodg_pyro.infer.optim import build_optimizer
+from twodg_pyro.likelihoods import Categorical
+from twodg_pyro.models import build_network
+from twodg_pyro.priors import LayerwiseNormalPrior
 
 
 def steps(arch: str, batch: int, n_data: int = 3600) -> dict:

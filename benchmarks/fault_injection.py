@@ -39,18 +39,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import record
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import record  # noqa: E402
-
-from twodg_pyro.data import load_digits_split  # noqa: E402
-from twodg_pyro.evaluation import seeded_predict  # noqa: E402
-from twodg_pyro.files.atomic import safe_torch_load  # noqa: E402
-from twodg_pyro.files.integrity import bytes_digest  # noqa: E402
-from twodg_pyro.files.payload import write_payload  # noqa: E402
-from twodg_pyro.infer.checkpoint import load_checkpoint  # noqa: E402
-from twodg_pyro.io import load_2dg, load_model  # noqa: E402
-from twodg_pyro.pipeline import config_from_dict, run  # noqa: E402
+from twodg_pyro.data import load_digits_split
+from twodg_pyro.evaluation import seeded_predict
+from twodg_pyro.files.atomic import safe_torch_load
+from twodg_pyro.files.integrity import bytes_digest
+from twodg_pyro.files.payload import write_payload
+from twodg_pyro.infer.checkpoint import load_checkpoint
+from twodg_pyro.io import load_2dg, load_model
+from twodg_pyro.pipeline import config_from_dict, run
 
 TINY = {
     "methods": ["mean_field", "2dg"],

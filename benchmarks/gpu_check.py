@@ -66,9 +66,7 @@ import traceback
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import RESULTS, machine, record  # noqa: E402
+from _common import RESULTS, machine, record
 
 CONTENDERS = (
     "deterministic",

@@ -30,17 +30,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from twodg_pyro import diagnostics as D  # noqa: E402
-from twodg_pyro.diagnostics._draws import categorical_log_prob  # noqa: E402
-from twodg_pyro.diagnostics.arviz_export import _on_grid  # noqa: E402
-from twodg_pyro.evaluation import SAMPLE_CHUNK, seeded  # noqa: E402
-from twodg_pyro.files.atomic import atomic_write_text  # noqa: E402
-from twodg_pyro.io import load_model  # noqa: E402
-from twodg_pyro.pipeline import config_from_dict, run  # noqa: E402
-from twodg_pyro.pipeline.settings.config import merge_settings  # noqa: E402
-from twodg_pyro.pipeline.settings.presets import preset  # noqa: E402
+from twodg_pyro import diagnostics as D
+from twodg_pyro.diagnostics._draws import categorical_log_prob
+from twodg_pyro.diagnostics.arviz_export import _on_grid
+from twodg_pyro.evaluation import SAMPLE_CHUNK, seeded
+from twodg_pyro.files.atomic import atomic_write_text
+from twodg_pyro.io import load_model
+from twodg_pyro.pipeline import config_from_dict, run
+from twodg_pyro.pipeline.settings.config import merge_settings
+from twodg_pyro.pipeline.settings.presets import preset
 
 
 @torch.no_grad()

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 import warnings
-from pathlib import Path
 
 # under pytest-xdist (``make test`` runs one worker per core) every worker, and every
 # process a test starts, takes one torch thread: two threads per worker would
@@ -18,6 +16,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pyro
 import pytest
 import torch
+from fault_injection import TINY  # the tiny digits run, with checkpoints
 
 from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import load_digits_split, make_loader
@@ -25,9 +24,6 @@ from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.infer import fit
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from fault_injection import TINY  # noqa: E402  (the tiny digits run, with checkpoints)
 
 warnings.filterwarnings("ignore", message=".*was not registered in the param store.*")
 if os.environ.get("PYTEST_XDIST_WORKER"):

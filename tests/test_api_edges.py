@@ -3,14 +3,13 @@ Pyro-wrapped models, inputs of the wrong width or not finite, labels out of rang
 conditioned weight site, and evaluation draws that do not depend on how the data arrive.
 Each refusal is one line naming the value."""
 
-import sys
 import warnings
-from pathlib import Path
 
 import pyro
 import pyro.poutine as poutine
 import pytest
 import torch
+from bench_svi_step import make_structure
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -22,9 +21,6 @@ from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.models import MLP
 from twodg_pyro.prediction import predict
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from bench_svi_step import make_structure  # noqa: E402
 
 
 def _pair(hidden=16, init_scale="paper"):

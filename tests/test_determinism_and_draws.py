@@ -1,21 +1,16 @@
 """Bit-identical training under a seed (the shared-GMM guide's gathers have deterministic
 backward passes on CPU), and the fast prediction draws have the guide's distribution."""
 
-import sys
-from pathlib import Path
-
 import pyro
 import pytest
 import torch
+from bench_svi_step import make_structure
 
 from twodg_pyro.bnn import BNNModel
 from twodg_pyro.guides import MeanFieldGuide, SharedGMMGuide, stochastic_draw
 from twodg_pyro.infer import fit
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from bench_svi_step import make_structure  # noqa: E402
 
 
 def _data(n=256, seed=0):

@@ -351,7 +351,6 @@ def test_gpu_check_script_runs_on_the_cpu_device(tmp_path):
     assert set(payload["sections"]["float64"]["dtypes"].values()) == {"torch.float64"}
     assert payload["sections"]["resume"]["same_device_identical"]
     steps = payload["sections"]["steps"]["mlp_b32"]
-    sys.path.insert(0, str(script.parent))
     from gpu_check import CONTENDERS
 
     assert set(steps) == {*CONTENDERS, "ratios"}

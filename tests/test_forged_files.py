@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import sys
 import warnings
 import zlib
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fault_injection import forge_compact, forge_full, forgery
 from test_cli_errors import one_line  # the CLI's one-line check
 from test_file_reliability import _compact, _full_file, _memory_cap, _patched_floats, _refused
 
@@ -27,9 +27,6 @@ from twodg_pyro.files.atomic import safe_torch_load
 from twodg_pyro.files.integrity import bytes_digest
 from twodg_pyro.files.payload import write_payload
 from twodg_pyro.io import load_model
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from fault_injection import forge_compact, forge_full, forgery  # noqa: E402
 
 
 def _forged(src: Path, dst: Path, **changes) -> Path:

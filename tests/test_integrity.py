@@ -6,13 +6,13 @@ nothing (fault injection)."""
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from fault_injection import same  # bitwise equality of loaded payloads
 
 from twodg_pyro.files.integrity import (
     CHECKSUM_KEY,
@@ -24,9 +24,6 @@ from twodg_pyro.files.integrity import (
 )
 from twodg_pyro.infer.checkpoint import load_checkpoint
 from twodg_pyro.io import load_2dg, load_model
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from fault_injection import same  # noqa: E402  (bitwise equality of loaded payloads)
 
 
 @pytest.fixture

@@ -1,11 +1,10 @@
 """Outlier rules, cluster-size reduction and the stage-2 builder on real data."""
 
 import contextlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from bench_stage2_scale import STAGE2_STEPS
 
 from twodg_pyro.data import make_loader
 from twodg_pyro.pipeline import SharingConfig
@@ -16,9 +15,6 @@ from twodg_pyro.sharing import (
     drop_small_components,
     select_outliers,
 )
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from bench_stage2_scale import STAGE2_STEPS  # noqa: E402
 
 
 def test_outlier_rules_select_the_right_elements():

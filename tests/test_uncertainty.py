@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import pickle
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -463,7 +462,6 @@ def test_seeded_predict_on_tensors_and_on_a_loader_gives_the_same_draws(name):
 
 
 def test_the_uncertainty_package_sits_below_the_pipeline():
-    sys.path.insert(0, str(Path(__file__).parent))
     from test_architecture import import_graph
 
     graph = import_graph()
