@@ -34,18 +34,25 @@ def _data(n=50, seed=0):
     return torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
+def _refused_by_predict_evaluate_and_fit(model, guide, x, y, named: str) -> None:
+    """``predict``, ``evaluate`` and ``fit`` each refuse the pair with a ValueError
+    matching ``named``."""
+    with pytest.raises(ValueError, match=named):
+        predict(model, guide, x, num_samples=2)
+    with pytest.raises(ValueError, match=named):
+        evaluate(model, guide, (x, y), num_samples=2)
+    with pytest.raises(ValueError, match=named):
+        fit(model, guide, [(x, y)], 1, progress=False)
+
+
 # ---------------------------------------------------------------------- 1. guide sites
 def test_a_guide_built_for_another_network_is_refused_naming_the_site_and_shapes():
     model, _ = _pair(16)
     _, other = _pair(32)
     x, y = _data()
-    named = r"'layers\.0\.weight'.*\(32, 64\).*\(16, 64\)"
-    with pytest.raises(ValueError, match=named):
-        predict(model, other, x, num_samples=2)
-    with pytest.raises(ValueError, match=named):
-        evaluate(model, other, (x, y), num_samples=2)
-    with pytest.raises(ValueError, match=named):
-        fit(model, other, [(x, y)], 1, progress=False)
+    _refused_by_predict_evaluate_and_fit(
+        model, other, x, y, r"'layers\.0\.weight'.*\(32, 64\).*\(16, 64\)"
+    )
 
 
 def test_a_guide_with_other_sites_is_refused_naming_the_first_that_differs():
@@ -147,12 +154,7 @@ def test_inputs_of_the_wrong_width_name_both_shapes():
     model, guide = _pair()
     x, y = torch.randn(5, 63), torch.randint(0, 10, (5,))
     named = r"\(5, 63\).*takes 64"
-    with pytest.raises(ValueError, match=named):
-        predict(model, guide, x, num_samples=2)
-    with pytest.raises(ValueError, match=named):
-        evaluate(model, guide, (x, y), num_samples=2)
-    with pytest.raises(ValueError, match=named):
-        fit(model, guide, [(x, y)], 1, progress=False)
+    _refused_by_predict_evaluate_and_fit(model, guide, x, y, named)
     with pytest.raises(ValueError, match=named):  # the traced step (vectorised particles)
         DecomposedELBO(fast_step=False).loss(model, guide, x, y)
 

@@ -96,14 +96,7 @@ def test_reaches_the_mean_field_optimum_of_bayesian_linear_regression(beta):
     mean = torch.linalg.solve(precision, x.T @ y / noise**2 / beta)
     guide = MeanFieldGuide(model, init_scale=0.1)
     steps = 2500
-    von = functools.partial(
-        VariationalOnlineNewton,
-        kl_weight=beta,
-        beta2=0.998,
-        clip_radius=None,
-        warmup_steps=100,
-        total_steps=steps,
-    )
+    von = _unclipped_von(beta, 0.998, steps)
     fit(
         model,
         guide,
@@ -120,6 +113,18 @@ def test_reaches_the_mean_field_optimum_of_bayesian_linear_regression(beta):
     torch.testing.assert_close(sigma, precision.diagonal().rsqrt(), rtol=0.06, atol=0)
 
 
+def _unclipped_von(beta: float, beta2: float, total_steps: int):
+    """VON without clipping, 100 warm-up steps: the linear-regression tests' optimiser."""
+    return functools.partial(
+        VariationalOnlineNewton,
+        kl_weight=beta,
+        beta2=beta2,
+        clip_radius=None,
+        warmup_steps=100,
+        total_steps=total_steps,
+    )
+
+
 def test_settle_steps_keep_the_means_and_reach_the_precision():
     """After ``total_steps`` the learning rate is 0 (``stage1.von_settle_epochs``): the
     means stay bit for bit while the precisions, reset 10x too wide there, average their
@@ -129,14 +134,7 @@ def test_settle_steps_keep_the_means_and_reach_the_precision():
     x, y, model, precision = _diabetes_regression(0.7, beta)
     guide = MeanFieldGuide(model, init_scale=0.1)
     train, settle = 2500, 3000
-    von = functools.partial(
-        VariationalOnlineNewton,
-        kl_weight=beta,
-        beta2=0.99,
-        clip_radius=None,
-        warmup_steps=100,
-        total_steps=train,
-    )
+    von = _unclipped_von(beta, 0.99, train)
     opt = build_optimizer(model, guide, {"loc": 0.5, "scale": 0.5}, von)
     elbo = DecomposedELBO(beta=beta)
     for step in range(train + settle):
