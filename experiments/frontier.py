@@ -29,7 +29,14 @@ on the model **read back from the file it measures** where the library writes on
   images; the file is the converted network's ``state_dict`` saved by ``torch.save``) and
   ``deterministic 4-bit`` (per-tensor symmetric weights, computed: half a byte per weight
   and a float32 scale per tensor);
-* ``ensemble`` (its ``.pt``: 5 networks) and ``laplace`` (its ``.pt``).
+* ``ensemble`` (its ``.pt``: 5 networks), ``laplace`` (its ``.pt``) and ``rank-1`` (its
+  ``.pt``: the network with M = 4 pairs of rank-1 factors, trained as in
+  ``experiments/uncertainty.py``).
+
+``--methods`` names the methods of the run (default: all of the above and 2DG) and
+``--no-variants`` runs none of the 2DG variants: such a run adds a baseline to the
+committed frontier of the same seeds through ``--from-json`` (the methods that run before
+it in the registry come out identical, seed by seed).
 
 Accuracy, NLL and ECE: the test images (1,000) with the run's 30 seeded draws (an
 ensemble: its members); mean OOD AUROC: the predictive entropy over the built-in OOD sets
@@ -54,7 +61,7 @@ import torch
 from common import cell, check, command, setup
 from torch import nn
 from torch.utils.data import DataLoader
-from uncertainty import NATURAL_GRADIENT, QUICK, RECOMMENDED, recipe_settings
+from uncertainty import NATURAL_GRADIENT, QUICK, RECIPES, RECOMMENDED, recipe_settings
 
 from twodg_pyro.accounting import network_bytes
 from twodg_pyro.files import atomic_write_text
@@ -245,11 +252,13 @@ def seed_settings(args, seed: int) -> dict:
     """The run settings of one seed: LeNet-5's recommended preset, or ``--recipe`` of
     ``experiments/uncertainty.py`` on ``--arch`` (the ResNet-20 without the ensemble:
     five CPU-trained ResNets cost more than the rest of the seed)."""
-    methods = ["deterministic", "mean_field", "ensemble", "laplace", "2dg"]
-    if args.arch == "resnet20":
+    methods = args.methods or ["deterministic", "mean_field", "rank1", "ensemble", "laplace", "2dg"]
+    if args.arch == "resnet20" and not args.methods:
         methods.remove("ensemble")
     if args.recipe is None and args.arch == "lenet5":
-        settings = merge_settings(preset("mnist-lenet5-bayes"), QUICK if args.quick else {})
+        rank1 = {"rank1": RECIPES[RECOMMENDED]["settings"]["rank1"]}  # the table's epochs
+        settings = merge_settings(preset("mnist-lenet5-bayes"), rank1)
+        settings = merge_settings(settings, QUICK if args.quick else {})
     else:
         recipe = args.recipe or RECOMMENDED
         settings, _ = recipe_settings(recipe, args.root, seed, args.quick, args.arch)
@@ -382,6 +391,8 @@ def run_seed(args, seed: int) -> list[dict]:
             variants = RESNET_PER_LAYER_VARIANTS
     elif args.nearest:
         variants = NEAREST_VARIANTS
+    if args.no_variants or "2dg" not in cfg.methods:
+        variants = {}
     t0 = time.perf_counter()
     records, art = run_variants(cfg, variants)
     print(f"[seed {seed}] trained in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -421,9 +432,10 @@ def run_seed(args, seed: int) -> list[dict]:
         add("deterministic INT8 (torch.ao)", "deterministic", Network(q8), b8, "state_dict .pt")
         q4, b4 = four_bit_network(det)
         add("deterministic 4-bit", "deterministic", Network(q4), b4, "computed")
-        for method in [m for m in ("ensemble", "laplace") if m in art.trained]:
+        for method in [m for m in ("ensemble", "laplace", "rank1") if m in art.trained]:
             path = Path(files[f"model_{method}"])
-            add(method, method, art.trained[method], path.stat().st_size, path.name)
+            name = "rank-1" if method == "rank1" else method
+            add(name, method, art.trained[method], path.stat().st_size, path.name)
         mf = art.trained["mean_field"]
         path = Path(files["model_mean_field"])
         add("mean-field float32", "mean_field", mf, path.stat().st_size, path.name)
@@ -527,6 +539,8 @@ def targets(rows: list[dict], arch: str = "lenet5") -> dict:
     det4, mf1 = by["deterministic 4-bit"], by["mean-field INT8 mu, 1-bit sigma"]
     every = max(r["seeds"] for r in rows)
     ours = [r for r in rows if r["family"] == "2dg" and r["seeds"] == every]
+    if not ours:  # a baseline run (--no-variants): nothing to judge
+        return {}
 
     def keeps(r):  # the LeNet table's uncertainty targets
         ok = r["accuracy"] >= det["accuracy"] - 0.005 and r["nll"] <= det["nll"]
@@ -625,6 +639,7 @@ def figure(rows, path: Path, arch: str = "lenet5") -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     markers = {"2dg": "o", "mean_field": "s", "deterministic": "^", "ensemble": "D", "laplace": "v"}
+    markers["rank1"] = "P"
     for ax, (key, label) in zip(axes, AXES, strict=True):
         for fam, marker in markers.items():
             rs = [r for r in rows if r["family"] == fam and r[key] is not None]
@@ -656,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="experiments/results")
     p.add_argument("--stem", default="frontier")
     p.add_argument("--from-json", nargs="+", default=None, metavar="JSON")
+    p.add_argument("--methods", nargs="+", default=None, help="the run's methods (docstring)")
+    p.add_argument("--no-variants", action="store_true", help="no 2DG variant (a baseline run)")
     p.add_argument("--arch", choices=sorted(NAMES), default="lenet5", help="resnet20: CPU epochs")
     p.add_argument(
         "--per-layer",

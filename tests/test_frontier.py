@@ -97,6 +97,8 @@ def test_targets_pick_the_smallest_2dg_file_that_keeps_the_uncertainty(frontier)
     beat4 = checks["a 2DG point beats 4-bit det on NLL and OOD AUROC at a smaller file"]
     assert beat4["met"] and "2dg small" not in beat4["value"]
     assert checks["a 2DG point beats INT8-mu / 1-bit-sigma mean-field on every axis"]["met"]
+    baselines = [r for r in rows if r["family"] != "2dg"]  # a --no-variants run's table
+    assert frontier.targets(baselines) == {}
 
 
 def test_the_committed_frontier_follows_from_its_points(frontier):
@@ -162,28 +164,24 @@ def test_the_stage3_threshold_is_the_largest_that_keeps_the_targets_on_validatio
     assert frontier.choose_pruned([det, points[4]]) is None
 
 
+def _val_point(name, nbytes, acc, nll, seed=0, family="2dg") -> dict:
+    """A frontier point with its file's bytes and its validation scores."""
+    keys = ("point", "file_bytes", "val_accuracy", "val_nll", "seed", "family")
+    return dict(zip(keys, (name, nbytes, acc, nll, seed, family), strict=True))
+
+
 def test_the_deployed_file_is_the_smallest_stage3_variant_that_keeps_validation(frontier):
     """Issue 47, item 2: K (and stage-3 pruning) chosen on the validation split: the
     smallest file of the stage-3 variants keeping the targets there; after-training
     pruned points are not candidates, and the choice is made anew per seed."""
 
-    def point(name, nbytes, acc, nll, seed=0, family="2dg"):
-        return {
-            "point": name,
-            "family": family,
-            "seed": seed,
-            "file_bytes": nbytes,
-            "val_accuracy": acc,
-            "val_nll": nll,
-        }
-
-    det = point("deterministic float32", 1000, 0.970, 0.120, family="deterministic")
+    det = _val_point("deterministic float32", 1000, 0.970, 0.120, family="deterministic")
     points = [
         det,
-        point("2dg K=256", 300, 0.975, 0.090),
-        point("2dg K=16", 120, 0.968, 0.115),  # keeps: the smallest that does
-        point("2dg K=8", 100, 0.960, 0.200),  # too inaccurate
-        point("2dg K=16 small pruned SNR<2 zero", 50, 0.975, 0.090),  # after training
+        _val_point("2dg K=256", 300, 0.975, 0.090),
+        _val_point("2dg K=16", 120, 0.968, 0.115),  # keeps: the smallest that does
+        _val_point("2dg K=8", 100, 0.960, 0.200),  # too inaccurate
+        _val_point("2dg K=16 small pruned SNR<2 zero", 50, 0.975, 0.090),  # after training
     ]
     assert frontier.choose_variant(points)["point"] == "2dg K=16"
     both = frontier.with_chosen(points + [dict(p, seed=1) for p in points[:2]])
@@ -202,28 +200,18 @@ def test_the_file_chosen_once_keeps_the_targets_on_the_seeds_mean_validation(fro
     against the deterministic network's averages, though one seed alone would refuse it;
     a variant that a seed lacks is not a candidate."""
 
-    def point(name, seed, nbytes, acc, nll, family="2dg"):
-        return {
-            "point": name,
-            "family": family,
-            "seed": seed,
-            "file_bytes": nbytes,
-            "val_accuracy": acc,
-            "val_nll": nll,
-        }
-
     det = "deterministic float32"
     points = [
-        point(det, 0, 1000, 0.970, 0.120, family="deterministic"),
-        point(det, 1, 1000, 0.960, 0.140, family="deterministic"),
-        point("2dg K=32", 0, 300, 0.975, 0.090),
-        point("2dg K=32", 1, 310, 0.965, 0.100),
+        _val_point(det, 1000, 0.970, 0.120, seed=0, family="deterministic"),
+        _val_point(det, 1000, 0.960, 0.140, seed=1, family="deterministic"),
+        _val_point("2dg K=32", 300, 0.975, 0.090, seed=0),
+        _val_point("2dg K=32", 310, 0.965, 0.100, seed=1),
         # seed 0 alone refuses it (0.125 > 0.120); the means keep (0.1275 <= 0.130)
-        point("2dg T=1", 0, 100, 0.966, 0.125),
-        point("2dg T=1", 1, 110, 0.962, 0.130),
-        point("2dg T=2", 0, 50, 0.950, 0.200),  # too inaccurate
-        point("2dg T=2", 1, 60, 0.955, 0.150),
-        point("2dg T=3", 0, 10, 0.970, 0.100),  # seed 1 lacks it
+        _val_point("2dg T=1", 100, 0.966, 0.125, seed=0),
+        _val_point("2dg T=1", 110, 0.962, 0.130, seed=1),
+        _val_point("2dg T=2", 50, 0.950, 0.200, seed=0),  # too inaccurate
+        _val_point("2dg T=2", 60, 0.955, 0.150, seed=1),
+        _val_point("2dg T=3", 10, 0.970, 0.100, seed=0),  # seed 1 lacks it
     ]
     assert frontier.choose_for_recipe(points) == "2dg T=1"
     assert frontier.choose_variant([p for p in points if p["seed"] == 0])["point"] == "2dg T=3"
