@@ -255,3 +255,27 @@ def test_runs_of_the_same_seeds_merge_with_each_baseline_once(frontier, tmp_path
     payload = json.loads(path.read_text())
     rows = frontier.summarise(frontier.with_chosen(payload["points"]))
     assert json.loads(json.dumps(rows)) == payload["summary"]
+
+
+def test_the_rank1_baseline_run_repeats_the_committed_baselines(frontier):
+    """``--methods deterministic mean_field rank1 --no-variants`` on seeds 0-2 (rank-1
+    added to the committed LeNet-5 frontier): its deterministic and mean-field points are
+    the committed runs' to the bit, seed by seed, so that the merge pairs rank-1 with the
+    networks of its own seed; the merged frontier has rank-1 on every seed."""
+    import json
+
+    res = ROOT / "experiments" / "results"
+    paths = [res / f"frontier_{n}.json" for n in ("rank1", "stage3_seed0", "stage3_seed12")]
+    if not all(p.exists() for p in paths):
+        pytest.skip("the rank-1 frontier run is not committed")
+    new, *old = (json.loads(p.read_text())["points"] for p in paths)
+    committed = {(q["seed"], q["point"]): q for part in old for q in part}
+    keys = ("accuracy", "nll", "mean_ood_auroc", "val_nll", "file_bytes")
+    repeated = [q for q in new if q["family"] in ("deterministic", "mean_field")]
+    assert len(repeated) == 3 * 6
+    for q in repeated:
+        assert {k: q[k] for k in keys} == {k: committed[q["seed"], q["point"]][k] for k in keys}
+    merged = json.loads((res / "frontier_stage3_nearest.json").read_text())
+    rank1 = [q for q in merged["points"] if q["point"] == "rank-1"]
+    assert sorted(q["seed"] for q in rank1) == [0, 1, 2]
+    assert all(q["forwards_per_prediction"] == 4 * 30 for q in rank1)  # M = 4, 30 draws
