@@ -36,7 +36,8 @@ on the model **read back from the file it measures** where the library writes on
 ``--methods`` names the methods of the run (default: all of the above and 2DG) and
 ``--no-variants`` runs none of the 2DG variants: such a run adds a baseline to the
 committed frontier of the same seeds through ``--from-json`` (the methods that run before
-it in the registry come out identical, seed by seed).
+it in the registry come out identical, seed by seed).  ``--stage3-epochs N`` runs the
+variants with N stage-3 epochs (the recipe's: 20 on LeNet-5), named so.
 
 Accuracy, NLL and ECE: the test images (1,000) with the run's 30 seeded draws (an
 ensemble: its members); mean OOD AUROC: the predictive entropy over the built-in OOD sets
@@ -393,6 +394,12 @@ def run_seed(args, seed: int) -> list[dict]:
         variants = NEAREST_VARIANTS
     if args.no_variants or "2dg" not in cfg.methods:
         variants = {}
+    if args.stage3_epochs:  # the same variants with a longer stage 3
+        n = args.stage3_epochs
+        variants = {
+            f"{name}, {n} stage-3 epochs": merge_settings(over, {"stage3": {"epochs": n}})
+            for name, over in variants.items()
+        }
     t0 = time.perf_counter()
     records, art = run_variants(cfg, variants)
     print(f"[seed {seed}] trained in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -673,6 +680,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from-json", nargs="+", default=None, metavar="JSON")
     p.add_argument("--methods", nargs="+", default=None, help="the run's methods (docstring)")
     p.add_argument("--no-variants", action="store_true", help="no 2DG variant (a baseline run)")
+    p.add_argument(
+        "--stage3-epochs", type=int, default=None, help="the variants' stage-3 epochs (named)"
+    )
     p.add_argument("--arch", choices=sorted(NAMES), default="lenet5", help="resnet20: CPU epochs")
     p.add_argument(
         "--per-layer",
