@@ -670,7 +670,9 @@ def figure(rows, path: Path, arch: str = "lenet5") -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default="data/mnist_subset")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="default 0 1 2; with --from-json: keep"
+    )
     p.add_argument("--draws", type=int, default=10, help="draws of the OOD scores")
     p.add_argument("--ood-size", type=int, default=500)
     p.add_argument("--threads", type=int, default=2)
@@ -708,10 +710,12 @@ def main(argv: list[str] | None = None) -> int:
             seen = {(q["seed"], q["point"]) for q in points}
             points += [q for q in part["points"] if (q["seed"], q["point"]) not in seen]
             args.arch = part.get("arch", "lenet5")
+        if args.seeds is not None:  # these seeds' points only
+            points = [q for q in points if q["seed"] in args.seeds]
     else:
         if not setup(args.threads, args.root):
             return 2
-        for seed in args.seeds:
+        for seed in args.seeds or [0, 1, 2]:
             points += run_seed(args, seed)
     points = with_chosen(points)
     rows = summarise(points)

@@ -279,3 +279,18 @@ def test_the_rank1_baseline_run_repeats_the_committed_baselines(frontier):
     rank1 = [q for q in merged["points"] if q["point"] == "rank-1"]
     assert sorted(q["seed"] for q in rank1) == [0, 1, 2]
     assert all(q["forwards_per_prediction"] == 4 * 30 for q in rank1)  # M = 4, 30 draws
+
+
+def test_from_json_keeps_the_seeds_asked_for(frontier, tmp_path):
+    """``--from-json ... --seeds 3 4``: a run of five seeds (the 60-epoch stage 3 on seeds
+    0-4) merged into the frontier of two of them keeps only their points."""
+    import json
+
+    path = ROOT / "experiments" / "results" / "frontier_nearest_s3long.json"
+    if not path.exists():
+        pytest.skip("the five-seed run is not committed")
+    assert json.loads(path.read_text())["seeds"] == [0, 1, 2, 3, 4]
+    argv = ["--from-json", str(path), "--seeds", "3", "4", "--out", str(tmp_path), "--stem", "m"]
+    assert frontier.main(argv) == 0
+    merged = json.loads((tmp_path / "m.json").read_text())
+    assert merged["seeds"] == [3, 4] and {p["seed"] for p in merged["points"]} == {3, 4}
