@@ -275,16 +275,23 @@ def seed_settings(args, seed: int) -> dict:
     )
 
 
+def keeps_on_validation(acc: float, nll: float, det_acc: float, det_nll: float) -> bool:
+    """The targets on the validation split: accuracy >= the deterministic network's
+    - 0.5 pp, NLL <= its NLL."""
+    return acc >= det_acc - 0.005 and nll <= det_nll
+
+
 def keeping_validation(points: list[dict]) -> list[dict]:
-    """The points that keep the targets on the validation split: validation accuracy >=
-    the deterministic network's - 0.5 pp, validation NLL <= its NLL."""
+    """The points that keep the targets on the validation split
+    (:func:`keeps_on_validation`)."""
     det = next(p for p in points if p["point"] == "deterministic float32")
     return [
         p
         for p in points
         if p.get("val_accuracy") is not None
-        and p["val_accuracy"] >= det["val_accuracy"] - 0.005
-        and p["val_nll"] <= det["val_nll"]
+        and keeps_on_validation(
+            p["val_accuracy"], p["val_nll"], det["val_accuracy"], det["val_nll"]
+        )
     ]
 
 
@@ -328,15 +335,13 @@ def choose_for_recipe(points: list[dict]) -> str | None:
     def mean(name: str, key: str) -> float:
         return statistics.fmean(by[name][s][key] for s in seeds)
 
-    det_acc = mean("deterministic float32", "val_accuracy")
-    det_nll = mean("deterministic float32", "val_nll")
+    det = [mean("deterministic float32", k) for k in ("val_accuracy", "val_nll")]
     ok = [
         name
         for name, ps in by.items()
         if set(ps) == seeds
         and all(deployable(q) and q.get("val_accuracy") is not None for q in ps.values())
-        and mean(name, "val_accuracy") >= det_acc - 0.005
-        and mean(name, "val_nll") <= det_nll
+        and keeps_on_validation(mean(name, "val_accuracy"), mean(name, "val_nll"), *det)
     ]
     return min(ok, key=lambda n: mean(n, "file_bytes")) if ok else None
 
@@ -645,8 +650,14 @@ def figure(rows, path: Path, arch: str = "lenet5") -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    markers = {"2dg": "o", "mean_field": "s", "deterministic": "^", "ensemble": "D", "laplace": "v"}
-    markers["rank1"] = "P"
+    markers = {
+        "2dg": "o",
+        "mean_field": "s",
+        "deterministic": "^",
+        "ensemble": "D",
+        "laplace": "v",
+        "rank1": "P",
+    }
     for ax, (key, label) in zip(axes, AXES, strict=True):
         for fam, marker in markers.items():
             rs = [r for r in rows if r["family"] == fam and r[key] is not None]
