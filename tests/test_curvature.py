@@ -184,6 +184,21 @@ def test_scale_convergence_reads_the_last_tenth_of_the_epochs():
     got = scale_convergence(rising)
     assert not got["converged"] and got["median_scale_change"] == pytest.approx(1.1**2 - 1)
     assert scale_convergence([{"loss": 1.0}, {"loss": 0.5}]) is None
+    assert "site" not in got  # no per-site records: nothing said about sites
+
+
+def test_scale_convergence_names_a_small_site_that_drifts_under_a_still_median():
+    """The gap MLP's first layer: its scales grew while the median of all weights stood
+    still; the per-site change names it, ``converged`` stays the median's rule."""
+    from twodg_pyro.pipeline.methods.mean_field import scale_convergence
+
+    history = [
+        {"sigma_median": 0.3, "sigma_median_by_site": {"big": 0.3, "small": 0.1 * 1.05**i}}
+        for i in range(20)
+    ]
+    got = scale_convergence(history)
+    assert got["converged"] and got["median_scale_change"] == 0
+    assert got["site"] == "small" and got["site_scale_change"] == pytest.approx(1.05**2 - 1)
 
 
 def test_recipe_presets_are_one_recipe_for_every_network():

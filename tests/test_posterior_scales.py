@@ -50,6 +50,12 @@ def test_trajectory_is_in_every_epoch_record(digits):
         assert rec["sigma_ratio_p10"] <= rec["sigma_ratio_median"] <= rec["sigma_ratio_p90"]
     _, sigma = guide.means_and_scales()
     assert state.history[-1]["sigma_median"] == pytest.approx(float(sigma.median()), rel=1e-6)
+    # each site's median, one per site of the network, the last epoch's the guide's own
+    by_site = state.history[-1]["sigma_median_by_site"]
+    assert list(by_site) == [s.name for s in guide.sites]
+    for name, value in by_site.items():
+        assert value == pytest.approx(float(guide.scale(name).median()), rel=1e-6), name
+    assert state.history[0]["sigma_median_by_site"] != by_site  # the scales moved
 
 
 def test_small_scale_rate_bounds_every_scale_by_the_adam_step(digits):

@@ -5,6 +5,7 @@ run's numbers."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -72,6 +73,10 @@ def test_the_mean_field_record_carries_the_scales_trajectory(uq_run):
     mf = next(r for r in art.records if r["method"] == "mean_field")
     traj = mf["scale_trajectory"]
     assert traj[-1]["epoch"] == 2 and {"loss", "kl", "sigma_median"} <= set(traj[-1])
+    # the convergence record names the site whose median scale moved most
+    conv = mf["scale_convergence"]
+    sites = [s.name for s in art.trained["mean_field"].guide.sites]
+    assert conv["site"] in sites and math.isfinite(conv["site_scale_change"])
 
 
 @pytest.mark.parametrize("method", ["2dg", "ensemble"])

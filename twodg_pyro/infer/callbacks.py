@@ -120,7 +120,11 @@ class ScaleTrajectory(Callback):
       fit whose every ratio sits at the same value was stopped by the optimiser's step
       size (Adam moves a log-scale by about its learning rate per step), not by the ELBO;
     * ``sigma_over_spread``: :math:`\operatorname{median}_i \sigma_i / \operatorname{sd}(\mu)`,
-      the scales relative to the spread of the means.
+      the scales relative to the spread of the means;
+    * ``sigma_median_by_site`` (a guide with per-site ``sites`` and ``scale(name)``): each
+      site's median scale, since a small layer can drift while the median of all weights
+      stands still (a 1-32-32-1 MLP's first layer, 32 of its 1,153 weights, grew its
+      scales three-fold over tens of thousands of epochs that moved that median < 1 %).
 
     A guide without ``means_and_scales`` is left alone.  The initial scales are part of
     the callback's state, so a resumed fit reports the same ratios.
@@ -163,6 +167,11 @@ class ScaleTrajectory(Callback):
             **dict(zip(names, q, strict=True)),
             sigma_over_spread=summary["sigma_over_spread"],
         )
+        sites, scale = getattr(self.guide, "sites", None), getattr(self.guide, "scale", None)
+        if sites is not None and scale is not None:
+            with torch.no_grad():
+                by_site = {s.name: float(scale(s.name).median()) for s in sites}
+            state.history[-1]["sigma_median_by_site"] = by_site
 
 
 def _subsample(x: torch.Tensor, limit: int = 1_000_000) -> torch.Tensor:

@@ -82,16 +82,29 @@ def scale_convergence(history: list[dict], tail: float = 0.1, tol: float = 0.02)
     r"""Whether a fit's scales settled: the relative change of the median scale over the
     last ``tail`` of its epochs (at least one epoch),
     :math:`|\tilde\sigma_{E} / \tilde\sigma_{E - \lceil tail\,E \rceil} - 1|`, and
-    ``converged`` when it is below ``tol``; ``None`` for a history without scales."""
+    ``converged`` when it is below ``tol``; ``None`` for a history without scales.
+
+    Where the records hold each site's median (``sigma_median_by_site``,
+    :class:`~twodg_pyro.infer.ScaleTrajectory`), the same change per site is reported
+    too: the largest, ``site_scale_change``, and its ``site`` (information beside
+    ``converged``, which a one-weight site's noise alone would otherwise decide)."""
     scales = [h.get("sigma_median") for h in history]
     if len(scales) < 2 or any(v is None for v in scales):
         return None
     back = max(1, math.ceil(tail * len(scales)))
-    start, end = scales[-1 - back], scales[-1]
-    change = abs(end / start - 1.0) if start > 0 else math.inf
-    return {
-        "median_scale_change": change,
+    out = {
+        "median_scale_change": _change(scales[-1 - back], scales[-1]),
         "over_epochs": back,
         "tolerance": tol,
-        "converged": bool(change < tol),
     }
+    out["converged"] = bool(out["median_scale_change"] < tol)
+    first, last = (history[i].get("sigma_median_by_site") for i in (-1 - back, -1))
+    if first and last:
+        changes = {k: _change(first[k], v) for k, v in last.items() if k in first}
+        out["site"] = max(changes, key=changes.get)
+        out["site_scale_change"] = changes[out["site"]]
+    return out
+
+
+def _change(start: float, end: float) -> float:
+    return abs(end / start - 1.0) if start > 0 else math.inf
