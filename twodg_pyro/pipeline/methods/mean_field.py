@@ -57,7 +57,15 @@ def trainable_params(method: GuidePosterior) -> int:
     return method.guide.num_trainable() + deterministic
 
 
-_TRAJECTORY_KEYS = ("loss", "kl", "nll", "sigma_median", "sigma_ratio_median", "sigma_over_spread")
+_TRAJECTORY_KEYS = (
+    "loss",
+    "kl",
+    "nll",
+    "sigma_median",
+    "sigma_ratio_median",
+    "sigma_over_spread",
+    "sigma_median_by_site",
+)
 
 
 def scale_trajectory(history: list[dict], points: int = 11) -> list[dict]:
