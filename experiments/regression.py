@@ -199,8 +199,7 @@ def fit_variational(split, recipe: dict, seed: int, loader, scale, det, delta, n
     """Mean-field (on a learnt noise, or the MAP's with ``variational_noise = "map"``;
     from a fresh network or the MAP's weights), then 2DG from it:
     ``{"mean_field": (trained, seconds, convergence), "2dg": (...)}`` (:func:`convergence`
-    of each fit).  ``noise``
-    (``"learnt"`` / ``"map"``) overrides the recipe's."""
+    of each fit).  ``noise`` (``"learnt"`` / ``"map"``) overrides the recipe's."""
     mf_epochs, s3_epochs = recipe["mf_epochs"] // scale, recipe["stage3_epochs"] // scale
     every = max(1, s3_epochs // 6)
     on_map = (noise or recipe.get("variational_noise", "learnt")) == "map"
@@ -214,17 +213,17 @@ def fit_variational(split, recipe: dict, seed: int, loader, scale, det, delta, n
     else:
         guide = tp.MeanFieldGuide(model)
     t0 = time.perf_counter()
-    # the last phase (a tenth of the learning rate after ``mf_epochs``, where the recipe
-    # has one) runs in two calls, its last tenth apart, for the convergence record
     phases = [(mf_epochs, 1e-2)]
-    if recipe.get("mf_decay_epochs"):
+    if recipe.get("mf_decay_epochs"):  # then a tenth of the learning rate
         phases.append((recipe["mf_decay_epochs"] // scale, 1e-3))
-    for i, (epochs, lr) in enumerate(phases):
-        state, tail = None, max(1, epochs // 10) if i == len(phases) - 1 else 0
-        for upto in (epochs - tail, epochs) if tail else (epochs,):
-            if upto == epochs and tail:
-                before = site_median_scales(guide)
-            state = tp.fit(model, guide, loader, epochs=upto, lr=lr, progress=False, state=state)
+    for epochs, lr in phases[:-1]:
+        tp.fit(model, guide, loader, epochs=epochs, lr=lr, progress=False)
+    # the last phase in two calls, its last tenth apart, for the convergence record
+    epochs, lr = phases[-1]
+    head = epochs - max(1, epochs // 10)
+    state = tp.fit(model, guide, loader, epochs=head, lr=lr, progress=False)
+    before = site_median_scales(guide)
+    state = tp.fit(model, guide, loader, epochs=epochs, lr=lr, progress=False, state=state)
     mf_seconds = time.perf_counter() - t0
     mf_record = convergence(state.history, site_median_scales(guide), before)
     t0 = time.perf_counter()
