@@ -55,7 +55,7 @@ committed run:
   patients unused): the MAP's noise had the lower validation NLL for mean-field and 2DG
   on every seed.
 * the gap's mean-field schedule, after the first committed run (6,000 epochs at 1e-2,
-  3,000 at 1e-3; mean-field's gap ratio 1.495): its fit had not converged.  Traced on
+  3,000 at 1e-3; mean-field's gap ratio 1.495): its fit had not converged.  Traced once on
   seeds 0-2 (the training loss and each site's scales only): the first layer's scales
   (32 of the 1,153 weights) grew through a further 20,000 epochs at 1e-3 while the
   -ELBO fell (302 to 277 on seed 0), stalled at 1e-2 at 0.2-0.3 whatever the length, and
@@ -63,7 +63,7 @@ committed run:
   0.52-0.58, -ELBO flat to 0.5 %).  The recipe takes 30,000 + 60,000 and records each
   fit's convergence.  2DG's stage 3 from the converged fit had no trend over 300, 1,000
   or 3,000 epochs (seed 0: its -ELBO by tenths within 277-297 at every length, the
-  spread of its draws): it stays at 300.
+  spread of its draws; a one-off trace): it stays at 300.
 * the gap's activation, after the gap target was missed (``--select-activation``,
   ``regression_activation.md``): ReLU against tanh on a validation split of the gap
   problem's training inputs, scored by the validation NLL (the gap's spread recorded,
