@@ -95,9 +95,11 @@ import twodg_pyro as tp
 from twodg_pyro.data import load_dataset, load_diabetes_split, load_gap1d_split
 from twodg_pyro.evaluation import prediction_metrics
 from twodg_pyro.files import atomic_write_text, jsonable
+from twodg_pyro.infer.callbacks import site_median_scales
 from twodg_pyro.methods import GuidePosterior, TrainedMethod
 from twodg_pyro.methods.mcmc import run_mcmc
 from twodg_pyro.models import MLP
+from twodg_pyro.pipeline.methods.mean_field import largest_site_change
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("deterministic", "mean_field", "2dg", "mcmc")
@@ -241,12 +243,6 @@ def fit_variational(split, recipe: dict, seed: int, loader, scale, det, delta, n
     }
 
 
-def site_median_scales(guide: tp.MeanFieldGuide) -> dict[str, float]:
-    """The median posterior scale of each of the guide's sites."""
-    with torch.no_grad():
-        return {s.name: float(guide.scale(s.name).median()) for s in guide.sites}
-
-
 def convergence(history: list[dict], after: dict | None = None, before: dict | None = None):
     """Whether a fit settled: the relative change of its mean loss (the -ELBO) between
     the last two tenths of its epochs; that difference over its standard error
@@ -269,9 +265,8 @@ def convergence(history: list[dict], after: dict | None = None, before: dict | N
         "over_epochs": tenth,
     }
     if before and after:
-        changes = {k: abs(after[k] / before[k] - 1.0) for k in after}
-        out["site_scale_change"] = max(changes.values())
-        out["site"] = max(changes, key=changes.get)
+        site, out["site_scale_change"] = largest_site_change(before, after)
+        out["site"] = site
     return out
 
 

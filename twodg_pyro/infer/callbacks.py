@@ -167,11 +167,19 @@ class ScaleTrajectory(Callback):
             **dict(zip(names, q, strict=True)),
             sigma_over_spread=summary["sigma_over_spread"],
         )
-        sites, scale = getattr(self.guide, "sites", None), getattr(self.guide, "scale", None)
-        if sites is not None and scale is not None:
-            with torch.no_grad():
-                by_site = {s.name: float(scale(s.name).median()) for s in sites}
+        by_site = site_median_scales(self.guide)
+        if by_site is not None:
             state.history[-1]["sigma_median_by_site"] = by_site
+
+
+def site_median_scales(guide) -> dict[str, float] | None:
+    """Each site's median posterior scale, for a guide with per-site ``sites`` and
+    ``scale(name)`` (the mean-field guide); ``None`` for any other."""
+    sites, scale = getattr(guide, "sites", None), getattr(guide, "scale", None)
+    if sites is None or scale is None:
+        return None
+    with torch.no_grad():
+        return {s.name: float(scale(s.name).median()) for s in sites}
 
 
 def _subsample(x: torch.Tensor, limit: int = 1_000_000) -> torch.Tensor:

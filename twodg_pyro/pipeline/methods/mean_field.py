@@ -108,10 +108,17 @@ def scale_convergence(history: list[dict], tail: float = 0.1, tol: float = 0.02)
     out["converged"] = bool(out["median_scale_change"] < tol)
     first, last = (history[i].get("sigma_median_by_site") for i in (-1 - back, -1))
     if first and last:
-        changes = {k: _change(first[k], v) for k, v in last.items() if k in first}
-        out["site"] = max(changes, key=changes.get)
-        out["site_scale_change"] = changes[out["site"]]
+        out["site"], out["site_scale_change"] = largest_site_change(first, last)
     return out
+
+
+def largest_site_change(first: dict[str, float], last: dict[str, float]) -> tuple[str, float]:
+    """The site whose median scale changed most from ``first`` to ``last`` (``{site:
+    median scale}``, e.g. :func:`~twodg_pyro.infer.callbacks.site_median_scales` at two
+    epochs) and that relative change."""
+    changes = {k: _change(first[k], v) for k, v in last.items() if k in first}
+    site = max(changes, key=changes.get)
+    return site, changes[site]
 
 
 def _change(start: float, end: float) -> float:
