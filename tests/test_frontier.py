@@ -294,3 +294,30 @@ def test_from_json_keeps_the_seeds_asked_for(frontier, tmp_path):
     assert frontier.main(argv) == 0
     merged = json.loads((tmp_path / "m.json").read_text())
     assert merged["seeds"] == [3, 4] and {p["seed"] for p in merged["points"]} == {3, 4}
+
+
+@pytest.mark.parametrize(
+    ("stem", "seeds"),
+    [("frontier_lenet5_bayes", [0, 1, 2]), ("frontier_lenet5_bayes_heldout", [3, 4, 5, 6])],
+)
+def test_the_150_epoch_recipe_frontier_keeps_every_seeds_targets_beyond_30x(frontier, stem, seeds):
+    """The LeNet-5 frontiers of the preset's 150-epoch stage 1 (seeds 0-2, and four more):
+    the summary follows from the points, and the file chosen on each seed's validation
+    split is >= 30x smaller than the float32 network and keeps that seed's targets on the
+    test images (accuracy >= det - 0.5 pp, NLL <= det's, mean OOD AUROC >= the
+    ensemble's)."""
+    import json
+
+    path = ROOT / "experiments" / "results" / f"{stem}.json"
+    payload = json.loads(path.read_text())
+    rows = frontier.summarise(frontier.with_chosen(payload["points"]))
+    assert json.loads(json.dumps(rows)) == payload["summary"]
+    by = {(p["seed"], p["point"]): p for p in frontier.with_chosen(payload["points"])}
+    assert payload["seeds"] == seeds
+    for seed in payload["seeds"]:
+        det, ens = by[seed, "deterministic float32"], by[seed, "ensemble"]
+        chosen = by[seed, "2dg small, K and pruning chosen on validation"]
+        assert chosen["float32_ratio"] >= 30
+        assert chosen["accuracy"] >= det["accuracy"] - 0.005
+        assert chosen["nll"] <= det["nll"]
+        assert chosen["mean_ood_auroc"] >= ens["mean_ood_auroc"]
