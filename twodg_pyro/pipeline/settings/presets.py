@@ -248,8 +248,8 @@ def preset(name: str) -> dict:
 for _base in ("mnist-resnet20", "cifar10-resnet20", "cifar10-resnet18"):
     PRESETS[f"{_base}-bayes"] = bayes_preset(_base)
 #: LeNet-5's stage 1 runs 150 epochs: at 50 the median scale had settled but conv1's and
-#: fc3's still shrank by 3-4 % an epoch; 150 had the lowest validation NLL of 50 / 100 /
-#: 150 / 300 on seed 0 and of 50 / 150 on seeds 1 and 2
+#: fc3's still shrank by 3-4 % over the last four epochs; 150 had the lowest validation
+#: NLL of 50 / 100 / 150 / 300 on seed 0 and of 50 / 150 on seeds 1 and 2
 #: (``experiments/results/recipe_selection/stage1_lenet5_longer*.md``)
 PRESETS["mnist-lenet5-bayes"] = merge_settings(
     bayes_preset("mnist-lenet5"), {"stage1": {"epochs": 150}}
