@@ -10,12 +10,12 @@ from collections.abc import Callable
 import pyro
 import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from pyro.distributions.util import sum_rightmost
 from torch import nn
 from torch.distributions import Distribution, register_kl
 
 from ..guide import BNNGuide, FastStepGuide, GuideSample, MarginalDensity, kl_or_estimate
+from ..nn.functional import softplus
 from ..nn.sites import BayesianSite
 from ..pyro_params import params_are_local, plate_batch_shape
 
@@ -145,7 +145,7 @@ class LocScaleParameters:
 
     def scale(self, name: str) -> torch.Tensor:
         r""":math:`\sigma = \operatorname{softplus}(\rho)` of a site."""
-        return F.softplus(self.rhos[site_key(name)])
+        return softplus(self.rhos[site_key(name)])
 
     def mean_weights(self) -> dict[str, torch.Tensor]:
         r"""Every site's posterior mean :math:`\mu`, detached."""

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 
 from ..guide import FastStepGuide
+from ..nn.functional import softplus
 from .base import normal_normal_kl, scalar_prior
 
 
@@ -53,7 +53,7 @@ def fused_kl(guide, priors) -> dict[str, torch.Tensor] | None:
     p_loc, p_scale, o_loc, o_scale = table
     kl_out = guide.centre_mu.new_zeros(())
     if guide.kinds.outliers:
-        scale = F.softplus(guide.outlier_rho)
+        scale = softplus(guide.outlier_rho)
         kl_out = normal_normal_kl(guide.outlier_loc, scale, o_loc, o_scale).sum()
     prior = dist.Normal(p_loc, p_scale, validate_args=False)
     counts, kl_k = guide.tying_rule.normal_kl_terms(guide, guide.site_counts, prior, guide._last)

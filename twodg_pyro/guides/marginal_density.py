@@ -36,9 +36,9 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..guide import LOG_Q_METHODS, BNNGuide, MarginalDensity
+from ..nn.functional import softplus
 from ..sharing.structure import plane_sigma
 
 __all__ = [
@@ -114,7 +114,7 @@ def shared_mixture_log_q(guide, marginals: ComponentMarginals) -> MarginalDensit
     J = log_w.shape[1]
     out_idx, plain_idx, ell_idx = guide.outlier_index, guide.plain_index, guide.ellipse_index
     loc = guide.outlier_loc.detach()
-    scale = F.softplus(guide.outlier_rho.detach())
+    scale = softplus(guide.outlier_rho.detach())
     c = guide.plain_component
     plain = _mixture_table(log_w[c], mean[c], sd[c])
     ell = None

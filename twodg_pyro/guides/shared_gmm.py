@@ -24,10 +24,10 @@ import math
 import pyro
 import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 
 from ..bnn import require_model
 from ..guide import BNNGuide, GuideSample, MarginalDensity
+from ..nn.functional import softplus
 from ..sharing.structure import SharingStructure
 from .assignment import assignment_tables
 from .base import GuideDraw, particle_batch_shape, scalar_prior
@@ -126,7 +126,7 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         :meth:`~twodg_pyro.guides.tyings.Tying.draw`).  ``fast=True`` (no gradients
         needed: prediction) draws in place and keeps only the weights.
         """
-        out_scale = F.softplus(self.outlier_rho)
+        out_scale = softplus(self.outlier_rho)
         chosen = self._ellipse_components(S)
         draw, ell = self.tying_rule.draw(self, S, chosen, out_scale, fast)
         if ell is not None:
@@ -240,7 +240,7 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         if site.outliers.stop > site.outliers.start:
             idx = self.outlier_index[site.outliers]
             loc = self.outlier_loc[site.outliers]
-            scale = F.softplus(self.outlier_rho[site.outliers])
+            scale = softplus(self.outlier_rho[site.outliers])
             kl_out = None
             if per_weight:
                 kl_out = normal_kl(loc, scale, prior_at(idx)).sum()

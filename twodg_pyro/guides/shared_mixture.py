@@ -13,12 +13,11 @@ densities) and works on that guide's attributes.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..files.integrity import FieldError, check_field
 from ..infer.elbo import DecomposedELBO
-from ..nn.functional import MIN_SIGMA, inverse_softplus
+from ..nn.functional import MIN_SIGMA, inverse_softplus, softplus
 from ..sharing.refine import apply_mapping, merge_point_covariances
 from ..sharing.structure import SharingStructure
 
@@ -83,12 +82,12 @@ class SharedMixture:
     def centre_sigma(self) -> torch.Tensor:
         r""":math:`\sigma` of each centre (``softplus`` or ``exp`` of its raw parameter)."""
         if self.coordinates == "sigma":
-            return F.softplus(self.centre_raw).clamp_min(MIN_SIGMA)
+            return softplus(self.centre_raw).clamp_min(MIN_SIGMA)
         return self.centre_raw.exp()
 
     def centres(self) -> torch.Tensor:
         """Component means :math:`m_k` in the mixture's coordinates, ``(K, 2)``."""
-        m1 = F.softplus(self.centre_raw) if self.coordinates == "sigma" else self.centre_raw
+        m1 = softplus(self.centre_raw) if self.coordinates == "sigma" else self.centre_raw
         return torch.stack([self.centre_mu, m1], 1)
 
     def cholesky(self) -> torch.Tensor:
@@ -182,7 +181,7 @@ class SharedMixture:
                 covariances=self.covariances().cpu(),
                 outlier_index=self.outlier_index.cpu(),
                 outlier_loc=self.outlier_loc.cpu(),
-                outlier_scale=F.softplus(self.outlier_rho).cpu(),
+                outlier_scale=softplus(self.outlier_rho).cpu(),
                 plain_index=self.plain_index.long().cpu(),
                 plain_component=self.plain_component.long().cpu(),
                 ellipse_index=self.ellipse_index.cpu(),
@@ -205,7 +204,7 @@ class SharedMixture:
         # they were, relative to the saved centres
         if prefix + "anchor_centres" not in state_dict and prefix + "centre_mu" in state_dict:
             raw = state_dict[prefix + "centre_raw"]
-            m1 = F.softplus(raw) if self.coordinates == "sigma" else raw
+            m1 = softplus(raw) if self.coordinates == "sigma" else raw
             state_dict[prefix + "anchor_centres"] = torch.stack(
                 [state_dict[prefix + "centre_mu"], m1], 1
             )

@@ -50,10 +50,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
 import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from pyro.distributions.kl import kl_divergence
 
 from ..guide import NoSiteDensityError
+from ..nn.functional import softplus
 from .assignment import gather_rows
 from .marginal_density import ComponentMarginals, stochastic_component_marginals
 from .stochastic_draw import Conditional, StochasticParts, draw_stochastic
@@ -210,7 +210,7 @@ class Representative(Tying):
         centre of the component drawn from its alphas (ellipse weights):
         :math:`\mathbb E[\log q(w \mid c) - \log p(w)] = \sum_k \alpha_k
         \mathrm{KL}(\mathcal N(m_{k,0}, m_{k,1}^2) \| p)`."""
-        loc, scale = self.normals(guide, F.softplus(guide.outlier_rho))
+        loc, scale = self.normals(guide, softplus(guide.outlier_rho))
         flat, chosen = draw.flat, draw.chosen
         if chosen is not None:
             shape = (flat.shape[0], loc.shape[0])

@@ -76,9 +76,8 @@ import math
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 
-from ..nn.functional import MIN_SIGMA, inverse_softplus
+from ..nn.functional import MIN_SIGMA, inverse_softplus, softplus
 
 #: the parameter groups VON trains as the guide's posterior, and the rest (Adam)
 _LOC, _SCALE, _OTHER = "loc", "scale", "deterministic"
@@ -191,32 +190,54 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
         loc_group["step"] += 1
         t = loc_group["step"]
         alpha = self.scheduled_lr(loc_group, t)
-        beta, b1, r = loc_group["kl_weight"], loc_group["beta1"], 1.0 - loc_group["beta2"]
-        total = loc_group["total_steps"]
+        r, total = 1.0 - loc_group["beta2"], loc_group["total_steps"]
         if total and t > total:  # settling at fixed means: a Robbins-Monro rate
             r = 1.0 / (1.0 / r + t - total)
-        radius = loc_group["clip_radius"]
-        for mu, rho in zip(loc_group["params"], scale_group["params"], strict=True):
-            if mu.grad is None or rho.grad is None:
-                continue
-            sigma = F.softplus(rho)
-            precision = sigma.pow(-2)
-            # (dL/dsigma) / (beta sigma) = S_hat - S: the natural gradient of the precision
-            delta = rho.grad / torch.sigmoid(rho) / (beta * sigma)
-            precision = precision + r * delta + 0.5 * r * r * delta.square() / precision
-            state = self.state[mu]
-            if "momentum" not in state:
-                state["momentum"] = torch.zeros_like(mu)
-            m = state["momentum"].mul_(b1).add_(mu.grad, alpha=1.0 - b1)
-            direction = m / ((1.0 - b1**t) * beta * precision)
-            if radius is not None:
-                direction = direction.clamp_(-radius, radius)
-            mu.sub_(alpha * direction)
-            rho.copy_(inverse_softplus(precision.rsqrt().clamp_min(MIN_SIGMA)))
+        pairs = [
+            (mu, rho)
+            for mu, rho in zip(loc_group["params"], scale_group["params"], strict=True)
+            if mu.grad is not None and rho.grad is not None
+        ]
+        if pairs:
+            self._posterior_step([p for p, _ in pairs], [p for _, p in pairs], alpha, r, t)
         for group in self.param_groups:
             if group.get("name") == _OTHER:
                 self._adam(group, t)
         return loss
+
+    def _posterior_step(self, locs: list, rhos: list, alpha: float, r: float, t: int) -> None:
+        """The update of the module docstring on every pair ``(mu, rho)`` at once: one
+        flat vector of all the weights (a few elementwise operations in all, not a few per
+        tensor); the momentum stays one state tensor per ``mu`` (checkpoints, and
+        :func:`~twodg_pyro.infer.optim.remap_optimizer_rows`)."""
+        group = self._group(_LOC)
+        beta, b1, radius = group["kl_weight"], group["beta1"], group["clip_radius"]
+        for mu in locs:
+            if "momentum" not in self.state[mu]:
+                self.state[mu]["momentum"] = torch.zeros_like(mu)
+        moms = [self.state[mu]["momentum"] for mu in locs]
+        torch._foreach_mul_(moms, b1)
+        torch._foreach_add_(moms, [mu.grad for mu in locs], alpha=1.0 - b1)
+
+        def flat(tensors):
+            return torch.cat([v.reshape(-1) for v in tensors])
+
+        rho = flat(rhos)
+        sigma = softplus(rho)
+        precision = sigma.pow(-2)
+        # (dL/drho) / (sigmoid(rho) beta sigma) = S_hat - S: the precision's natural gradient
+        delta = flat([p.grad for p in rhos]).div_(torch.sigmoid(rho).mul_(sigma).mul_(beta))
+        correction = delta.square().div_(precision).mul_(0.5 * r * r)
+        precision.add_(delta, alpha=r).add_(correction)
+        direction = flat(moms).div_(precision * ((1.0 - b1**t) * beta))
+        if radius is not None:
+            direction.clamp_(-radius, radius)
+        new_rho = inverse_softplus(precision.rsqrt_().clamp_min_(MIN_SIGMA))
+        sizes = [mu.numel() for mu in locs]
+        steps = [d.view_as(mu) for d, mu in zip(direction.split(sizes), locs, strict=True)]
+        torch._foreach_add_(locs, steps, alpha=-alpha)
+        for p, v in zip(rhos, new_rho.split(sizes), strict=True):
+            p.copy_(v.view_as(p))
 
     def _adam(self, group: dict, t: int) -> None:
         """Adam on the ``deterministic`` group (no weight decay), at its scheduled rate."""

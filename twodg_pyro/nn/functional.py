@@ -1,15 +1,86 @@
-"""Small tensor functions shared by the guides, the baselines and the file readers."""
+r"""Small tensor functions shared by the guides, the baselines and the file readers.
+
+:func:`softplus` and :func:`inverse_softplus` map a guide's unconstrained :math:`\rho` to
+its scale :math:`\sigma = \log(1 + e^\rho)` and back, at every draw and every VON step.
+On the CPU, torch's ``softplus``, ``log1p`` and ``expm1`` run element by element in
+float32, about 10x slower than ``exp`` and ``log``, which are vectorised (460 us against
+41 us for LeNet-5's 48,000 ``fc1`` scales at one thread: a tenth of a training step).
+For float32 on the CPU both are therefore written with ``exp`` and ``log`` only, in
+Goldberg's and Kahan's forms, which stay accurate to a few units in the last place where
+:math:`\rho` is very negative (:math:`\sigma \approx e^\rho`):
+
+.. math::
+    \log(1 + u) = u\,\frac{\log w}{w - 1}, \quad w = 1 \oplus u; \qquad
+    e^s - 1 = s\,\frac{v - 1}{\log v}, \quad v = e^s
+
+(:math:`\oplus`: the rounded sum; where :math:`w` or :math:`v` rounds to 1 the fraction
+is 1), evaluated below 20 and continued linearly above it, where softplus is the
+identity to float32's precision (torch's ``threshold``).  Other dtypes and devices use
+torch's own kernels.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 #: the smallest sigma of the library: a guide's scale, a component centre's, a drawn
 #: weight's, and the smallest ``x`` whose inverse softplus is taken (below it, ``expm1``
 #: underflows)
 MIN_SIGMA = 1e-8
+#: above it softplus is the identity (torch's ``threshold``)
+_LINEAR = 20.0
+
+
+def _vectorised(x: torch.Tensor) -> bool:
+    """Whether the ``exp``/``log`` forms replace torch's kernels for ``x``."""
+    return x.device.type == "cpu" and x.dtype == torch.float32
+
+
+def _above_linear(x: torch.Tensor) -> torch.Tensor:
+    r""":math:`\max(x - 20, 0)`: the part of ``x`` continued linearly."""
+    return (x - _LINEAR).clamp_min_(0.0)
+
+
+class _Softplus(torch.autograd.Function):
+    r""":math:`\log(1 + e^x)` from ``exp`` and ``log`` (module docstring), with the
+    derivative :math:`\operatorname{sigmoid}(x)`.  (``forward`` takes ``ctx``: with a
+    separate ``setup_context`` torch binds the arguments by ``inspect`` at every call.)"""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        u = torch.exp(x.clamp_max(_LINEAR))
+        w = u + 1.0
+        out = torch.log(w)
+        out.div_(w.sub_(1.0)).nan_to_num_(nan=1.0)  # log(w) / (w - 1), 1 where w = 1
+        return out.mul_(u).add_(_above_linear(x))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * torch.sigmoid(x)
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    r""":math:`\sigma = \log(1 + e^x)` (the identity above 20, as torch's), differentiable,
+    vectorised for float32 on the CPU (module docstring).
+
+    Example::
+
+        sigma = softplus(rho)  # torch.nn.functional.softplus(rho) to a few ulp
+    """
+    return _Softplus.apply(x) if _vectorised(x) else F.softplus(x)
 
 
 def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
-    r""":math:`\rho = \log(e^{\sigma} - 1)`, stable for small and large ``x``."""
-    return torch.where(x > 20.0, x, torch.log(torch.expm1(x.clamp_min(MIN_SIGMA))))
+    r""":math:`\rho = \log(e^{x} - 1)`, stable for small and large ``x`` (``x`` clamped at
+    :data:`MIN_SIGMA`; the identity above 20); vectorised for float32 on the CPU."""
+    x = x.clamp_min(MIN_SIGMA)
+    if not _vectorised(x):
+        return torch.where(x > _LINEAR, x, torch.log(torch.expm1(x)))
+    low = x.clamp_max(_LINEAR)
+    v = torch.exp(low)
+    em1 = v - 1.0
+    em1.div_(v.log_()).nan_to_num_(nan=1.0).mul_(low)  # expm1(low), low where v = 1
+    return em1.log_().add_(_above_linear(x))
