@@ -86,16 +86,17 @@ def epochs(arch: str, batch: int, n_data: int = 3600) -> dict:
     )
     guide = MeanFieldGuide(model, init_scale=1e-3)
     von = functools.partial(VariationalOnlineNewton, kl_weight=0.1)
-    state = {"von": None, "epoch": 0}
+    state = None  # the VON run's TrainState, continued one epoch a call
 
     def det_epoch():
         train_deterministic(det, loader, 1, lr=0.1, optimizer="sgd", progress=False)
 
     def von_epoch():
-        state["epoch"] += 1
-        state["von"] = fit(
-            model, guide, loader, state["epoch"], lr=1e-3, elbo=DecomposedELBO(beta=0.1),
-            optimizer=von, progress=False, state=state["von"],
+        nonlocal state
+        upto = 1 if state is None else state.epoch + 1
+        state = fit(
+            model, guide, loader, upto, lr=1e-3, elbo=DecomposedELBO(beta=0.1),
+            optimizer=von, progress=False, state=state,
         )  # fmt: skip
 
     return {"deterministic SGD": det_epoch, "mean-field VON": von_epoch}

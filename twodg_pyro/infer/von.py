@@ -199,19 +199,20 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
             if mu.grad is not None and rho.grad is not None
         ]
         if pairs:
-            self._posterior_step([p for p, _ in pairs], [p for _, p in pairs], alpha, r, t)
+            locs, rhos = (list(ps) for ps in zip(*pairs, strict=True))
+            self._posterior_step(loc_group, locs, rhos, alpha, r)
         for group in self.param_groups:
             if group.get("name") == _OTHER:
                 self._adam(group, t)
         return loss
 
-    def _posterior_step(self, locs: list, rhos: list, alpha: float, r: float, t: int) -> None:
-        """The update of the module docstring on every pair ``(mu, rho)`` at once: one
-        flat vector of all the weights (a few elementwise operations in all, not a few per
-        tensor); the momentum stays one state tensor per ``mu`` (checkpoints, and
-        :func:`~twodg_pyro.infer.optim.remap_optimizer_rows`)."""
-        group = self._group(_LOC)
+    def _posterior_step(self, group: dict, locs: list, rhos: list, alpha: float, r: float):
+        """The update of the module docstring on every pair ``(mu, rho)`` of the ``loc``
+        ``group`` at once: one flat vector of all the weights (a few elementwise operations
+        in all, not a few per tensor); the momentum stays one state tensor per ``mu``
+        (checkpoints, and :func:`~twodg_pyro.infer.optim.remap_optimizer_rows`)."""
         beta, b1, radius = group["kl_weight"], group["beta1"], group["clip_radius"]
+        t = group["step"]
         for mu in locs:
             if "momentum" not in self.state[mu]:
                 self.state[mu]["momentum"] = torch.zeros_like(mu)
