@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from twodg_pyro.nn.functional import MIN_SIGMA, inverse_softplus, softplus
+from twodg_pyro.nn.functional import MIN_SIGMA, VECTORISED_FROM, inverse_softplus, softplus
 
 #: float32's unit roundoff: the bounds below are a few of it
 EPS32 = 2.0**-24
@@ -35,7 +35,8 @@ def test_float32_softplus_is_torchs_float64_within_a_few_ulp():
 
 
 def test_softplus_gradient_is_the_sigmoid():
-    x = _rhos()[::97].clone().requires_grad_()
+    x = _rhos()[::20].clone().requires_grad_()
+    assert x.numel() >= VECTORISED_FROM
     (grad,) = torch.autograd.grad(softplus(x).sum(), x)
     torch.testing.assert_close(grad, torch.sigmoid(x.detach()), rtol=0, atol=0)
     x64 = x.detach().double().requires_grad_()
@@ -63,6 +64,18 @@ def test_float64_uses_torchs_kernels_bit_for_bit():
     x = _rhos(torch.float64)
     assert torch.equal(softplus(x), F.softplus(x))
     s = F.softplus(x).clamp_min(MIN_SIGMA)
+    assert torch.equal(inverse_softplus(s), torch.where(s > 20.0, s, torch.log(torch.expm1(s))))
+
+
+def test_small_float32_tensors_use_torchs_kernels_bit_for_bit():
+    # a LeNet-5 bias or a conv kernel: one torch dispatch is cheaper than the forms' several
+    x = _rhos()[:: 200_011 // (VECTORISED_FROM - 1)][: VECTORISED_FROM - 1].clone()
+    assert x.numel() == VECTORISED_FROM - 1
+    x.requires_grad_()
+    got, ref = softplus(x), F.softplus(x)
+    assert torch.equal(got, ref)
+    assert torch.equal(*(torch.autograd.grad(v.sum(), x)[0] for v in (got, ref)))
+    s = ref.detach().clamp_min(MIN_SIGMA)
     assert torch.equal(inverse_softplus(s), torch.where(s > 20.0, s, torch.log(torch.expm1(s))))
 
 

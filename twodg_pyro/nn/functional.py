@@ -7,7 +7,9 @@ float32, where ``exp`` and ``log`` are vectorised (``benchmarks/bench_von_epoch.
 thread, LeNet-5's 48,000 ``fc1`` scales: torch's softplus 461 us, this one 158 us).
 For float32 on the CPU both are therefore written with ``exp`` and ``log`` only, in
 Goldberg's and Kahan's forms, which stay accurate to a few units in the last place where
-:math:`\rho` is very negative (:math:`\sigma \approx e^\rho`):
+:math:`\rho` is very negative (:math:`\sigma \approx e^\rho`), on tensors of at least
+:data:`VECTORISED_FROM` elements (below it, the half-dozen operations of these forms cost
+more than torch's one kernel: the crossover ``benchmarks/bench_von_epoch.py`` records):
 
 .. math::
     \log(1 + u) = u\,\frac{\log w}{w - 1}, \quad w = 1 \oplus u; \qquad
@@ -15,8 +17,8 @@ Goldberg's and Kahan's forms, which stay accurate to a few units in the last pla
 
 (:math:`\oplus`: the rounded sum; where :math:`w` or :math:`v` rounds to 1 the fraction
 is 1), evaluated below 20 and continued linearly above it, where softplus is the
-identity to float32's precision (torch's ``threshold``).  Other dtypes and devices use
-torch's own kernels.
+identity to float32's precision (torch's ``threshold``).  Smaller tensors, other dtypes
+and other devices use torch's own kernels.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ import torch.nn.functional as F
 MIN_SIGMA = 1e-8
 #: above it softplus is the identity (torch's ``threshold``)
 _LINEAR = 20.0
+#: the fewest float32 CPU elements that the ``exp``/``log`` forms compute (fewer: torch's
+#: kernels, whose one dispatch is then cheaper than the forms' several)
+VECTORISED_FROM = 8192
 
 
 def _vectorised(x: torch.Tensor) -> bool:
     """Whether the ``exp``/``log`` forms replace torch's kernels for ``x``."""
-    return x.device.type == "cpu" and x.dtype == torch.float32
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() >= VECTORISED_FROM
 
 
 def _above_linear(x: torch.Tensor) -> torch.Tensor:
@@ -64,7 +69,7 @@ class _Softplus(torch.autograd.Function):
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
     r""":math:`\sigma = \log(1 + e^x)` (the identity above 20, as torch's), differentiable,
-    vectorised for float32 on the CPU (module docstring).
+    vectorised for large float32 tensors on the CPU (module docstring).
 
     Example::
 
@@ -75,7 +80,8 @@ def softplus(x: torch.Tensor) -> torch.Tensor:
 
 def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
     r""":math:`\rho = \log(e^{x} - 1)`, stable for small and large ``x`` (``x`` clamped at
-    :data:`MIN_SIGMA`; the identity above 20); vectorised for float32 on the CPU."""
+    :data:`MIN_SIGMA`; the identity above 20); vectorised for large float32 tensors on the
+    CPU."""
     x = x.clamp_min(MIN_SIGMA)
     if not _vectorised(x):
         return torch.where(x > _LINEAR, x, torch.log(torch.expm1(x)))
