@@ -3,7 +3,10 @@ against a deterministic SGD step of the same network, and against the SVI (Adam)
 the same guide, side by side (interleaved rounds), on ResNet-20 and LeNet-5 at the
 recipe's batch size (MNIST-sized inputs: 1 x 28 x 28, 10 classes).
 
-Target (issue 43): a VON epoch <= 1.3x a deterministic epoch.  Two measures: the bare
+Target (issue 43): a VON epoch <= 1.3x a deterministic epoch.  Each mean-field trainer
+runs twice: site by site (the default, the traced step bit for bit) and with
+``DecomposedELBO(fused_kl=True)`` (all sites drawn, and their KL taken, as one flat vector:
+:mod:`twodg_pyro.guides.fast_normal`).  Two measures: the bare
 step (the forward, backward and update of one minibatch already in memory: the ratio
 of steps), and an epoch of the library's own trainers over one loader of 3,600
 MNIST-sized images (``train_deterministic`` with SGD against ``fit`` with VON: the
@@ -29,7 +32,7 @@ from twodg_pyro.infer import DecomposedELBO, VariationalOnlineNewton, fit
 from twodg_pyro.infer.optim import build_optimizer
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import build_network
-from twodg_pyro.nn.functional import inverse_softplus, softplus
+from twodg_pyro.nn.functional import VECTORISED_FROM, _Softplus, inverse_softplus, softplus
 from twodg_pyro.priors import LayerwiseNormalPrior
 
 
@@ -51,15 +54,18 @@ def steps(arch: str, batch: int, n_data: int = 3600) -> dict:
         sgd.step()
 
     out = {"deterministic SGD": det_step}
-    for name, opt in (
-        ("mean-field VON", functools.partial(VariationalOnlineNewton, kl_weight=0.1)),
-        ("mean-field SVI (Adam)", torch.optim.Adam),
+    von = functools.partial(VariationalOnlineNewton, kl_weight=0.1)
+    for name, opt, fused in (
+        ("mean-field VON", von, False),
+        ("mean-field VON, fused_kl", von, True),
+        ("mean-field SVI (Adam)", torch.optim.Adam, False),
+        ("mean-field SVI (Adam), fused_kl", torch.optim.Adam, True),
     ):
         model = BNNModel(network(), prior=LayerwiseNormalPrior(), likelihood=Categorical(n_data))
         guide = MeanFieldGuide(model, init_scale=1e-3)
         model.train()
         optimizer = build_optimizer(model, guide, 1e-3, opt)
-        elbo = DecomposedELBO(beta=0.1)
+        elbo = DecomposedELBO(beta=0.1, fused_kl=fused)
 
         def step(model=model, guide=guide, optimizer=optimizer, elbo=elbo):
             optimizer.zero_grad(set_to_none=True)
@@ -79,27 +85,36 @@ def epochs(arch: str, batch: int, n_data: int = 3600) -> dict:
     )
     loader = make_loader(data, batch, shuffle=True)
     det = build_network(arch, num_classes=10, in_channels=1)
-    model = BNNModel(
-        build_network(arch, num_classes=10, in_channels=1),
-        prior=LayerwiseNormalPrior(),
-        likelihood=Categorical(n_data),
-    )
-    guide = MeanFieldGuide(model, init_scale=1e-3)
     von = functools.partial(VariationalOnlineNewton, kl_weight=0.1)
-    state = None  # the VON run's TrainState, continued one epoch a call
 
     def det_epoch():
         train_deterministic(det, loader, 1, lr=0.1, optimizer="sgd", progress=False)
 
-    def von_epoch():
-        nonlocal state
-        upto = 1 if state is None else state.epoch + 1
-        state = fit(
-            model, guide, loader, upto, lr=1e-3, elbo=DecomposedELBO(beta=0.1),
-            optimizer=von, progress=False, state=state,
-        )  # fmt: skip
+    def von_epochs(fused: bool):
+        model = BNNModel(
+            build_network(arch, num_classes=10, in_channels=1),
+            prior=LayerwiseNormalPrior(),
+            likelihood=Categorical(n_data),
+        )
+        guide = MeanFieldGuide(model, init_scale=1e-3)
+        state = None  # the VON run's TrainState, continued one epoch a call
 
-    return {"deterministic SGD": det_epoch, "mean-field VON": von_epoch}
+        def von_epoch():
+            nonlocal state
+            upto = 1 if state is None else state.epoch + 1
+            state = fit(
+                model, guide, loader, upto, lr=1e-3,
+                elbo=DecomposedELBO(beta=0.1, fused_kl=fused), optimizer=von,
+                progress=False, state=state,
+            )  # fmt: skip
+
+        return von_epoch
+
+    return {
+        "deterministic SGD": det_epoch,
+        "mean-field VON": von_epochs(False),
+        "mean-field VON, fused_kl": von_epochs(True),
+    }
 
 
 def scale_maps(n: int = 48_000) -> dict:
@@ -113,6 +128,19 @@ def scale_maps(n: int = 48_000) -> dict:
         "inverse softplus, torch (log expm1)": lambda: torch.log(torch.expm1(sigma)),
         "inverse softplus, library": lambda: inverse_softplus(sigma),
     }
+
+
+def crossover() -> dict:
+    """Softplus forward and backward on float32 tensors around
+    :data:`~twodg_pyro.nn.functional.VECTORISED_FROM`: torch's kernel against the
+    ``exp``/``log`` forms (LeNet-5's sites hold 6 to 48,000 weights)."""
+    out = {}
+    for n in (150, 2400, 8192, 10080, 48000):
+        rho = (torch.full((n,), -6.9) + 0.5 * torch.randn(n)).requires_grad_()
+        ones = torch.ones(n)
+        out[f"{n} torch"] = lambda rho=rho, g=ones: F.softplus(rho).backward(g)
+        out[f"{n} forms"] = lambda rho=rho, g=ones: _Softplus.apply(rho).backward(g)
+    return out
 
 
 def main() -> None:
@@ -155,7 +183,20 @@ def main() -> None:
         "|---|---|",
     ]
     lines += [f"| {name} | {us:.0f} |" for name, us in maps.items()]
-    record("bench_von_epoch", {"rows": rows, "scale_maps_us": maps}, "\n".join(lines) + "\n")
+    cross = {k: v * 1e6 for k, v in interleaved(crossover(), args.repeats, inner=200).items()}
+    lines += [
+        "",
+        "Softplus forward and backward by size (float32): torch's kernel against the "
+        "`exp`/`log` forms; the library uses the forms from "
+        f"{VECTORISED_FROM:,} elements.",
+        "",
+        "| elements | torch, us | forms, us |",
+        "|---|---|---|",
+    ]
+    sizes = dict.fromkeys(k.split()[0] for k in cross)
+    lines += [f"| {n} | {cross[n + ' torch']:.0f} | {cross[n + ' forms']:.0f} |" for n in sizes]
+    payload = {"rows": rows, "scale_maps_us": maps, "softplus_by_size_us": cross}
+    record("bench_von_epoch", payload, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -74,6 +74,13 @@ GRID: dict[str, tuple[dict, float]] = {
     # and is now the preset's ("svi"), so 50 is named (the point "svi" of the
     # stage1_lenet5_longer* files, run before the preset changed)
     **{f"svi, {n} epochs": ({"stage1": {"epochs": n}}, 1.0) for n in (50, 100, 150, 300)},
+    # the recipes' stage 1 with the fused mean-field step (fused_kl: every site drawn and
+    # its KL taken as one flat vector): the same bound to float rounding, cheaper steps
+    "svi, fused": ({"fused_kl": True}, 1.0),
+    "von, frozen, x0.3, fused": (
+        {"network": {"norm_stats": "frozen"}, "stage1": VON, "fused_kl": True},
+        0.3,
+    ),
 }
 
 

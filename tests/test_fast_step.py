@@ -132,6 +132,30 @@ def test_fused_kl_is_the_traced_bound_to_float_rounding(kind, dtype):
             torch.testing.assert_close(g_fused[n], g_traced[n], **tol)
 
 
+def test_fused_mean_field_draw_and_kl_are_the_closed_forms_with_their_gradients():
+    """The fused node (twodg_pyro.guides.fast_normal): w = mu + eps softplus(rho) and the
+    Normal-Normal KL, against torch's KL, and its hand-written gradients against finite
+    differences (a learnt prior's too), float64."""
+    from twodg_pyro.guides.fast_normal import _DrawKL
+
+    g = torch.Generator().manual_seed(0)
+    n = 7
+    loc, rho, eps, m = (torch.randn(n, generator=g, dtype=torch.float64) for _ in range(4))
+    s = torch.rand(n, generator=g, dtype=torch.float64) + 0.2
+    w, kl = _DrawKL.apply(loc, rho, eps, m, s)
+    sigma = torch.nn.functional.softplus(rho)
+    assert torch.equal(w, loc + eps * sigma)
+    ref = torch.distributions.kl_divergence(
+        torch.distributions.Normal(loc, sigma), torch.distributions.Normal(m, s)
+    ).sum()
+    torch.testing.assert_close(kl, ref, rtol=1e-12, atol=0)
+    args = [t.clone().requires_grad_(i != 2) for i, t in enumerate((loc, rho, eps, m, s))]
+    assert torch.autograd.gradcheck(_DrawKL.apply, args)
+    # only the draw used (the KL's gradient is None), and only the KL
+    assert torch.autograd.gradcheck(lambda *a: _DrawKL.apply(*a)[0], args)
+    assert torch.autograd.gradcheck(lambda *a: _DrawKL.apply(*a)[1], args)
+
+
 @pytest.mark.parametrize("kind", ["mean_field", "stochastic"])
 def test_fit_on_digits_trains_the_same_guide_fast_or_traced(kind):
     split = load_digits_split(seed=0)

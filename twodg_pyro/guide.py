@@ -291,12 +291,16 @@ class FastStepGuide:
     program (:mod:`twodg_pyro.infer.fast_step`), which traces any other guide."""
 
     @abstractmethod
-    def fast_draw(self, priors: Mapping[str, dist.Distribution]) -> dict[str, torch.Tensor] | None:
+    def fast_draw(
+        self, priors: Mapping[str, dist.Distribution], fused: bool = False
+    ) -> dict[str, torch.Tensor] | None:
         """One differentiable draw of every site: the values the guide's program would
         sample, from the same random numbers by the same arithmetic, so that the step
         computes the traced ELBO's loss and gradients (``priors``: each site's, one
         event).  ``None``, before drawing anything, where the guide has no such draw
-        (these priors, a subclass's own program): the step then traces."""
+        (these priors, a subclass's own program): the step then traces.  ``fused``: the
+        step asked :meth:`fast_kl` for a fused KL, which the guide may compute with the
+        draw (the mean-field guide, :mod:`~twodg_pyro.guides.fast_normal`)."""
 
     @abstractmethod
     def fast_kl(
@@ -309,7 +313,8 @@ class FastStepGuide:
         sites in site order as :class:`~twodg_pyro.infer.DecomposedELBO` sums them (the
         guide's ``kl_terms``).  ``fused``: a guide may instead sum them over all sites at
         once, the same terms up to float rounding (the shared-GMM guide,
-        :mod:`~twodg_pyro.guides.fast_shared`)."""
+        :mod:`~twodg_pyro.guides.fast_shared`; the mean-field guide,
+        :mod:`~twodg_pyro.guides.fast_normal`)."""
 
 
 @runtime_checkable

@@ -18,6 +18,7 @@ from ..guide import BNNGuide, FastStepGuide, GuideSample, MarginalDensity, kl_or
 from ..nn.functional import softplus
 from ..nn.sites import BayesianSite
 from ..pyro_params import params_are_local, plate_batch_shape
+from .fast_normal import fused_draw_kl
 
 
 def normal_normal_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:
@@ -242,16 +243,22 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
         fn = guide_fn if guide_fn is not None else self.site_distribution(self.site(name))
         return {"kl": kl_or_estimate(fn, prior_fn, value)}
 
-    def fast_draw(self, priors) -> dict[str, torch.Tensor] | None:
+    def fast_draw(self, priors, fused: bool = False) -> dict[str, torch.Tensor] | None:
         r"""The program's draw (:meth:`normal_draws` with ``rsample``: same noise, same
         two roundings); ``None`` for a subclass with another program or a prior whose base
         is not a Normal (its KL is then no closed form here).  Keeps
-        :math:`(\mu_s, \sigma_s)` for :meth:`fast_kl`."""
+        :math:`(\mu_s, \sigma_s)` for :meth:`fast_kl`.  ``fused``: all sites as one flat
+        vector with their KL (:func:`~twodg_pyro.guides.fast_normal.fused_draw_kl`)."""
         if type(self).forward is not DiagonalNormalGuide.forward:
             return None
         normals = [_normal_base(priors[s.name], len(s.shape)) for s in self.sites]
         if any(n is None for n in normals):
             return None
+        if fused:
+            locs = [self.loc(s.name) for s in self.sites]
+            rhos = [self.rhos[site_key(s.name)] for s in self.sites]
+            values, self._fast = fused_draw_kl(self, locs, rhos, normals)
+            return {s.name: v for s, v in zip(self.sites, values, strict=True)}
         out, params = self.normal_draws()
         self._fast = list(zip(params, normals, strict=True))
         return out
@@ -259,8 +266,10 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
     def fast_kl(self, priors, values, fused: bool = False) -> dict[str, torch.Tensor]:
         r""":math:`\sum_s \sum_i \mathrm{KL}(\mathcal N(\mu_{s,i}, \sigma_{s,i}^2) \|
         \mathcal N(m_{s,i}, s_{s,i}^2))` in closed form (:func:`normal_normal_kl`), summed
-        as the traced ELBO sums it (``fused`` changes nothing: the terms are elementwise)."""
+        as the traced ELBO sums it; after a ``fused`` draw, its KL of all sites at once."""
         fast, self._fast = self._fast, None
+        if torch.is_tensor(fast):
+            return {"kl": fast}
         return {"kl": sum(normal_normal_kl(*q, *p).sum() for q, p in fast)}
 
     def site_parameters(self, name: str) -> dict[str, torch.Tensor]:

@@ -64,10 +64,10 @@ class SharedGMMFastStep(FastStepGuide):
     """The fast step of :class:`~twodg_pyro.guides.SharedGMMGuide`
     (:class:`~twodg_pyro.guide.FastStepGuide`)."""
 
-    def fast_draw(self, priors) -> dict[str, torch.Tensor] | None:
+    def fast_draw(self, priors, fused: bool = False) -> dict[str, torch.Tensor] | None:
         """The program's draw without the program: one draw of all weights, kept for the
-        KL (:meth:`site_kl`), split into the sites.  ``None`` for a subclass with another
-        program."""
+        KL (:meth:`site_kl`), split into the sites (already one flat draw: ``fused``
+        changes nothing).  ``None`` for a subclass with another program."""
         # the program it stands in for is that of the class mixing this in, not a subclass's
         owner = next(c for c in type(self).__mro__ if "forward" in vars(c))
         if SharedGMMFastStep not in owner.__bases__:

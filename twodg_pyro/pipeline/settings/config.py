@@ -95,9 +95,10 @@ class _RunSettings(Section):
     #: :mod:`twodg_pyro.infer.fast_step`); false: always trace
     fast_step: Annotated[bool, BOOLEAN] = True
     #: in the fast step, sum the shared-GMM guide's KL over all sites at once where each
-    #: site's prior is one Normal (:mod:`twodg_pyro.guides.fast_shared`): the same bound
-    #: up to float rounding, less work per step; false: site by site, bit for bit the
-    #: traced step
+    #: site's prior is one Normal (:mod:`twodg_pyro.guides.fast_shared`), and draw the
+    #: mean-field guide's sites with their KL as one flat vector
+    #: (:mod:`twodg_pyro.guides.fast_normal`): the same bound up to float rounding, less
+    #: work per step; false: site by site, bit for bit the traced step
     fused_kl: Annotated[bool, BOOLEAN] = False
     data: DataConfig = field(default_factory=DataConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
