@@ -130,7 +130,8 @@ def fast_particle_terms(
     f_w(x_b))`.  ``fused_kl``: the guide may sum its KL over the sites at once
     (:meth:`~twodg_pyro.guide.FastStepGuide.fast_kl`).  ``None``: the guide declined (before
     drawing anything)."""
-    values = guide.fast_draw(priors, fused=fused_kl)
+    # asked only when fused: a guide written before the argument still takes plain steps
+    values = guide.fast_draw(priors, fused=True) if fused_kl else guide.fast_draw(priors)
     if values is None:
         return None
     output = model.run_network(values, x)
