@@ -26,6 +26,7 @@ import copy
 import statistics
 import time
 
+import torch
 from common import cell, command, data_size_beta, setup
 from recipe_selection import append_record, selection_output, selection_parser, settings_of
 from uncertainty import VON
@@ -81,7 +82,20 @@ GRID: dict[str, tuple[dict, float]] = {
         {"network": {"norm_stats": "frozen"}, "stage1": VON, "fused_kl": True},
         0.3,
     ),
+    # the same two from a start moved by one unit in the last place (NUDGED): how far a
+    # rounding-level change alone moves a point, the yardstick of the two above
+    "von, frozen, x0.3, start + 1 ulp": (
+        {"network": {"norm_stats": "frozen"}, "stage1": VON},
+        0.3,
+    ),
+    "von, frozen, x0.3, fused, start + 1 ulp": (
+        {"network": {"norm_stats": "frozen"}, "stage1": VON, "fused_kl": True},
+        0.3,
+    ),
 }
+#: points whose stage 1 starts from the pretrained network with every weight moved to the
+#: next float up (``torch.nextafter``)
+NUDGED = {name for name in GRID if name.endswith("start + 1 ulp")}
 
 
 def score(probs, ev: UncertaintySets, trained, draws: int, y) -> dict:
@@ -201,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_dict(merge_settings(base, {**over, "methods": ["mean_field"]}))
         seed_everything(cfg.seed)
         t1 = time.perf_counter()
-        stage1 = stage1_mean_field(RunContext(cfg=cfg), art.split, copy.deepcopy(net))
+        start = copy.deepcopy(net)
+        if name in NUDGED:
+            with torch.no_grad():
+                for p in start.parameters():
+                    p.copy_(torch.nextafter(p, torch.full_like(p, float("inf"))))
+        stage1 = stage1_mean_field(RunContext(cfg=cfg), art.split, start)
         seconds = time.perf_counter() - t1
         state = stage1.state
         probs = stage1.predict((xv, yv), args.draws, args.seed).mean
