@@ -262,8 +262,8 @@ def convergence(history: list[dict], after: dict | None = None, before: dict | N
     still."""
     tenth = max(1, len(history) // 10)
     last = torch.tensor([h["loss"] for h in history[-tenth:]], dtype=torch.float64)
-    prev = torch.tensor([h["loss"] for h in history[-2 * tenth : -tenth] or history[:1]])
-    prev = prev.to(torch.float64)
+    earlier = history[-2 * tenth : -tenth] or history[:1]
+    prev = torch.tensor([h["loss"] for h in earlier], dtype=torch.float64)
     diff = float(last.mean() - prev.mean())
     # the difference over its standard error: a trend, or the noise of the draws
     se = math.sqrt(sum(float(v.var()) / len(v) for v in (last, prev) if len(v) > 1))

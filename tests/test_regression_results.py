@@ -175,6 +175,9 @@ def test_convergence_compares_the_last_two_tenths_and_each_site_on_its_own():
     trend = [v - 0.1 * i for i, v in enumerate(noise)]
     assert convergence([{"loss": v} for v in noise])["loss_z"] < 3
     assert convergence([{"loss": v} for v in trend])["loss_z"] > 3
+    # both tenths in float64 (float32 would round 1e6 + 1e-3 to 1e6: no change at all)
+    fine = [{"loss": 1e6 + 1e-3}] * 18 + [{"loss": 1e6}] * 2
+    assert convergence(fine)["loss_change"] == pytest.approx(1e-9, rel=1e-3)
 
 
 def test_the_tied_tying_correlates_the_weights_and_still_misses_the_gap():
