@@ -31,7 +31,7 @@ from twodg_pyro.methods.laplace_fit import require_laplace
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.models import MLP, LeNet5
 from twodg_pyro.pipeline import ConfigError, config_from_dict, run
-from twodg_pyro.pipeline.outputs.saved_models import evaluate_model_file
+from twodg_pyro.pipeline.outputs.saved_models import diagnose_model_file, evaluate_model_file
 
 torch.set_num_threads(1)
 
@@ -370,6 +370,14 @@ def test_laplace_around_the_2dg_bnns_posterior_means(dtype, tmp_path):
         torch.testing.assert_close(dict(loaded.net.named_parameters())[name], mean)
         torch.testing.assert_close(mean, means[name], rtol=0, atol=2e-3)  # float16 centres
     assert evaluate_model_file(compact)["accuracy"] == pytest.approx(la["accuracy"], abs=0.02)
+    # diagnose: the file's 2DG BNN (the Laplace last layer is no variational posterior)
+    report = diagnose_model_file(
+        compact, tmp_path / "diag", num_samples=4, khat_samples=30, max_train_examples=60
+    )
+    assert report["method"] == "2dg" and "2DG BNN" in report["diagnosed_part"]
+    assert report["errors"] == {} and report["vi"]["n_examples"] == 60
+    bnn_file = evaluate_model_file(tmp_path / "run" / two_dg["file"], num_samples=4)
+    assert report["metrics"]["nll"] == pytest.approx(bnn_file["nll"], rel=1e-6)
     # a Laplace approximation around another network is refused, naming the tensor
     other = copy.deepcopy(post)
     with torch.no_grad():

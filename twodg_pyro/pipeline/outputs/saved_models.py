@@ -245,7 +245,8 @@ def diagnose_model_file(
     (``metrics`` and ``draws``: those of :func:`evaluate_model_file` with the same
     arguments; ``loo``; ``vi``: the k-hat; ``inference_data``; files), ``posterior_summary.csv``,
     ``reliability.png`` and, for a 2DG BNN, ``sharing_plane.png`` (the training history is
-    not in the model file, so there are no ELBO or merge figures).  ``data``,
+    not in the model file, so there are no ELBO or merge figures).  A 2DG + Laplace
+    compact file is diagnosed as the 2DG BNN it holds (``diagnosed_part`` says so).  ``data``,
     ``num_samples`` and ``seed`` default to the run's (see :func:`evaluate_model_file`).
     The k-hat uses ``khat_samples`` draws on a seeded subset of at most
     ``max_train_examples`` training examples, the InferenceData and PSIS-LOO
@@ -258,11 +259,18 @@ def diagnose_model_file(
     """
     from ...diagnostics import DEFAULT_MAX_SITE_VALUES, method_of, plot_sharing_plane
     from ...evaluation import draws_record, seeded_predict
+    from ...io.compact import is_compact_file
+    from ...io.compact_load import load_compact
+    from ...methods import GuidePosterior
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
     if (d["header"].get("baseline")) == "mcmc":
         return diagnose_mcmc_file(model_file, out_dir, d, root, device, max_eval_examples, progress)
     trained, split = _load(model_file, d, root, device)
+    part = None
+    if not trained.variational and is_compact_file(model_file):
+        # a 2DG + Laplace file holds its 2DG BNN, a model and guide: diagnose that part
+        trained, part = GuidePosterior(*load_compact(model_file, device=device)), "2dg"
     if not trained.variational:
         raise ValueError(
             f"{str(model_file)!r} holds a {trained.name} ({type(trained).__name__}), not a "
@@ -289,6 +297,11 @@ def diagnose_model_file(
         "metrics": metrics,
         "draws": draws,
     }
+    if part is not None:
+        report["diagnosed_part"] = (
+            "the file's 2DG BNN (its metrics and diagnostics are the BNN's; the Laplace "
+            "last layer beside it is not a variational posterior, and is not diagnosed)"
+        )
     idata, section = export_step(
         writer,
         method,
