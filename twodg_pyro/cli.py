@@ -329,6 +329,8 @@ def _diagnose(args, ctx: dict) -> int:
     metrics = report.get("metrics") or {}
     for line in report.get("mcmc_lines") or ():
         print(line)
+    if report.get("diagnosed_part"):
+        print(f"diagnosed: {report['diagnosed_part']}")
     if "rmse" in metrics:  # a regression model
         print(
             f"{report.get('method')}: RMSE {_num(metrics['rmse'], '.4f')}, NLL "
