@@ -56,22 +56,23 @@ class _DrawKL(torch.autograd.Function):
         rho, eps, sigma, d, precision, p_scale = ctx.saved_tensors
         g_kl = sigma.new_zeros(()) if g_kl is None else g_kl
         g_w = torch.zeros_like(sigma) if g_w is None else g_w
-        g_loc = d * precision
-        g_loc.mul_(g_kl).add_(g_w)
+        kl_loc = (d * precision).mul_(g_kl)  # the KL's gradient in mu (minus it in m)
+        g_loc = kl_loc + g_w
         g_sigma = (sigma * precision).sub_(sigma.reciprocal()).mul_(g_kl)
         g_rho = g_sigma.addcmul_(g_w, eps).mul_(torch.sigmoid(rho))
         g_p_loc = g_p_scale = None
         if ctx.needs_input_grad[3]:
-            g_p_loc = (d * precision).mul_(-g_kl)
+            g_p_loc = kl_loc.neg_()
         if ctx.needs_input_grad[4]:
             ratio = (sigma.square() + d.square()).mul_(precision)
             g_p_scale = (1.0 - ratio).div_(p_scale).mul_(g_kl)
         return g_loc, g_rho, None, g_p_loc, g_p_scale
 
 
-def _flat_priors(owner, sites, normals: Sequence[tuple[torch.Tensor, torch.Tensor]]):
-    """The priors' ``(m, s)`` of every weight, flat in site order; kept on ``owner`` while
-    the priors are the same tensors (a learnt prior's are rebuilt at every step)."""
+def _flat_priors(owner, shapes, normals: Sequence[tuple[torch.Tensor, torch.Tensor]]):
+    """The priors' ``(m, s)`` of every weight (sites of ``shapes``), flat in site order;
+    kept on ``owner`` while the priors are the same tensors (a learnt prior's are rebuilt
+    at every step)."""
     tensors = [t for pair in normals for t in pair]
     versions = [t._version for t in tensors]
     cache = owner.__dict__.get("_fused_normal_priors")
@@ -84,7 +85,7 @@ def _flat_priors(owner, sites, normals: Sequence[tuple[torch.Tensor, torch.Tenso
     ):
         return cache[2]
     flat = tuple(
-        torch.cat([t.expand(shape).reshape(-1) for t, shape in zip(ts, sites, strict=True)])
+        torch.cat([t.expand(shape).reshape(-1) for t, shape in zip(ts, shapes, strict=True)])
         for ts in zip(*normals, strict=True)
     )
     if not any(t.requires_grad for t in tensors):
