@@ -200,9 +200,10 @@ def test_the_tied_tying_correlates_the_weights_and_still_misses_the_gap():
 
 def test_a_low_rank_gaussian_still_misses_the_gap(tmp_path):
     """``gap_lowrank.py``: Pyro's rank-10 plus diagonal Gaussian, beside its mean-field
-    ``AutoNormal``, on the gap with ``regression.py``'s recipe: dependence between all the
-    weights does not widen the spread between the clusters of data (every seed under
-    1.5x, as NUTS is not); and the script's quick run writes the same fields."""
+    ``AutoNormal``, on the gap with ``regression.py``'s recipe and its own spread and
+    convergence records: dependence between all the weights does not widen the spread
+    between the clusters of data (every seed under 1.5x, as NUTS is not); and the
+    script's quick run writes the same fields."""
     import gap_lowrank
 
     for stem, guide in (("gap_lowrank", "AutoLowRankMultivariateNormal"),
@@ -211,9 +212,10 @@ def test_a_low_rank_gaussian_still_misses_the_gap(tmp_path):
         recs = doc["records"]
         assert [r["seed"] for r in recs] == [0, 1, 2] and {r["guide"] for r in recs} == {guide}
         for r in recs:
-            assert r["gap_ratio"] == pytest.approx(
-                r["epistemic_in_gap"] / r["epistemic_on_data"], rel=1e-12
-            )
+            # regression.gap_spread's ratio, of its float32 means
+            ratio = torch.tensor(r["epistemic_in_gap"]) / torch.tensor(r["epistemic_on_data"])
+            assert r["gap_ratio"] == float(ratio)
+            assert set(r["convergence"]) >= {"loss_change", "loss_z", "over_epochs"}
             assert 0 < r["gap_ratio"] < 1.5, (stem, r["seed"])
         assert gap_lowrank.markdown(doc) == (RESULTS / f"{stem}.md").read_text()
     gap_lowrank.main(
