@@ -223,3 +223,96 @@ def test_a_low_rank_gaussian_still_misses_the_gap(tmp_path):
     )
     (rec,) = json.loads((tmp_path / "q.json").read_text())["records"]
     assert rec["rank"] == 10 and rec["epistemic_on_data"] > 0 and rec["epistemic_in_gap"] > 0
+
+
+@pytest.mark.parametrize(("stem", "key"), [("regression_activation", "activation"),
+                                           ("regression_prior", "prior_gain")])  # fmt: skip
+def test_the_gap_studies_chose_the_recipe_on_validation(stem, key):
+    """Each study of the gap problem's settings (``--select-activation``,
+    ``--select-prior``): its markdown is its record's, and its choice, the lower mean
+    validation NLL of mean-field and 2DG together, is the recipe's."""
+    import regression as R
+
+    payload = json.loads((RESULTS / f"{stem}.json").read_text())
+    assert R.gap_study_markdown(key, payload) == (RESULTS / f"{stem}.md").read_text()
+    labels = tuple(map(R.option_label, R.GAP_STUDIES[key][1]))
+    assert all(tuple(per_seed) == labels for per_seed in payload["runs"].values())
+    _, chosen = R.validation_choice(payload["runs"], labels)
+    assert chosen == R.option_label(R.RECIPES["gap1d"][key])
+
+
+def test_a_wider_prior_widens_the_gap_but_validation_keeps_gain_1():
+    """``--select-prior``: the gain-1 runs are the activation study's ReLU runs to the bit
+    (the same recipe and seeds); mean-field's gap ratio grows with the gain (past 1.5x at
+    3), but 2DG's validation NLL grows with it by far more, so gain 1 stays
+    (regression_prior.md)."""
+    prior = json.loads((RESULTS / "regression_prior.json").read_text())["runs"]
+    activation = json.loads((RESULTS / "regression_activation.json").read_text())["runs"]
+    for seed, runs in prior.items():
+        assert runs["1"] == activation[seed]["relu"], seed
+    mean = {
+        (g, m, k): sum(prior[s][g][m][k] for s in prior) / len(prior)
+        for g in ("1", "2", "3")
+        for m in ("mean_field", "2dg")
+        for k in ("nll", "gap_ratio")
+    }
+    assert mean["1", "mean_field", "gap_ratio"] < mean["2", "mean_field", "gap_ratio"]
+    assert mean["2", "mean_field", "gap_ratio"] < 1.5 <= mean["3", "mean_field", "gap_ratio"]
+    for g in ("2", "3"):
+        assert mean[g, "2dg", "nll"] > mean["1", "2dg", "nll"] + 1
+
+
+def test_the_renyi_bound_widens_the_spread_everywhere_and_still_misses_the_gap(tmp_path):
+    """``gap_lowrank.py --alpha 0.5``: Pyro's ``RenyiELBO`` (mass-covering) on
+    ``AutoNormal`` under the gap recipe: on every seed a wider spread on the data than the
+    ELBO's ``AutoNormal`` fit and in the gap alike, so the ratio stays under 1.5x
+    (gap_renyi.md); the script's quick run records its alpha and particles."""
+    import gap_lowrank
+
+    doc = json.loads((RESULTS / "gap_renyi.json").read_text())
+    elbo = json.loads((RESULTS / "gap_lowrank_autonormal.json").read_text())["records"]
+    assert [r["seed"] for r in doc["records"]] == [r["seed"] for r in elbo] == [0, 1, 2]
+    for r, e in zip(doc["records"], elbo, strict=True):
+        assert (r["guide"], r["alpha"], r["particles"]) == ("AutoNormal", 0.5, 16)
+        assert r["epistemic_on_data"] > 2 * e["epistemic_on_data"]
+        assert r["epistemic_in_gap"] > e["epistemic_in_gap"]
+        assert 0 < r["gap_ratio"] < 1.5 and r["convergence"]["loss_change"] < 0.01
+    assert gap_lowrank.markdown(doc) == (RESULTS / "gap_renyi.md").read_text()
+    argv = ["--seeds", "0", "--guides", "normal", "--alpha", "0", "--particles", "4", "--quick"]
+    gap_lowrank.main([*argv, "--out", str(tmp_path), "--stem", "q"])
+    (rec,) = json.loads((tmp_path / "q.json").read_text())["records"]
+    assert (rec["alpha"], rec["particles"], rec["rank"]) == (0.0, 4, 0)
+    assert rec["epistemic_on_data"] > 0 and rec["epistemic_in_gap"] > 0
+
+
+def test_the_stochastic_tying_mixture_still_misses_the_gap():
+    """``--tying stochastic`` (every draw takes each inlier weight from the whole mixture:
+    a mixture posterior per weight, still independent across weights): the gap's ratio
+    stays under 1.5 on every seed, the other methods' runs are the committed run's to the
+    bit (the same recipe and seeds; only their timings and convergence records' rounding
+    differ), and diabetes keeps its three targets (regression_stochastic.md)."""
+    stoch = json.loads((RESULTS / "regression_stochastic.json").read_text())
+    base = json.loads((RESULTS / "regression.json").read_text())
+    cmd = "python experiments/regression.py --tying stochastic --stem regression_stochastic"
+    assert stoch["command"] == cmd
+    assert all(r["tying"] == "stochastic" for r in stoch["recipes"].values())
+    for problem, per_seed in stoch["runs"].items():
+        for seed, runs in per_seed.items():
+            for m in ("deterministic", "mean_field", "mcmc"):
+                got, want = (
+                    {k: v for k, v in r[m].items() if k not in ("seconds", "convergence")}
+                    for r in (runs, base["runs"][problem][seed])
+                )
+                assert got == want, (problem, seed, m)
+                # the committed run's loss tenths were summed in float32 (convergence's
+                # float64 fix came after it)
+                got, want = (
+                    dict(r[m].get("convergence", {})) for r in (runs, base["runs"][problem][seed])
+                )
+                assert got.pop("site", None) == want.pop("site", None)
+                assert got == pytest.approx(want, rel=1e-5), (problem, seed, m)
+    ratios = [r["2dg"]["gap_ratio"] for r in stoch["runs"]["gap1d"].values()]
+    assert len(ratios) == 3 and max(ratios) < 1.5
+    checks = stoch["checks"]
+    assert checks[NLL]["met"] and checks[COVERAGE]["met"] and checks[RATIO]["met"]
+    assert not checks[gap("2dg")]["met"]
