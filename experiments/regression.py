@@ -369,7 +369,12 @@ def select_gap(key: str, seeds: list[int], quick: bool) -> dict:
     the prior's gain) chosen on a validation split (the last 20 % of its 80 training
     inputs; the test inputs and the gap play no part): the MAP, mean-field and 2DG of
     each option, scored by the validation Gaussian NLL; the gap's spread ratio recorded
-    beside it, not chosen on; ``{seed: {option: {method: metrics}}}``."""
+    beside it, not chosen on; ``{seed: {option: {method: metrics}}}``.
+
+    The options of a seed train in turn on one shuffled loader, so an option's fits
+    depend on the options before it (the order of the one batch moves the rounding, and
+    the long fits amplify it: seed 2's 2DG by 0.16 in validation NLL); a loader per
+    option would remove that, and change the committed studies."""
     scale = 50 if quick else 1
     split = load_gap1d_split(val_fraction=0.2)
     out: dict = {}
