@@ -270,7 +270,11 @@ def diagnose_model_file(
     part = None
     if not trained.variational and is_compact_file(model_file):
         # a 2DG + Laplace file holds its 2DG BNN, a model and guide: diagnose that part
-        trained, part = GuidePosterior(*load_compact(model_file, device=device)), "2dg"
+        trained = GuidePosterior(*load_compact(model_file, device=device))
+        part = (
+            "the file's 2DG BNN (its metrics and diagnostics are the BNN's; the Laplace "
+            "last layer beside it is not a variational posterior, and is not diagnosed)"
+        )
     if not trained.variational:
         raise ValueError(
             f"{str(model_file)!r} holds a {trained.name} ({type(trained).__name__}), not a "
@@ -298,10 +302,7 @@ def diagnose_model_file(
         "draws": draws,
     }
     if part is not None:
-        report["diagnosed_part"] = (
-            "the file's 2DG BNN (its metrics and diagnostics are the BNN's; the Laplace "
-            "last layer beside it is not a variational posterior, and is not diagnosed)"
-        )
+        report["diagnosed_part"] = part
     idata, section = export_step(
         writer,
         method,
