@@ -93,12 +93,15 @@ def fit_one(seed: int, rank: int, scale: int, alpha: float = 1.0, particles: int
     }
 
 
+def _objective(r: dict) -> str:
+    """A record's objective as the tables add it to the guide's name (none: the ELBO)."""
+    return f", Renyi alpha = {r['alpha']:g}" if "alpha" in r else ""
+
+
 def _name(r: dict) -> str:
     """A record's guide, its rank and its objective, as the tables name them."""
-    name = r["guide"] + (f" (rank {r['rank']})" if r["rank"] else "")
-    if "alpha" in r:
-        name += f", Renyi alpha = {r['alpha']:g} ({r['particles']} particles)"
-    return name
+    name = r["guide"] + (f" (rank {r['rank']})" if r["rank"] else "") + _objective(r)
+    return name + (f" ({r['particles']} particles)" if "alpha" in r else "")
 
 
 def markdown(doc: dict) -> str:
@@ -128,8 +131,7 @@ def markdown(doc: dict) -> str:
         )
     by = {}
     for r in doc["records"]:
-        key = r["guide"] + (f", Renyi alpha = {r['alpha']:g}" if "alpha" in r else "")
-        by.setdefault(key, []).append(r["gap_ratio"])
+        by.setdefault(r["guide"] + _objective(r), []).append(r["gap_ratio"])
     lines += ["", "Mean ratio: " + "; ".join(
         f"{g} {statistics.fmean(v):.2f} ({len(v)} seeds)" for g, v in by.items()
     ) + "."]  # fmt: skip

@@ -365,5 +365,5 @@ def test_two_more_seeds_choose_tanh():
     first = json.loads((RESULTS / "regression_activation.json").read_text())["runs"]
     runs = {**first, **doc["runs"]}
     assert len(runs) == 5
-    means, chosen = R.validation_choice(runs, ("relu", "tanh"))
+    _, chosen = R.validation_choice(runs, ("relu", "tanh"))
     assert chosen == "tanh" != R.RECIPES["gap1d"]["activation"]
