@@ -12,8 +12,8 @@ Pyro's ``RenyiELBO`` (``--particles`` vectorised draws a step): the ELBO at
 :math:`\alpha = 0`: the importance-weighted bound of the evidence).
 
 Everything else is ``regression.py``'s recipe for the gap, on ReLU units by default
-(``--activation``: the routes were measured when the recipe ran ReLU and missed; it runs
-tanh since the five-seed activation study): the MAP network (its noise
+(``--activation``: the routes were measured when the recipe ran ReLU and missed; the
+recipe runs tanh since the five-seed activation study chose it): the MAP network (its noise
 learnt), the same model with the noise fixed at the MAP's, the guide's means started at
 the MAP's weights and its scales at 0.01, 30,000 steps of Adam at 1e-2 then 60,000 at
 1e-3 (``tp.fit``), and ``regression.py``'s epistemic standard deviation from 200 draws,

@@ -303,6 +303,11 @@ def test_under_tanh_the_gain_stays_1_and_the_studies_share_their_runs():
     activation = json.loads((RESULTS / "regression_activation.json").read_text())["runs"]
     for seed, runs in doc["runs"].items():
         assert runs["1"] == activation[seed]["tanh"], seed
+    # the studies made before the tying study ran the representative tying, as the tying
+    # study's first option does (select_gap holds later studies' settings at their first)
+    tying = json.loads((RESULTS / "regression_tying.json").read_text())["runs"]
+    for seed, runs in tying.items():
+        assert runs["representative"] == activation[seed]["tanh"], seed
 
 
 def test_five_seeds_choose_tanh_which_the_recipe_follows():
