@@ -106,7 +106,7 @@ def test_the_targets_follow_from_the_numbers_met_or_recorded_as_missed(committed
 
 @pytest.mark.parametrize(
     "stem", ["regression", "regression_relu", "regression_tied", "regression_representative",
-             "regression_stochastic"],
+             "regression_stochastic", "regression_seed34"],
 )  # fmt: skip
 def test_each_committed_table_is_its_records_markdown(stem):
     """Every committed table is what ``regression.py`` writes from its record, the gap's
@@ -418,3 +418,22 @@ def test_the_stochastic_tying_misses_the_gap(committed):
     checks = stoch["checks"]
     assert checks[NLL]["met"] and checks[COVERAGE]["met"] and checks[RATIO]["met"]
     assert not checks[gap("2dg")]["met"]
+
+
+def test_two_held_out_seeds_miss_two_targets_by_a_little_and_five_seeds_meet_all(committed):
+    """``--seeds 3 4 --stem regression_seed34``, after the recipe was fixed: on these two
+    seeds mean-field's gap ratio (1.47) and 2DG's diabetes coverage (0.835) miss; over
+    the five seeds every target holds on the mean (the table's rule): the committed
+    outcome rests on margins, which the docs state."""
+    import regression as R
+
+    held = json.loads((RESULTS / "regression_seed34.json").read_text())
+    assert (
+        held["command"] == "python experiments/regression.py --seeds 3 4 --stem regression_seed34"
+    )
+    assert held["recipes"] == committed["recipes"]
+    assert {n for n, c in held["checks"].items() if not c["met"]} == {COVERAGE, gap("mean_field")}
+    runs = {p: {**committed["runs"][p], **held["runs"][p]} for p in committed["runs"]}
+    assert all(len(per_seed) == 5 for per_seed in runs.values())
+    checks = R.checks(R.summarise(runs))
+    assert all(c["met"] for c in checks.values()), checks
