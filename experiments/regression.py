@@ -361,10 +361,10 @@ def validation_choice(runs: dict, options: tuple[str, ...]) -> tuple[dict, str]:
 #: option: :func:`select_gap`): recipe key -> (its name in the tables, options)
 GAP_STUDIES = {
     "activation": ("activation", ("relu", "tanh")),
-    # the prior's gain (LayerwiseNormalPrior: N(0, gain^2 / fan_in)) under the chosen
-    # activation: studied after the gap target was missed again, when a probe on seed 0
-    # saw the gain move the mean-field gap ratio (the ratio is recorded, not chosen on);
-    # rerun under tanh (--activation tanh, regression_prior_tanh.md) it keeps gain 1 too
+    # the prior's gain (LayerwiseNormalPrior: N(0, gain^2 / fan_in)): studied after the
+    # gap target was missed again, when a probe on seed 0 saw the gain move the
+    # mean-field gap ratio (the ratio is recorded, not chosen on); gain 1 stays under
+    # tanh and ReLU alike (regression_prior_tanh.md, regression_prior_relu.md)
     "prior_gain": ("prior gain", (1.0, 2.0, 3.0)),
     # the 2DG BNN's tying (TYINGS), mean-field the same in each: its validation NLL alone
     # decides; studied after the gap target was missed under the chosen activation
@@ -379,7 +379,7 @@ def option_label(option) -> str:
 
 def select_gap(key: str, seeds: list[int], quick: bool) -> dict:
     """The gap problem's ``key`` (:data:`GAP_STUDIES`: the activation, ReLU against tanh;
-    the prior's gain) chosen on a validation split (the last 20 % of its 80 training
+    the prior's gain; 2DG's tying) chosen on a validation split (the last 20 % of its 80 training
     inputs; the test inputs and the gap play no part): the MAP, mean-field and 2DG of
     each option, scored by the validation Gaussian NLL; the gap's spread ratio recorded
     beside it, not chosen on; ``{seed: {option: {method: metrics}}}``.
