@@ -66,6 +66,37 @@ def test_summary_and_targets_follow_from_the_records(stem):
     assert json.loads(json.dumps(targets)) == payload["targets"]
 
 
+#: the natural-gradient tables (issue 43), merged from the per-run files they name
+NATURAL_GRADIENT_TABLES = [
+    "uncertainty_lenet5_von",
+    "uncertainty_lenet5_von_laplace",
+    "uncertainty_resnet20_von",
+    "uncertainty_resnet20_von_laplace",
+]
+
+
+@pytest.mark.parametrize("stem", NATURAL_GRADIENT_TABLES)
+def test_natural_gradient_rows_are_checked_against_the_deterministic_laplace(stem):
+    """Issue 43's target, the mean entropy AUROC of each natural-gradient 2DG row at least
+    that of the deterministic network's last-layer Laplace, is checked against that row's
+    mean (and not on the recommended recipe's own rows); the summary and targets follow
+    from the records."""
+    payload = json.loads(RESULTS.with_name(f"{stem}.json").read_text())
+    uq = _script()
+    summary = uq.summarise(payload["records"])
+    assert json.loads(json.dumps(summary)) == payload["summary"]
+    targets = uq.targets(summary, payload.get("arch", "lenet5"))
+    assert json.loads(json.dumps(targets)) == payload["targets"]
+    lap = next(r for r in summary if r["recommended"] and r["method"] == "laplace")
+    goal = sum(v["entropy_auroc"] for v in lap["ood"].values()) / len(lap["ood"])
+    key = "mean entropy AUROC >= last-layer Laplace"
+    checked = [label for label, t in targets.items() if key in t]
+    assert checked and all(label.startswith("natural gradient: 2dg") for label in checked)
+    for label in checked:
+        assert targets[label][key]["target"] == f">= {goal:.3f}"
+    assert f"- {key}: " in RESULTS.with_name(f"{stem}.md").read_text()
+
+
 def test_the_paper_recipe_carries_no_uncertainty_and_the_recommended_one_does(committed):
     """What the README says of the two recipes, checked on the committed means."""
     by = {(r["recipe"], r["method"]): r for r in committed["summary"]}
