@@ -49,6 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from body_laplace import BodyDrawLaplace, fit_under_body_draws
 from common import by_recipe_method, cell, check, command, mean, setup, table
 
 from twodg_pyro.data import make_loader
@@ -115,7 +116,8 @@ RECIPES: dict[str, dict] = {
         "preset": "mnist-lenet5-von",
         "settings": {"methods": ["mean_field", "laplace"], "laplace": {"network": "mean_field"}},
         "tyings": ("representative",),
-        # and the same Laplace around the 2DG BNN's mean network (its centres)
+        # and the same Laplace around the 2DG BNN's mean network (its centres), and with
+        # the body drawn from the 2DG BNN (two study rows: body_laplace.py)
         "laplace_around_2dg": True,
     },
     "true ELBO": {
@@ -289,6 +291,7 @@ def run_recipe(
             "n_gaussians",
             "prior_scale",
             "file_prob_diff",
+            "prior_precision",
         ):
             if k in r:
                 rec[k] = r[k]
@@ -346,8 +349,27 @@ def laplace_around_2dg(art, records: list[dict], cfg) -> dict[str, tuple]:
             "file_bytes": n_bytes,
             "bytes_per_weight": n_bytes / sum(p.numel() for p in post.net.parameters()),
             "file_prob_diff": float((mine.double() - probs.double()).abs().max()),
+            "prior_precision": post.prior_precision.tolist(),
         }
         out[rec["method"]] = (rec, post)
+        # the same last layer with the body drawn from the 2DG BNN (body_laplace.py):
+        # around the mean network's fit, and refitted under the body's draws
+        for tag, refit in (("body draws", False), ("under body draws", True)):
+            t0 = time.perf_counter()
+            head = fit_under_body_draws(bnn, loader, cfg.laplace, cfg.seed) if refit else post
+            label = f"2dg ({r['variant']}) + laplace, {tag}"
+            method = BodyDrawLaplace(bnn, head, label)
+            probs = method.predict(art.eval_data, cfg.num_samples, cfg.seed).mean
+            row = {
+                "method": label,
+                **classification_metrics(probs, data_tensors(art.eval_data)[1]),
+                "seconds": time.perf_counter() - t0,
+                "forwards_per_prediction": method.forwards_per_prediction(cfg.num_samples),
+                "prior_precision": head.prior_precision.tolist(),
+            }
+            for k in ("trainable_params", "stored_params", "file_bytes", "bytes_per_weight"):
+                row[k] = rec[k]  # the 2DG + Laplace file: the same sections and sizes
+            out[label] = (row, method)
     return out
 
 

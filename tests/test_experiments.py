@@ -219,7 +219,8 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     """``uncertainty.py``'s natural-gradient recipe (``--quick``, a fake MNIST folder): the
     ``mnist-lenet5-von`` preset, stage 1 by variational online Newton, stages 1 and 3 at
     its multiple of the data-size KL weight, a temperature-scaled row per method, and the
-    2DG + Laplace row with the bytes of its compact file."""
+    2DG + Laplace row with the bytes of its compact file, and its two body-draw rows
+    (``body_laplace.py``: the same file; the refit's prior precision its own)."""
     from twodg_pyro.infer import data_size_kl_weight
     from twodg_pyro.pipeline.settings.presets import VON_RECIPE
     from twodg_pyro.settings import data_size_multiple
@@ -228,14 +229,21 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     script = _script_module("uncertainty")
     ev = {"draws": 2, "ood_size": 20, "shift_size": 10}
     recs, _ = script.run_recipe(script.NATURAL_GRADIENT, str(tmp_path), 0, ev, quick=True)
-    methods = ["mean_field", "laplace", "2dg (representative)", "2dg (representative) + laplace"]
+    lap = "2dg (representative) + laplace"
+    body, under = f"{lap}, body draws", f"{lap}, under body draws"
+    methods = ["mean_field", "laplace", "2dg (representative)", lap, body, under]
     assert [r["method"] for r in recs] == methods
     multiple = data_size_multiple(VON_RECIPE["stage1"]["kl_weight"])
     beta = multiple * data_size_kl_weight(180, 61706)
     for r in recs:
         assert r["recipe"] == script.NATURAL_GRADIENT and r.get("kl_weight", beta) == beta
         assert r["temperature_scaled"]["temperature"] > 0 and math.isfinite(r["nll"])
-    assert recs[-1]["file_bytes"] > 0 and 0 <= recs[-1]["file_prob_diff"] < 0.1
+    by = {r["method"]: r for r in recs}
+    assert by[lap]["file_bytes"] > 0 and 0 <= by[lap]["file_prob_diff"] < 0.1
+    assert by[body]["file_bytes"] == by[under]["file_bytes"] == by[lap]["file_bytes"]
+    assert by[body]["prior_precision"] == by[lap]["prior_precision"]
+    assert by[under]["prior_precision"] != by[lap]["prior_precision"]
+    assert by[body]["forwards_per_prediction"] == 30  # one body forward a draw
 
 
 def test_the_assignment_study_scores_both_rules_and_merges_seeds(mnist_folder):
