@@ -16,7 +16,7 @@ from twodg_pyro.baselines import train_deterministic, train_early_stopped
 from twodg_pyro.baselines.early_stopping import validation_nll
 from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
-from twodg_pyro.io import export_compact, load_model
+from twodg_pyro.io import compact_load, export_compact, load_model
 from twodg_pyro.methods import (
     Ensemble,
     GuidePosterior,
@@ -325,7 +325,7 @@ def test_laplace_around_stage_1s_posterior_means(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_laplace_around_the_2dg_bnns_posterior_means(dtype, tmp_path):
+def test_laplace_around_the_2dg_bnns_posterior_means(dtype, tmp_path, monkeypatch):
     """``laplace.network = "2dg"``: the approximation's network is the run's 2DG BNN's mean
     network (every Bayesian weight at its component centre or outlier mean, in the run's
     dtype), counted as trained by the 2DG row's parameters; its model file predicts what
@@ -370,10 +370,18 @@ def test_laplace_around_the_2dg_bnns_posterior_means(dtype, tmp_path):
         torch.testing.assert_close(dict(loaded.net.named_parameters())[name], mean)
         torch.testing.assert_close(mean, means[name], rtol=0, atol=2e-3)  # float16 centres
     assert evaluate_model_file(compact)["accuracy"] == pytest.approx(la["accuracy"], abs=0.02)
-    # diagnose: the file's 2DG BNN (the Laplace last layer is no variational posterior)
+    # diagnose: the file's 2DG BNN (the Laplace last layer is no variational posterior),
+    # the one the loaded approximation keeps, the file read once
+    assert isinstance(loaded.bnn, GuidePosterior) and loaded.bnn.guide.method == "2dg"
+    reads = []
+    real = compact_load.read_compact
+    monkeypatch.setattr(
+        compact_load, "read_compact", lambda *a, **k: reads.append(a) or real(*a, **k)
+    )
     report = diagnose_model_file(
         compact, tmp_path / "diag", num_samples=4, khat_samples=30, max_train_examples=60
     )
+    assert len(reads) == 1
     assert report["method"] == "2dg" and "2DG BNN" in report["diagnosed_part"]
     assert report["errors"] == {} and report["vi"]["n_examples"] == 60
     bnn_file = evaluate_model_file(tmp_path / "run" / two_dg["file"], num_samples=4)

@@ -26,7 +26,8 @@ def load_method(
     path: str | Path, net: nn.Module | None = None, prior=None, device="cpu"
 ) -> TrainedMethod:
     """Read the model file of any trained method (full, compact or a baseline's): its
-    :class:`TrainedMethod` on ``device`` in the saved dtype.
+    :class:`TrainedMethod` on ``device`` in the saved dtype (a 2DG + Laplace compact
+    file's :class:`LaplacePosterior` keeps the file's 2DG BNN as ``bnn``).
 
     Args:
         net: the network architecture (weights from the file); built from the file's
@@ -44,13 +45,16 @@ def load_method(
         model, guide, laplace = load_compact_parts(path, net, prior, device)
         if laplace is None:
             return GuidePosterior(model, guide)
-        # a 2DG + Laplace file: the approximation around the 2DG BNN's posterior means
+        # a 2DG + Laplace file: the approximation around the 2DG BNN's posterior means,
+        # which it keeps as ``bnn`` (diagnose reads that part without reading the file again)
         table, tensors = laplace
-        means = GuidePosterior(model, guide).mean_network()
+        bnn = GuidePosterior(model, guide)
+        means = bnn.mean_network()
         method = _file_class(table, "tag", where).from_file(
             {"laplace": table}, tensors, lambda state: means, where
         )
         method.name = table["method"] if isinstance(table.get("method"), str) else method.name
+        method.bnn = bnn
         return method.to(device)
     loaded, kind = _load(path)
     if kind != BASELINE_FORMAT.kind:

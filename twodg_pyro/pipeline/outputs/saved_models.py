@@ -259,8 +259,6 @@ def diagnose_model_file(
     """
     from ...diagnostics import DEFAULT_MAX_SITE_VALUES, method_of, plot_sharing_plane
     from ...evaluation import draws_record, seeded_predict
-    from ...io.compact import is_compact_file
-    from ...io.compact_load import load_compact
     from ...methods import GuidePosterior
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
@@ -268,9 +266,9 @@ def diagnose_model_file(
         return diagnose_mcmc_file(model_file, out_dir, d, root, device, max_eval_examples, progress)
     trained, split = _load(model_file, d, root, device)
     part = None
-    if not trained.variational and is_compact_file(model_file):
+    if not trained.variational and isinstance(getattr(trained, "bnn", None), GuidePosterior):
         # a 2DG + Laplace file holds its 2DG BNN, a model and guide: diagnose that part
-        trained = GuidePosterior(*load_compact(model_file, device=device))
+        trained = trained.bnn
         part = (
             "the file's 2DG BNN (its metrics and diagnostics are the BNN's; the Laplace "
             "last layer beside it is not a variational posterior, and is not diagnosed)"
