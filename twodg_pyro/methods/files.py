@@ -27,7 +27,8 @@ def load_method(
 ) -> TrainedMethod:
     """Read the model file of any trained method (full, compact or a baseline's): its
     :class:`TrainedMethod` on ``device`` in the saved dtype (a 2DG + Laplace compact
-    file's :class:`LaplacePosterior` keeps the file's 2DG BNN as ``bnn``).
+    file's :class:`~twodg_pyro.methods.laplace.LaplacePosterior` keeps the file's 2DG BNN
+    as ``bnn``).
 
     Args:
         net: the network architecture (weights from the file); built from the file's
