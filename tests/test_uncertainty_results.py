@@ -175,3 +175,18 @@ def test_a_laplace_last_layer_under_the_body_draws_does_not_help_resnet20():
     checks = payload["targets"][f"natural gradient: {mean_network}"]
     assert checks["mean entropy AUROC >= last-layer Laplace"]["met"]
     assert not checks["mean severity-5 NLL ratio <= 0.8"]["met"]
+
+
+def test_on_lenet5_the_body_draw_rows_cost_nll_and_detect_no_better():
+    """docs/uncertainty.md's LeNet-5 sentence on the two body-draw rows (three seeds)."""
+    payload = json.loads(RESULTS.with_name("uncertainty_lenet5_von2dgbody.json").read_text())
+    rows = {s["method"]: s for s in payload["summary"]}
+    lap = "2dg (representative) + laplace"
+
+    def ood(row):
+        return sum(v["entropy_auroc"] for v in row["ood"].values()) / len(row["ood"])
+
+    for tag in ("body draws", "under body draws"):
+        row = rows[f"{lap}, {tag}"]
+        assert row["seeds"] == 3 and row["nll"] > rows[lap]["nll"] + 0.015
+        assert ood(row) < ood(rows[lap])
