@@ -259,16 +259,16 @@ def diagnose_model_file(
     """
     from ...diagnostics import DEFAULT_MAX_SITE_VALUES, method_of, plot_sharing_plane
     from ...evaluation import draws_record, seeded_predict
-    from ...methods import GuidePosterior
 
     d = evaluation_defaults(model_file, data, num_samples, seed)
     if (d["header"].get("baseline")) == "mcmc":
         return diagnose_mcmc_file(model_file, out_dir, d, root, device, max_eval_examples, progress)
     trained, split = _load(model_file, d, root, device)
     part = None
-    if not trained.variational and isinstance(getattr(trained, "bnn", None), GuidePosterior):
+    bnn = getattr(trained, "bnn", None)  # a 2DG + Laplace file's 2DG BNN (load_method)
+    if not trained.variational and bnn is not None and bnn.variational:
         # a 2DG + Laplace file holds its 2DG BNN, a model and guide: diagnose that part
-        trained = trained.bnn
+        trained = bnn
         part = (
             "the file's 2DG BNN (its metrics and diagnostics are the BNN's; the Laplace "
             "last layer beside it is not a variational posterior, and is not diagnosed)"
