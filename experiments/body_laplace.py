@@ -8,9 +8,10 @@ spread is dropped.  Two predictives keep it.  Draw :math:`s` runs the network wi
 :math:`W_s \sim \mathcal N(W_*, P^{-1})` come from the Laplace approximation
 (:math:`W_*`: the 2DG BNN's mean last layer):
 
-* **body draws** (``refit=False``): :math:`P` is the Laplace fitted around the mean
-  network, as in the ``2dg + laplace`` row;
-* **under body draws** (``refit=True``): :math:`P = \mathbb E_{q(w)}[H(w)] + \delta I`,
+* **body draws** (:class:`BodyDrawLaplace` with the ``2dg + laplace`` row's
+  approximation): :math:`P` is the Laplace fitted around the mean network;
+* **under body draws** (with :func:`fit_under_body_draws`'s):
+  :math:`P = \mathbb E_{q(w)}[H(w)] + \delta I`,
   the Kronecker-factored GGN of the last layer averaged over the body's draws (one
   fresh draw per batch of laplace-torch's fit: its features are those of a drawn
   body), and its prior precision :math:`\delta` refitted by laplace-torch's marginal
