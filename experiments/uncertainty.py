@@ -458,6 +458,8 @@ def targets(summary: list[dict], arch: str = "lenet5") -> dict:
             row["accuracy"] >= det["accuracy"] - 0.005,
         )
         t["nll <= det"] = check(row["nll"], f"<= {det['nll']:.4f}", row["nll"] <= det["nll"])
+        if prefix:  # issue 43: calibration on clean data
+            t["ece <= 0.02"] = check(row["ece"], "<= 0.02", row["ece"] <= 0.02)
         for s in sets:
             d, v = det["ood"][s]["entropy_auroc"], row["ood"][s]["entropy_auroc"]
             goal = d + 0.5 * (1 - d)
