@@ -6,31 +6,18 @@ MLP)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from twodg_pyro.data import make_loader
 from twodg_pyro.methods import GuidePosterior, fit_laplace
+from twodg_pyro.methods.laplace_settings import LaplaceConfig
 
 pytest.importorskip("laplace")
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def _study():
-    sys.path.insert(0, str(ROOT / "experiments"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "body_laplace", ROOT / "experiments" / "body_laplace.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "experiments"))
-    return module
+#: the Laplace fits' settings, around the mean network and under the body's draws alike
+SETTINGS = LaplaceConfig(marglik_steps=30)
 
 
 def _settled(model, guide, sites=None):
@@ -45,7 +32,9 @@ def _settled(model, guide, sites=None):
 
 @pytest.fixture(scope="module")
 def study():
-    return _study()
+    import body_laplace  # experiments/ is on the tests' path (pyproject)
+
+    return body_laplace
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +49,8 @@ def test_a_settled_body_gives_the_mean_networks_laplace(study, trained_mean_fiel
     predictive against our drawn weights: float32 rounding, 2e-5 here)."""
     model, guide = trained_mean_field
     bnn = _settled(model, guide)
-    around = fit_laplace(bnn.mean_network(), loader, marglik_steps=30)
-    under = study.fit_under_body_draws(bnn, loader, around_settings(), seed=0)
+    around = fit_laplace(bnn.mean_network(), loader, SETTINGS)
+    under = study.fit_under_body_draws(bnn, loader, SETTINGS, seed=0)
     assert under.param_names == around.param_names == ["layers.2.weight", "layers.2.bias"]
     for a, b in zip(under.factors, around.factors, strict=True):
         for fa, fb in zip(a, b, strict=True):
@@ -96,9 +85,9 @@ def test_under_the_body_draws_the_curvature_moves(study, trained_mean_field, loa
     network's, and the fit is seeded: the same seed gives the same factors."""
     model, guide = trained_mean_field
     bnn = GuidePosterior(model, guide)
-    around = fit_laplace(bnn.mean_network(), loader, marglik_steps=30)
-    under = study.fit_under_body_draws(bnn, loader, around_settings(), seed=0)
-    again = study.fit_under_body_draws(bnn, loader, around_settings(), seed=0)
+    around = fit_laplace(bnn.mean_network(), loader, SETTINGS)
+    under = study.fit_under_body_draws(bnn, loader, SETTINGS, seed=0)
+    again = study.fit_under_body_draws(bnn, loader, SETTINGS, seed=0)
     (a_in, _), (u_in, _) = around.factors[0], under.factors[0]
     assert float((u_in - a_in).norm() / a_in.norm()) > 1e-3
     for a, b in zip(under.factors, again.factors, strict=True):
@@ -112,9 +101,3 @@ def test_a_laplace_over_all_layers_is_refused(study, trained_mean_field, loader)
     post = fit_laplace(bnn.mean_network(), loader, subset="all", hessian="diag", marglik_steps=0)
     with pytest.raises(ValueError, match="last-layer Laplace is needed, not subset = 'all'"):
         study.BodyDrawLaplace(bnn, post, "body draws")
-
-
-def around_settings():
-    from twodg_pyro.methods.laplace_settings import LaplaceConfig
-
-    return LaplaceConfig(marglik_steps=30)
