@@ -155,6 +155,38 @@ def test_our_draws_are_laplace_torchs(subset, hessian, map_net, digits, last_lay
         assert float((cov - f_var).abs().max()) < 0.06 * float(f_var.abs().max())
 
 
+def test_kronecker_factors_over_all_layers_keep_batchnorm_at_its_trained_values(digits):
+    """Kronecker factors cover Linear and Conv2d layers only: over all layers of a network
+    with BatchNorm, its affine parameters stay at their trained values (left out of the
+    posterior, as laplace-torch leaves out parameters that do not require gradients), the
+    caller's network is not changed, and the draws are laplace-torch's on that subset."""
+    from torch import nn
+
+    from twodg_pyro.data import load_digits_split
+
+    laplace = require_laplace()
+    images = load_digits_split(seed=0, image=True)
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 10)
+    )
+    loader = make_loader(images.train, 256)
+    post = fit_laplace(net, loader, subset="all", hessian="kron", marglik_steps=10)
+    assert post.param_names == ["0.weight", "0.bias", "4.weight", "4.bias"]
+    assert all(p.requires_grad for p in net.parameters())  # the caller's network
+    frozen = copy.deepcopy(net).eval()
+    frozen[1].requires_grad_(False)
+    la = laplace.Laplace(
+        frozen, "classification", subset_of_weights="all", hessian_structure="kron"
+    )
+    la.fit(loader)
+    la.prior_precision = post.prior_precision.clone()
+    theirs = la.sample(5, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(post.sample_params(5, seed=2), theirs, rtol=0, atol=1e-6)
+    probs = post.sample_probs(images.test.tensors[0][:8], num_samples=3, seed=0)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3, 8))
+
+
 def test_lenet_last_layer_is_its_final_linear(digits):
     from twodg_pyro.data import load_digits_split
 

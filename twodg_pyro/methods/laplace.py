@@ -6,7 +6,9 @@ only when a Laplace approximation is fitted).
 :math:`q(\theta) = \mathcal N(\theta_\text{MAP}, P^{-1})` around a trained network: by
 default over the **last layer** with a **Kronecker-factored** generalised Gauss-Newton
 (``subset_of_weights="last_layer", hessian_structure="kron"``), or over all layers with
-a diagonal one (``subset="all", hessian="diag"``; the other two combinations work too),
+a diagonal one (``subset="all", hessian="diag"``; the other two combinations work too:
+Kronecker factors over all layers cover every ``Linear`` and ``Conv2d`` layer, and the
+parameters of other layers, BatchNorm's affine ones, stay at their trained values),
 its prior precision :math:`\delta` fitted by maximising the Laplace marginal likelihood
 (``optimize_prior_precision(method="marglik")``, one scalar, or one per parameter tensor
 with ``subset="all"``). The posterior precision is, per parameter tensor,

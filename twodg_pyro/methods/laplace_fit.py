@@ -80,8 +80,7 @@ def fit_laplace(
 
     Raises:
         ConfigError: unknown settings (named).
-        ValueError: an approximation laplace-torch cannot fit on this network (e.g.
-            Kronecker factors of BatchNorm layers).
+        ValueError: an approximation laplace-torch cannot fit on this network.
         MissingLaplaceError: laplace-torch is not installed.
     """
     cfg = replace(settings or LaplaceConfig(), **fields)
@@ -89,6 +88,8 @@ def fit_laplace(
     laplace = require_laplace()
     work = copy.deepcopy(net).eval()
     like = next(work.parameters())
+    if subset == "all" and hessian == "kron":
+        _fix_unfactored(work)
     la = laplace.Laplace(
         work, "classification", subset_of_weights=subset, hessian_structure=hessian
     )
@@ -115,6 +116,16 @@ def fit_laplace(
             progress_bar=progress,
         )
     return from_laplace(la, net, subset, hessian, pred_type)
+
+
+def _fix_unfactored(net: nn.Module) -> None:
+    """Keep at their trained values the parameters that Kronecker factors cannot cover:
+    those of layers other than ``Linear`` and ``Conv2d`` (BatchNorm's affine ones), as
+    laplace-torch leaves out parameters that do not require gradients."""
+    for module in net.modules():
+        if not isinstance(module, nn.Linear | nn.Conv2d):
+            for p in module.parameters(recurse=False):
+                p.requires_grad_(False)
 
 
 def from_laplace(la, net: nn.Module, subset: str, hessian: str, pred_type: str = "glm"):
