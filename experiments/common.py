@@ -9,6 +9,7 @@ a script that reuses another's settings (``from uncertainty import QUICK``).
 
 from __future__ import annotations
 
+import platform
 import shlex
 import statistics
 import sys
@@ -34,6 +35,21 @@ def setup(threads: int, mnist_root: str | None = None) -> bool:
         )
         return False
     return True
+
+
+def environment() -> dict:
+    """What a seeded figure depends on besides the code and its seed: torch's version and
+    threads and the CPU (the same command on another torch build or thread count trains
+    other numbers; stamped on each record, so merged tables keep it per run)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu}
 
 
 def command(script: str, argv: list[str] | None = None) -> str:

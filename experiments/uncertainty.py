@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 from body_laplace import BodyDrawLaplace, fit_under_body_draws
-from common import by_recipe_method, cell, check, command, mean, setup, table
+from common import by_recipe_method, cell, check, command, environment, mean, setup, table
 
 from twodg_pyro.data import make_loader
 from twodg_pyro.files import atomic_write_text
@@ -282,6 +282,7 @@ def run_recipe(
         del u["uncertainty_draws"]  # the file's "evaluation" states the draws once
         recipe = spec.get("label", name)
         rec = {"recipe": recipe, "method": label, "arch": arch, "seed": seed}
+        rec["environment"] = environment()
         rec.update({k: r[k] for k in FIELDS + COSTS if k in r})
         for k in (
             "kl_weight",
@@ -506,7 +507,27 @@ def targets(summary: list[dict], arch: str = "lenet5") -> dict:
     return out
 
 
-def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> str:
+def environments_line(records: list[dict]) -> list[str]:
+    """The line naming the environments the records were trained in (none: no line)."""
+    envs = list(
+        {
+            json.dumps(r["environment"], sort_keys=True): r["environment"]
+            for r in records
+            if "environment" in r
+        }.values()
+    )
+    if not envs:
+        return []
+    runs = "; ".join(f"torch {e['torch']}, {e['threads']} threads, {e['cpu']}" for e in envs)
+    older = " (older runs: not recorded)" if any("environment" not in r for r in records) else ""
+    return [
+        f"Trained in: {runs}{older}.  A seeded run repeats its numbers to the bit on the same "
+        "torch build, thread count and CPU only.",
+        "",
+    ]
+
+
+def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5", records=()) -> str:
     sets = list(summary[0]["ood"])
     fams = list(summary[0]["shift5"])
     lines = [
@@ -518,6 +539,7 @@ def markdown(summary, checks, seeds, command, ev_args, arch: str = "lenet5") -> 
         f"{ev_args['ood_size']} images per OOD set, corruptions on {ev_args['shift_size']} "
         "test images.  `recommended` marks the recipe the README recommends.",
         "",
+        *environments_line(list(records)),
         "## Clean test data",
         "",
         "| recipe | method | seeds | acc | NLL | ECE | mean MI | AURC | trainable | stored |",
@@ -732,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     atomic_write_text(out / f"{args.stem}.json", json.dumps(payload, indent=1))
     text = markdown(
-        summary, checks, args.seeds, command("uncertainty.py", argv), ev_args, args.arch
+        summary, checks, args.seeds, command("uncertainty.py", argv), ev_args, args.arch, records
     )
     atomic_write_text(out / f"{args.stem}.md", text)
     figures(records, scores, out, args.stem)

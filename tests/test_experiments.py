@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(os.environ.get("TWODG_REFERENCE_RESULTS") or ROOT / "experiments" / "results")
@@ -244,6 +245,14 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     assert by[body]["prior_precision"] == by[lap]["prior_precision"]
     assert by[under]["prior_precision"] != by[lap]["prior_precision"]
     assert by[body]["forwards_per_prediction"] == 30  # one body forward a draw
+    # each record states the torch build and threads it was trained with, and a table
+    # merged with older records says which were not recorded
+    env = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    assert all({k: r["environment"][k] for k in env} == env for r in recs)
+    (line, blank) = script.environments_line(recs + [{"method": "older"}])
+    assert line.startswith(f"Trained in: torch {torch.__version__}, {env['threads']} threads")
+    assert "(older runs: not recorded)" in line and blank == ""
+    assert script.environments_line([{"method": "older"}]) == []
 
 
 def test_the_assignment_study_scores_both_rules_and_merges_seeds(mnist_folder):
