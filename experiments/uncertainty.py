@@ -73,6 +73,7 @@ from twodg_pyro.uncertainty import (
 )
 
 RECOMMENDED = "KL weight 0.1"
+LAPLACE_ALL = "Laplace over all layers"
 NATURAL_GRADIENT = "natural gradient"
 #: variational online Newton as stage 1 trains in that recipe (the library's ``-von``
 #: presets: ``VON_RECIPE``) and in ``stage1_selection.py``, whose grid multiplies the KL
@@ -119,6 +120,18 @@ RECIPES: dict[str, dict] = {
         # and the same Laplace around the 2DG BNN's mean network (its centres), and with
         # the body drawn from the 2DG BNN (two study rows: body_laplace.py)
         "laplace_around_2dg": True,
+    },
+    # issue 43's route beyond the last layer: laplace-torch's Kronecker-factored Laplace
+    # over every Linear and Conv2d layer of the deterministic network (BatchNorm's affine
+    # parameters at their trained values), a prior precision per layer by marginal
+    # likelihood, the linearised (glm) predictive
+    LAPLACE_ALL: {
+        "preset": "mnist-lenet5-bayes",
+        "settings": {
+            "methods": ["deterministic", "laplace"],
+            "laplace": {"subset": "all", "hessian": "kron", "prior_structure": "layerwise"},
+        },
+        "tyings": (),
     },
     "true ELBO": {
         "preset": "mnist-lenet5-bayes",
@@ -173,6 +186,7 @@ RESNET_RECIPES: dict[str, dict] = {
         "label": "one recipe",
     },
 }
+RESNET_RECIPES[LAPLACE_ALL] = {**RECIPES[LAPLACE_ALL], "preset": "mnist-resnet20-bayes"}
 RESNET_RECIPES[NATURAL_GRADIENT] = {
     **RECIPES[NATURAL_GRADIENT],
     # at the CPU epochs' 10 the median scale still moved 6.2 % over the last epoch

@@ -255,6 +255,33 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     assert script.environments_line([{"method": "older"}]) == []
 
 
+@pytest.mark.slow
+def test_the_all_layer_laplace_recipe_fits_every_layer_of_the_deterministic_network(
+    mnist_folder,
+):
+    """``--recipes "Laplace over all layers"``: the deterministic network and its Laplace
+    with Kronecker factors over every layer (LeNet-5: all 61,706 weights; ResNet-20's
+    settings are the same over its own preset), scored like every row."""
+    script = _script_module("uncertainty")
+    for arch in ("lenet5", "resnet20"):
+        settings, spec = script.recipe_settings(
+            script.LAPLACE_ALL, str(mnist_folder), 0, True, arch
+        )
+        assert settings["methods"] == ["deterministic", "laplace"] and spec["tyings"] == ()
+        lap = settings["laplace"]
+        assert (lap["subset"], lap["hessian"], lap["prior_structure"]) == (
+            "all",
+            "kron",
+            "layerwise",
+        )
+    ev = {"draws": 2, "ood_size": 20, "shift_size": 10}
+    recs, _ = script.run_recipe(script.LAPLACE_ALL, str(mnist_folder), 0, ev, quick=True)
+    assert [r["method"] for r in recs] == ["deterministic", "laplace"]
+    lap = recs[1]
+    assert lap["recipe"] == script.LAPLACE_ALL and math.isfinite(lap["nll"])
+    assert lap["stored_params"] > 2 * 61706  # the network and its factors over every layer
+
+
 def test_the_assignment_study_scores_both_rules_and_merges_seeds(mnist_folder):
     """``experiments/assignment_study.py --quick`` on a (fake) MNIST folder: the
     deterministic network, stage 1 and each variant under both rules, each with the bytes
