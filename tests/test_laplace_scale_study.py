@@ -1,0 +1,57 @@
+"""The widened Laplace last layer of ``experiments/laplace_scale_study.py``: its covariance
+is the fitted one times the scale (a known answer on digits), the fitted one is not
+touched, and the rule picks the widest scale that keeps the clean targets on
+validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from twodg_pyro.data import make_loader
+from twodg_pyro.methods import fit_laplace
+from twodg_pyro.models import MLP
+
+pytest.importorskip("laplace")
+
+
+@pytest.fixture(scope="module")
+def study():
+    import laplace_scale_study  # experiments/ is on the tests' path (pyproject)
+
+    return laplace_scale_study
+
+
+def test_a_widened_laplace_has_the_covariance_times_the_scale(study, digits):
+    torch.manual_seed(0)
+    net = MLP(64, (16,), 10)
+    post = fit_laplace(net, make_loader(digits.train, 256), marglik_steps=10)
+    before = post.covariance().clone()
+    wide = study.widened(post, 2.5)
+    torch.testing.assert_close(wide.covariance(), 2.5 * before, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(post.covariance(), before, rtol=0, atol=0)
+    # the same seeded normal draws, sqrt(2.5) times as far from the mean
+    mean = post.mean()
+    torch.testing.assert_close(
+        wide.sample_params(4, seed=1) - mean,
+        2.5**0.5 * (post.sample_params(4, seed=1) - mean),
+        rtol=1e-4,
+        atol=1e-6,
+    )
+
+
+def _row(point, scale, nll, ece):
+    return {"point": point, "scale": scale, "val": {"nll": nll, "ece": ece}}
+
+
+def test_the_rule_takes_the_widest_scale_that_keeps_nll_and_ece(study):
+    det = _row("deterministic", None, 0.10, 0.03)
+    rows = [
+        det,
+        _row("x1", 1.0, 0.07, 0.012),
+        _row("x1.5", 1.5, 0.08, 0.019),
+        _row("x2", 2.0, 0.09, 0.021),  # ECE over 0.02
+        _row("x3", 3.0, 0.11, 0.015),  # NLL over the deterministic network's
+    ]
+    assert study.choose(rows) == 1.5
+    assert study.choose([det, _row("x1", 1.0, 0.07, 0.03)]) is None
