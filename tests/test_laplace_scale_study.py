@@ -55,3 +55,28 @@ def test_the_rule_takes_the_widest_scale_that_keeps_nll_and_ece(study):
     ]
     assert study.choose(rows) == 1.5
     assert study.choose([det, _row("x1", 1.0, 0.07, 0.03)]) is None
+
+
+def test_the_committed_resnet20_study_keeps_the_fitted_width(study):
+    """``recipe_selection/laplace_scale_resnet20.json`` (seeds 0-2): validation keeps x1;
+    on the test images x1.5 would meet the MI and severity-5 targets that x1 misses, at an
+    ECE over 0.02: the scale trades one target for the others."""
+    import json
+    from pathlib import Path
+
+    path = Path(study.__file__).parent / "results/recipe_selection/laplace_scale_resnet20.json"
+    doc = json.loads(path.read_text())
+    summary = study.summarise(doc["records"])
+    assert summary == doc["summary"] and study.choose(summary) == doc["chosen_scale"] == 1.0
+    by = {r["scale"]: r for r in summary}
+    det = summary[0]
+
+    def mi(r):
+        return sum(v[1] for v in r["ood"].values()) / len(r["ood"])
+
+    def severity5(r):
+        return sum(r["shift5"][f] / det["shift5"][f] for f in det["shift5"]) / len(det["shift5"])
+
+    assert det["point"] == "deterministic"
+    assert mi(by[1.0]) < 0.90 and severity5(by[1.0]) > 0.8 and by[1.0]["test"]["ece"] <= 0.02
+    assert mi(by[1.5]) >= 0.90 and severity5(by[1.5]) <= 0.8 and by[1.5]["test"]["ece"] > 0.02
