@@ -532,7 +532,10 @@ def environments_line(records: list[dict]) -> list[str]:
     )
     if not envs:
         return []
-    runs = "; ".join(f"torch {e['torch']}, {e['threads']} threads, {e['cpu']}" for e in envs)
+    runs = "; ".join(
+        f"torch {e['torch']}, {e['threads']} thread{'s' * (e['threads'] != 1)}, {e['cpu']}"
+        for e in envs
+    )
     older = " (older runs: not recorded)" if any("environment" not in r for r in records) else ""
     return [
         f"Trained in: {runs}{older}.  A seeded run repeats its numbers to the bit on the same "

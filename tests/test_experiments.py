@@ -250,7 +250,8 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     env = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     assert all({k: r["environment"][k] for k in env} == env for r in recs)
     (line, blank) = script.environments_line(recs + [{"method": "older"}])
-    assert line.startswith(f"Trained in: torch {torch.__version__}, {env['threads']} threads")
+    threads = f"{env['threads']} thread" + ("s" if env["threads"] != 1 else "")
+    assert line.startswith(f"Trained in: torch {torch.__version__}, {threads}, ")
     assert "(older runs: not recorded)" in line and blank == ""
     assert script.environments_line([{"method": "older"}]) == []
 
