@@ -223,3 +223,26 @@ def test_six_resnet20_seeds_confirm_the_body_draw_rows_and_the_2dg_laplace_misse
     assert checks["nll <= det"]["met"]
     assert not checks["mean MI AUROC >= 0.90"]["met"]
     assert not checks["mean severity-5 NLL ratio <= 0.8"]["met"]
+
+
+@pytest.mark.parametrize(
+    "stem, seeds",
+    [("uncertainty_resnet20_laplace_all_seed0", 1), ("uncertainty_lenet5_laplace_all", 3)],
+)
+def test_laplace_over_all_layers_is_worse_than_the_network_it_is_fitted_to(stem, seeds):
+    """docs/uncertainty.md's "Laplace over every layer": on both networks the all-layer
+    Kronecker Laplace loses accuracy, NLL, calibration and OOD detection to the
+    deterministic network itself, and covers every layer (more stored values than twice
+    the network's); each record names its environment."""
+    payload = json.loads(RESULTS.with_name(f"{stem}.json").read_text())
+    rows = {s["method"]: s for s in payload["summary"]}
+    det, lap = rows["deterministic"], rows["laplace"]
+
+    def ood(row):
+        return sum(v["entropy_auroc"] for v in row["ood"].values()) / len(row["ood"])
+
+    assert lap["seeds"] == det["seeds"] == seeds
+    assert lap["accuracy"] < det["accuracy"] - 0.01 and lap["nll"] > 2 * det["nll"]
+    assert lap["ece"] > 0.2 and ood(lap) < ood(det)
+    assert lap["stored_params"] > 2 * det["stored_params"]
+    assert all(r["environment"]["threads"] == 1 for r in payload["records"])
