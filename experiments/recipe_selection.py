@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import cell, command
+from common import cell, command, environment
 from uncertainty import QUICK, RESNET_CPU_EPOCHS
 
 from twodg_pyro.files import atomic_write_text
@@ -195,7 +195,9 @@ def selection_output(args, default_stem: str, markdown) -> tuple[Path, str, bool
 
 def append_record(out: Path, stem: str, doc: dict, rec: dict, markdown) -> None:
     """Add ``rec`` to a selection run's ``doc`` and write its JSON and ``markdown(doc)``
-    again (each row is on disk as soon as it is scored)."""
+    again (each row is on disk as soon as it is scored), ``rec`` stamped with the torch
+    build, threads and CPU it was scored in (``environment``)."""
+    rec["environment"] = environment()
     doc["records"].append(rec)
     atomic_write_text(out / f"{stem}.json", json.dumps(doc, indent=1))
     atomic_write_text(out / f"{stem}.md", markdown(doc))

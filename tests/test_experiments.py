@@ -304,6 +304,7 @@ def test_the_assignment_study_scores_both_rules_and_merges_seeds(mnist_folder):
     for r in recs[2:]:
         assert r["file_bytes"] > 0 and r["float32_ratio"] == doc["float32_bytes"] / r["file_bytes"]
     assert recs[2]["pruned"] == 0 and 0 < recs[4]["pruned"] < 1  # stage-3 pruning's share
+    assert all(r["environment"]["torch"] == torch.__version__ for r in recs)
     path = next(out.glob("*.json"))
     assert script.main(["--merge", str(path), str(path), "--out", str(out), "--stem", "m"]) == 0
     merged = json.loads((out / "m.json").read_text())
