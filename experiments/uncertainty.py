@@ -167,6 +167,9 @@ RECIPES: dict[str, dict] = {
         "label": RECOMMENDED,
     },
 }
+#: what a run without ``--recipes`` trains: every recipe but the all-layer Laplace, a
+#: study run by name (so the default command stays the committed table's)
+DEFAULT_RECIPES = [r for r in RECIPES if r != LAPLACE_ALL]
 #: ``--arch resnet20``: the recommended recipe on the ``mnist-resnet20`` preset, with its
 #: epochs cut to fit a CPU (15 pretraining, 10 stage-1, 6 stage-3, as
 #: ``experiments/mnist_subset.py --arch resnet20``; ``--full``: the preset's own 250 / 200
@@ -689,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default="data/mnist_subset", help="folder with MNIST/raw")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    p.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, choices=list(RECIPES))
     p.add_argument(
         "--methods",
         nargs="+",
