@@ -60,12 +60,16 @@ def widened(post: LaplacePosterior, s: float) -> LaplacePosterior:
     return out
 
 
-def score(trained, art, ev: UncertaintySets, seed: int) -> dict:
-    """Validation and test accuracy / NLL / ECE, the OOD AUROCs (entropy, MI) and the
-    severity-5 NLL of each corruption."""
-    val = eval_data(art.split.val)
+def splits(art) -> dict:
+    """A run's validation and test data, made once for all its rows."""
+    return {"val": eval_data(art.split.val), "test": art.eval_data}
+
+
+def score(trained, data_of: dict, ev: UncertaintySets, seed: int) -> dict:
+    """Validation and test accuracy / NLL / ECE (``data_of``: :func:`splits`), the OOD
+    AUROCs (entropy, MI) and the severity-5 NLL of each corruption."""
     rec = {}
-    for split, data in (("val", val), ("test", art.eval_data)):
+    for split, data in data_of.items():
         m = classification_metrics(trained.predict(data, DRAWS, seed).mean, data_tensors(data)[1])
         rec[split] = {k: m[k] for k in ("accuracy", "nll", "ece")}
     u = ev.record(trained, OOD_DRAWS, "cpu")
@@ -79,10 +83,10 @@ def run_seed(seed: int, arch: str, root: str, quick: bool) -> list[dict]:
     Laplace last layer at every scale."""
     rows = []
 
-    def add(point, trained, art, ev, **fields):
-        rows.append({"point": point, "seed": seed, **fields, **score(trained, art, ev, seed)})
-        rows[-1]["environment"] = environment()
-        r = rows[-1]
+    def add(point, trained, data_of, **fields):
+        r = {"point": point, "seed": seed, **fields, **score(trained, data_of, ev, seed)}
+        r["environment"] = environment()
+        rows.append(r)
         print(
             f"[seed {seed}] {point}: val nll {r['val']['nll']:.4f} ece {r['val']['ece']:.4f}"
             f" | test nll {r['test']['nll']:.4f} ece {r['test']['ece']:.4f}",
@@ -94,21 +98,22 @@ def run_seed(seed: int, arch: str, root: str, quick: bool) -> list[dict]:
     ev = UncertaintySets(
         art.split, art.eval_data, UncertaintyConfig(ood_size=500, shift_size=200), seed
     )
-    add("deterministic", art.trained["deterministic"], art, ev)
-    add("last-layer Laplace (deterministic network)", art.trained["laplace"], art, ev)
+    data = splits(art)
+    add("deterministic", art.trained["deterministic"], data)
+    add("last-layer Laplace (deterministic network)", art.trained["laplace"], data)
     ng, _ = recipe_settings(NATURAL_GRADIENT, root, seed, quick, arch, ["mean_field", "2dg"])
     cfg = config_from_dict(ng)
     _, art2 = run_variants(cfg, {"representative": {"stage3": {"tying": "representative"}}})
     bnn = art2.variants["representative"]
-    add("2DG representative", bnn, art2, ev)
+    data = splits(art2)
+    add("2DG representative", bnn, data)
     loader = make_loader(art2.split.train, cfg.laplace.batch_size, shuffle=False)
     post = fit_laplace(bnn.mean_network(), loader, cfg.laplace)
     for s in SCALES:
         add(
             f"2DG + Laplace, covariance x{s:g}",
             widened(post, s),
-            art2,
-            ev,
+            data,
             scale=s,
             prior_precision=post.prior_precision.tolist(),
         )
