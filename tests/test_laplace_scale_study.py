@@ -104,3 +104,28 @@ def test_on_held_out_seeds_the_fitted_width_meets_what_seeds_0_to_2_missed(study
     assert mi >= 0.90 and ratio <= 0.8 and x1["test"]["ece"] <= 0.02
     x1, mi, ratio = row_and_ratio("laplace_scale_resnet20_seeds0to5")
     assert mi >= 0.90 and ratio > 0.8
+
+
+@pytest.mark.slow
+def test_the_study_runs_end_to_end_and_chooses_on_validation(study, tmp_path):
+    """``--quick`` on a (fake) MNIST folder: every point of a seed, the fitted width's
+    prior precision on each widened row, and the choice written into the table."""
+    import json
+
+    from test_data import write_fake_mnist
+
+    write_fake_mnist(tmp_path, "MNIST", n_train=200, n_test=50)
+    argv = ["--arch", "lenet5", "--quick", "--root", str(tmp_path), "--out", str(tmp_path)]
+    assert study.main(argv + ["--stem", "q", "--threads", "1"]) == 0
+    doc = json.loads((tmp_path / "q.json").read_text())
+    points = [r["point"] for r in doc["records"]]
+    assert points[:3] == [
+        "deterministic",
+        "last-layer Laplace (deterministic network)",
+        "2DG representative",
+    ]
+    widened = doc["records"][3:]
+    assert [r["scale"] for r in widened] == list(study.SCALES)
+    assert len({json.dumps(r["prior_precision"]) for r in widened}) == 1
+    assert doc["chosen_scale"] == study.choose(doc["summary"])
+    assert "Chosen on validation" in (tmp_path / "q.md").read_text()
