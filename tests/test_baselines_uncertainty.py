@@ -356,15 +356,18 @@ def test_laplace_around_stage_1s_posterior_means(dtype):
         config_from_dict({"laplace": {"network": "map"}})
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_laplace_around_the_2dg_bnns_posterior_means(dtype, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "dtype, residual", [("float32", "none"), ("float64", "none"), ("float32", "gp")]
+)
+def test_laplace_around_the_2dg_bnns_posterior_means(dtype, residual, tmp_path, monkeypatch):
     """``laplace.network = "2dg"``: the approximation's network is the run's 2DG BNN's mean
     network (every Bayesian weight at its component centre or outlier mean, in the run's
     dtype), counted as trained by the 2DG row's parameters; its model file predicts what
-    the row recorded; without the ``2dg`` row the settings say what is missing."""
+    the row recorded, with its feature residual if it has one; without the ``2dg`` row
+    the settings say what is missing."""
     cfg = {**_RUN, "methods": ["mean_field", "2dg", "laplace"], "num_samples": 4}
     cfg["network"] = {**_RUN["network"], "dtype": dtype}
-    cfg["laplace"] = {"marglik_steps": 20, "network": "2dg"}
+    cfg["laplace"] = {"marglik_steps": 20, "network": "2dg", "residual": residual}
     cfg["sharing"] = {"n_components": 8, "n_min": 2}
     art = run(config_from_dict(copy.deepcopy(cfg)), tmp_path / "run")
     two_dg, la = (next(r for r in art.records if r["method"] == m) for m in ("2dg", "laplace"))
@@ -392,6 +395,9 @@ def test_laplace_around_the_2dg_bnns_posterior_means(dtype, tmp_path, monkeypatc
     assert type(loaded) is type(post) and loaded.name == "laplace"
     assert loaded.settings == post.settings and loaded.param_names == post.param_names
     assert loaded.h_factor == post.h_factor
+    assert (loaded.residual is None) == (post.residual is None) == (residual == "none")
+    if post.residual is not None:  # the training features, as stored
+        torch.testing.assert_close(loaded.residual.inducing, post.residual.inducing, rtol=0, atol=0)
     torch.testing.assert_close(loaded.prior_precision, post.prior_precision, rtol=0, atol=0)
     for mine, theirs in zip(loaded.factors, post.factors, strict=True):
         for a, b in zip(mine, theirs, strict=True):

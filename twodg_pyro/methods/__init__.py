@@ -23,6 +23,8 @@ _EXPORTS: dict[str, str] = {
     "train_ensemble": _M + "ensemble",
     "LaplacePosterior": _M + "laplace",
     "fit_laplace": _M + "laplace_fit",
+    "with_feature_residual": _M + "laplace_fit",
+    "FeatureResidual": _M + "feature_residual",
     "MissingLaplaceError": _M + "laplace_fit",
     "MCMCPosterior": _M + "mcmc.posterior",
     "MCMCConfig": _M + "mcmc.settings",

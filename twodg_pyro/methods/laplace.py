@@ -47,9 +47,12 @@ from torch.func import functional_call, jvp, vmap
 from ..bnn import match_input
 from ..io.model_format import state_tensors
 from .base import TrainedMethod, header_table, net_section
+from .feature_residual import FeatureResidual, last_layer_module, layer_inputs
 from .laplace_settings import LaplaceConfig
 
 _DRAW_CHUNK = 10
+#: a residual's scalars in a model file, in FeatureResidual's argument order
+_RESIDUAL = dict.fromkeys(("lengthscale", "prior_precision", "nugget"), (int, float))
 
 
 def _symeig(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +80,12 @@ class LaplacePosterior(TrainedMethod):
         prior_precision: ``(1,)`` or one per covered tensor.
         h_factor: the factor of the likelihood's curvature (1 / temperature).
         pred_type: the Monte Carlo predictive (``"glm"`` or ``"nn"``).
+        residual: a distance-aware residual on the last layer's input features
+            (:class:`~twodg_pyro.methods.feature_residual.FeatureResidual`; last layer
+            only): each draw's logits gain :math:`g(x)\sqrt{v(x)}\,\varepsilon_{s}`,
+            one standard normal per draw and class drawn after the weights from the same
+            generator (a draw is one function of :math:`x`; its marginal at :math:`x` is the
+            residual's).
 
     Raises:
         ValueError: unknown settings, names the network lacks, or factors whose sizes do
@@ -104,9 +113,13 @@ class LaplacePosterior(TrainedMethod):
         prior_precision: torch.Tensor,
         h_factor: float = 1.0,
         pred_type: str = "glm",
+        residual: FeatureResidual | None = None,
     ):
         super().__init__()
         LaplaceConfig(subset=subset, hessian=hessian, pred_type=pred_type)  # refuses others
+        if residual is not None and subset != "last_layer":
+            raise ValueError(f"a feature residual needs subset = 'last_layer', not {subset!r}")
+        self.residual = residual
         self.net = net
         self.subset, self.hessian, self.pred_type = subset, hessian, pred_type
         self.param_names = list(param_names)
@@ -161,18 +174,21 @@ class LaplacePosterior(TrainedMethod):
 
     def num_factor_values(self) -> int:
         """Floating-point numbers of the posterior beyond the network: the precision
-        factors and the prior precision."""
+        factors, the prior precision and a residual's training features."""
         factors = [self.diag_h] if self.hessian == "diag" else [f for b in self.factors for f in b]
+        if self.residual is not None:
+            factors.append(self.residual.inducing)
         return self.prior_precision.numel() + sum(f.numel() for f in factors)
 
     @property
     def settings(self) -> dict:
-        return {"subset": self.subset, "hessian": self.hessian, "pred_type": self.pred_type}
+        out = {"subset": self.subset, "hessian": self.hessian, "pred_type": self.pred_type}
+        return out if self.residual is None else {**out, "residual": self.residual.settings()}
 
     def file_content(self) -> tuple[dict, dict]:
         fields = {
             "laplace": {
-                **self.settings,
+                **self.settings,  # with its residual's scalars, if any
                 "param_names": self.param_names,
                 "block_sizes": self.block_sizes,
                 "h_factor": self.h_factor,
@@ -182,6 +198,8 @@ class LaplacePosterior(TrainedMethod):
         tensors["laplace/prior_precision"] = self.prior_precision.detach().cpu().clone()
         if self.hessian == "diag":
             tensors["laplace/diag"] = self.diag_h.detach().cpu().clone()
+        if self.residual is not None:
+            tensors["laplace/residual/inducing"] = self.residual.inducing.detach().cpu().clone()
         for i, block in enumerate(self.factors if self.hessian == "kron" else []):
             for j, f in enumerate(block):
                 tensors[f"laplace/kfac/{i}/{j}"] = f.detach().cpu().clone()
@@ -201,11 +219,17 @@ class LaplacePosterior(TrainedMethod):
                     [payload[f"laplace/kfac/{i}/{j}"] for j in range(len(sizes))]
                     for i, sizes in enumerate(la["block_sizes"])
                 ]
+            residual = None
+            if la.get("residual") is not None:
+                r = header_table(la, "residual", where, "residual settings", **_RESIDUAL)
+                inducing = payload["laplace/residual/inducing"]
+                residual = FeatureResidual(inducing, *(float(r[k]) for k in _RESIDUAL))
             return cls(
                 net,
                 factors=factors,
                 prior_precision=payload["laplace/prior_precision"],
                 h_factor=float(la["h_factor"]),
+                residual=residual,
                 **{k: la[k] for k in ("subset", "hessian", "param_names", "pred_type")},
             )
         except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -277,15 +301,23 @@ class LaplacePosterior(TrainedMethod):
     def sample_params(self, num_samples: int, seed: int = 0) -> torch.Tensor:
         r"""``(S, P)`` draws :math:`\theta_s \sim q` from a generator seeded with ``seed``
         on the posterior's device."""
+        return self._sample(num_samples, seed)[0]
+
+    def _sample(self, num_samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`sample_params` and, with a residual, its ``(S, C)`` standard normals
+        drawn next from the same generator."""
         if int(num_samples) < 1:
             raise ValueError(f"num_samples must be at least 1, got {num_samples!r}")
         mean = self.mean()
         gen = torch.Generator(device=mean.device)
         gen.manual_seed(int(seed))
-        z = torch.randn(
-            int(num_samples), self.n_params, device=mean.device, dtype=mean.dtype, generator=gen
-        )
-        return mean.reshape(1, -1) + self._scale(z, -0.5)
+        n, like = int(num_samples), {"device": mean.device, "dtype": mean.dtype}
+        z = torch.randn(n, self.n_params, **like, generator=gen)
+        draws = mean.reshape(1, -1) + self._scale(z, -0.5)
+        if self.residual is None:
+            return draws, None
+        classes = self.shapes[0][0]  # the last layer's weight: (C, D)
+        return draws, torch.randn(n, classes, **like, generator=gen)
 
     def _unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         out, cur = {}, 0
@@ -314,12 +346,16 @@ class LaplacePosterior(TrainedMethod):
         return f_mu.unsqueeze(0) + jv
 
     def _draws(self, parts, num_samples: int, seed: int) -> torch.Tensor:
-        draws = self.sample_params(num_samples, seed)
+        draws, eps = self._sample(num_samples, seed)
         rows = []
         with warnings.catch_warnings():  # torch's forward AD, at its first use
             warnings.filterwarnings("ignore", ".*torch.jit.script.*", FutureWarning)
             for xb, _ in parts:
                 xb = match_input(xb, draws)
-                chunks = [self._logits(d, xb).softmax(-1).cpu() for d in draws.split(_DRAW_CHUNK)]
-                rows.append(torch.cat(chunks, 0))
+                logits = torch.cat([self._logits(d, xb) for d in draws.split(_DRAW_CHUNK)], 0)
+                if self.residual is not None:
+                    last = last_layer_module(self.net, self.param_names)
+                    sd = self.residual.logit_std(layer_inputs(self.net, last, [xb]))
+                    logits = logits + sd.reshape(1, -1, 1) * eps.unsqueeze(1)
+                rows.append(logits.softmax(-1).cpu())
         return torch.cat(rows, 1)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..bnn import match_input
+from .feature_residual import FeatureResidual, last_layer_module, layer_inputs
 from .laplace import LaplacePosterior
 from .laplace_settings import LaplaceConfig
 
@@ -115,7 +116,34 @@ def fit_laplace(
             lr=float(cfg.marglik_lr),
             progress_bar=progress,
         )
-    return from_laplace(la, net, subset, hessian, pred_type)
+    post = from_laplace(la, net, subset, hessian, pred_type)
+    return with_feature_residual(post, train_loader) if cfg.residual == "gp" else post
+
+
+def with_feature_residual(post: LaplacePosterior, train_loader) -> LaplacePosterior:
+    """A copy of the last-layer ``post`` with the distance-aware residual
+    (:class:`~twodg_pyro.methods.feature_residual.FeatureResidual`) of the last layer's
+    inputs on the training data (``train_loader``) and of ``post``'s prior precision.
+
+    Raises:
+        ValueError: ``post`` is not a last-layer approximation.
+    """
+    if post.subset != "last_layer":
+        raise ValueError(f"a feature residual needs subset = 'last_layer', not {post.subset!r}")
+    net, was = post.net, post.net.training
+    phi = layer_inputs(net.eval(), last_layer_module(net, post.param_names), train_loader)
+    net.train(was)
+    return LaplacePosterior(
+        net,  # shared, not copied
+        subset=post.subset,
+        hessian=post.hessian,
+        param_names=post.param_names,
+        factors=post.factors,
+        prior_precision=post.prior_precision,
+        h_factor=post.h_factor,
+        pred_type=post.pred_type,
+        residual=FeatureResidual.fit(phi, float(post.prior_precision[0])),
+    )
 
 
 def _fix_unfactored(net: nn.Module) -> None:

@@ -17,6 +17,8 @@ LaplaceHessian = Literal["kron", "diag"]
 LaplacePredictive = Literal["glm", "nn"]
 #: the prior precision fitted by marginal likelihood: one number, or one per tensor
 PriorStructure = Literal["scalar", "layerwise"]
+#: a distance-aware residual on the last layer's features (``gp``) or none
+LaplaceResidual = Literal["none", "gp"]
 #: the network the approximation is built around: the deterministic row's, stage 1's
 #: posterior means, or the 2DG BNN's
 LaplaceNetwork = Literal["deterministic", "mean_field", "2dg"]
@@ -35,7 +37,11 @@ class LaplaceConfig(Section):
     ``marglik_steps`` steps on the marginal likelihood;
     predicted by ``num_samples`` seeded draws of the linearised (``glm``) or the plain
     (``nn``) network (:mod:`twodg_pyro.methods.laplace`); the curvature is summed over
-    the training set in batches of ``batch_size``.
+    the training set in batches of ``batch_size``. ``residual = "gp"`` adds to the last
+    layer the distance-aware residual of
+    :mod:`~twodg_pyro.methods.feature_residual` (a Gaussian process on the last layer's
+    input features, conditioned on the training set's), whose variance grows to the
+    prior's away from the training features.
 
     Example::
 
@@ -55,6 +61,7 @@ class LaplaceConfig(Section):
     #: examples per batch of the curvature pass (with ``subset = "all"``, ``hessian =
     #: "diag"`` laplace-torch forms each batch's Jacobian, batch x classes x weights)
     batch_size: Annotated[int, at_least(1)] = 32
+    residual: LaplaceResidual = "none"
 
     def _check(self) -> None:
         require(
@@ -63,4 +70,10 @@ class LaplaceConfig(Section):
             self.prior_structure,
             "laplace-torch fits a scalar prior precision for subset = 'last_layer'; use "
             "'scalar' (or subset = 'all')",
+        )
+        require(
+            not (self.residual == "gp" and self.subset != "last_layer"),
+            "laplace.residual",
+            self.residual,
+            "the feature residual lives on the last layer's inputs: use subset = 'last_layer'",
         )

@@ -1,0 +1,156 @@
+"""The distance-aware residual of a last-layer Laplace approximation
+(:mod:`twodg_pyro.methods.feature_residual`): the Gaussian process's posterior variance in
+closed form, its settings, its draws on real digits and its model files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.spatial.distance import pdist
+
+from twodg_pyro.baselines import train_deterministic
+from twodg_pyro.data import make_loader
+from twodg_pyro.methods import (
+    FeatureResidual,
+    LaplacePosterior,
+    fit_laplace,
+    load_method,
+    with_feature_residual,
+)
+from twodg_pyro.methods.feature_residual import last_layer_module, layer_inputs
+from twodg_pyro.metrics import classification_metrics
+from twodg_pyro.models import MLP
+from twodg_pyro.pipeline import ConfigError, config_from_dict
+
+torch.set_num_threads(1)
+
+
+def _entropy(p: torch.Tensor) -> torch.Tensor:
+    return -(p * p.clamp_min(1e-12).log()).sum(-1)
+
+
+def test_the_variance_is_the_gaussian_process_posterior_variance():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(40, 3, generator=g, dtype=torch.float64)
+    x = torch.cat([z[:5] + 1e-3, 3 * torch.randn(7, 3, generator=g, dtype=torch.float64)])
+    r = FeatureResidual(z, lengthscale=0.9, prior_precision=2.0, nugget=1e-2)
+    # k(x, x) - k_Z(x)^T (K_ZZ + nu I)^-1 k_Z(x), solved directly
+    k = lambda a, b: torch.exp(-torch.cdist(a, b).pow(2) / (2 * 0.9**2))  # noqa: E731
+    kzz = k(z, z) + 1e-2 * torch.eye(40, dtype=torch.float64)
+    kzx = k(z, x)
+    expected = 1 - (kzx * torch.linalg.solve(kzz, kzx)).sum(0)
+    torch.testing.assert_close(r.variance(x), expected)
+    v = r.variance(x)
+    assert bool((v >= 0).all() and (v <= 1).all())
+    assert float(v[:5].max()) < 0.02  # at the training features: about the nugget
+    far = r.variance(z[:3] + 100.0)
+    torch.testing.assert_close(far, torch.ones(3, dtype=torch.float64))  # the prior's
+    assert r.variance(x.float()).dtype == torch.float32
+    # a logit's added standard deviation: the prior's at the feature, times sqrt(v)
+    prior = (x.pow(2).sum(1) + 1) / 2.0
+    torch.testing.assert_close(r.logit_std(x), (prior * expected).sqrt())
+
+
+def test_fit_sets_the_median_heuristic_and_keeps_the_prior():
+    g = torch.Generator().manual_seed(1)
+    phi = torch.rand(300, 8, generator=g)
+    r = FeatureResidual.fit(phi, prior_precision=4.0)
+    assert r.lengthscale == pytest.approx(float(torch.tensor(pdist(phi.double().numpy())).median()))
+    assert r.prior_precision == 4.0
+    assert torch.equal(r.inducing, phi) and r.nugget == 1e-2
+    many = torch.rand(2500, 2, generator=g)  # the heuristic on a seeded subset of 2,000
+    assert FeatureResidual.fit(many, 1.0).lengthscale == FeatureResidual.fit(many, 1.0).lengthscale
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"inducing": torch.full((3, 2), float("nan"))}, "finite features"),
+        ({"inducing": torch.zeros(0, 2)}, r"\(M, D\)"),
+        ({"lengthscale": 0.0}, "lengthscale = 0.0"),
+        ({"prior_precision": 0.0}, "prior_precision = 0.0"),
+        ({"nugget": float("nan")}, "nugget = nan"),
+    ],
+)
+def test_bad_residual_settings_are_refused_naming_the_value(kwargs, match):
+    args = {"inducing": torch.zeros(3, 2), "lengthscale": 1.0, "prior_precision": 1.0, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        FeatureResidual(**args)
+    with pytest.raises(ValueError, match="at least 2 features"):
+        FeatureResidual.fit(torch.zeros(1, 2), 1.0)
+    with pytest.raises(ValueError, match="positive prior precision"):
+        FeatureResidual.fit(torch.rand(5, 2), 0.0)
+
+
+@pytest.fixture(scope="module")
+def net_and_laplace(digits):
+    torch.manual_seed(0)
+    net = MLP(64, (32,), 10)
+    train_deterministic(
+        net, make_loader(digits.train, 64, shuffle=True, seed=0), 12, progress=False
+    )
+    return net, fit_laplace(net, make_loader(digits.train, 256))
+
+
+def test_the_residual_leaves_the_digits_and_spreads_far_from_them(net_and_laplace, digits):
+    """On held-out digits the residual changes the Laplace predictive little; on inputs
+    far from every training feature (the digits at 5 times their contrast, loud noise) it
+    spreads it; its draws are seeded and independent of the batching."""
+    net, post = net_and_laplace
+    loader = make_loader(digits.train, 256)
+    gp = with_feature_residual(post, loader)
+    assert post.residual is None and gp.net is post.net  # a new approximation, same net
+    features = layer_inputs(net, last_layer_module(net, post.param_names), loader)
+    assert features.shape == (len(digits.train), 32)
+    torch.testing.assert_close(gp.residual.inducing, features)
+    x, y = digits.test.tensors
+    before = classification_metrics(post.predict((x, y), 30, 0).mean, y)
+    after = classification_metrics(gp.predict((x, y), 30, 0).mean, y)
+    assert after["accuracy"] >= before["accuracy"] - 0.01
+    assert after["nll"] < 1.1 * before["nll"]
+    h_test = float(_entropy(gp.predict(x, 30, 0).mean).mean())
+    assert h_test < float(_entropy(post.predict(x, 30, 0).mean).mean()) + 0.05
+    loud = 10 * torch.randn(300, 64, generator=torch.Generator().manual_seed(0))
+    for far in (5 * x, loud):
+        assert float(gp.residual.variance(layer_inputs(net, net.layers[2], [far])).median()) > 0.9
+        h_post = float(_entropy(post.predict(far, 30, 0).mean).mean())
+        h_gp = float(_entropy(gp.predict(far, 30, 0).mean).mean())
+        assert h_gp > h_post + 0.5 and h_gp > 2 * h_test
+    samples = gp.sample_probs(x, 20, 0)
+    torch.testing.assert_close(gp.sample_probs(x, 20, 0, batch_size=37), samples)
+    assert not torch.equal(gp.sample_probs(x, 20, 1), samples)
+    # the weights' draws are the approximation's own: the residual's normals come after
+    torch.testing.assert_close(gp.sample_params(20, 0), post.sample_params(20, 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_residual_file_predicts_the_same(net_and_laplace, digits, tmp_path, dtype):
+    net, post = net_and_laplace
+    gp = with_feature_residual(post, make_loader(digits.train, 256)).to(dtype)
+    x = digits.test.tensors[0][:100].to(dtype)
+    spec = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [32], "num_classes": 10}}
+    path = gp.save(tmp_path / "model_laplace.pt", network=spec)
+    loaded = load_method(path)
+    assert isinstance(loaded, LaplacePosterior) and loaded.settings == gp.settings
+    assert loaded.residual.inducing.dtype == dtype
+    torch.testing.assert_close(loaded.sample_probs(x, 10, 3), gp.sample_probs(x, 10, 3))
+
+
+def test_the_residual_is_the_last_layers_only(net_and_laplace, digits):
+    net, post = net_and_laplace
+    with pytest.raises(ConfigError, match=r"laplace.residual = 'gp'.*subset = 'last_layer'"):
+        config_from_dict({"laplace": {"residual": "gp", "subset": "all", "hessian": "diag"}})
+    assert config_from_dict({"laplace": {"residual": "gp"}}).laplace.residual == "gp"
+    r = FeatureResidual(torch.zeros(3, 32), lengthscale=1.0, prior_precision=1.0)
+    with pytest.raises(ValueError, match="needs subset = 'last_layer', not 'all'"):
+        LaplacePosterior(
+            net,
+            subset="all",
+            hessian="diag",
+            param_names=["layers.2.bias"],
+            factors=torch.ones(10),
+            prior_precision=torch.ones(1),
+            residual=r,
+        )
+    full = fit_laplace(net, make_loader(digits.train, 256), residual="gp", marglik_steps=5)
+    assert full.residual.prior_precision == float(full.prior_precision[0])
