@@ -23,6 +23,10 @@ on the clean images; 10 on the OOD sets and corruptions, made from the test imag
     python experiments/laplace_scale_study.py --arch resnet20 --seeds 0    # 14 min, 2 threads
     python experiments/laplace_scale_study.py --arch resnet20 --merge A.json B.json ...
 
+Two more rows (:data:`RESIDUAL_DET`, :data:`RESIDUAL_2DG`) add the distance-aware
+feature residual (:mod:`twodg_pyro.methods.feature_residual`) to the deterministic
+network's Laplace and to the 2DG BNN's at x1; they take no part in the rule.
+
 Results: ``experiments/results/recipe_selection/laplace_scale_<arch>.{json,md}``.
 """
 
@@ -38,7 +42,7 @@ from uncertainty import NATURAL_GRADIENT, RECOMMENDED, recipe_settings
 
 from twodg_pyro.data import make_loader
 from twodg_pyro.files import atomic_write_text
-from twodg_pyro.methods import LaplacePosterior, fit_laplace
+from twodg_pyro.methods import LaplacePosterior, fit_laplace, with_feature_residual
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.pipeline import config_from_dict
 from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets, data_tensors
@@ -48,6 +52,11 @@ from twodg_pyro.pipeline.settings.config import UncertaintyConfig
 
 #: the covariance scales of the 2DG BNN's Laplace last layer (1: the ``2dg + laplace`` row)
 SCALES = (1.0, 1.5, 2.0, 3.0, 4.0)
+#: the rows with the distance-aware feature residual (``laplace.residual = "gp"``: its
+#: lengthscale set by the training features, its variance far from them by the fitted
+#: prior; nothing tuned on a held-out split), beside the widths
+RESIDUAL_DET = "last-layer Laplace (deterministic network) + GP residual"
+RESIDUAL_2DG = "2DG + Laplace, covariance x1 + GP residual"
 OUT = Path("experiments/results/recipe_selection")
 DRAWS, OOD_DRAWS = 30, 10
 
@@ -100,7 +109,10 @@ def run_seed(seed: int, arch: str, root: str, quick: bool) -> list[dict]:
     )
     data = splits(art)
     add("deterministic", art.trained["deterministic"], data)
-    add("last-layer Laplace (deterministic network)", art.trained["laplace"], data)
+    det_laplace = art.trained["laplace"]
+    add("last-layer Laplace (deterministic network)", det_laplace, data)
+    train = make_loader(art.split.train, 500, shuffle=False)
+    add(RESIDUAL_DET, with_feature_residual(det_laplace, train), data, residual=True)
     ng, _ = recipe_settings(NATURAL_GRADIENT, root, seed, quick, arch, ["mean_field", "2dg"])
     cfg = config_from_dict(ng)
     _, art2 = run_variants(cfg, {"representative": {"stage3": {"tying": "representative"}}})
@@ -117,6 +129,8 @@ def run_seed(seed: int, arch: str, root: str, quick: bool) -> list[dict]:
             scale=s,
             prior_precision=post.prior_precision.tolist(),
         )
+    gp = with_feature_residual(post, make_loader(art2.split.train, 500, shuffle=False))
+    add(RESIDUAL_2DG, gp, data, residual=True, **gp.residual.settings())
     return rows
 
 
@@ -164,6 +178,16 @@ def markdown(doc: dict) -> str:
         f"deterministic network's {det['val']['nll']:.4f} and validation ECE <= 0.02): "
         + (f"**x{chosen:g}**." if chosen is not None else "**none**."),
     ]
+    if any(r["point"] in (RESIDUAL_DET, RESIDUAL_2DG) for r in summary):
+        lines += [
+            "",
+            "Rows `+ GP residual`: the same last-layer Laplace at x1 with the distance-aware "
+            'feature residual (`laplace.residual = "gp"`, '
+            "`twodg_pyro.methods.feature_residual`): a Gaussian process on the last "
+            "layer's input features, conditioned on the training features, whose variance "
+            "grows to the last layer's prior away from them. Nothing in it is chosen on "
+            "any split (lengthscale: the training features' median distance).",
+        ]
     rows = []
     for r in summary:
         ood = [v[0] for v in r["ood"].values()]
