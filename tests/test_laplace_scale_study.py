@@ -131,7 +131,7 @@ def test_the_study_runs_end_to_end_and_chooses_on_validation(study, tmp_path):
     assert len({json.dumps(r["prior_precision"]) for r in widened}) == 1
     # the residual's prior is the fitted one; it takes no part in the choice
     assert doc["records"][-1]["prior_precision"] == widened[0]["prior_precision"][0]
-    assert doc["records"][-1]["scale"] is None is doc["records"][2].get("scale")
+    assert "scale" not in doc["records"][-1] and "scale" not in doc["records"][2]
     assert doc["chosen_scale"] == study.choose(doc["summary"])
     text = (tmp_path / "q.md").read_text()
     assert "Chosen on validation" in text and "+ GP residual" in text
