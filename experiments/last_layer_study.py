@@ -48,6 +48,7 @@ from twodg_pyro.data import make_loader
 from twodg_pyro.guides.base import site_key
 from twodg_pyro.methods import fit_laplace
 from twodg_pyro.methods.base import TrainedMethod
+from twodg_pyro.methods.feature_residual import layer_inputs
 from twodg_pyro.nn.functional import inverse_softplus
 from twodg_pyro.pipeline import config_from_dict, run
 from twodg_pyro.pipeline.methods.algorithm1 import stage1_mean_field
@@ -97,14 +98,7 @@ class LastLayer:
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The last layer's inputs and a column of ones, ``(N, F + 1)``, float64."""
         self.net.eval()
-        inputs: list[torch.Tensor] = []  # the last layer's, kept only while this runs
-        hook = self.last.register_forward_hook(lambda m, i, o: inputs.append(i[0].detach()))
-        try:
-            for i in range(0, len(x), 500):
-                self.net(x[i : i + 500])
-        finally:
-            hook.remove()
-        phi = torch.cat(inputs).double()
+        phi = layer_inputs(self.net, self.last, x.split(500)).double()
         return torch.cat([phi, torch.ones(len(phi), 1, dtype=phi.dtype)], 1)
 
     def mean(self) -> torch.Tensor:

@@ -348,13 +348,13 @@ class LaplacePosterior(TrainedMethod):
     def _draws(self, parts, num_samples: int, seed: int) -> torch.Tensor:
         draws, eps = self._sample(num_samples, seed)
         rows = []
+        last = None if self.residual is None else last_layer_module(self.net, self.param_names)
         with warnings.catch_warnings():  # torch's forward AD, at its first use
             warnings.filterwarnings("ignore", ".*torch.jit.script.*", FutureWarning)
             for xb, _ in parts:
                 xb = match_input(xb, draws)
                 logits = torch.cat([self._logits(d, xb) for d in draws.split(_DRAW_CHUNK)], 0)
                 if self.residual is not None:
-                    last = last_layer_module(self.net, self.param_names)
                     sd = self.residual.logit_std(layer_inputs(self.net, last, [xb]))
                     logits = logits + sd.reshape(1, -1, 1) * eps.unsqueeze(1)
                 rows.append(logits.softmax(-1).cpu())
