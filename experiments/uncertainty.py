@@ -55,7 +55,7 @@ from common import by_recipe_method, cell, check, command, environment, mean, se
 from twodg_pyro.data import make_loader
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.io import export_compact
-from twodg_pyro.methods import fit_laplace, load_method
+from twodg_pyro.methods import fit_laplace, load_method, with_feature_residual
 from twodg_pyro.metrics import classification_metrics, ece, nll
 from twodg_pyro.pipeline import config_from_dict
 from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets, data_tensors
@@ -221,6 +221,8 @@ FIELDS = ("accuracy", "nll", "ece", "trainable_params", "stored_params")
 #: network weight, the forward passes of one prediction and its time over the
 #: deterministic network's in the same run
 COSTS = ("file_bytes", "bytes_per_weight", "forwards_per_prediction", "relative_predict_seconds")
+#: the rows ``laplace_around_2dg`` adds to ``2dg (...) + laplace`` (``--laplace-rows``)
+LAPLACE_ROWS = ("GP residual", "body draws", "under body draws")
 
 
 def recipe_settings(
@@ -270,9 +272,11 @@ def run_recipe(
     arch: str = "lenet5",
     methods: list[str] | None = None,
     device: str = "cpu",
+    laplace_rows=LAPLACE_ROWS,
 ) -> tuple[list[dict], dict]:
     """Records of one recipe and seed (and the per-example scores, for figures); with
-    ``methods``, only those of the recipe's methods (``"2dg"``: its tyings)."""
+    ``methods``, only those of the recipe's methods (``"2dg"``: its tyings); with
+    ``laplace_rows``, only those of the rows beside ``2dg + laplace``."""
     settings, spec = recipe_settings(name, root, seed, quick, arch, methods, device)
     variants = {t: {"stage3": {"tying": t}} for t in spec["tyings"]}
     t0 = time.perf_counter()
@@ -283,7 +287,9 @@ def run_recipe(
     sizes = {"ood_size": ev_args["ood_size"], "shift_size": ev_args["shift_size"]}
     ev = UncertaintySets(art.split, art.eval_data, UncertaintyConfig(**sizes), seed)
     out, scores = [], {}
-    extra = laplace_around_2dg(art, records, cfg) if spec.get("laplace_around_2dg") else {}
+    extra = {}
+    if spec.get("laplace_around_2dg"):
+        extra = laplace_around_2dg(art, records, cfg, laplace_rows)
     for r in records + [rec for rec, _ in extra.values()]:
         method = r["method"]
         variant = r.get("variant", "-")
@@ -332,7 +338,7 @@ def run_recipe(
     return out, scores
 
 
-def laplace_around_2dg(art, records: list[dict], cfg) -> dict[str, tuple]:
+def laplace_around_2dg(art, records: list[dict], cfg, rows=LAPLACE_ROWS) -> dict[str, tuple]:
     """``{label: (record, trained)}``: laplace-torch's Laplace (the run's ``[laplace]``
     settings) around each 2DG variant's mean network (its component centres and outlier
     means: ``GuidePosterior.mean_network``), scored on the test images with the run's
@@ -340,39 +346,31 @@ def laplace_around_2dg(art, records: list[dict], cfg) -> dict[str, tuple]:
     Laplace factors, its file the compact 2DG BNN with the factors beside it
     (``export_compact(..., laplace=)``: ``file_bytes``, ``bytes_per_weight``, and
     ``file_prob_diff``, the largest difference of a predicted probability between the
-    file and the row, same draws; ``cfg``: the run's settings)."""
+    file and the row, same draws; ``cfg``: the run's settings). ``rows`` (of
+    ``LAPLACE_ROWS``) adds: the same last layer with the distance-aware GP residual
+    (``with_feature_residual``: its file stores the training features too), and with the
+    body drawn from the 2DG BNN around the mean network's fit or refitted under them."""
     loader = make_loader(art.split.train, cfg.laplace.batch_size, shuffle=False)
     out = {}
     for r in records:
         if r["method"] != "2dg":
             continue
-        t0 = time.perf_counter()
         bnn = art.variants[r["variant"]]
+        t0 = time.perf_counter()
         post = fit_laplace(bnn.mean_network(), loader, cfg.laplace)
-        probs = post.predict(art.eval_data, cfg.num_samples, cfg.seed).mean
-        seconds = time.perf_counter() - t0
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "model_laplace.2dgz"
-            spec = network_spec(cfg.network, art.split)
-            export_compact(path, bnn.model, bnn.guide, spec, laplace=post)
-            n_bytes = path.stat().st_size
-            mine = load_method(path).predict(art.eval_data, cfg.num_samples, cfg.seed).mean
-        rec = {
-            "method": f"2dg ({r['variant']}) + laplace",
-            **classification_metrics(probs, data_tensors(art.eval_data)[1]),
-            "trainable_params": r["trainable_params"],
-            "stored_params": r["stored_params"] + post.num_factor_values(),
-            "forwards_per_prediction": post.forwards_per_prediction(cfg.num_samples),
-            "seconds": seconds,
-            "file_bytes": n_bytes,
-            "bytes_per_weight": n_bytes / sum(p.numel() for p in post.net.parameters()),
-            "file_prob_diff": float((mine.double() - probs.double()).abs().max()),
-            "prior_precision": post.prior_precision.tolist(),
-        }
-        out[rec["method"]] = (rec, post)
+        label = f"2dg ({r['variant']}) + laplace"
+        rec = _compact_laplace_row(art, cfg, r, bnn, post, label, t0)
+        out[label] = (rec, post)
+        if "GP residual" in rows:
+            t0 = time.perf_counter()
+            resid = with_feature_residual(post, loader)
+            row = _compact_laplace_row(art, cfg, r, bnn, resid, f"{label} + GP residual", t0)
+            out[row["method"]] = (row, resid)
         # the same last layer with the body drawn from the 2DG BNN (body_laplace.py):
         # around the mean network's fit, and refitted under the body's draws
         for tag, refit in (("body draws", False), ("under body draws", True)):
+            if tag not in rows:
+                continue
             t0 = time.perf_counter()
             head = fit_under_body_draws(bnn, loader, cfg.laplace, cfg.seed) if refit else post
             label = f"2dg ({r['variant']}) + laplace, {tag}"
@@ -389,6 +387,31 @@ def laplace_around_2dg(art, records: list[dict], cfg) -> dict[str, tuple]:
                 row[k] = rec[k]  # the 2DG + Laplace file: the same sections and sizes
             out[label] = (row, method)
     return out
+
+
+def _compact_laplace_row(art, cfg, r: dict, bnn, post, label: str, t0: float) -> dict:
+    """The record of the 2DG BNN ``bnn`` (its record ``r``) with the Laplace last layer
+    ``post``: test metrics, parameters, and the ``.2dgz`` file's bytes and agreement."""
+    probs = post.predict(art.eval_data, cfg.num_samples, cfg.seed).mean
+    seconds = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model_laplace.2dgz"
+        spec = network_spec(cfg.network, art.split)
+        export_compact(path, bnn.model, bnn.guide, spec, laplace=post)
+        n_bytes = path.stat().st_size
+        mine = load_method(path).predict(art.eval_data, cfg.num_samples, cfg.seed).mean
+    return {
+        "method": label,
+        **classification_metrics(probs, data_tensors(art.eval_data)[1]),
+        "trainable_params": r["trainable_params"],
+        "stored_params": r["stored_params"] + post.num_factor_values(),
+        "forwards_per_prediction": post.forwards_per_prediction(cfg.num_samples),
+        "seconds": seconds,
+        "file_bytes": n_bytes,
+        "bytes_per_weight": n_bytes / sum(p.numel() for p in post.net.parameters()),
+        "file_prob_diff": float((mine.double() - probs.double()).abs().max()),
+        "prior_precision": post.prior_precision.tolist(),
+    }
 
 
 def temperature_scaled(trained, val, test, draws: int, seed: int) -> dict:
@@ -699,6 +722,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="run only these of each recipe's methods ('2dg': its tyings); --merge the rest",
     )
+    p.add_argument(
+        "--laplace-rows",
+        nargs="*",
+        default=list(LAPLACE_ROWS),
+        choices=LAPLACE_ROWS,
+        help="the rows beside '2dg + laplace' (natural gradient recipe)",
+    )
     p.add_argument("--draws", type=int, default=10, help="posterior draws of the evaluation")
     p.add_argument("--ood-size", type=int, default=500, help="images per OOD set")
     p.add_argument("--shift-size", type=int, default=200, help="test images corrupted")
@@ -754,7 +784,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in [] if args.merge else recipes:
         for seed in args.seeds:
             recs, sc = run_recipe(
-                name, args.root, seed, ev_args, args.quick, args.arch, args.methods, args.device
+                name,
+                args.root,
+                seed,
+                ev_args,
+                args.quick,
+                args.arch,
+                args.methods,
+                args.device,
+                args.laplace_rows,
             )
             records += recs
             if name == RECOMMENDED and seed == args.seeds[0]:

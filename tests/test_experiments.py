@@ -220,8 +220,10 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     """``uncertainty.py``'s natural-gradient recipe (``--quick``, a fake MNIST folder): the
     ``mnist-lenet5-von`` preset, stage 1 by variational online Newton, stages 1 and 3 at
     its multiple of the data-size KL weight, a temperature-scaled row per method, and the
-    2DG + Laplace row with the bytes of its compact file, and its two body-draw rows
-    (``body_laplace.py``: the same file; the refit's prior precision its own)."""
+    2DG + Laplace row with the bytes of its compact file, the same last layer with the GP
+    residual (its file holds the training features too; one more forward pass), and its
+    two body-draw rows (``body_laplace.py``: the same file; the refit's prior precision
+    its own)."""
     from twodg_pyro.infer import data_size_kl_weight
     from twodg_pyro.pipeline.settings.presets import VON_RECIPE
     from twodg_pyro.settings import data_size_multiple
@@ -232,7 +234,8 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     recs, _ = script.run_recipe(script.NATURAL_GRADIENT, str(tmp_path), 0, ev, quick=True)
     lap = "2dg (representative) + laplace"
     body, under = f"{lap}, body draws", f"{lap}, under body draws"
-    methods = ["mean_field", "laplace", "2dg (representative)", lap, body, under]
+    resid = f"{lap} + GP residual"
+    methods = ["mean_field", "laplace", "2dg (representative)", lap, resid, body, under]
     assert [r["method"] for r in recs] == methods
     multiple = data_size_multiple(VON_RECIPE["stage1"]["kl_weight"])
     beta = multiple * data_size_kl_weight(180, 61706)
@@ -245,6 +248,22 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     assert by[body]["prior_precision"] == by[lap]["prior_precision"]
     assert by[under]["prior_precision"] != by[lap]["prior_precision"]
     assert by[body]["forwards_per_prediction"] == 30  # one body forward a draw
+    # the residual: the same last layer, 180 training features of LeNet-5's 84 more
+    assert by[resid]["prior_precision"] == by[lap]["prior_precision"]
+    assert by[resid]["stored_params"] == by[lap]["stored_params"] + 180 * 84
+    assert by[resid]["file_bytes"] >= by[lap]["file_bytes"] + 180 * 84 * 4
+    assert by[resid]["forwards_per_prediction"] == 31 and by[resid]["file_prob_diff"] < 0.1
+    # --laplace-rows: only the rows asked for
+    recs, _ = script.run_recipe(
+        script.NATURAL_GRADIENT,
+        str(tmp_path),
+        0,
+        ev,
+        True,
+        methods=["mean_field", "2dg"],
+        laplace_rows=(),
+    )
+    assert [r["method"] for r in recs] == ["mean_field", "2dg (representative)", lap]
     # each record states the torch build and threads it was trained with, and a table
     # merged with older records says which were not recorded
     env = {"torch": torch.__version__, "threads": torch.get_num_threads()}

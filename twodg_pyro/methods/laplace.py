@@ -180,6 +180,10 @@ class LaplacePosterior(TrainedMethod):
             factors.append(self.residual.inducing)
         return self.prior_precision.numel() + sum(f.numel() for f in factors)
 
+    def forwards_per_prediction(self, num_samples: int) -> int:
+        """One network evaluation per draw, and one more for a residual's features."""
+        return super().forwards_per_prediction(num_samples) + (self.residual is not None)
+
     @property
     def settings(self) -> dict:
         out = {"subset": self.subset, "hessian": self.hessian, "pred_type": self.pred_type}
