@@ -67,6 +67,7 @@ def test_fit_sets_the_median_heuristic_and_keeps_the_prior():
     [
         ({"inducing": torch.full((3, 2), float("nan"))}, "finite features"),
         ({"inducing": torch.zeros(0, 2)}, r"\(M, D\)"),
+        ({"inducing": torch.zeros(20_001, 1)}, "20,001 is more than it can hold"),
         ({"lengthscale": 0.0}, "lengthscale = 0.0"),
         ({"prior_precision": 0.0}, "prior_precision = 0.0"),
         ({"nugget": float("nan")}, "nugget = nan"),

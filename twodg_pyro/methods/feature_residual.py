@@ -43,6 +43,9 @@ from torch import nn
 
 #: features used for the median heuristic (a seeded subset beyond it)
 _HEURISTIC_POINTS = 2000
+#: the most training features the exact residual conditions on: its Gram matrix holds
+#: ``M ** 2`` float64 numbers (3.2 GB at this bound; CIFAR-10's 50,000 would need 20 GB)
+MAX_INDUCING = 20_000
 
 
 def last_layer_module(net: nn.Module, param_names: list[str]) -> nn.Module:
@@ -80,7 +83,8 @@ class FeatureResidual(nn.Module):
         nugget: :math:`\nu`, the noise variance at :math:`Z` over :math:`g(z)^2`.
 
     Raises:
-        ValueError: no features, non-finite ones, or a setting out of range (named).
+        ValueError: no features, non-finite ones, more than :data:`MAX_INDUCING`, or a
+            setting out of range (named).
     """
 
     def __init__(
@@ -94,6 +98,11 @@ class FeatureResidual(nn.Module):
         z = torch.as_tensor(inducing).detach()
         if z.dim() != 2 or z.shape[0] == 0 or not torch.isfinite(z).all():
             raise ValueError(f"inducing must be (M, D) finite features, got {tuple(z.shape)}")
+        if z.shape[0] > MAX_INDUCING:
+            raise ValueError(
+                f"the residual conditions on every training feature, and {z.shape[0]:,} is "
+                f"more than it can hold (at most {MAX_INDUCING:,}: an M x M Gram matrix)"
+            )
         for name, value, ok in (
             ("lengthscale", lengthscale, lengthscale > 0),
             ("prior_precision", prior_precision, prior_precision > 0),
