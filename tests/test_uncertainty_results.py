@@ -76,6 +76,7 @@ NATURAL_GRADIENT_TABLES = [
     "uncertainty_resnet20_von_body_seed345",
     "uncertainty_resnet20_von_body_seeds0to5",
     "uncertainty_lenet5_residual",
+    "uncertainty_resnet20_residual",
 ]
 
 
@@ -277,3 +278,37 @@ def test_on_lenet5_the_gp_residual_changes_nothing_but_the_file():
     assert ood(b) < ens < ood(rows[("KL weight 0.1", "2dg (representative)")])
     checks = payload["targets"][f"natural gradient: {resid}"]
     assert not checks["mean entropy AUROC >= ensemble"]["met"]
+
+
+def test_on_resnet20_the_gp_residual_meets_issue_43s_2dg_targets_beside_the_ensemble():
+    """docs/uncertainty.md's ResNet-20 table of the residual row beside the deterministic
+    network, the ensemble and the SVI recipe (one command a seed, three seeds): the row
+    meets every 2DG target of issue 43 but the moonshot (the ensemble's OOD AUROC) and
+    stage 1's convergence; its file holds the 3,600 x 64 float32 training features more;
+    the SVI recipe's 2DG BNN has an NLL above the deterministic network's."""
+    payload = json.loads(RESULTS.with_name("uncertainty_resnet20_residual.json").read_text())
+    assert payload["seeds"] == [0, 1, 2] and payload["arch"] == "resnet20"
+    by = {(r["method"], r["seed"]): r for r in payload["records"]}
+    lap = "2dg (representative) + laplace"
+    resid = f"{lap} + GP residual"
+    for s in (0, 1, 2):
+        a, b = by[(lap, s)], by[(resid, s)]
+        assert 0 < b["file_bytes"] - a["file_bytes"] - 3600 * 64 * 4 < 1000
+    checks = payload["targets"][f"natural gradient: {resid}"]
+    for key in (
+        "accuracy >= det - 0.005",
+        "nll <= det",
+        "ece <= 0.02",
+        "mean entropy AUROC >= last-layer Laplace",
+        "mean MI AUROC >= 0.90",
+        "mean severity-5 NLL ratio <= 0.8",
+        "trainable: mean-field / 2DG >= 20",
+    ):
+        assert checks[key]["met"], key
+    assert not checks["mean entropy AUROC >= ensemble"]["met"]
+    assert not checks["stage 1 converged: median scale change over the last 10 % < 2 %"]["met"]
+    rows = {(r["recipe"], r["method"]): r for r in payload["summary"]}
+    assert (
+        rows[("one recipe", "2dg (representative)")]["nll"]
+        > rows[("one recipe", "deterministic")]["nll"]
+    )
