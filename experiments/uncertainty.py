@@ -772,9 +772,11 @@ def main(argv: list[str] | None = None) -> int:
             ev_args = {k: part["evaluation"][k] for k in ev_args}
             if not scores and part.get("scores"):
                 scores = part["scores"]
-        order = {
-            spec.get("label", k): i for i, (k, spec) in reversed(list(enumerate(RECIPES.items())))
-        }
+        # recipes in RECIPES' order, by label (ResNet-20's recommended one: "one recipe")
+        order: dict[str, int] = {}
+        for table in (RECIPES, RESNET_RECIPES):
+            for k, spec in table.items():
+                order.setdefault(spec.get("label", k), list(RECIPES).index(k))
         records.sort(key=lambda r: (order.get(r["recipe"], 99), r["seed"]))
         args.seeds = sorted({r["seed"] for r in records})
     resnet = args.arch == "resnet20"
