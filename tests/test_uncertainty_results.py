@@ -250,21 +250,31 @@ def test_laplace_over_all_layers_is_worse_than_the_network_it_is_fitted_to(stem,
     assert all(r["environment"]["threads"] == 1 for r in payload["records"])
 
 
+RESIDUAL = "2dg (representative) + laplace + GP residual"
+
+
+def _residual_table(stem: str, width: int) -> dict:
+    """The committed table ``stem`` of the residual row, after checking on each of its
+    three seeds that the row's file holds the 3,600 x ``width`` float32 training features
+    more than ``2dg + laplace``'s and that a prediction costs one forward pass more."""
+    payload = json.loads(RESULTS.with_name(f"{stem}.json").read_text())
+    assert payload["seeds"] == [0, 1, 2]
+    by = {(r["method"], r["seed"]): r for r in payload["records"]}
+    for s in (0, 1, 2):
+        a, b = by[("2dg (representative) + laplace", s)], by[(RESIDUAL, s)]
+        assert 0 < b["file_bytes"] - a["file_bytes"] - 3600 * width * 4 < 1000
+        assert b["forwards_per_prediction"] == a["forwards_per_prediction"] + 1
+    return payload
+
+
 def test_on_lenet5_the_gp_residual_changes_nothing_but_the_file():
     """docs/uncertainty.md's LeNet-5 sentence on the residual row beside the ensemble (one
     command a seed, three seeds): the same last layer and draws with the residual score
     within 0.005 of it on accuracy, NLL and OOD AUROC, its file holds the 3,600 x 84
     float32 training features more, a prediction one forward pass more; the row misses
     the ensemble's mean OOD AUROC, and the SVI recipe's 2DG BNN meets it."""
-    payload = json.loads(RESULTS.with_name("uncertainty_lenet5_residual.json").read_text())
-    assert payload["seeds"] == [0, 1, 2]
-    by = {(r["method"], r["seed"]): r for r in payload["records"]}
-    lap = "2dg (representative) + laplace"
-    resid = f"{lap} + GP residual"
-    for s in (0, 1, 2):
-        a, b = by[(lap, s)], by[(resid, s)]
-        assert 0 < b["file_bytes"] - a["file_bytes"] - 3600 * 84 * 4 < 1000
-        assert b["forwards_per_prediction"] == a["forwards_per_prediction"] + 1
+    payload = _residual_table("uncertainty_lenet5_residual", 84)
+    lap, resid = "2dg (representative) + laplace", RESIDUAL
     rows = {(r["recipe"], r["method"]): r for r in payload["summary"]}
 
     def ood(row):
@@ -286,15 +296,9 @@ def test_on_resnet20_the_gp_residual_meets_issue_43s_2dg_targets_beside_the_ense
     meets every 2DG target of issue 43 but the moonshot (the ensemble's OOD AUROC) and
     stage 1's convergence; its file holds the 3,600 x 64 float32 training features more;
     the SVI recipe's 2DG BNN has an NLL above the deterministic network's."""
-    payload = json.loads(RESULTS.with_name("uncertainty_resnet20_residual.json").read_text())
-    assert payload["seeds"] == [0, 1, 2] and payload["arch"] == "resnet20"
-    by = {(r["method"], r["seed"]): r for r in payload["records"]}
-    lap = "2dg (representative) + laplace"
-    resid = f"{lap} + GP residual"
-    for s in (0, 1, 2):
-        a, b = by[(lap, s)], by[(resid, s)]
-        assert 0 < b["file_bytes"] - a["file_bytes"] - 3600 * 64 * 4 < 1000
-    checks = payload["targets"][f"natural gradient: {resid}"]
+    payload = _residual_table("uncertainty_resnet20_residual", 64)
+    assert payload["arch"] == "resnet20"
+    checks = payload["targets"][f"natural gradient: {RESIDUAL}"]
     for key in (
         "accuracy >= det - 0.005",
         "nll <= det",
