@@ -32,18 +32,15 @@ from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.models import MLP, LeNet5
 from twodg_pyro.pipeline import ConfigError, config_from_dict, run
 from twodg_pyro.pipeline.outputs.saved_models import diagnose_model_file, evaluate_model_file
+from twodg_pyro.uncertainty.scores import entropy
 
 torch.set_num_threads(1)
-
-
-def _entropy(p: torch.Tensor) -> torch.Tensor:
-    return -(p * p.clamp_min(1e-12).log()).sum(-1)
 
 
 def _mutual_information(samples: torch.Tensor) -> torch.Tensor:
     """Per-example MI of ``(S, N, C)`` draws: H[mean] - mean H."""
     s = samples.double()
-    return _entropy(s.mean(0)) - _entropy(s).mean(0)
+    return entropy(s.mean(0)) - entropy(s).mean(0)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +101,7 @@ def test_laplace_is_less_confident_than_the_map_network(last_layer_kron, map_net
     torch.testing.assert_close(samples.sum(-1), torch.ones(20, len(y)))
     with torch.no_grad():
         map_probs = map_net(x).softmax(-1)
-    assert float(_entropy(samples.mean(0)).mean()) > float(_entropy(map_probs).mean())
+    assert float(entropy(samples.mean(0)).mean()) > float(entropy(map_probs).mean())
     assert float(_mutual_information(samples).mean()) > 0
     # seeded draws, independent of the batching; another seed gives other draws
     torch.testing.assert_close(post.sample_probs(x, 20, 0, batch_size=50), samples)

@@ -21,12 +21,9 @@ from twodg_pyro.methods.feature_residual import last_layer_module, layer_inputs
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.models import MLP
 from twodg_pyro.pipeline import ConfigError, config_from_dict
+from twodg_pyro.uncertainty.scores import entropy
 
 torch.set_num_threads(1)
-
-
-def _entropy(p: torch.Tensor) -> torch.Tensor:
-    return -(p * p.clamp_min(1e-12).log()).sum(-1)
 
 
 def test_the_variance_is_the_gaussian_process_posterior_variance():
@@ -109,13 +106,13 @@ def test_the_residual_leaves_the_digits_and_spreads_far_from_them(net_and_laplac
     after = classification_metrics(gp.predict((x, y), 30, 0).mean, y)
     assert after["accuracy"] >= before["accuracy"] - 0.01
     assert after["nll"] < 1.1 * before["nll"]
-    h_test = float(_entropy(gp.predict(x, 30, 0).mean).mean())
-    assert h_test < float(_entropy(post.predict(x, 30, 0).mean).mean()) + 0.05
+    h_test = float(entropy(gp.predict(x, 30, 0).mean).mean())
+    assert h_test < float(entropy(post.predict(x, 30, 0).mean).mean()) + 0.05
     loud = 10 * torch.randn(300, 64, generator=torch.Generator().manual_seed(0))
     for far in (5 * x, loud):
         assert float(gp.residual.variance(layer_inputs(net, net.layers[2], [far])).median()) > 0.9
-        h_post = float(_entropy(post.predict(far, 30, 0).mean).mean())
-        h_gp = float(_entropy(gp.predict(far, 30, 0).mean).mean())
+        h_post = float(entropy(post.predict(far, 30, 0).mean).mean())
+        h_gp = float(entropy(gp.predict(far, 30, 0).mean).mean())
         assert h_gp > h_post + 0.5 and h_gp > 2 * h_test
     samples = gp.sample_probs(x, 20, 0)
     torch.testing.assert_close(gp.sample_probs(x, 20, 0, batch_size=37), samples)
