@@ -32,6 +32,14 @@ giving per-draw class probabilities, averaged for the prediction:
   affine in the last layer's weights, so ``"glm"`` and ``"nn"`` coincide;
 * ``pred_type="nn"``: the network run with the drawn weights.
 
+A **last-layer** approximation's draws change the last layer only, so one pass of the
+network gives the last layer's input :math:`\phi(x)` and :math:`f(x; \theta_\text{MAP})`,
+and each draw's logits are the last layer's on :math:`\phi(x)` (its linearisation for
+``"glm"``, its drawn weights for ``"nn"``: the same numbers as the network run once per
+draw): a prediction costs one forward pass and ``S`` small products, not ``S`` passes
+(``forwards_per_prediction`` is 1).  The network's output must be its last layer's, as
+laplace-torch's last-layer fit assumes; otherwise ``predict`` says so.
+
 :meth:`LaplacePosterior.sample_probs` returns the per-draw probabilities ``(S, N, C)``.
 """
 
@@ -47,7 +55,7 @@ from torch.func import functional_call, jvp, vmap
 from ..bnn import match_input
 from ..io.model_format import state_tensors
 from .base import TrainedMethod, header_table, net_section
-from .feature_residual import FeatureResidual, last_layer_module, layer_inputs
+from .feature_residual import FeatureResidual, last_layer_module
 from .laplace_settings import LaplaceConfig
 
 _DRAW_CHUNK = 10
@@ -181,8 +189,9 @@ class LaplacePosterior(TrainedMethod):
         return self.prior_precision.numel() + sum(f.numel() for f in factors)
 
     def forwards_per_prediction(self, num_samples: int) -> int:
-        """One network evaluation per draw, and one more for a residual's features."""
-        return super().forwards_per_prediction(num_samples) + (self.residual is not None)
+        """One network evaluation per draw; a last-layer approximation's draws change the
+        last layer only, so one pass serves them all (and a residual's features)."""
+        return 1 if self.subset == "last_layer" else super().forwards_per_prediction(num_samples)
 
     @property
     def settings(self) -> dict:
@@ -349,17 +358,65 @@ class LaplacePosterior(TrainedMethod):
         jv = vmap(lambda t: jvp(f, (primal,), (t,))[1], randomness="different")(tangents)
         return f_mu.unsqueeze(0) + jv
 
+    @torch.no_grad()
+    def _head(self, x: torch.Tensor) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+        r"""``(last, phi, f_mu)``: the last layer, its input and the network's output at
+        :math:`\theta_\text{MAP}`, from one pass of the network.
+
+        Raises:
+            ValueError: the network's output is not its last layer's (laplace-torch's
+                last-layer approximation, which fitted the factors, assumes it is).
+        """
+        last = last_layer_module(self.net, self.param_names)
+        seen: list = []
+        hook = last.register_forward_hook(lambda m, i, o: seen.append((i[0], o)))
+        try:
+            f_mu = self.net(x)
+        finally:
+            hook.remove()
+        if len(seen) != 1 or seen[0][1] is not f_mu:
+            raise ValueError(
+                f"the network's output is not the output of its last layer {self.param_names} "
+                f"(it ran {len(seen)} time(s)): a last-layer Laplace approximation needs it"
+            )
+        return last, seen[0][0], f_mu
+
+    @torch.no_grad()
+    def _head_logits(self, last, phi, f_mu, draws: torch.Tensor) -> torch.Tensor:
+        """``(s, B, C)`` logits of the draws ``(s, P)`` of the last layer, on its input
+        ``phi``: the ``pred_type`` of :meth:`_logits` on the last layer alone (the
+        layers below it do not depend on the draws)."""
+        local = len(self.param_names[0].rsplit(".", 1)[0]) + 1
+
+        def params(flat):
+            return {k[local:]: v for k, v in self._unflatten(flat).items()}
+
+        def g(p):
+            return functional_call(last, p, (phi,))
+
+        if self.pred_type == "nn":
+            return vmap(lambda flat: g(params(flat)), randomness="different")(draws)
+        primal, tangents = params(self.mean()), params(draws - self.mean().reshape(1, -1))
+        jv = vmap(lambda t: jvp(g, (primal,), (t,))[1], randomness="different")(tangents)
+        return f_mu.unsqueeze(0) + jv
+
     def _draws(self, parts, num_samples: int, seed: int) -> torch.Tensor:
         draws, eps = self._sample(num_samples, seed)
         rows = []
-        last = None if self.residual is None else last_layer_module(self.net, self.param_names)
         with warnings.catch_warnings():  # torch's forward AD, at its first use
             warnings.filterwarnings("ignore", ".*torch.jit.script.*", FutureWarning)
             for xb, _ in parts:
                 xb = match_input(xb, draws)
-                logits = torch.cat([self._logits(d, xb) for d in draws.split(_DRAW_CHUNK)], 0)
+                if self.subset == "last_layer":  # one pass: the draws change its last layer
+                    last, phi, f_mu = self._head(xb)
+                    chunks = [
+                        self._head_logits(last, phi, f_mu, d) for d in draws.split(_DRAW_CHUNK)
+                    ]
+                else:
+                    chunks = [self._logits(d, xb) for d in draws.split(_DRAW_CHUNK)]
+                logits = torch.cat(chunks, 0)
                 if self.residual is not None:
-                    sd = self.residual.logit_std(layer_inputs(self.net, last, [xb]))
+                    sd = self.residual.logit_std(phi.flatten(1))
                     logits = logits + sd.reshape(1, -1, 1) * eps.unsqueeze(1)
                 rows.append(logits.softmax(-1).cpu())
         return torch.cat(rows, 1)

@@ -27,8 +27,9 @@ runs many forward passes.  :func:`add_costs` adds to every record of a run's tab
 ``forwards_per_prediction``
     network evaluations per test image: 1 for a plain network, the members of an
     ensemble, ``num_samples`` for a posterior's draws (times the ``K`` components of a
-    rank-1 BNN, which evaluates them in one batched pass; a linearised Laplace draw is
-    one Jacobian-vector product);
+    rank-1 BNN, which evaluates them in one batched pass; a linearised Laplace draw over
+    all layers is one Jacobian-vector product), 1 for a last-layer Laplace approximation
+    (one pass gives the features its draws share);
 ``predict_seconds`` and ``relative_predict_seconds``
     the wall-clock seconds of one prediction of the test images (the same call as the
     row's metrics: its draws, seed and batching; the fastest of up to 5 repetitions, at
