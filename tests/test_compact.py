@@ -203,6 +203,7 @@ def test_wrong_network_and_options_are_clear_errors(
         ({"outlier_sigma_bits": 0}, "outlier_sigma_bits must be an integer in"),
         ({"alpha_bits": 1}, "alpha_bits must be an integer in"),
         ({"centre_dtype": "float8"}, "centre_dtype must be 'float16' or 'float32'"),
+        ({"feature_dtype": "int8"}, "feature_dtype must be 'float16' or 'float32', got 'int8'"),
         ({"index_coding": "huffman"}, "index coding must be"),
     ):
         with pytest.raises(ValueError, match=message):
