@@ -55,9 +55,10 @@ from common import by_recipe_method, cell, check, command, environment, mean, se
 from twodg_pyro.data import make_loader
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.io import export_compact
-from twodg_pyro.methods import fit_laplace, load_method, with_feature_residual
+from twodg_pyro.methods import Network, fit_laplace, load_method, with_feature_residual
 from twodg_pyro.metrics import classification_metrics, ece, nll
 from twodg_pyro.pipeline import config_from_dict
+from twodg_pyro.pipeline.outputs.costs import time_call
 from twodg_pyro.pipeline.outputs.uncertainty_step import UncertaintySets, data_tensors
 from twodg_pyro.pipeline.runtime.variants import run_variants
 from twodg_pyro.pipeline.settings.build import eval_data, network_spec
@@ -381,6 +382,7 @@ def laplace_around_2dg(art, records: list[dict], cfg, rows=LAPLACE_ROWS) -> dict
                 **classification_metrics(probs, data_tensors(art.eval_data)[1]),
                 "seconds": time.perf_counter() - t0,
                 "forwards_per_prediction": method.forwards_per_prediction(cfg.num_samples),
+                **_predict_time(method, post.net, art, cfg),
                 "prior_precision": head.prior_precision.tolist(),
             }
             for k in ("trainable_params", "stored_params", "file_bytes", "bytes_per_weight"):
@@ -406,12 +408,22 @@ def _compact_laplace_row(art, cfg, r: dict, bnn, post, label: str, t0: float) ->
         "trainable_params": r["trainable_params"],
         "stored_params": r["stored_params"] + post.num_factor_values(),
         "forwards_per_prediction": post.forwards_per_prediction(cfg.num_samples),
+        **_predict_time(post, post.net, art, cfg),
         "seconds": seconds,
         "file_bytes": n_bytes,
         "bytes_per_weight": n_bytes / sum(p.numel() for p in post.net.parameters()),
         "file_prob_diff": float((mine.double() - probs.double()).abs().max()),
         "prior_precision": post.prior_precision.tolist(),
     }
+
+
+def _predict_time(method, net, art, cfg) -> dict:
+    """``predict_seconds`` of ``method`` on the test images (the row's draws and seed) and
+    its ratio to one forward pass of ``net``, the same architecture, timed alike
+    (``time_call``, as the run's own rows are)."""
+    seconds = time_call(lambda: method.predict(art.eval_data, cfg.num_samples, cfg.seed))
+    one = time_call(lambda: Network(net).predict(art.eval_data, cfg.num_samples, cfg.seed))
+    return {"predict_seconds": seconds, "relative_predict_seconds": seconds / max(one, 1e-12)}
 
 
 def temperature_scaled(trained, val, test, draws: int, seed: int) -> dict:
