@@ -72,16 +72,7 @@ def fit_under_body_draws(bnn, loader, settings, seed: int) -> LaplacePosterior:
     names = [n.removeprefix("net.") for n in post.param_names]
     if set(names) != last:
         raise ValueError(f"laplace-torch's last layer {names} is not {sorted(last)}")
-    return LaplacePosterior(
-        net,
-        subset=post.subset,
-        hessian=post.hessian,
-        param_names=names,
-        factors=post.factors,
-        prior_precision=post.prior_precision,
-        h_factor=post.h_factor,
-        pred_type=post.pred_type,
-    )
+    return post.rebuilt(net=net, param_names=names, residual=None)
 
 
 class BodyDrawLaplace(TrainedMethod):

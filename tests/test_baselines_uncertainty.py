@@ -184,24 +184,13 @@ def test_a_last_layer_prediction_runs_the_network_once(pred_type, map_net, digit
     cov = torch.einsum("sbi,sbj->bij", centred, centred) / len(logits)
     assert float((logits.mean(0) - f_mu).abs().max()) < 0.1 * float(f_var.max().sqrt())
     assert float((cov - f_var).abs().max()) < 0.06 * float(f_var.abs().max())
+    # rebuilt with nothing changed: the same approximation (shared tensors)
+    assert torch.equal(post.rebuilt().sample_probs(x, 5, 1), post.sample_probs(x, 5, 1))
     # a network whose output is not its last layer's is refused, naming the layer
     squashed = torch.nn.Sequential(copy.deepcopy(map_net), torch.nn.Tanh())
-    other = _on_net(post, squashed, ["0.layers.2.weight", "0.layers.2.bias"])
+    other = post.rebuilt(net=squashed, param_names=["0.layers.2.weight", "0.layers.2.bias"])
     with pytest.raises(ValueError, match=r"not the output of its last layer.*layers\.2"):
         other.sample_probs(x, 3)
-
-
-def _on_net(post, net, names):
-    """``post``'s approximation over ``names`` of another network."""
-    return type(post)(
-        net,
-        subset=post.subset,
-        hessian=post.hessian,
-        param_names=names,
-        factors=post.factors,
-        prior_precision=post.prior_precision,
-        pred_type=post.pred_type,
-    )
 
 
 def test_kronecker_factors_over_all_layers_keep_batchnorm_at_its_trained_values(digits):

@@ -170,6 +170,23 @@ class LaplacePosterior(TrainedMethod):
                 for j, f in enumerate(block):
                     self.register_buffer(f"kfac_{i}_{j}", f.detach().clone())
 
+    def rebuilt(self, **changes) -> LaplacePosterior:
+        """A new approximation with the constructor's arguments of this one, some replaced
+        (``net``, ``param_names``, ``residual``, ...); the tensors are shared, not copied."""
+        args = dict(
+            net=self.net,
+            subset=self.subset,
+            hessian=self.hessian,
+            param_names=self.param_names,
+            factors=self.factors,
+            prior_precision=self.prior_precision,
+            h_factor=self.h_factor,
+            pred_type=self.pred_type,
+            residual=self.residual,
+        )
+        args.update(changes)
+        return type(self)(args.pop("net"), **args)
+
     @property
     def factors(self):
         """The precision factors as given to the constructor (on this module's device)."""

@@ -133,17 +133,7 @@ def with_feature_residual(post: LaplacePosterior, train_loader) -> LaplacePoster
     net, was = post.net, post.net.training
     phi = layer_inputs(net.eval(), last_layer_module(net, post.param_names), train_loader)
     net.train(was)
-    return LaplacePosterior(
-        net,  # shared, not copied
-        subset=post.subset,
-        hessian=post.hessian,
-        param_names=post.param_names,
-        factors=post.factors,
-        prior_precision=post.prior_precision,
-        h_factor=post.h_factor,
-        pred_type=post.pred_type,
-        residual=FeatureResidual.fit(phi, float(post.prior_precision[0])),
-    )
+    return post.rebuilt(residual=FeatureResidual.fit(phi, float(post.prior_precision[0])))
 
 
 def _fix_unfactored(net: nn.Module) -> None:
