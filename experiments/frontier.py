@@ -245,7 +245,7 @@ def score(method, x, y, ev: UncertaintySets, draws: int, ood_draws: int, seed):
     out["mean_ood_auroc"] = statistics.fmean(v["entropy_auroc"] for v in u["ood"].values())
     if method.bayesian:
         out["mean_mi_auroc"] = statistics.fmean(v["mi_auroc"] for v in u["ood"].values())
-    out["forwards_per_prediction"] = int(probs.shape[0])
+    out["forwards_per_prediction"] = method.forwards_per_prediction(draws)
     return out
 
 
