@@ -320,3 +320,23 @@ def test_on_resnet20_the_gp_residual_meets_issue_43s_2dg_targets_beside_the_ense
         rows[("one recipe", "2dg (representative)")]["nll"]
         > rows[("one recipe", "deterministic")]["nll"]
     )
+
+
+def test_the_resnet20_residual_rows_rerun_at_one_forward_pass_with_float16_features():
+    """docs/uncertainty.md's rerun of the ResNet-20 natural-gradient rows: every score of
+    every seed repeats the residual table's to the bit; the Laplace rows are one forward
+    pass a prediction (30 and 31 counted before); the residual row's file holds the
+    3,600 x 64 training features at float16."""
+    payload = _residual_table("uncertainty_resnet20_residual_cost", 64, 2, (1, 1))
+    first = json.loads(RESULTS.with_name("uncertainty_resnet20_residual.json").read_text())
+    before = {
+        (r["method"], r["seed"]): r for r in first["records"] if r["recipe"] == "natural gradient"
+    }
+    assert len(payload["records"]) == 15
+    for r in payload["records"]:
+        a = before[(r["method"], r["seed"])]
+        scores = ("accuracy", "nll", "ece", "aurc", "mean_mi_clean", "ood", "shift")
+        assert all(r[k] == a[k] for k in scores + ("temperature_scaled",)), r["method"]
+        laplace = "laplace" in r["method"]
+        assert r["forwards_per_prediction"] == (1 if laplace else 30)
+        assert (r["file_bytes"] < a["file_bytes"]) == r["method"].endswith("residual")
