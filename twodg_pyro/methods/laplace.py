@@ -367,11 +367,17 @@ class LaplacePosterior(TrainedMethod):
         def f(sub):
             return functional_call(net, {**base, **sub}, (x,))
 
+        return self._predictive(f, self._unflatten, draws)
+
+    def _predictive(self, f, params, draws: torch.Tensor, f_mu=None) -> torch.Tensor:
+        """``(s, B, C)``: ``f`` of the draws (``params`` maps a flat vector to its
+        arguments): run at each draw (``"nn"``) or linearised at the mean (``"glm"``;
+        ``f_mu``: ``f`` at the mean, if known)."""
         if self.pred_type == "nn":
-            return vmap(lambda flat: f(self._unflatten(flat)), randomness="different")(draws)
-        primal = self._unflatten(self.mean())
-        f_mu = f(primal)
-        tangents = self._unflatten(draws - self.mean().reshape(1, -1))
+            return vmap(lambda flat: f(params(flat)), randomness="different")(draws)
+        primal = params(self.mean())
+        f_mu = f(primal) if f_mu is None else f_mu
+        tangents = params(draws - self.mean().reshape(1, -1))
         jv = vmap(lambda t: jvp(f, (primal,), (t,))[1], randomness="different")(tangents)
         return f_mu.unsqueeze(0) + jv
 
@@ -408,14 +414,7 @@ class LaplacePosterior(TrainedMethod):
         def params(flat):
             return {k[local:]: v for k, v in self._unflatten(flat).items()}
 
-        def g(p):
-            return functional_call(last, p, (phi,))
-
-        if self.pred_type == "nn":
-            return vmap(lambda flat: g(params(flat)), randomness="different")(draws)
-        primal, tangents = params(self.mean()), params(draws - self.mean().reshape(1, -1))
-        jv = vmap(lambda t: jvp(g, (primal,), (t,))[1], randomness="different")(tangents)
-        return f_mu.unsqueeze(0) + jv
+        return self._predictive(lambda p: functional_call(last, p, (phi,)), params, draws, f_mu)
 
     def _draws(self, parts, num_samples: int, seed: int) -> torch.Tensor:
         draws, eps = self._sample(num_samples, seed)
