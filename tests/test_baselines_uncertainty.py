@@ -395,7 +395,8 @@ def test_laplace_around_stage_1s_posterior_means(dtype):
 
 
 @pytest.mark.parametrize(
-    "dtype, residual", [("float32", "none"), ("float64", "none"), ("float32", "gp")]
+    "dtype, residual",
+    [("float32", "none"), ("float64", "none"), ("float32", "gp"), ("float64", "gp")],
 )
 def test_laplace_around_the_2dg_bnns_posterior_means(dtype, residual, tmp_path, monkeypatch):
     """``laplace.network = "2dg"``: the approximation's network is the run's 2DG BNN's mean
