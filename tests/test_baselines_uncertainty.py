@@ -184,7 +184,7 @@ def test_a_last_layer_prediction_runs_the_network_once(pred_type, map_net, digit
     cov = torch.einsum("sbi,sbj->bij", centred, centred) / len(logits)
     assert float((logits.mean(0) - f_mu).abs().max()) < 0.1 * float(f_var.max().sqrt())
     assert float((cov - f_var).abs().max()) < 0.06 * float(f_var.abs().max())
-    # rebuilt with nothing changed: the same approximation (shared tensors)
+    # rebuilt with nothing changed: the same approximation
     assert torch.equal(post.rebuilt().sample_probs(x, 5, 1), post.sample_probs(x, 5, 1))
     # a network whose output is not its last layer's is refused, naming the layer
     squashed = torch.nn.Sequential(copy.deepcopy(map_net), torch.nn.Tanh())

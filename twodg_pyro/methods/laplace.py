@@ -172,7 +172,8 @@ class LaplacePosterior(TrainedMethod):
 
     def rebuilt(self, **changes) -> LaplacePosterior:
         """A new approximation with the constructor's arguments of this one, some replaced
-        (``net``, ``param_names``, ``residual``, ...); the tensors are shared, not copied."""
+        (``net``, ``param_names``, ``residual``, ...): the network and residual shared,
+        the factors copied (as the constructor copies them)."""
         args = dict(
             net=self.net,
             subset=self.subset,
