@@ -357,15 +357,18 @@ def laplace_around_2dg(art, records: list[dict], cfg, rows=LAPLACE_ROWS) -> dict
         if r["method"] != "2dg":
             continue
         bnn = art.variants[r["variant"]]
+        # one forward pass of the mean network, timed once: every row's reference
+        net = Network(bnn.mean_network())
+        one = time_call(lambda net=net: net.predict(art.eval_data, cfg.num_samples, cfg.seed))
         t0 = time.perf_counter()
-        post = fit_laplace(bnn.mean_network(), loader, cfg.laplace)
+        post = fit_laplace(net.net, loader, cfg.laplace)
         label = f"2dg ({r['variant']}) + laplace"
-        rec = _compact_laplace_row(art, cfg, r, bnn, post, label, t0)
+        rec = _compact_laplace_row(art, cfg, r, bnn, post, label, t0, one)
         out[label] = (rec, post)
         if "GP residual" in rows:
             t0 = time.perf_counter()
             resid = with_feature_residual(post, loader)
-            row = _compact_laplace_row(art, cfg, r, bnn, resid, f"{label} + GP residual", t0)
+            row = _compact_laplace_row(art, cfg, r, bnn, resid, f"{label} + GP residual", t0, one)
             out[row["method"]] = (row, resid)
         # the same last layer with the body drawn from the 2DG BNN (body_laplace.py):
         # around the mean network's fit, and refitted under the body's draws
@@ -382,7 +385,7 @@ def laplace_around_2dg(art, records: list[dict], cfg, rows=LAPLACE_ROWS) -> dict
                 **classification_metrics(probs, data_tensors(art.eval_data)[1]),
                 "seconds": time.perf_counter() - t0,
                 "forwards_per_prediction": method.forwards_per_prediction(cfg.num_samples),
-                **_predict_time(method, post.net, art, cfg),
+                **_predict_time(method, one, art, cfg),
                 "prior_precision": head.prior_precision.tolist(),
             }
             for k in ("trainable_params", "stored_params", "file_bytes", "bytes_per_weight"):
@@ -391,9 +394,10 @@ def laplace_around_2dg(art, records: list[dict], cfg, rows=LAPLACE_ROWS) -> dict
     return out
 
 
-def _compact_laplace_row(art, cfg, r: dict, bnn, post, label: str, t0: float) -> dict:
+def _compact_laplace_row(art, cfg, r: dict, bnn, post, label: str, t0: float, one: float) -> dict:
     """The record of the 2DG BNN ``bnn`` (its record ``r``) with the Laplace last layer
-    ``post``: test metrics, parameters, and the ``.2dgz`` file's bytes and agreement."""
+    ``post``: test metrics, parameters, the ``.2dgz`` file's bytes and agreement, and its
+    predict time over ``one`` (:func:`_predict_time`)."""
     probs = post.predict(art.eval_data, cfg.num_samples, cfg.seed).mean
     seconds = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
@@ -408,7 +412,7 @@ def _compact_laplace_row(art, cfg, r: dict, bnn, post, label: str, t0: float) ->
         "trainable_params": r["trainable_params"],
         "stored_params": r["stored_params"] + post.num_factor_values(),
         "forwards_per_prediction": post.forwards_per_prediction(cfg.num_samples),
-        **_predict_time(post, post.net, art, cfg),
+        **_predict_time(post, one, art, cfg),
         "seconds": seconds,
         "file_bytes": n_bytes,
         "bytes_per_weight": n_bytes / sum(p.numel() for p in post.net.parameters()),
@@ -417,12 +421,11 @@ def _compact_laplace_row(art, cfg, r: dict, bnn, post, label: str, t0: float) ->
     }
 
 
-def _predict_time(method, net, art, cfg) -> dict:
+def _predict_time(method, one: float, art, cfg) -> dict:
     """``predict_seconds`` of ``method`` on the test images (the row's draws and seed) and
-    its ratio to one forward pass of ``net``, the same architecture, timed alike
-    (``time_call``, as the run's own rows are)."""
+    its ratio to ``one``, the seconds of one forward pass of the same architecture, both
+    timed by ``time_call`` (as the run's own rows are)."""
     seconds = time_call(lambda: method.predict(art.eval_data, cfg.num_samples, cfg.seed))
-    one = time_call(lambda: Network(net).predict(art.eval_data, cfg.num_samples, cfg.seed))
     return {"predict_seconds": seconds, "relative_predict_seconds": seconds / max(one, 1e-12)}
 
 
