@@ -8,8 +8,9 @@ centre, so under the representative tying those weights' means jump to a distant
 its stage-1 Normal in W2 (in the (mu, sigma) plane, the nearest centre), as a quantiser
 rounds to its nearest level.
 
-The natural-gradient recipe's stage 1 (``last_layer_study.POINTS``) is trained once from
-the recipe's pretrained network; every row then builds stage 2 from it (``K`` components,
+The natural-gradient recipe's stage 1 (``last_layer_study.POINTS``, or ``--point``: another
+point of ``stage1_selection.GRID``, e.g. one whose scales settle) is trained once from the
+recipe's pretrained network; every row then builds stage 2 from it (``K`` components,
 one codebook or one per layer, each rule) and trains the recipe's stage 3 (the KL weight
 of stage 1, the CPU epochs, both hooks), and is scored on the **validation split** (its
 OOD sets and corruptions, as in ``stage1_selection.py``; the test images play no part),
@@ -33,15 +34,16 @@ import time
 from pathlib import Path
 
 from common import cell, command
-from last_layer_study import POINTS, natural_gradient_stage1
+from last_layer_study import natural_gradient_stage1, stage1_point
 from recipe_selection import append_record, selection_output, selection_parser
-from stage1_selection import score_cells, validation_record
+from stage1_selection import GRID, score_cells, validation_record
 
 from twodg_pyro.accounting import network_bytes
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.io import export_compact
 from twodg_pyro.methods import GuidePosterior
 from twodg_pyro.pipeline.methods.algorithm1 import stage3_shared_gmm
+from twodg_pyro.pipeline.methods.mean_field import scale_convergence
 from twodg_pyro.pipeline.runtime.context import RunContext
 from twodg_pyro.pipeline.settings.build import network_spec, seed_everything, train_loader
 from twodg_pyro.sharing import build_sharing
@@ -53,6 +55,8 @@ VARIANTS = {
     "K = 16 per layer": (16, "per_layer", "all", 0.0),
     "K = 16 per layer, pruned SNR < 0.5": (16, "per_layer", "all", 0.5),
     "K = 16 per layer, pruned SNR < 1": (16, "per_layer", "all", 1.0),
+    "K = 16 per layer, pruned SNR < 2": (16, "per_layer", "all", 2.0),
+    "K = 16 per layer, pruned SNR < 3": (16, "per_layer", "all", 3.0),
     "K = 16 per layer, own-layer ellipses": (16, "per_layer", "layer", 0.0),
     "K = 16 per layer, own-layer ellipses, pruned SNR < 0.5": (16, "per_layer", "layer", 0.5),
     "K = 16 per layer, own-layer ellipses, pruned SNR < 1": (16, "per_layer", "layer", 1.0),
@@ -86,8 +90,11 @@ def markdown(doc: dict) -> str:
             parts = f"{r['n_gaussians']:.0f} ({r['n_outliers']:,.0f}, {r['n_ellipses']:,.0f})"
         size = "-" if r.get("file_bytes") is None else f"{r['file_bytes']:,.0f}"
         ratio = "-" if r.get("file_bytes") is None else f"{r['float32_ratio']:.1f}x"
+        point = r["point"]
+        if r.get("scale_change") is not None:  # stage 1: whether its scales settled
+            point += f" (median scale {r['scale_change']:.1%} over the last tenth)"
         lines.append(
-            f"| {r['point']} | {r.get('assignment') or '-'} | {parts} | {size} | {ratio} "
+            f"| {point} | {r.get('assignment') or '-'} | {parts} | {size} | {ratio} "
             f"| {cell(r.get('index_bits_per_weight'), '.2f')} | {cell(r.get('pruned'), '.1%')} "
             f"| {score_cells(r)} "
             f"| {cell(r['severity5'])} |"
@@ -128,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS)[:2], choices=list(VARIANTS))
     p.add_argument("--rules", nargs="+", default=list(RULES), choices=list(RULES))
     p.add_argument("--merge", nargs="+", default=None, help="average these runs' JSON files")
+    p.add_argument(
+        "--point", choices=list(GRID), default=None, help="stage 1 (default: the recipe's)"
+    )
     args = p.parse_args(argv)
     out, stem, done = selection_output(args, f"assignment_{args.arch}", markdown)
     if args.merge:
@@ -148,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "arch": args.arch,
         "seed": args.seed,
         "command": command("assignment_study.py", argv),
-        "point": POINTS[args.arch],
+        "point": stage1_point(args),
         "kl_weight": beta,
         "stage3_epochs": cfg.stage3.epochs,
         "draws": args.draws,
@@ -166,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - t0:.0f} s] {point}: {json.dumps(rec)}", flush=True)
 
     save("deterministic network", det)
-    save("stage 1 (mean-field)", stage1)
+    conv = scale_convergence(stage1.state.history)  # a number of its own: --merge averages it
+    change = None if conv is None else conv["median_scale_change"]
+    save("stage 1 (mean-field)", stage1, scale_change=change, scale_convergence=conv)
     model, guide = stage1.model, stage1.guide
     loader = train_loader(split, cfg.data, cfg.seed)
     spec = network_spec(cfg.network, split)

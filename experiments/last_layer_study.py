@@ -60,6 +60,14 @@ from twodg_pyro.pipeline.settings.evaluation import UncertaintyConfig
 
 #: the natural-gradient recipe's stage 1 on each network (its ResNet-20 epochs: 20)
 POINTS = {"resnet20": "von, frozen, x0.3, 20 + 0 settle", "lenet5": "von, frozen, x0.3"}
+
+
+def stage1_point(args) -> str:
+    """The stage-1 point (a name of ``stage1_selection.GRID``) a study starts from: its
+    ``--point`` where it has one, else the recipe's, ``POINTS[arch]``."""
+    return getattr(args, "point", None) or POINTS[args.arch]
+
+
 #: the prior precisions the evidence is maximised over
 GRID_P = torch.logspace(-4, 4, 801, dtype=torch.float64)
 
@@ -146,7 +154,7 @@ def natural_gradient_stage1(args) -> dict:
     pretrained network (``"art"``, ``"det"``), the validation images (``"val"``: inputs
     and labels) and their OOD and shifted sets (``"ev"``), the training inputs
     (``"train_x"``), and stage 1 (``"stage1"``) trained from a copy of the network at
-    ``POINTS[arch]`` with its KL weight (``"beta"``) and settings (``"cfg"``)."""
+    :func:`stage1_point` with its KL weight (``"beta"``) and settings (``"cfg"``)."""
     setup(args.threads)
     base = settings_of(args.arch, args.root, args.seed, args.quick)
     art = run(config_from_dict(merge_settings(base, {"methods": ["deterministic"]})))
@@ -155,7 +163,7 @@ def natural_gradient_stage1(args) -> dict:
     xt, _ = data_tensors(eval_data(art.split.train))
     ucfg = UncertaintyConfig(ood_size=args.ood_size, shift_size=args.shift_size, severities=[5])
     ev = UncertaintySets(art.split, (xv, yv), ucfg, args.seed)
-    over, multiple = GRID[POINTS[args.arch]]
+    over, multiple = GRID[stage1_point(args)]
     beta = multiple * data_size_beta(len(art.split.train), det.net)
     over = merge_settings(over, {"stage1": {"kl_weight": beta}})
     cfg = config_from_dict(merge_settings(base, {**over, "methods": ["mean_field"]}))

@@ -310,14 +310,18 @@ def test_the_all_layer_laplace_recipe_fits_every_layer_of_the_deterministic_netw
 
 def test_the_assignment_study_scores_both_rules_and_merges_seeds(mnist_folder):
     """``experiments/assignment_study.py --quick`` on a (fake) MNIST folder: the
-    deterministic network, stage 1 and each variant under both rules, each with the bytes
-    of its ``.2dgz`` (and the share stage-3 pruning removed); ``--merge`` of two runs
-    averages them row by row."""
+    deterministic network, stage 1 (``--point``: another than the recipe's, with whether
+    its scales settled) and each variant under both rules, each with the bytes of its
+    ``.2dgz`` (and the share stage-3 pruning removed); ``--merge`` of two runs averages
+    them row by row."""
     pruned = "K = 16 per layer, own-layer ellipses, pruned SNR < 1"
+    point = "von, frozen, x0.1"
     script, out, doc = _quick_selection(
-        "assignment_study", mnist_folder, "--variants", "K = 32", pruned
+        "assignment_study", mnist_folder, "--variants", "K = 32", pruned, "--point", point
     )
+    assert doc["point"] == point and f"Stage 1: `{point}`" in next(out.glob("*.md")).read_text()
     recs = doc["records"]
+    assert "scale_change" in recs[1] and "scale_change" not in recs[2]
     assert [(r["point"], r.get("assignment")) for r in recs] == [
         ("deterministic network", None),
         ("stage 1 (mean-field)", None),
