@@ -69,7 +69,27 @@ GRID: dict[str, tuple[dict, float]] = {
             },
             m,
         )
-        for m, n, k in ((0.3, 20, 0), (0.3, 20, 12), (0.1, 20, 12), (0.3, 20, 40), (0.1, 20, 60))
+        for m, n, k in (
+            (0.3, 20, 0),
+            (0.3, 20, 12),
+            (0.1, 20, 12),
+            (0.3, 20, 40),
+            (0.1, 20, 60),
+            (0.3, 20, 60),
+            (0.3, 20, 80),
+        )
+    },
+    # the same settling at a constant rate (stage1.von_settle_rate): where the precisions
+    # sit while VON's positivity correction keeps its bias (about rate x Var / 2 relative)
+    **{
+        f"von, frozen, x0.3, 20 + 60 settle, constant rate {r:g}": (
+            {
+                "network": {"norm_stats": "frozen"},
+                "stage1": {**VON, "epochs": 80, "von_settle_epochs": 60, "von_settle_rate": r},
+            },
+            0.3,
+        )
+        for r in (0.01, 0.001)
     },
     # the recipe run longer: LeNet-5's SVI stage 1 "converged" by the median of all
     # scales at 50 epochs while its first and last layers' scales still shrank; 150 won

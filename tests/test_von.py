@@ -164,6 +164,45 @@ def test_settle_steps_keep_the_means_and_reach_the_precision():
         config_from_dict({"stage1": {"trainer": "von", "epochs": 5, "von_settle_epochs": 5}})
 
 
+def test_a_constant_settling_rate_keeps_the_bias_of_the_positivity_correction():
+    r"""VON's correction term keeps the precision positive and biases it: at a constant rate
+    :math:`r` the precision's fixed point is :math:`\mathbb E[\hat S] + \tfrac12 r
+    \mathbb E[\Delta^2] / S`.  Fed Price estimates :math:`\hat S = S^*(1 + 3z)` (2,000
+    independent weights, noise as large as the networks' relative to the curvature), the
+    time-averaged precision of constant-rate settling sits above :math:`S^*` by that amount
+    (about 9 %), and the decaying rate (Robbins-Monro) removes it."""
+    n, optimum, spread, beta, r = 2000, 400.0, 3.0, 0.5, 0.02
+    settled = {}
+    for rate in (r, None):
+        gen = torch.Generator().manual_seed(0)
+        mu = nn.Parameter(torch.zeros(n, dtype=torch.float64))
+        rho = nn.Parameter(torch.full((n,), optimum**-0.5, dtype=torch.float64).expm1().log())
+        groups = [{"name": "loc", "params": [mu]}, {"name": "scale", "params": [rho]}]
+        opt = VariationalOnlineNewton(groups, kl_weight=beta, total_steps=1, settle_rate=rate)
+        precisions, delta_sq = [], []
+        for step in range(4000):
+            sigma = nn.functional.softplus(rho.detach())
+            s = sigma.pow(-2)
+            z = torch.randn(n, generator=gen, dtype=torch.float64)
+            delta = optimum * (1 + spread * z) - s  # Delta = S_hat - S
+            # the gradient whose natural gradient is Delta (module docstring)
+            rho.grad = delta * torch.sigmoid(rho.detach()) * sigma * beta
+            mu.grad = torch.zeros_like(mu)
+            if step >= 1000:
+                precisions.append(s)
+                delta_sq.append(delta.square() / s)
+            opt.step()
+        settled[rate] = float(torch.stack(precisions[-1:]).mean()) / optimum
+        if rate is not None:
+            bias = float(torch.stack(precisions).mean()) / optimum - 1
+            predicted = 0.5 * r * float(torch.stack(delta_sq).mean()) / optimum
+            assert bias > 0.06 and bias == pytest.approx(predicted, rel=0.15)
+    assert settled[None] == pytest.approx(1.0, abs=0.01)  # the decaying rate: at S*
+    assert torch.equal(mu.detach(), torch.zeros(n, dtype=torch.float64))  # the means stay
+    with pytest.raises(ValueError, match="settle_rate = 0 is out of range"):
+        VariationalOnlineNewton(groups, settle_rate=0)
+
+
 def test_bad_settings_and_groups_are_named(digits):
     model = BNNModel(MLP(64, (8,), 10), likelihood=Categorical(100))
     guide = MeanFieldGuide(model)

@@ -154,6 +154,7 @@ def stage1_mean_field(
             clip_radius=None if math.isinf(s1.von_clip_radius) else s1.von_clip_radius,
             warmup_steps=s1.von_warmup_epochs * len(loader),
             total_steps=(s1.epochs - s1.von_settle_epochs) * len(loader),
+            settle_rate=s1.von_settle_rate or None,
         )
     state = train_svi(rt, "stage1", model, guide, loader, lr, callbacks, extra, optimizer)
     return GuidePosterior(model, guide, "mean_field", state)

@@ -175,6 +175,11 @@ class Stage1Config(Section):
     #: of the final means (the scales keep following the falling training loss until the
     #: learning rate stops; issue 43)
     von_settle_epochs: Annotated[int, at_least(0)] = 0
+    #: the precisions' rate in the settling epochs: ``0`` decays it from 1 - ``von_beta2``
+    #: (Robbins-Monro); a constant in (0, 1) holds it there, with the bias of VON's
+    #: positivity correction, about rate x Var(estimate) / 2 relative
+    #: (:mod:`~twodg_pyro.infer.von`; the comparison of ``stage1_selection.py``)
+    von_settle_rate: Annotated[float, FRACTION] = 0.0
     deterministic_epochs: Annotated[int, at_least(0)] = 300
     deterministic_lr: Annotated[float, positive()] = 1e-2
     deterministic_optimizer: Optimizer = "adam"
