@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--point", choices=list(GRID), default=None, help="stage 1 (default: the recipe's)"
     )
+    p.add_argument("--stage3-epochs", type=int, default=None, help="default: the recipe's")
     args = p.parse_args(argv)
     out, stem, done = selection_output(args, f"assignment_{args.arch}", markdown)
     if args.merge:
@@ -152,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         study[k] for k in ("art", "det", "stage1", "ev", "beta", "cfg")
     )
     (xv, yv), split = study["val"], art.split
-    cfg = dataclasses.replace(cfg, stage3=dataclasses.replace(cfg.stage3, kl_weight=beta))
+    epochs = args.stage3_epochs or cfg.stage3.epochs
+    stage3 = dataclasses.replace(cfg.stage3, kl_weight=beta, epochs=epochs)
+    cfg = dataclasses.replace(cfg, stage3=stage3)
     float32_bytes = network_bytes(det.net)["float32"]
     doc = {
         "arch": args.arch,

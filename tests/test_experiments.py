@@ -311,15 +311,18 @@ def test_the_all_layer_laplace_recipe_fits_every_layer_of_the_deterministic_netw
 def test_the_assignment_study_scores_both_rules_and_merges_seeds(mnist_folder):
     """``experiments/assignment_study.py --quick`` on a (fake) MNIST folder: the
     deterministic network, stage 1 (``--point``: another than the recipe's, with whether
-    its scales settled) and each variant under both rules, each with the bytes of its
-    ``.2dgz`` (and the share stage-3 pruning removed); ``--merge`` of two runs averages
-    them row by row."""
+    its scales settled) and each variant (``--stage3-epochs`` of them) under both rules,
+    each with the bytes of its ``.2dgz`` (and the share stage-3 pruning removed);
+    ``--merge`` of two runs averages them row by row."""
     pruned = "K = 16 per layer, own-layer ellipses, pruned SNR < 1"
     point = "von, frozen, x0.1"
     script, out, doc = _quick_selection(
-        "assignment_study", mnist_folder, "--variants", "K = 32", pruned, "--point", point
+        "assignment_study",
+        mnist_folder,
+        *("--variants", "K = 32", pruned, "--point", point, "--stage3-epochs", "2"),
     )
     assert doc["point"] == point and f"Stage 1: `{point}`" in next(out.glob("*.md")).read_text()
+    assert doc["stage3_epochs"] == 2  # --stage3-epochs over the quick run's 1
     recs = doc["records"]
     assert "scale_change" in recs[1] and "scale_change" not in recs[2]
     assert [(r["point"], r.get("assignment")) for r in recs] == [
