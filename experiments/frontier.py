@@ -139,6 +139,23 @@ RESNET_PER_LAYER_VARIANTS: dict[str, dict] = {
         "stage3": {"prune_snr": 1.0, "prune_spread": "zero"},
     },
 }
+#: ``--per-layer --nearest``: 16 components per layer, each inlier tied to its W2-nearest
+#: one, unpruned and pruned inside stage 3: on the validation split 16 per layer kept
+#: the network under the nearest rule only (``recipe_selection/assignment_resnet20_3seeds``),
+#: and pruning at SNR < 2 made its file 8-9x smaller than the float32 network
+#: (``assignment_resnet20_{settled,unsettled}_seed0``)
+RESNET_NEAREST_PER_LAYER_VARIANTS: dict[str, dict] = {
+    "K=16 per layer nearest": {
+        "sharing": {"n_components": 16, "codebook": "per_layer", "assignment": "nearest"}
+    },
+    **{
+        f"K=16 per layer nearest pruned in stage 3 SNR<{t:g} zero": {
+            "sharing": {"n_components": 16, "codebook": "per_layer", "assignment": "nearest"},
+            "stage3": {"prune_snr": t, "prune_spread": "zero"},
+        }
+        for t in (1.0, 2.0)
+    },
+}
 #: ``--nearest`` (LeNet-5): each inlier tied to its W2-nearest component
 #: (``sharing.assignment = "nearest"``) at K = 32, unpruned and pruned inside stage 3
 #: with the pruned weights removed: on the natural-gradient stage 1's validation split
@@ -263,6 +280,10 @@ def seed_settings(args, seed: int) -> dict:
     else:
         recipe = args.recipe or RECOMMENDED
         settings, _ = recipe_settings(recipe, args.root, seed, args.quick, args.arch)
+    if args.settle_epochs:  # stage 1 longer by epochs at learning rate 0 (VON only)
+        n = args.settle_epochs
+        epochs = settings["stage1"]["epochs"] + n
+        settings = merge_settings(settings, {"stage1": {"epochs": epochs, "von_settle_epochs": n}})
     return merge_settings(
         settings,
         {
@@ -387,16 +408,19 @@ def coded(points: list[dict], coding: str) -> list[dict]:
     ]
 
 
+def variant_set(args) -> dict[str, dict]:
+    """The 2DG variants of a run's network and flags (before ``--stage3-epochs``)."""
+    if args.arch == "resnet20":
+        if args.per_layer:
+            return RESNET_NEAREST_PER_LAYER_VARIANTS if args.nearest else RESNET_PER_LAYER_VARIANTS
+        return RESNET_NG_VARIANTS if args.recipe == NATURAL_GRADIENT else RESNET_VARIANTS
+    return NEAREST_VARIANTS if args.nearest else VARIANTS
+
+
 def run_seed(args, seed: int) -> list[dict]:
     """Every point of one seed (module docstring)."""
     cfg = config_from_dict(seed_settings(args, seed))
-    variants = VARIANTS
-    if args.arch == "resnet20":
-        variants = RESNET_NG_VARIANTS if args.recipe == NATURAL_GRADIENT else RESNET_VARIANTS
-        if args.per_layer:
-            variants = RESNET_PER_LAYER_VARIANTS
-    elif args.nearest:
-        variants = NEAREST_VARIANTS
+    variants = variant_set(args)
     if args.no_variants or "2dg" not in cfg.methods:
         variants = {}
     if args.stage3_epochs:  # the same variants with a longer stage 3
@@ -705,7 +729,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--nearest",
         action="store_true",
-        help="lenet5: the 2DG variants with the W2-nearest assignment (NEAREST_VARIANTS)",
+        help="lenet5: the 2DG variants with the W2-nearest assignment (NEAREST_VARIANTS); "
+        "resnet20 with --per-layer: RESNET_NEAREST_PER_LAYER_VARIANTS",
+    )
+    p.add_argument(
+        "--settle-epochs",
+        type=int,
+        default=0,
+        help="stage 1 this many epochs longer, at learning rate 0, its precisions settling "
+        "(stage1.von_settle_epochs; the natural-gradient recipe)",
     )
     p.add_argument(
         "--recipe",

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from twodg_pyro.models import LeNet5
+from twodg_pyro.pipeline import config_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -321,3 +323,36 @@ def test_the_150_epoch_recipe_frontier_keeps_every_seeds_targets_beyond_30x(fron
         assert chosen["accuracy"] >= det["accuracy"] - 0.005
         assert chosen["nll"] <= det["nll"]
         assert chosen["mean_ood_auroc"] >= ens["mean_ood_auroc"]
+
+
+def test_settle_epochs_and_the_resnet_nearest_per_layer_variants(frontier):
+    """``--settle-epochs N`` lengthens the natural-gradient stage 1 by N epochs at learning
+    rate 0 (valid settings); ``--arch resnet20 --per-layer --nearest`` runs 16 components
+    a layer under the nearest rule, unpruned and pruned inside stage 3."""
+    args = SimpleNamespace(
+        methods=["deterministic", "mean_field", "2dg"],
+        arch="resnet20",
+        recipe=frontier.NATURAL_GRADIENT,
+        root="data",
+        quick=False,
+        settle_epochs=40,
+        per_layer=True,
+        nearest=True,
+    )
+    settled = frontier.seed_settings(args, 0)["stage1"]
+    plain = frontier.seed_settings(SimpleNamespace(**{**vars(args), "settle_epochs": 0}), 0)
+    assert (
+        settled["epochs"] == plain["stage1"]["epochs"] + 40 and settled["von_settle_epochs"] == 40
+    )
+    assert config_from_dict(frontier.seed_settings(args, 0)).stage1.von_settle_epochs == 40
+    variants = frontier.variant_set(args)
+    assert variants is frontier.RESNET_NEAREST_PER_LAYER_VARIANTS
+    for over in variants.values():
+        assert over["sharing"] == {
+            "n_components": 16,
+            "codebook": "per_layer",
+            "assignment": "nearest",
+        }
+    assert [v.get("stage3", {}).get("prune_snr") for v in variants.values()] == [None, 1.0, 2.0]
+    args.nearest = False
+    assert frontier.variant_set(args) is frontier.RESNET_PER_LAYER_VARIANTS
