@@ -201,6 +201,8 @@ def test_a_constant_settling_rate_keeps_the_bias_of_the_positivity_correction():
     assert torch.equal(mu.detach(), torch.zeros(n, dtype=torch.float64))  # the means stay
     with pytest.raises(ValueError, match="settle_rate = 0 is out of range"):
         VariationalOnlineNewton(groups, settle_rate=0)
+    with pytest.raises(ConfigError, match="von_settle_rate = 0.01: applies to the settling"):
+        config_from_dict({"stage1": {"trainer": "von", "von_settle_rate": 0.01}})
 
 
 def test_bad_settings_and_groups_are_named(digits):

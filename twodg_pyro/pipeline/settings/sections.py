@@ -177,7 +177,7 @@ class Stage1Config(Section):
     von_settle_epochs: Annotated[int, at_least(0)] = 0
     #: the precisions' rate in the settling epochs: ``0`` decays it from 1 - ``von_beta2``
     #: (Robbins-Monro); a constant in (0, 1) holds it there, with the bias of VON's
-    #: positivity correction, about rate x Var(estimate) / 2 relative
+    #: positivity correction, a relative rate x Var(S_hat) / 2 S^2
     #: (:mod:`~twodg_pyro.infer.von`; the comparison of ``stage1_selection.py``)
     von_settle_rate: Annotated[float, FRACTION] = 0.0
     deterministic_epochs: Annotated[int, at_least(0)] = 300
@@ -201,6 +201,12 @@ class Stage1Config(Section):
             "stage1.von_settle_epochs",
             self.von_settle_epochs,
             f"must be below stage1.epochs = {self.epochs} (the means train in the others)",
+        )
+        require(
+            self.von_settle_rate == 0 or self.von_settle_epochs > 0,
+            "stage1.von_settle_rate",
+            self.von_settle_rate,
+            "applies to the settling epochs: set stage1.von_settle_epochs too",
         )
 
 
