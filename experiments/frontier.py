@@ -144,13 +144,12 @@ RESNET_PER_LAYER_VARIANTS: dict[str, dict] = {
 #: the network under the nearest rule only (``recipe_selection/assignment_resnet20_3seeds``),
 #: and pruning at SNR < 2 made its file 8-9x smaller than the float32 network
 #: (``assignment_resnet20_{settled,unsettled}_seed0``)
+_NEAREST_16_PER_LAYER = {"n_components": 16, "codebook": "per_layer", "assignment": "nearest"}
 RESNET_NEAREST_PER_LAYER_VARIANTS: dict[str, dict] = {
-    "K=16 per layer nearest": {
-        "sharing": {"n_components": 16, "codebook": "per_layer", "assignment": "nearest"}
-    },
+    "K=16 per layer nearest": {"sharing": _NEAREST_16_PER_LAYER},
     **{
         f"K=16 per layer nearest pruned in stage 3 SNR<{t:g} zero": {
-            "sharing": {"n_components": 16, "codebook": "per_layer", "assignment": "nearest"},
+            "sharing": _NEAREST_16_PER_LAYER,
             "stage3": {"prune_snr": t, "prune_spread": "zero"},
         }
         for t in (1.0, 2.0)
