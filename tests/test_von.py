@@ -168,9 +168,9 @@ def test_a_constant_settling_rate_keeps_the_bias_of_the_positivity_correction():
     r"""VON's correction term keeps the precision positive and biases it: at a constant rate
     :math:`r` the precision's fixed point is :math:`\mathbb E[\hat S] + \tfrac12 r
     \mathbb E[\Delta^2] / S`.  Fed Price estimates :math:`\hat S = S^*(1 + 3z)` (2,000
-    independent weights, noise as large as the networks' relative to the curvature), the
-    time-averaged precision of constant-rate settling sits above :math:`S^*` by that amount
-    (about 9 %), and the decaying rate (Robbins-Monro) removes it."""
+    independent weights, a spread three times the curvature), the time-averaged precision
+    of constant-rate settling sits above :math:`S^*` by that amount (about 9 %), and the
+    decaying rate (Robbins-Monro) removes it."""
     n, optimum, spread, beta, r = 2000, 400.0, 3.0, 0.5, 0.02
     settled = {}
     for rate in (r, None):
@@ -192,7 +192,7 @@ def test_a_constant_settling_rate_keeps_the_bias_of_the_positivity_correction():
                 precisions.append(s)
                 delta_sq.append(delta.square() / s)
             opt.step()
-        settled[rate] = float(torch.stack(precisions[-1:]).mean()) / optimum
+        settled[rate] = float(precisions[-1].mean()) / optimum
         if rate is not None:
             bias = float(torch.stack(precisions).mean()) / optimum - 1
             predicted = 0.5 * r * float(torch.stack(delta_sq).mean()) / optimum
