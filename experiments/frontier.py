@@ -65,12 +65,13 @@ from torch.utils.data import DataLoader
 from uncertainty import NATURAL_GRADIENT, QUICK, RECIPES, RECOMMENDED, recipe_settings
 
 from twodg_pyro.accounting import network_bytes
+from twodg_pyro.data import make_loader
 from twodg_pyro.files import atomic_write_text
 from twodg_pyro.guides import prune_guide
 from twodg_pyro.io.compact import export_compact, export_int8_mean_field
 from twodg_pyro.io.compact_format import index_symbols
 from twodg_pyro.io.entropy import empirical_entropy_bits
-from twodg_pyro.methods import Network, load_method
+from twodg_pyro.methods import Network, fit_laplace, load_method
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.models import LeNet5
 from twodg_pyro.pipeline import config_from_dict
@@ -172,6 +173,13 @@ NEAREST_VARIANTS: dict[str, dict] = {
 }
 #: the "small" coding of a 2DG file (lossy for the outliers and ellipse weights only)
 SMALL = {"outlier_mu_bits": 8, "outlier_sigma_bits": 4, "alpha_bits": 4}
+#: ``--laplace-head``: the family of a 2DG variant's small file with laplace-torch's
+#: last-layer Laplace fitted around its mean network stored beside it
+#: (``export_compact(..., laplace=)``): read back, it predicts with one forward pass of
+#: the mean body and the last layer's draws
+HEAD = "2dg + laplace head"
+#: the 2DG families a user deploys, each with its own choice on the validation split
+FAMILIES = ("2dg", HEAD)
 #: pruned points (item 3): these variants' small files with every inlier of stage-1
 #: SNR |mu| / sigma below each threshold tied to a zero-mean component of each spread
 #: (:func:`~twodg_pyro.guides.prune_guide`)
@@ -315,34 +323,36 @@ def keeping_validation(points: list[dict]) -> list[dict]:
     ]
 
 
-def choose_pruned(points: list[dict]) -> dict | None:
+def choose_pruned(points: list[dict], family: str = "2dg") -> dict | None:
     """The stage-3 pruning threshold chosen on the validation split: the largest SNR
-    whose 2DG BNN keeps the targets there (:func:`keeping_validation`); ``None`` when
-    none does."""
-    ok = [p for p in keeping_validation(points) if p.get("stage3_prune_snr")]
+    whose file of ``family`` keeps the targets there (:func:`keeping_validation`);
+    ``None`` when none does."""
+    ok = [
+        p for p in keeping_validation(points) if p.get("stage3_prune_snr") and p["family"] == family
+    ]
     return max(ok, key=lambda p: p["stage3_prune_snr"]) if ok else None
 
 
-def deployable(p: dict) -> bool:
-    """A stage-3 variant's 2DG file (every K, pruned in stage 3 or not), not an
+def deployable(p: dict, family: str = "2dg") -> bool:
+    """A stage-3 variant's file of ``family`` (every K, pruned in stage 3 or not), not an
     after-training pruned point nor a chosen one."""
     return (
-        p["family"] == "2dg"
+        p["family"] == family
         and " small pruned SNR<" not in p["point"]
         and " chosen " not in p["point"]
     )
 
 
-def choose_variant(points: list[dict]) -> dict | None:
-    """The 2DG file a user would deploy, chosen on the validation split: the smallest
-    :func:`deployable` file that keeps the targets there (as :func:`choose_pruned`);
-    ``None`` when none does."""
-    ok = [p for p in keeping_validation(points) if deployable(p)]
+def choose_variant(points: list[dict], family: str = "2dg") -> dict | None:
+    """The file of ``family`` a user would deploy, chosen on the validation split: the
+    smallest :func:`deployable` one that keeps the targets there (as
+    :func:`choose_pruned`); ``None`` when none does."""
+    ok = [p for p in keeping_validation(points) if deployable(p, family)]
     return min(ok, key=lambda p: p["file_bytes"]) if ok else None
 
 
-def choose_for_recipe(points: list[dict]) -> str | None:
-    """The 2DG variant chosen once for the recipe, as the other settings of these studies
+def choose_for_recipe(points: list[dict], family: str = "2dg") -> str | None:
+    """The variant of ``family`` chosen once for the recipe, as the other settings of these studies
     are: the smallest mean file of the :func:`deployable` variants that every seed has
     whose validation accuracy and NLL, averaged over the seeds, keep the targets against
     the deterministic network's averages (as :func:`keeping_validation`); its name, or
@@ -360,7 +370,7 @@ def choose_for_recipe(points: list[dict]) -> str | None:
         name
         for name, ps in by.items()
         if set(ps) == seeds
-        and all(deployable(q) and q.get("val_accuracy") is not None for q in ps.values())
+        and all(deployable(q, family) and q.get("val_accuracy") is not None for q in ps.values())
         and keeps_on_validation(mean(name, "val_accuracy"), mean(name, "val_nll"), *det)
     ]
     return min(ok, key=lambda n: mean(n, "file_bytes")) if ok else None
@@ -371,29 +381,31 @@ ONCE = "K and pruning chosen once on the seeds' mean validation"
 
 
 def with_chosen(points: list[dict]) -> list[dict]:
-    """``points`` with, per seed and coding of the file, the points chosen on the
-    validation split (:func:`choose_pruned`, :func:`choose_variant`), and those chosen
-    once for every seed (:func:`choose_for_recipe`), made anew from the other points (so
-    that ``--from-json`` recomputes them too)."""
+    """``points`` with, per seed, coding of the file and family of :data:`FAMILIES`, the
+    points chosen on the validation split (:func:`choose_pruned`,
+    :func:`choose_variant`), and those chosen once for every seed
+    (:func:`choose_for_recipe`), made anew from the other points (so that
+    ``--from-json`` recomputes them too)."""
     base = [p for p in points if " chosen " not in p["point"]]  # older runs: no "chosen" key
     out = list(base)
+    codings = [(c, f) for f in FAMILIES for c in ("", " small")]
     for seed in sorted({p["seed"] for p in base}):
         mine = [p for p in base if p["seed"] == seed]
-        for coding in ("", " small"):
+        for coding, family in codings:
             for name, choose in (
-                (f"2dg pruned in stage 3{coding}, SNR chosen on validation", choose_pruned),
-                (f"2dg{coding}, K and pruning chosen on validation", choose_variant),
+                (f"{family} pruned in stage 3{coding}, SNR chosen on validation", choose_pruned),
+                (f"{family}{coding}, K and pruning chosen on validation", choose_variant),
             ):
-                chosen = choose(coded(mine, coding))
+                chosen = choose(coded(mine, coding), family)
                 if chosen is not None:
                     out.append(dict(chosen, point=name, chosen=chosen["point"]))
     det = [p for p in base if p["point"] == "deterministic float32"]
     if all(p.get("val_nll") is not None for p in det):  # older runs have no validation
-        for coding in ("", " small"):
+        for coding, family in codings:
             same = coded(base, coding)
-            name = choose_for_recipe(same)
+            name = choose_for_recipe(same, family)
             out += [
-                dict(p, point=f"2dg{coding}, {ONCE}", chosen=name)
+                dict(p, point=f"{family}{coding}, {ONCE}", chosen=name)
                 for p in same
                 if p["point"] == name
             ]
@@ -401,19 +413,32 @@ def with_chosen(points: list[dict]) -> list[dict]:
 
 
 def coded(points: list[dict], coding: str) -> list[dict]:
-    """The baselines and the 2DG points of one coding of the file (``""`` or ``" small"``)."""
+    """The baselines and the 2DG points (:data:`FAMILIES`) of one coding of the file
+    (``""`` or ``" small"``)."""
     return [
-        p for p in points if p["family"] != "2dg" or p["point"].endswith(" small") == bool(coding)
+        p
+        for p in points
+        if p["family"] not in FAMILIES or p["point"].endswith(" small") == bool(coding)
     ]
 
 
 def variant_set(args) -> dict[str, dict]:
-    """The 2DG variants of a run's network and flags (before ``--stage3-epochs``)."""
+    """The 2DG variants of a run's network and flags (before ``--stage3-epochs``), those
+    named by ``--variants`` only where it is given (an unknown name is refused)."""
     if args.arch == "resnet20":
         if args.per_layer:
-            return RESNET_NEAREST_PER_LAYER_VARIANTS if args.nearest else RESNET_PER_LAYER_VARIANTS
-        return RESNET_NG_VARIANTS if args.recipe == NATURAL_GRADIENT else RESNET_VARIANTS
-    return NEAREST_VARIANTS if args.nearest else VARIANTS
+            every = RESNET_NEAREST_PER_LAYER_VARIANTS if args.nearest else RESNET_PER_LAYER_VARIANTS
+        else:
+            every = RESNET_NG_VARIANTS if args.recipe == NATURAL_GRADIENT else RESNET_VARIANTS
+    else:
+        every = NEAREST_VARIANTS if args.nearest else VARIANTS
+    names = getattr(args, "variants", None)
+    if not names:
+        return every
+    unknown = [n for n in names if n not in every]
+    if unknown:
+        raise ValueError(f"--variants: {unknown} are not variants of this run ({list(every)})")
+    return {n: every[n] for n in names}
 
 
 def run_seed(args, seed: int) -> list[dict]:
@@ -441,6 +466,7 @@ def run_seed(args, seed: int) -> list[dict]:
     sizes = network_bytes(det)
     f32, n_params = sizes["float32"], sizes["params"]
     spec = network_spec(cfg.network, art.split)
+    train_loader = make_loader(art.split.train, cfg.laplace.batch_size, shuffle=False)
     points: list[dict] = []
 
     def add(name, family, method, file_bytes, file, **extra):
@@ -509,6 +535,14 @@ def run_seed(args, seed: int) -> list[dict]:
                     path.name,
                     **extra,
                 )
+                if coding and args.laplace_head:  # the small file with a Laplace head
+                    post = fit_laplace(trained.mean_network(), train_loader, cfg.laplace)
+                    path = folder / f"2dg_{len(points)}_head.2dgz"
+                    export_compact(
+                        path, trained.model, trained.guide, network=spec, laplace=post, **options
+                    )
+                    name = f"{HEAD} {variant}{coding}"
+                    add(name, HEAD, load_method(path), path.stat().st_size, path.name, **extra)
             if args.arch != "lenet5" or variant not in PRUNED_VARIANTS:
                 continue  # after-training pruning: LeNet-5's frontier only
             for snr, spread in itertools.product(PRUNE_SNRS, PRUNE_SPREADS):
@@ -573,7 +607,7 @@ def targets(rows: list[dict], arch: str = "lenet5") -> dict:
     det, ens = by["deterministic float32"], by.get(reference)
     det4, mf1 = by["deterministic 4-bit"], by["mean-field INT8 mu, 1-bit sigma"]
     every = max(r["seeds"] for r in rows)
-    ours = [r for r in rows if r["family"] == "2dg" and r["seeds"] == every]
+    ours = [r for r in rows if r["family"] in FAMILIES and r["seeds"] == every]
     if not ours:  # a baseline run (--no-variants): nothing to judge
         return {}
 
@@ -587,28 +621,34 @@ def targets(rows: list[dict], arch: str = "lenet5") -> dict:
         ("on each seed's validation split", "K and pruning chosen on validation"),
         ("once, on the seeds' mean validation", ONCE),
     )
-    for rule, suffix in rules:
-        chosen = [r for r in ours if r["point"].endswith(suffix)]
-        if chosen:  # the file a user deploys: its choice never saw the test images
-            r = min(chosen, key=lambda r: r["file_bytes"])
-            ok = keeps(r)
-            out[f"the 2DG file chosen {rule}, {kept}"] = check(
-                f"{r['point']}: {r['float32_ratio']:.1f}x, keeps them: {'yes' if ok else 'no'}",
-                f">= {ratio_asked}x and kept",
-                ok and r["float32_ratio"] >= ratio_asked,
-            )
-    good = [r for r in ours if keeps(r)]
-    best = min(good, key=lambda r: r["file_bytes"]) if good else None
-    ratio = best["float32_ratio"] if best else max(r["float32_ratio"] for r in ours)
-    where = best["point"] if best else "none keeps the uncertainty targets"
-    out[f"smallest 2DG file {kept} (chosen on the test images: a bound, not a choice)"] = check(
-        f"{where}: {ratio:.1f}x smaller than float32 det",
-        f">= {ratio_asked}x",
-        best is not None and ratio >= ratio_asked,
-    )
-    out[f"moonshot: that file >= {moonshot}x smaller"] = check(
-        f"{ratio:.1f}x", f">= {moonshot}x", best is not None and ratio >= moonshot
-    )
+    for family in FAMILIES:
+        mine = [r for r in ours if r["family"] == family]
+        if not mine:
+            continue
+        what = "2DG file" if family == "2dg" else "2DG + Laplace head file"
+        for rule, suffix in rules:
+            chosen = [r for r in mine if r["point"].endswith(suffix)]
+            if chosen:  # the file a user deploys: its choice never saw the test images
+                r = min(chosen, key=lambda r: r["file_bytes"])
+                ok = keeps(r)
+                out[f"the {what} chosen {rule}, {kept}"] = check(
+                    f"{r['point']}: {r['float32_ratio']:.1f}x, keeps them: {'yes' if ok else 'no'}",
+                    f">= {ratio_asked}x and kept",
+                    ok and r["float32_ratio"] >= ratio_asked,
+                )
+        good = [r for r in mine if keeps(r)]
+        best = min(good, key=lambda r: r["file_bytes"]) if good else None
+        ratio = best["float32_ratio"] if best else max(r["float32_ratio"] for r in mine)
+        where = best["point"] if best else "none keeps the uncertainty targets"
+        out[f"smallest {what} {kept} (chosen on the test images: a bound, not a choice)"] = check(
+            f"{where}: {ratio:.1f}x smaller than float32 det",
+            f">= {ratio_asked}x",
+            best is not None and ratio >= ratio_asked,
+        )
+        that = "file" if family == "2dg" else what
+        out[f"moonshot: that {that} >= {moonshot}x smaller"] = check(
+            f"{ratio:.1f}x", f">= {moonshot}x", best is not None and ratio >= moonshot
+        )
     beat4 = [
         r
         for r in ours
@@ -680,6 +720,7 @@ def figure(rows, path: Path, arch: str = "lenet5") -> None:
         "ensemble": "D",
         "laplace": "v",
         "rank1": "P",
+        HEAD: "*",
     }
     for ax, (key, label) in zip(axes, AXES, strict=True):
         for fam, marker in markers.items():
@@ -730,6 +771,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="lenet5: the 2DG variants with the W2-nearest assignment (NEAREST_VARIANTS); "
         "resnet20 with --per-layer: RESNET_NEAREST_PER_LAYER_VARIANTS",
+    )
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="only these of the run's 2DG variants (variant_set)",
+    )
+    p.add_argument(
+        "--laplace-head",
+        action="store_true",
+        help=f"each variant's small file also with a last-layer Laplace head ({HEAD!r})",
     )
     p.add_argument(
         "--settle-epochs",

@@ -149,8 +149,9 @@ def test_the_stage3_threshold_is_the_largest_that_keeps_the_targets_on_validatio
     """Issue 47, item 1: the threshold is chosen on the validation split, never on the
     test images (their accuracy and NLL are not looked at)."""
 
-    def point(name, snr, acc, nll):
-        return {"point": name, "stage3_prune_snr": snr, "val_accuracy": acc, "val_nll": nll}
+    def point(name, snr, acc, nll, family="2dg"):
+        keys = ("point", "stage3_prune_snr", "val_accuracy", "val_nll", "family")
+        return dict(zip(keys, (name, snr, acc, nll, family), strict=True))
 
     det = point("deterministic float32", None, 0.970, 0.120)
     points = [
@@ -164,6 +165,10 @@ def test_the_stage3_threshold_is_the_largest_that_keeps_the_targets_on_validatio
     points[3]["val_nll"] = 0.121  # above the deterministic network's: t=1 no longer keeps
     assert frontier.choose_pruned(points)["point"] == "t=0.5"
     assert frontier.choose_pruned([det, points[4]]) is None
+    # a Laplace head's file is its own family: chosen among its kind only
+    head = point("head t=2", 2.0, 0.975, 0.080, family=frontier.HEAD)
+    assert frontier.choose_pruned([*points, head])["point"] == "t=0.5"
+    assert frontier.choose_pruned([*points, head], frontier.HEAD)["point"] == "head t=2"
 
 
 def _val_point(name, nbytes, acc, nll, seed=0, family="2dg") -> dict:
@@ -194,6 +199,16 @@ def test_the_deployed_file_is_the_smallest_stage3_variant_that_keeps_validation(
     }
     assert chosen == {0: "2dg K=16", 1: "2dg K=256"}
     assert frontier.with_chosen(both) == both  # made anew, not added twice
+    # a Laplace head's files (small coding only) are chosen apart from the plain ones
+    head = [
+        _val_point(f"{frontier.HEAD} K=16 small", 130, 0.972, 0.100, family=frontier.HEAD),
+        _val_point(f"{frontier.HEAD} K=8 small", 110, 0.960, 0.200, family=frontier.HEAD),
+    ]
+    chosen = {p["point"]: p["chosen"] for p in frontier.with_chosen(points + head) if "chosen" in p}
+    assert chosen["2dg, K and pruning chosen on validation"] == "2dg K=16"
+    name = f"{frontier.HEAD} small, K and pruning chosen on validation"
+    assert chosen[name] == f"{frontier.HEAD} K=16 small"
+    assert f"{frontier.HEAD}, K and pruning chosen on validation" not in chosen
 
 
 def test_the_file_chosen_once_keeps_the_targets_on_the_seeds_mean_validation(frontier):
@@ -356,3 +371,10 @@ def test_settle_epochs_and_the_resnet_nearest_per_layer_variants(frontier):
     assert [v.get("stage3", {}).get("prune_snr") for v in variants.values()] == [None, 1.0, 2.0]
     args.nearest = False
     assert frontier.variant_set(args) is frontier.RESNET_PER_LAYER_VARIANTS
+    # --variants keeps the named ones, in the order given; an unknown name is refused
+    args.nearest, name = True, "K=16 per layer nearest pruned in stage 3 SNR<2 zero"
+    args.variants = [name]
+    assert frontier.variant_set(args) == {name: frontier.RESNET_NEAREST_PER_LAYER_VARIANTS[name]}
+    args.variants = ["K=16 per layer nearest pruned in stage 3 SNR<3 zero"]
+    with pytest.raises(ValueError, match="SNR<3 zero'] are not variants"):
+        frontier.variant_set(args)
