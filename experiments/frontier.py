@@ -59,10 +59,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import cell, check, command, setup
+from common import cell, check, command, environment, setup
 from torch import nn
 from torch.utils.data import DataLoader
-from uncertainty import NATURAL_GRADIENT, QUICK, RECIPES, RECOMMENDED, recipe_settings
+from uncertainty import (
+    NATURAL_GRADIENT,
+    QUICK,
+    RECIPES,
+    RECOMMENDED,
+    environments_line,
+    recipe_settings,
+)
 
 from twodg_pyro.accounting import network_bytes
 from twodg_pyro.data import make_loader
@@ -273,6 +280,17 @@ def score(method, x, y, ev: UncertaintySets, draws: int, ood_draws: int, seed):
     return out
 
 
+def recipe_label(args) -> str:
+    """The recipe a run trains, as its table's title names it: ``--recipe`` (LeNet-5's
+    default: its recommended preset; ResNet-20's: ``uncertainty.RECOMMENDED``), and the
+    settling epochs stage 1 adds."""
+    if args.recipe is None and args.arch == "lenet5":
+        name = "mnist-lenet5-bayes"
+    else:
+        name = args.recipe or RECOMMENDED
+    return f"{name}, {args.settle_epochs} settling epochs" if args.settle_epochs else name
+
+
 def seed_settings(args, seed: int) -> dict:
     """The run settings of one seed: LeNet-5's recommended preset, or ``--recipe`` of
     ``experiments/uncertainty.py`` on ``--arch`` (the ResNet-20 without the ensemble:
@@ -468,13 +486,14 @@ def run_seed(args, seed: int) -> list[dict]:
     spec = network_spec(cfg.network, art.split)
     train_loader = make_loader(art.split.train, cfg.laplace.batch_size, shuffle=False)
     points: list[dict] = []
+    stamp = {"recipe": recipe_label(args), "environment": environment()}
 
     def add(name, family, method, file_bytes, file, **extra):
         t1 = time.perf_counter()
         m = score(method, x, y, ev, S, args.draws, seed)
         val = classification_metrics(method.sample_probs(xv, S, seed).mean(0), yv)
         m.update(val_accuracy=val["accuracy"], val_nll=val["nll"])
-        row = {"point": name, "family": family, "seed": seed, "file": file}
+        row = {"point": name, "family": family, "seed": seed, "file": file, **stamp}
         row.update(file_bytes=int(file_bytes), bytes_per_weight=file_bytes / n_params)
         row.update(float32_ratio=f32 / file_bytes, **m, **extra)
         points.append(row)
@@ -676,10 +695,17 @@ def targets(rows: list[dict], arch: str = "lenet5") -> dict:
 NAMES = {"lenet5": "LeNet-5", "resnet20": "ResNet-20 (CPU epochs)"}
 
 
-def markdown(rows, checks, seeds, command, arch: str = "lenet5") -> str:
+def markdown(rows, checks, seeds, command, arch: str = "lenet5", points=()) -> str:
+    """The frontier's table and targets; ``points`` (their recipe and environment): the
+    title's recipe and the line naming where they were trained (older points recorded
+    neither)."""
+    recipes = sorted({p["recipe"] for p in points if "recipe" in p})
+    if not recipes or any("recipe" not in p for p in points):
+        recipes.append("not recorded")
     lines = [
-        f"# Compression frontier: {NAMES[arch]} on the MNIST subset (recommended recipe)",
+        f"# Compression frontier: {NAMES[arch]} on the MNIST subset (recipe: {'; '.join(recipes)})",
         "",
+        *environments_line(list(points)),
         f"Means over seeds {seeds}.  Command: `{command}`.  Every point is scored on the "
         "model read back from its file where one is written (`file`); `computed`: bytes "
         "counted, not written.  Accuracy / NLL / ECE: 1,000 test images, 30 seeded draws "
@@ -825,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": checks,
     }
     atomic_write_text(out / f"{args.stem}.json", json.dumps(payload, indent=1))
-    text = markdown(rows, checks, seeds, command("frontier.py", argv), args.arch)
+    text = markdown(rows, checks, seeds, command("frontier.py", argv), args.arch, points)
     atomic_write_text(out / f"{args.stem}.md", text)
     figure(rows, out / f"{args.stem}.png", args.arch)
     print(text)

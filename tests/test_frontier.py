@@ -378,3 +378,21 @@ def test_settle_epochs_and_the_resnet_nearest_per_layer_variants(frontier):
     args.variants = ["K=16 per layer nearest pruned in stage 3 SNR<3 zero"]
     with pytest.raises(ValueError, match="SNR<3 zero'] are not variants"):
         frontier.variant_set(args)
+
+
+def test_the_table_names_the_recipe_and_environment_its_points_were_trained_in(frontier):
+    """A frontier's title names the recipe of its points (``recipe_label``: ``--recipe``
+    and the settling epochs), not always the recommended one, and the environments they
+    were trained in; points from before the stamp say "not recorded"."""
+    args = SimpleNamespace(arch="resnet20", recipe=frontier.NATURAL_GRADIENT, settle_epochs=40)
+    label = frontier.recipe_label(args)
+    assert label == f"{frontier.NATURAL_GRADIENT}, 40 settling epochs"
+    lenet = SimpleNamespace(arch="lenet5", recipe=None, settle_epochs=0)
+    assert frontier.recipe_label(lenet) == "mnist-lenet5-bayes"
+    env = {"torch": "2.0", "threads": 1, "cpu": "a CPU"}
+    points = [{"recipe": label, "environment": env}]
+    text = frontier.markdown([], {}, [0], "cmd", "resnet20", points)
+    assert f"(recipe: {label})" in text.splitlines()[0]
+    assert "Trained in: torch 2.0, 1 thread, a CPU." in text
+    older = frontier.markdown([], {}, [0], "cmd", "resnet20", [*points, {}])
+    assert older.splitlines()[0].endswith(f"(recipe: {label}; not recorded)")
