@@ -198,6 +198,18 @@ RESNET_RECIPES[NATURAL_GRADIENT] = {
     "cpu_epochs": {"stage1": {"epochs": 20}},
     "preset": "mnist-resnet20-von",
 }
+#: issue 43's 2 % rule on ResNet-20: the natural-gradient stage 1 followed by 80 epochs
+#: in which the precisions settle at the final means (``stage1.von_settle_epochs``; seed
+#: 0's scales moved 3.0 % over the last tenth after 40 and 1.2 % after 80:
+#: ``recipe_selection/stage1_resnet20_settle80.md``), with its own deterministic network
+#: and last-layer Laplace around it (the baselines its targets read), and the 2DG BNN with
+#: a Laplace last layer (``laplace_around_2dg``)
+SETTLED = f"{NATURAL_GRADIENT}, settled"
+RESNET_RECIPES[SETTLED] = {
+    **RESNET_RECIPES[NATURAL_GRADIENT],
+    "settings": {"methods": ["deterministic", "mean_field", "laplace"]},
+    "cpu_epochs": {"stage1": {"epochs": 100, "von_settle_epochs": 80}},
+}
 #: ResNet-20's epochs cut to fit a CPU (the paper's 250 / 200 / 200 with ``--full``)
 RESNET_CPU_EPOCHS = {
     "network": {"pretrain_epochs": 15},
@@ -491,21 +503,23 @@ TRAINABLE_RATIO = {"lenet5": 50, "resnet20": 20, "resnet20-full": 20}
 def targets(summary: list[dict], arch: str = "lenet5") -> dict:
     """Issue 21's targets on the recommended recipe's means (each 2DG tying separately),
     with issue 30's trainable-parameter ratio for ``arch``; and the same for the
-    natural-gradient recipe's 2DG rows (issue 43: ``"natural gradient: 2dg (...)"``, its
-    own mean-field row, the recommended recipe's deterministic network and ensemble,
-    which the same command trains)."""
+    natural-gradient recipes' 2DG rows (issue 43: ``"natural gradient: 2dg (...)"``, its
+    own mean-field row, and the deterministic network, ensemble and Laplace of the
+    recommended recipe, or of its own where it trains them: :data:`SETTLED`)."""
     by = {r["method"]: r for r in summary if r["recommended"]}
-    det, ens, lap = by.get("deterministic"), by.get("ensemble"), by.get("laplace")
-    if det is None:
-        return {}
-    out = {}
-    sets = list(det["ood"])
-    ng = {r["method"]: r for r in summary if r["recipe"] == NATURAL_GRADIENT}
-    rows = [("", by, label, row) for label, row in by.items()]
-    rows += [(f"{NATURAL_GRADIENT}: ", ng, label, row) for label, row in ng.items()]
-    for prefix, recipe, label, row in rows:
-        if not label.startswith("2dg"):
+    rows = [("", by, by, label, row) for label, row in by.items()]
+    for name in dict.fromkeys(r["recipe"] for r in summary):
+        if not name.startswith(NATURAL_GRADIENT):
             continue
+        ng = {r["method"]: r for r in summary if r["recipe"] == name}
+        base = ng if "deterministic" in ng else by  # its own baselines where it has them
+        rows += [(f"{name}: ", ng, base, label, row) for label, row in ng.items()]
+    out = {}
+    for prefix, recipe, base, label, row in rows:
+        det, ens, lap = base.get("deterministic"), base.get("ensemble"), base.get("laplace")
+        if not label.startswith("2dg") or det is None:
+            continue
+        sets = list(det["ood"])
         mf = recipe.get("mean_field")
         t = {}
         t["accuracy >= det - 0.005"] = check(
@@ -730,7 +744,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default="data/mnist_subset", help="folder with MNIST/raw")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, choices=list(RECIPES))
+    p.add_argument(
+        "--recipes",
+        nargs="+",
+        default=DEFAULT_RECIPES,
+        choices=list(dict.fromkeys([*RECIPES, *RESNET_RECIPES])),
+        help=f"{SETTLED!r}: ResNet-20 only",
+    )
     p.add_argument(
         "--methods",
         nargs="+",
@@ -789,13 +809,16 @@ def main(argv: list[str] | None = None) -> int:
                 scores = part["scores"]
         # recipes in RECIPES' order, by label (ResNet-20's recommended one: "one recipe")
         order: dict[str, int] = {}
+        names = list(dict.fromkeys([*RECIPES, *RESNET_RECIPES]))
         for table in (RECIPES, RESNET_RECIPES):
             for k, spec in table.items():
-                order.setdefault(spec.get("label", k), list(RECIPES).index(k))
+                order.setdefault(spec.get("label", k), names.index(k))
         records.sort(key=lambda r: (order.get(r["recipe"], 99), r["seed"]))
         args.seeds = sorted({r["seed"] for r in records})
     resnet = args.arch == "resnet20"
     recipes = [r for r in args.recipes if r in RESNET_RECIPES] if resnet else args.recipes
+    if not resnet and not set(recipes) <= set(RECIPES):
+        p.error(f"--recipes {sorted(set(recipes) - set(RECIPES))}: ResNet-20 only")
     if args.full and args.arch == "resnet20":
         args.arch = "resnet20-full"
     for name in [] if args.merge else recipes:
