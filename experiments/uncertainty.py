@@ -784,6 +784,8 @@ def main(argv: list[str] | None = None) -> int:
         help="train nothing: merge the records of earlier runs' JSON files (e.g. one per seed)",
     )
     args = p.parse_args(argv)
+    if args.arch != "resnet20" and not set(args.recipes) <= set(RECIPES):
+        p.error(f"--recipes {sorted(set(args.recipes) - set(RECIPES))}: ResNet-20 only")
     if not setup(args.threads, args.root):
         return 2
     ev_args = {"draws": args.draws, "ood_size": args.ood_size, "shift_size": args.shift_size}
@@ -817,8 +819,6 @@ def main(argv: list[str] | None = None) -> int:
         args.seeds = sorted({r["seed"] for r in records})
     resnet = args.arch == "resnet20"
     recipes = [r for r in args.recipes if r in RESNET_RECIPES] if resnet else args.recipes
-    if not resnet and not set(recipes) <= set(RECIPES):
-        p.error(f"--recipes {sorted(set(recipes) - set(RECIPES))}: ResNet-20 only")
     if args.full and args.arch == "resnet20":
         args.arch = "resnet20-full"
     for name in [] if args.merge else recipes:

@@ -340,3 +340,41 @@ def test_the_resnet20_residual_rows_rerun_at_one_forward_pass_with_float16_featu
         laplace = "laplace" in r["method"]
         assert r["forwards_per_prediction"] == (1 if laplace else 30)
         assert (r["file_bytes"] < a["file_bytes"]) == r["method"].endswith("residual")
+
+
+def test_the_settled_recipe_is_judged_against_the_baselines_it_trains():
+    """``natural gradient, settled`` trains its own deterministic network and Laplace:
+    its 2DG rows are judged against them, not the recommended recipe's (another run's
+    networks), and it runs on ResNet-20 only (a LeNet-5 run refuses it by name)."""
+    uq = _script()
+    sets, fams = ("a", "b"), ("noise",)
+
+    def row(recipe, method, acc, nll, auroc, shift):
+        ood = {s: {"entropy_auroc": auroc, "mi_auroc": auroc} for s in sets}
+        return {
+            "recipe": recipe,
+            "method": method,
+            "recommended": recipe == uq.RECOMMENDED,
+            "accuracy": acc,
+            "nll": nll,
+            "ece": 0.01,
+            "ood": ood,
+            "mean_mi_clean": 0.03,
+            "shift5": {f: {"nll": shift} for f in fams},
+            "trainable_params": 100,
+        }
+
+    summary = [
+        row(uq.RECOMMENDED, "deterministic", 0.99, 0.05, 0.80, 2.0),
+        row(uq.RECOMMENDED, "laplace", 0.99, 0.05, 0.95, 2.0),
+        row(uq.SETTLED, "deterministic", 0.95, 0.20, 0.70, 2.0),
+        row(uq.SETTLED, "laplace", 0.95, 0.15, 0.90, 1.8),
+        row(uq.SETTLED, "2dg (representative)", 0.96, 0.10, 0.92, 1.5),
+    ]
+    t = uq.targets(summary, "resnet20")[f"{uq.SETTLED}: 2dg (representative)"]
+    assert t["accuracy >= det - 0.005"]["met"] and t["nll <= det"]["met"]  # its own det
+    assert t["mean entropy AUROC >= last-layer Laplace"]["target"] == ">= 0.900"
+    assert uq.targets(summary[2:], "resnet20")  # no recommended recipe needed
+    assert uq.SETTLED in uq.RESNET_RECIPES and uq.SETTLED not in uq.RECIPES
+    with pytest.raises(SystemExit):
+        uq.main(["--recipes", uq.SETTLED, "--root", "/nonexistent"])
