@@ -69,6 +69,7 @@ from uncertainty import (
     RECOMMENDED,
     environments_line,
     recipe_settings,
+    settled,
 )
 
 from twodg_pyro.accounting import network_bytes
@@ -306,9 +307,7 @@ def seed_settings(args, seed: int) -> dict:
         recipe = args.recipe or RECOMMENDED
         settings, _ = recipe_settings(recipe, args.root, seed, args.quick, args.arch)
     if args.settle_epochs:  # stage 1 longer by epochs at learning rate 0 (VON only)
-        n = args.settle_epochs
-        epochs = settings["stage1"]["epochs"] + n
-        settings = merge_settings(settings, {"stage1": {"epochs": epochs, "von_settle_epochs": n}})
+        settings = settled(settings, args.settle_epochs)
     return merge_settings(
         settings,
         {

@@ -208,7 +208,7 @@ SETTLED = f"{NATURAL_GRADIENT}, settled"
 RESNET_RECIPES[SETTLED] = {
     **RESNET_RECIPES[NATURAL_GRADIENT],
     "settings": {"methods": ["deterministic", "mean_field", "laplace"]},
-    "cpu_epochs": {"stage1": {"epochs": 100, "von_settle_epochs": 80}},
+    "settle_epochs": 80,
 }
 #: ResNet-20's epochs cut to fit a CPU (the paper's 250 / 200 / 200 with ``--full``)
 RESNET_CPU_EPOCHS = {
@@ -238,6 +238,13 @@ COSTS = ("file_bytes", "bytes_per_weight", "forwards_per_prediction", "relative_
 LAPLACE_ROWS = ("GP residual", "body draws", "under body draws")
 
 
+def settled(settings: dict, n: int) -> dict:
+    """``settings`` with stage 1 ``n`` epochs longer, epochs in which the natural-gradient
+    learner holds the means and lets the precisions settle (``stage1.von_settle_epochs``)."""
+    stage1 = {"epochs": settings["stage1"]["epochs"] + n, "von_settle_epochs": n}
+    return merge_settings(settings, {"stage1": stage1})
+
+
 def recipe_settings(
     name: str,
     root: str,
@@ -263,6 +270,8 @@ def recipe_settings(
         settings = merge_settings(settings, {"rank1": {"epochs": epochs}})
     if quick:
         settings = merge_settings(settings, QUICK)
+    if spec.get("settle_epochs"):  # --quick: one settling epoch, a check of the path
+        settings = settled(settings, 1 if quick else spec["settle_epochs"])
     settings = merge_settings(
         settings,
         {

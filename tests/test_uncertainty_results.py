@@ -376,5 +376,10 @@ def test_the_settled_recipe_is_judged_against_the_baselines_it_trains():
     assert t["mean entropy AUROC >= last-layer Laplace"]["target"] == ">= 0.900"
     assert uq.targets(summary[2:], "resnet20")  # no recommended recipe needed
     assert uq.SETTLED in uq.RESNET_RECIPES and uq.SETTLED not in uq.RECIPES
+    for arch, stage1 in (("resnet20", 20), ("resnet20-full", None)):  # CPU and paper epochs
+        plain = uq.recipe_settings(uq.NATURAL_GRADIENT, "data", 0, arch=arch)[0]["stage1"]
+        mine = uq.recipe_settings(uq.SETTLED, "data", 0, arch=arch)[0]["stage1"]
+        assert stage1 in (None, plain["epochs"])
+        assert mine["epochs"] == plain["epochs"] + 80 and mine["von_settle_epochs"] == 80
     with pytest.raises(SystemExit):
         uq.main(["--recipes", uq.SETTLED, "--root", "/nonexistent"])
