@@ -328,3 +328,32 @@ def test_a_run_prunes_inside_stage3_and_its_file_stores_the_pruned_structure(
     assert bool((s.means[-n:, 0] == 0).all())
     record = json.loads((tmp_path / "results.json").read_text())["records"][-1]
     assert record["hooks"]["PinPruned"][0]["components"] == n
+
+
+def test_a_pruned_file_with_a_laplace_head_reads_back_its_zeros_and_predictions(
+    shared, digits, tmp_path
+):
+    """Issue 47's head file (``frontier.py --laplace-head``): a guide pruned at SNR < 2,
+    laplace-torch's last-layer Laplace fitted around its mean network, written in the
+    small coding: read back, the body's pruned weights are exactly zero, its last layer is
+    the Laplace's, and its predictions are the in-memory approximation's up to the
+    coding's rounding, at one forward pass."""
+    pytest.importorskip("laplace")
+    from twodg_pyro.methods import GuidePosterior, fit_laplace, load_method
+
+    model, _, guide = shared
+    x, y = digits.test.tensors
+    pruned, rep = prune_guide(model, guide, 2.0, "zero")
+    post = fit_laplace(GuidePosterior(model, pruned).mean_network(), make_loader(digits.train, 128))
+    path = tmp_path / "head.2dgz"
+    small = {"outlier_mu_bits": 8, "outlier_sigma_bits": 4, "alpha_bits": 4}
+    export_compact(path, model, pruned, network=SPEC, laplace=post, **small)
+    loaded = load_method(path)
+    assert loaded.forwards_per_prediction(30) == 1
+    flat = torch.cat([p.detach().reshape(-1) for p in loaded.net.parameters()])
+    assert rep.n_pruned > 0 and int((flat == 0).sum()) >= rep.n_pruned
+    p_mem = post.predict(x, 30, 0).mean
+    p_file = loaded.predict(x, 30, 0).mean
+    assert float((p_mem - p_file).abs().max()) < 0.05
+    acc = classification_metrics(p_file, y)["accuracy"]
+    assert acc == pytest.approx(classification_metrics(p_mem, y)["accuracy"], abs=0.01)
