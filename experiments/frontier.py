@@ -32,12 +32,18 @@ on the model **read back from the file it measures** where the library writes on
 * ``ensemble`` (its ``.pt``: 5 networks), ``laplace`` (its ``.pt``) and ``rank-1`` (its
   ``.pt``: the network with M = 4 pairs of rank-1 factors, trained as in
   ``experiments/uncertainty.py``).
+* ``2dg + laplace head ... small`` (``--laplace-head``, issue 47): each variant's small
+  file with laplace-torch's last-layer Laplace fitted around the 2DG BNN's mean network
+  stored beside it; read back, it predicts from one forward pass of the mean body (the
+  body's spread unused), and the validation split chooses among these files apart from
+  the plain ones.
 
 ``--methods`` names the methods of the run (default: all of the above and 2DG) and
-``--no-variants`` runs none of the 2DG variants: such a run adds a baseline to the
-committed frontier of the same seeds through ``--from-json`` (the methods that run before
-it in the registry come out identical, seed by seed).  ``--stage3-epochs N`` runs the
-variants with N stage-3 epochs (the recipe's: 20 on LeNet-5), named so.
+``--no-variants`` runs none of the 2DG variants (``--variants NAME ...``: only those):
+such a run adds a baseline to the committed frontier of the same seeds through
+``--from-json`` (the methods that run before it in the registry come out identical, seed
+by seed).  ``--stage3-epochs N`` runs the variants with N stage-3 epochs (the recipe's: 20
+on LeNet-5), named so.
 
 Accuracy, NLL and ECE: the test images (1,000) with the run's 30 seeded draws (an
 ensemble: its members); mean OOD AUROC: the predictive entropy over the built-in OOD sets
