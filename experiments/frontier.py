@@ -348,10 +348,10 @@ def keeping_validation(points: list[dict]) -> list[dict]:
 
 def choose_pruned(points: list[dict], family: str = "2dg") -> dict | None:
     """The stage-3 pruning threshold chosen on the validation split: the largest SNR
-    whose file of ``family`` keeps the targets there (:func:`keeping_validation`);
-    ``None`` when none does."""
+    whose :func:`deployable` file of ``family`` keeps the targets there
+    (:func:`keeping_validation`); ``None`` when none does."""
     ok = [
-        p for p in keeping_validation(points) if p.get("stage3_prune_snr") and p["family"] == family
+        p for p in keeping_validation(points) if p.get("stage3_prune_snr") and deployable(p, family)
     ]
     return max(ok, key=lambda p: p["stage3_prune_snr"]) if ok else None
 
