@@ -18,18 +18,7 @@ from ..guide import BNNGuide, FastStepGuide, GuideSample, MarginalDensity, kl_or
 from ..nn.functional import softplus
 from ..nn.sites import BayesianSite
 from ..pyro_params import params_are_local, plate_batch_shape
-from .fast_normal import fused_draw_kl
-
-
-def normal_normal_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:
-    r"""Elementwise :math:`\mathrm{KL}(\mathcal N(\text{loc}, \text{scale}^2) \|
-    \mathcal N(p_\text{loc}, p_\text{scale}^2))` with the arithmetic of
-    ``torch.distributions``' Normal-Normal KL (so sums of it match the traced ELBO's bit for
-    bit): :math:`\tfrac12(r + ((\text{loc} - p_\text{loc}) / p_\text{scale})^2 - 1 - \log r)`,
-    :math:`r = (\text{scale} / p_\text{scale})^2`."""
-    var_ratio = (scale / p_scale).pow(2)
-    t1 = ((loc - p_loc) / p_scale).pow(2)
-    return 0.5 * (var_ratio + t1 - 1 - var_ratio.log())
+from .fast_normal import flat_draw_kl, fused_draw_kl
 
 
 class GuideDraw(dist.Delta):
@@ -244,33 +233,34 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
         return {"kl": kl_or_estimate(fn, prior_fn, value)}
 
     def fast_draw(self, priors, fused: bool = False) -> dict[str, torch.Tensor] | None:
-        r"""The program's draw (:meth:`normal_draws` with ``rsample``: same noise, same
-        two roundings); ``None`` for a subclass with another program or a prior whose base
-        is not a Normal (its KL is then no closed form here).  Keeps
-        :math:`(\mu_s, \sigma_s)` for :meth:`fast_kl`.  ``fused``: all sites as one flat
-        vector with their KL (:func:`~twodg_pyro.guides.fast_normal.fused_draw_kl`)."""
+        r"""The program's draw and its KL, bit for bit
+        (:func:`~twodg_pyro.guides.fast_normal.flat_draw_kl`: the noise and the scales site
+        by site, the draw and the closed-form KL on the sites concatenated); ``None`` for
+        a subclass with another program or a prior whose base is not a Normal (its KL is
+        then no closed form here).  ``fused``: all sites as one flat vector with their KL
+        in one node, to rounding (:func:`~twodg_pyro.guides.fast_normal.fused_draw_kl`).
+        Keeps the KL for :meth:`fast_kl`."""
         if type(self).forward is not DiagonalNormalGuide.forward:
             return None
         normals = [_normal_base(priors[s.name], len(s.shape)) for s in self.sites]
         if any(n is None for n in normals):
             return None
+        locs = [self.loc(s.name) for s in self.sites]
         if fused:
-            locs = [self.loc(s.name) for s in self.sites]
             rhos = [self.rhos[site_key(s.name)] for s in self.sites]
             values, self._fast = fused_draw_kl(self, locs, rhos, normals)
-            return {s.name: v for s, v in zip(self.sites, values, strict=True)}
-        out, params = self.normal_draws()
-        self._fast = list(zip(params, normals, strict=True))
-        return out
+        else:
+            scales = [self.scale(s.name) for s in self.sites]
+            values, self._fast = flat_draw_kl(self, locs, scales, normals)
+        return {s.name: v for s, v in zip(self.sites, values, strict=True)}
 
     def fast_kl(self, priors, values, fused: bool = False) -> dict[str, torch.Tensor]:
         r""":math:`\sum_s \sum_i \mathrm{KL}(\mathcal N(\mu_{s,i}, \sigma_{s,i}^2) \|
-        \mathcal N(m_{s,i}, s_{s,i}^2))` in closed form (:func:`normal_normal_kl`), summed
-        as the traced ELBO sums it; after a ``fused`` draw, its KL of all sites at once."""
-        fast, self._fast = self._fast, None
-        if torch.is_tensor(fast):
-            return {"kl": fast}
-        return {"kl": sum(normal_normal_kl(*q, *p).sum() for q, p in fast)}
+        \mathcal N(m_{s,i}, s_{s,i}^2))` in closed form
+        (:func:`~twodg_pyro.guides.fast_normal.normal_normal_kl`), as :meth:`fast_draw`
+        computed it."""
+        kl, self._fast = self._fast, None
+        return {"kl": kl}
 
     def site_parameters(self, name: str) -> dict[str, torch.Tensor]:
         r"""``{"loc": mu, "scale": sigma}`` of a site."""

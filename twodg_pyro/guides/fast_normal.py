@@ -24,6 +24,14 @@ with the closed-form gradients (:math:`g_w`, :math:`g_\mathrm{KL}` the incoming 
 The noise :math:`\epsilon` is drawn site by site in site order, as the program draws it,
 so the fused step is the traced step's bound up to float rounding (the scale of a small
 site is computed by another kernel; the KL is summed in another order), not bit for bit.
+
+**The default step** (:func:`flat_draw_kl`) keeps the traced step's arithmetic to the bit
+and still does most of its work on flat vectors: each site's scale is computed and its
+noise drawn by itself, as the program does, and only then are the sites concatenated for
+the elementwise part (the draw :math:`\mu + \epsilon\sigma` and the closed-form KL, in
+torch's own operations, so autograd's gradients are the per-site ones element by element);
+the KL is summed site by site and the sums added in site order, as the traced ELBO adds
+them.  On LeNet-5 this is about a third of the per-site operations of a step.
 """
 
 from __future__ import annotations
@@ -34,6 +42,17 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..nn.functional import softplus
+
+
+def normal_normal_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:
+    r"""Elementwise :math:`\mathrm{KL}(\mathcal N(\text{loc}, \text{scale}^2) \|
+    \mathcal N(p_\text{loc}, p_\text{scale}^2))` with the arithmetic of
+    ``torch.distributions``' Normal-Normal KL (so sums of it match the traced ELBO's bit for
+    bit): :math:`\tfrac12(r + ((\text{loc} - p_\text{loc}) / p_\text{scale})^2 - 1 - \log r)`,
+    :math:`r = (\text{scale} / p_\text{scale})^2`."""
+    var_ratio = (scale / p_scale).pow(2)
+    t1 = ((loc - p_loc) / p_scale).pow(2)
+    return 0.5 * (var_ratio + t1 - 1 - var_ratio.log())
 
 
 class _DrawKL(torch.autograd.Function):
@@ -91,6 +110,28 @@ def _flat_priors(owner, shapes, normals: Sequence[tuple[torch.Tensor, torch.Tens
     if not any(t.requires_grad for t in tensors):
         owner.__dict__["_fused_normal_priors"] = (tensors, versions, flat)
     return flat
+
+
+def flat_draw_kl(
+    owner, locs: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], normals: Sequence
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    r"""``([w_s, ...], KL)`` as the program and the traced ELBO compute them, bit for bit
+    (module docstring): :math:`w_s = \mu_s + \epsilon_s\sigma_s` with the noise drawn
+    site by site, and :math:`\sum_s \sum_i \mathrm{KL}_{s,i}` by
+    :func:`normal_normal_kl`, for the Normal priors ``normals``
+    (``[(m_s, s_s), ...]``; a trained prior's gradient is reduced site by site, as the
+    traced step reduces it); ``owner`` keeps the flat priors."""
+    eps = torch.cat(
+        [torch.randn(mu.shape, device=mu.device, dtype=mu.dtype).reshape(-1) for mu in locs]
+    )
+    loc = torch.cat([mu.reshape(-1) for mu in locs])
+    scale = torch.cat([s.reshape(-1) for s in scales])
+    shapes, sizes = [mu.shape for mu in locs], [mu.numel() for mu in locs]
+    w = loc + eps * scale  # two roundings, as Normal.rsample
+    kl = normal_normal_kl(loc, scale, *_flat_priors(owner, shapes, normals))
+    total = sum(part.sum() for part in kl.split(sizes))
+    values = [v.view(shape) for v, shape in zip(w.split(sizes), shapes, strict=True)]
+    return values, total
 
 
 def fused_draw_kl(

@@ -19,7 +19,8 @@ import torch
 
 from ..guide import FastStepGuide
 from ..nn.functional import softplus
-from .base import normal_normal_kl, scalar_prior
+from .base import scalar_prior
+from .fast_normal import normal_normal_kl
 
 
 def _prior_table(guide, priors):
