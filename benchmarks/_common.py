@@ -27,8 +27,10 @@ def machine() -> dict:
     }
 
 
-def interleaved(fns: dict, repeats: int, inner: int, warmup: int = 3) -> dict[str, float]:
-    """Median seconds per call of each function, measured in alternating rounds so that
+def interleaved_rounds(
+    fns: dict, repeats: int, inner: int, warmup: int = 3
+) -> dict[str, list[float]]:
+    """Seconds per call of each function in each of ``repeats`` alternating rounds, so that
     drifts of the machine's speed hit every contender alike."""
     for f in fns.values():
         for _ in range(warmup):
@@ -40,7 +42,25 @@ def interleaved(fns: dict, repeats: int, inner: int, warmup: int = 3) -> dict[st
             for _ in range(inner):
                 f()
             times[k].append((time.perf_counter() - t) / inner)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
+
+
+def interleaved(fns: dict, repeats: int, inner: int, warmup: int = 3) -> dict[str, float]:
+    """Median seconds per call of each function over :func:`interleaved_rounds`."""
+    rounds = interleaved_rounds(fns, repeats, inner, warmup)
+    return {k: statistics.median(v) for k, v in rounds.items()}
+
+
+def paired_ratios(rounds: dict[str, list[float]], base: str) -> dict[str, list[float]]:
+    """Each contender's time over ``base``'s in the same round, as the quartiles ``[q1,
+    median, q3]`` over the rounds: a ratio within a round escapes the drift between
+    rounds that a ratio of medians keeps."""
+    out = {}
+    for k, v in rounds.items():
+        ratios = [a / b for a, b in zip(v, rounds[base], strict=True)]
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        out[k] = [q[0], statistics.median(ratios), q[2]]
+    return out
 
 
 def record(name: str, payload: dict, markdown: str) -> None:

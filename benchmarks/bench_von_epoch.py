@@ -12,17 +12,18 @@ of steps), and an epoch of the library's own trainers over one loader of 3,600
 MNIST-sized images (``train_deterministic`` with SGD against ``fit`` with VON: the
 loader's batching and each trainer's bookkeeping counted, as a user pays them).
 
-Run: python benchmarks/bench_von_epoch.py [--threads 1] [--repeats 5]
+Run: python benchmarks/bench_von_epoch.py [--threads 1] [--repeats 15]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 
 import torch
 import torch.nn.functional as F
-from _common import interleaved, record
+from _common import interleaved, interleaved_rounds, paired_ratios, record
 
 from twodg_pyro.baselines.deterministic import train_deterministic
 from twodg_pyro.bnn import BNNModel
@@ -117,6 +118,29 @@ def epochs(arch: str, batch: int, n_data: int = 3600) -> dict:
     }
 
 
+def operations(arch: str, batch: int) -> dict[str, int]:
+    """The torch operations one step of each trainer dispatches (``aten`` calls, views and
+    autograd's included): what a small network's step pays per operation, not per
+    weight."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    out = {}
+    for name, step in steps(arch, batch).items():
+        step()  # the optimiser's state made
+        Count.n = 0
+        with Count():
+            step()
+        out[name] = Count.n
+    return out
+
+
 def scale_maps(n: int = 48_000) -> dict:
     """The map between a guide's rho and its scale on LeNet-5's ``fc1`` (48,000 weights),
     torch's element-by-element float32 kernels against the library's vectorised ones."""
@@ -146,33 +170,52 @@ def crossover() -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=15)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
     for arch, batch, inner in (("resnet20", 256, 2), ("lenet5", 128, 10)):
         for unit, make, n in (("step", steps, inner), ("epoch", epochs, 1)):
-            times = interleaved(make(arch, batch), repeats=args.repeats, inner=n)
-            base = times["deterministic SGD"]
-            for name, sec in times.items():
+            rounds = interleaved_rounds(make(arch, batch), repeats=args.repeats, inner=n)
+            ratios = paired_ratios(rounds, "deterministic SGD")
+            for name, secs in rounds.items():
                 row = {"network": arch, "batch": batch, "unit": unit, "step": name}
-                rows.append({**row, "ms": sec * 1e3, "ratio": sec / base})
+                q1, ratio, q3 = ratios[name]
+                ms = statistics.median(secs) * 1e3
+                rows.append({**row, "ms": ms, "ratio": ratio, "ratio_q1": q1, "ratio_q3": q3})
+        ops = operations(arch, batch)
+        rows += [
+            {"network": arch, "batch": batch, "unit": "step", "step": k, "operations": v}
+            for k, v in ops.items()
+        ]
     lines = [
         "# Stage-1 step time over a deterministic SGD step (target: VON <= 1.3x)",
         "",
         f"`python benchmarks/bench_von_epoch.py --threads {args.threads} --repeats "
-        f"{args.repeats}`; medians of interleaved rounds.",
+        f"{args.repeats}`; medians of interleaved rounds. The ratio is the median over the "
+        "rounds of each round's time over the deterministic one's, with its quartiles.",
         "",
         "An epoch: the library's trainers over one loader of 3,600 images "
         "(`train_deterministic`, SGD; `fit`, VON).",
         "",
-        "| network | batch | per | trainer | ms | / deterministic |",
-        "|---|---|---|---|---|---|",
+        "| network | batch | per | trainer | ms | / deterministic | quartiles |",
+        "|---|---|---|---|---|---|---|",
     ]
+    timed = [r for r in rows if "ms" in r]
     lines += [
         f"| {r['network']} | {r['batch']} | {r['unit']} | {r['step']} | {r['ms']:.1f} "
-        f"| {r['ratio']:.2f}x |"
-        for r in rows
+        f"| {r['ratio']:.2f}x | {r['ratio_q1']:.2f}-{r['ratio_q3']:.2f} |"
+        for r in timed
+    ]
+    lines += [
+        "",
+        "Operations one step dispatches (torch's `aten` calls, forward, backward and update).",
+        "",
+        "| network | trainer | operations |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {r['network']} | {r['step']} | {r['operations']:,} |" for r in rows if "operations" in r
     ]
     maps = {k: v * 1e6 for k, v in interleaved(scale_maps(), args.repeats, inner=200).items()}
     lines += [

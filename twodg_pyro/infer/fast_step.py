@@ -14,14 +14,16 @@ so the fast step does the same arithmetic directly:
    the program asks it);
 2. one draw of every site by the guide's :meth:`~twodg_pyro.guide.FastStepGuide.fast_draw`:
    the values its program would sample, from the same random numbers by the same
-   arithmetic (the mean-field guide: :math:`\mu + \epsilon\sigma` per site; the shared-GMM
-   guide in every tying: its one flat draw of all weights, split into the sites);
+   arithmetic (the mean-field guide: :math:`\mu + \epsilon\sigma` of every site, on the
+   sites concatenated, with its KL; the shared-GMM guide in every tying: its one flat draw
+   of all weights, split into the sites);
 3. the network run on them (:meth:`~twodg_pyro.bnn.BNNModel.run_network`) and the
    likelihood's log-density of the minibatch, scaled by :math:`N/B` as the data plate
    scales it;
 4. the KL terms by the guide's :meth:`~twodg_pyro.guide.FastStepGuide.fast_kl` (the
    mean-field guide: the Normal-Normal closed form, with the draw's own
-   :math:`\sigma`; the shared-GMM guide: its per-site terms of Eq. 10).
+   :math:`\sigma`, summed site by site; the shared-GMM guide: its per-site terms of
+   Eq. 10).
 
 Same random numbers in the same order, same operations: the fast step's loss and
 gradients are those of the traced step (bit for bit on the CPU; the tests compare them).
