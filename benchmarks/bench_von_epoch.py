@@ -12,7 +12,7 @@ of steps), and an epoch of the library's own trainers over one loader of 3,600
 MNIST-sized images (``train_deterministic`` with SGD against ``fit`` with VON: the
 loader's batching and each trainer's bookkeeping counted, as a user pays them).
 
-Run: python benchmarks/bench_von_epoch.py [--threads 1] [--repeats 15]
+Run: python benchmarks/bench_von_epoch.py [--threads 1] [--repeats 15] [--networks lenet5]
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import build_network
 from twodg_pyro.nn.functional import VECTORISED_FROM, _Softplus, inverse_softplus, softplus
 from twodg_pyro.priors import LayerwiseNormalPrior
+
+#: the networks measured: their batch size (the recipe's) and steps per timing
+NETWORKS = {"resnet20": (256, 2), "lenet5": (128, 10)}
 
 
 def steps(arch: str, batch: int, n_data: int = 3600) -> dict:
@@ -171,10 +174,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--networks", nargs="+", choices=NETWORKS, default=list(NETWORKS))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
-    for arch, batch, inner in (("resnet20", 256, 2), ("lenet5", 128, 10)):
+    for arch in args.networks:
+        batch, inner = NETWORKS[arch]
         for unit, make, n in (("step", steps, inner), ("epoch", epochs, 1)):
             rounds = interleaved_rounds(make(arch, batch), repeats=args.repeats, inner=n)
             ratios = paired_ratios(rounds, "deterministic SGD")
