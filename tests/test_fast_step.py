@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from twodg_pyro.bnn import BNNModel
 from twodg_pyro.data import load_digits_split
-from twodg_pyro.guides import MeanFieldGuide, Rank1BNNModel, Rank1Guide, SharedGMMGuide
+from twodg_pyro.guides import MeanFieldGuide, Rank1BNNModel, Rank1Guide, SharedGMMGuide, fast_normal
 from twodg_pyro.infer import DecomposedELBO, fit
 from twodg_pyro.likelihoods import Categorical, Gaussian
 from twodg_pyro.models import MLP, LeNet5
@@ -126,6 +126,21 @@ def test_fast_step_is_the_traced_step_bit_for_bit_on_the_cpu(kind, size):
     assert all(torch.equal(t_fast[k], t_traced[k]) for k in t_traced)
     assert g_fast.keys() == g_traced.keys() and g_traced
     assert all(torch.equal(g_fast[n], g_traced[n]) for n in g_traced)
+
+
+@pytest.mark.parametrize("size", [8, 28])
+def test_the_site_by_site_mean_field_step_is_the_traced_step_bit_for_bit(size, monkeypatch):
+    """Above ``FLAT_UP_TO`` weights the mean-field draw and KL run site by site: the same
+    bits as the concatenated layout and as tracing."""
+    _, t_flat, g_flat = _step("mean_field", "layerwise", torch.float32, fast=True, size=size)
+    monkeypatch.setattr(fast_normal, "FLAT_UP_TO", 0)
+    _, t_fast, g_fast = _step("mean_field", "layerwise", torch.float32, fast=True, size=size)
+    _, t_traced, g_traced = _step("mean_field", "layerwise", torch.float32, fast=False, size=size)
+    for terms in (t_flat, t_fast):
+        assert all(torch.equal(terms[k], t_traced[k]) for k in t_traced)
+    for grads in (g_flat, g_fast):
+        assert grads.keys() == g_traced.keys()
+        assert all(torch.equal(grads[n], g_traced[n]) for n in g_traced)
 
 
 def test_a_trained_prior_gets_the_traced_gradient_from_the_flat_mean_field_step():

@@ -18,7 +18,7 @@ from ..guide import BNNGuide, FastStepGuide, GuideSample, MarginalDensity, kl_or
 from ..nn.functional import softplus
 from ..nn.sites import BayesianSite
 from ..pyro_params import params_are_local, plate_batch_shape
-from .fast_normal import flat_draw_kl, fused_draw_kl
+from .fast_normal import draw_kl, fused_draw_kl
 
 
 class GuideDraw(dist.Delta):
@@ -234,8 +234,9 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
 
     def fast_draw(self, priors, fused: bool = False) -> dict[str, torch.Tensor] | None:
         r"""The program's draw and its KL, bit for bit
-        (:func:`~twodg_pyro.guides.fast_normal.flat_draw_kl`: the noise and the scales site
-        by site, the draw and the closed-form KL on the sites concatenated); ``None`` for
+        (:func:`~twodg_pyro.guides.fast_normal.draw_kl`: the noise and the scales site by
+        site, the draw and the closed-form KL on the sites concatenated for a small
+        network); ``None`` for
         a subclass with another program or a prior whose base is not a Normal (its KL is
         then no closed form here).  ``fused``: all sites as one flat vector with their KL
         in one node, to rounding (:func:`~twodg_pyro.guides.fast_normal.fused_draw_kl`).
@@ -251,7 +252,7 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
             values, self._fast = fused_draw_kl(self, locs, rhos, normals)
         else:
             scales = [self.scale(s.name) for s in self.sites]
-            values, self._fast = flat_draw_kl(self, locs, scales, normals)
+            values, self._fast = draw_kl(self, locs, scales, normals)
         return {s.name: v for s, v in zip(self.sites, values, strict=True)}
 
     def fast_kl(self, priors, values, fused: bool = False) -> dict[str, torch.Tensor]:
