@@ -236,11 +236,11 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
         r"""The program's draw and its KL, bit for bit
         (:func:`~twodg_pyro.guides.fast_normal.draw_kl`: the noise and the scales site by
         site, the draw and the closed-form KL on the sites concatenated for a small
-        network); ``None`` for
-        a subclass with another program or a prior whose base is not a Normal (its KL is
-        then no closed form here).  ``fused``: all sites as one flat vector with their KL
-        in one node, to rounding (:func:`~twodg_pyro.guides.fast_normal.fused_draw_kl`).
-        Keeps the KL for :meth:`fast_kl`."""
+        network); ``None`` for a subclass with another program or a prior whose base is
+        not a Normal (its KL is then no closed form here).  ``fused``: all sites as one
+        flat vector with their KL in one node, to rounding
+        (:func:`~twodg_pyro.guides.fast_normal.fused_draw_kl`).  Keeps the KL for
+        :meth:`fast_kl`."""
         if type(self).forward is not DiagonalNormalGuide.forward:
             return None
         normals = [_normal_base(priors[s.name], len(s.shape)) for s in self.sites]
