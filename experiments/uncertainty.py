@@ -210,6 +210,8 @@ RESNET_RECIPES[SETTLED] = {
     "settings": {"methods": ["deterministic", "mean_field", "laplace"]},
     "settle_epochs": 80,
 }
+#: every recipe's name, LeNet-5's first (``--recipes`` choices, and the tables' order)
+ALL_RECIPES = list(dict.fromkeys([*RECIPES, *RESNET_RECIPES]))
 #: ResNet-20's epochs cut to fit a CPU (the paper's 250 / 200 / 200 with ``--full``)
 RESNET_CPU_EPOCHS = {
     "network": {"pretrain_epochs": 15},
@@ -759,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
         "--recipes",
         nargs="+",
         default=DEFAULT_RECIPES,
-        choices=list(dict.fromkeys([*RECIPES, *RESNET_RECIPES])),
+        choices=ALL_RECIPES,
         help=f"{SETTLED!r}: ResNet-20 only",
     )
     p.add_argument(
@@ -822,10 +824,9 @@ def main(argv: list[str] | None = None) -> int:
                 scores = part["scores"]
         # recipes in RECIPES' order, by label (ResNet-20's recommended one: "one recipe")
         order: dict[str, int] = {}
-        names = list(dict.fromkeys([*RECIPES, *RESNET_RECIPES]))
         for table in (RECIPES, RESNET_RECIPES):
             for k, spec in table.items():
-                order.setdefault(spec.get("label", k), names.index(k))
+                order.setdefault(spec.get("label", k), ALL_RECIPES.index(k))
         records.sort(key=lambda r: (order.get(r["recipe"], 99), r["seed"]))
         args.seeds = sorted({r["seed"] for r in records})
     resnet = args.arch == "resnet20"
