@@ -14,9 +14,10 @@ OUT ?= runs/demo
 PYTHON_ARVIZ1 ?= $(shell for p in python3.12 python3.13 $$HOME/.pyenv/versions/3.12*/bin/python3 $$HOME/.pyenv/versions/3.13*/bin/python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; done)
 VENV_ARVIZ1 ?= .venv-arviz1
 STAMP_ARVIZ1 := $(VENV_ARVIZ1)/.installed-stamp
+DEPS_ARVIZ1 := $(VENV_ARVIZ1)/.dependencies-stamp
 ARVIZ1_TESTS ?= tests/test_arviz_tree.py tests/test_diagnostics.py tests/test_diagnostics_budget.py tests/test_mcmc.py tests/test_readme.py tests/test_uncertainty_run.py
 
-.PHONY: demo test test-main test-all test-arviz1 arviz1-venv lint docs bench install
+.PHONY: demo test test-main test-all test-arviz1 arviz1-venv arviz1-dependencies lint docs bench install
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +26,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-$(STAMP_ARVIZ1): pyproject.toml
+# the ArviZ 1.x venv in two steps: its dependencies (pyproject's, read by tomllib) while
+# the main venv installs, so that the two downloads share the start; then the project itself,
+# after the main venv, since both pips build the project's metadata in this folder
+$(DEPS_ARVIZ1): pyproject.toml
 	test -x $(VENV_ARVIZ1)/bin/python || $(PYTHON_ARVIZ1) -m venv $(VENV_ARVIZ1)
+	$(VENV_ARVIZ1)/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"]))' > $(VENV_ARVIZ1)/requirements.txt
+	$(VENV_ARVIZ1)/bin/python -m pip install --quiet --disable-pip-version-check -r $(VENV_ARVIZ1)/requirements.txt "arviz>=1"
+	touch $(DEPS_ARVIZ1)
+
+$(STAMP_ARVIZ1): pyproject.toml $(DEPS_ARVIZ1) $(STAMP)
 	$(VENV_ARVIZ1)/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test]" "arviz>=1"
 	touch $(STAMP_ARVIZ1)
 
@@ -42,9 +51,11 @@ docs: $(STAMP)
 	$(BIN)/python -m sphinx -E -W --keep-going -q -b html docs build/docs
 
 # the suite runs on every core (pytest-xdist, one torch thread per worker: tests/conftest.py);
-# the ArviZ 1.x venv, when one is needed, installs (mostly a download) while the main
-# venv's lint, docs and tests run, and its tests run after them
-test: $(STAMP)
+# the ArviZ 1.x venv, when one is needed, installs its dependencies (mostly a download and
+# unpacking, one core) beside the main venv's install, not beside the suite, which keeps
+# both cores busy; its tests run after the main ones
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=target install arviz1-dependencies
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-main arviz1-venv
 	$(MAKE) --no-print-directory test-arviz1
 
@@ -56,6 +67,15 @@ MAIN_HAS_ARVIZ1 = $(BIN)/python -c 'import sys; from importlib.metadata import v
 
 arviz1-venv: $(STAMP)
 	@if ! $(MAIN_HAS_ARVIZ1) && [ -n "$(PYTHON_ARVIZ1)" ]; then $(MAKE) --no-print-directory $(STAMP_ARVIZ1); fi
+
+# the main venv's Python (before it exists: the one that will make it); pip gives ArviZ 1.x
+# to a Python >= 3.12 and 0.x to older ones, so this tells, before the main venv is
+# installed, whether a second venv will be needed
+MAIN_PYTHON = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+MAIN_GETS_ARVIZ1 = $(MAIN_PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null
+
+arviz1-dependencies:
+	@if ! $(MAIN_GETS_ARVIZ1) && [ -n "$(PYTHON_ARVIZ1)" ]; then $(MAKE) --no-print-directory $(DEPS_ARVIZ1); fi
 
 # the diagnostics' tests on ArviZ 1.x (the main venv's Python may only have 0.x); a main
 # venv on Python >= 3.12 has ArviZ 1.x, and `test` has run them there: no second venv

@@ -25,9 +25,15 @@ def make_target(name: str) -> tuple[list[str], list[str]]:
 
 def test_make_test_builds_the_docs_with_warnings_as_errors():
     _, recipe = make_target("test")
-    # the main venv's checks beside the ArviZ 1.x venv's install, then its tests
-    assert "test-main" in recipe[0] and "arviz1-venv" in recipe[0] and "-j2" in recipe[0]
-    assert "test-arviz1" in recipe[-1]
+    # the two venvs' dependencies install side by side, then the main venv's checks run
+    # beside the ArviZ 1.x venv's own install of the project, then that venv's tests
+    assert recipe[0].split()[-2:] == ["install", "arviz1-dependencies"] and "-j2" in recipe[0]
+    assert recipe[1].split()[-2:] == ["test-main", "arviz1-venv"] and "-j2" in recipe[1]
+    assert "test-arviz1" in recipe[-1] and len(recipe) == 3
+    # the second venv's editable install waits for the main one's (both write the
+    # project's metadata in this folder)
+    text = (ROOT / "Makefile").read_text()
+    assert re.search(r"^\$\(STAMP_ARVIZ1\):.*\$\(DEPS_ARVIZ1\) \$\(STAMP\)$", text, flags=re.M)
     prerequisites, recipe = make_target("test-main")
     assert prerequisites[:2] == ["lint", "docs"]  # lint, then the docs, then pytest
     assert recipe[0].startswith("$(BIN)/python -m pytest") and "-n auto" in recipe[0]
