@@ -86,7 +86,10 @@ def fit_one(
         else AutoNormal(model, init_loc_fn=init, init_scale=0.01)
     )
     t0 = time.perf_counter()
-    phases = ((recipe["mf_epochs"] // scale, 1e-2), (recipe["mf_decay_epochs"] // scale, 1e-3))
+    phases = (
+        (R.scaled(recipe["mf_epochs"], scale), 1e-2),
+        (R.scaled(recipe["mf_decay_epochs"], scale), 1e-3),
+    )
     for epochs, lr in phases:
         if alpha == 1.0:
             history = tp.fit(model, guide, loader, epochs=epochs, lr=lr, progress=False).history
@@ -159,7 +162,7 @@ def main(argv=None) -> int:
     p.add_argument("--particles", type=int, default=16, help="draws a step, alpha != 1")
     p.add_argument("--activation", choices=("relu", "tanh"), default="relu",
                    help="the gap network's units (the routes were measured on ReLU)")  # fmt: skip
-    p.add_argument("--quick", action="store_true", help="a fiftieth of the steps")
+    p.add_argument("--quick", action="store_true", help="regression.py's QUICK times fewer steps")
     p.add_argument("--out", default=str(R.RESULTS))
     p.add_argument("--stem", default="gap_lowrank")
     p.add_argument("--threads", type=int, default=1)
@@ -173,7 +176,7 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         for g in args.guides:
             rank = args.rank if g == "lowrank" else 0
-            scale = 50 if args.quick else 1
+            scale = R.QUICK if args.quick else 1
             rec = fit_one(seed, rank, scale, args.alpha, args.particles, args.activation)
             doc["records"].append(rec)
             print(json.dumps(rec), flush=True)

@@ -121,6 +121,16 @@ from twodg_pyro.pipeline.methods.mean_field import largest_site_change
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("deterministic", "mean_field", "2dg", "mcmc")
+#: ``--quick`` divides every epoch and iteration count by this (each kept at least 1; NUTS's
+#: at least 2): a check that the script runs end to end, whose numbers mean nothing
+QUICK = 500
+
+
+def scaled(count: int, scale: int) -> int:
+    """``count`` epochs divided by ``scale`` (``--quick``), at least one."""
+    return max(1, count // scale)
+
+
 #: the recipe, per problem (``--quick`` divides the epochs and iterations)
 RECIPES = {
     # mean-field and 2DG on the MAP's noise: chosen on a validation split of the non-test
@@ -226,7 +236,7 @@ def fit_map(split, recipe: dict, seed: int, loader, scale: int = 1):
     det = new_model(split, recipe, seed, noise_init=recipe.get("noise_init", 1.0))
     t0 = time.perf_counter()
     delta = AutoDelta(det)
-    map_epochs = recipe.get("map_epochs", recipe["mf_epochs"]) // scale
+    map_epochs = scaled(recipe.get("map_epochs", recipe["mf_epochs"]), scale)
     tp.fit(det, delta, loader, epochs=map_epochs, lr=1e-2, progress=False)
     return det, delta, time.perf_counter() - t0
 
@@ -237,7 +247,10 @@ def fit_variational(split, recipe: dict, seed: int, loader, scale, det, delta, n
     ``tying`` (default ``representative``):
     ``{"mean_field": (trained, seconds, convergence), "2dg": (...)}`` (:func:`convergence`
     of each fit).  ``noise`` (``"learnt"`` / ``"map"``) overrides the recipe's."""
-    mf_epochs, s3_epochs = recipe["mf_epochs"] // scale, recipe["stage3_epochs"] // scale
+    mf_epochs, s3_epochs = (
+        scaled(recipe["mf_epochs"], scale),
+        scaled(recipe["stage3_epochs"], scale),
+    )
     every = max(1, s3_epochs // 6)
     on_map = (noise or recipe.get("variational_noise", "learnt")) == "map"
     if on_map:
@@ -252,7 +265,7 @@ def fit_variational(split, recipe: dict, seed: int, loader, scale, det, delta, n
     t0 = time.perf_counter()
     phases = [(mf_epochs, 1e-2)]
     if recipe.get("mf_decay_epochs"):  # then a tenth of the learning rate
-        phases.append((recipe["mf_decay_epochs"] // scale, 1e-3))
+        phases.append((scaled(recipe["mf_decay_epochs"], scale), 1e-3))
     for epochs, lr in phases[:-1]:
         tp.fit(model, guide, loader, epochs=epochs, lr=lr, progress=False)
     # the last phase in two calls, its last tenth apart, for the convergence record
@@ -310,7 +323,7 @@ def select_noise(seeds: list[int], quick: bool) -> dict:
     patients, carved from the non-test ones; the test patients play no part): the learnt
     noise against the MAP's, each scored by the Gaussian NLL and interval coverage of the
     validation patients; ``{seed: {noise: {method: metrics}}}``."""
-    recipe, scale = RECIPES["diabetes"], 50 if quick else 1
+    recipe, scale = RECIPES["diabetes"], QUICK if quick else 1
     out: dict = {}
     for seed in seeds:
         split = load_diabetes_split(val_fraction=0.2, test_fraction=0.2, seed=seed)
@@ -393,7 +406,7 @@ def select_gap(key: str, seeds: list[int], quick: bool) -> dict:
     studied after it at their first option, the value they had when it was made (the
     activation study runs gain 1 and the representative tying), so a committed study
     reproduces whatever the later studies chose."""
-    scale = 50 if quick else 1
+    scale = QUICK if quick else 1
     split = load_gap1d_split(val_fraction=0.2)
     order = list(GAP_STUDIES)
     later = {k: GAP_STUDIES[k][1][0] for k in order[order.index(key) + 1 :]}
@@ -468,7 +481,7 @@ def run_problem(name: str, seed: int, quick: bool) -> dict:
     """Every method on one problem and seed: ``{method: record}`` with each method's
     predictions on the test set (diabetes) or its epistemic spread (the gap)."""
     recipe = RECIPES[name]
-    scale = 50 if quick else 1
+    scale = QUICK if quick else 1
     split = load_dataset(name, seed=seed) if name == "diabetes" else load_dataset(name)
     x, y = split.train.tensors
     x_test, y_test = split.test.tensors
@@ -713,7 +726,9 @@ def plot(curves: dict, split, path: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--quick", action="store_true", help="a few epochs and iterations")
+    p.add_argument(
+        "--quick", action="store_true", help="a check that it runs: QUICK times fewer steps"
+    )
     p.add_argument("--out", default=str(RESULTS), help="folder of the results")
     p.add_argument("--stem", default=None, help="output name (default: regression)")
     p.add_argument(
