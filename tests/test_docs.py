@@ -68,3 +68,32 @@ def test_the_docs_build_with_warnings_as_errors(tmp_path):
     html = (tmp_path / "html" / "api.html").read_text()
     for name in ("BNNModel", "SharedGMMGuide", "fit", "build_sharing", "load_model"):
         assert f'id="twodg_pyro.{name}"' in html, name
+
+
+def test_the_ci_benchmark_reads_each_pytest_runs_closing_line(tmp_path):
+    """``benchmarks/bench_make_test.py`` times the README's test command on a fresh clone
+    and reads each pytest run's own time from its closing line: here, from real pytest
+    runs (``-q``, as ``make test`` runs it, and framed by ``=``), failures and errors
+    included."""
+    import bench_make_test
+
+    (tmp_path / "test_few.py").write_text(
+        "import pytest\n\n"
+        "def test_ok():\n    pass\n\n"
+        "def test_no():\n    assert False\n\n"
+        "@pytest.fixture\ndef broken():\n    raise RuntimeError\n\n"
+        "def test_err(broken):\n    pass\n\n"
+        "@pytest.mark.skip\ndef test_skip():\n    pass\n"
+    )
+    outputs = []
+    for flags in (["-q"], []):
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", *flags, "-p", "no:cacheprovider", "-c", "/dev/null",
+             "--rootdir", str(tmp_path), str(tmp_path / "test_few.py")],
+            capture_output=True, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 1
+        outputs.append(done.stdout)
+    runs = bench_make_test.pytest_runs("\n".join(outputs))
+    assert [(r["passed"], r["failed"]) for r in runs] == [(1, 2), (1, 2)]
+    assert all(0 < r["seconds"] < 60 for r in runs)
