@@ -17,13 +17,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import record  # noqa: E402
+from _common import record
 
 #: the project's limit for the fresh-clone test command, seconds
 LIMIT_S = 600

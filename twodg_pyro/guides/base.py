@@ -184,7 +184,8 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
     (:class:`LocScaleParameters`, each tensor of its site's shape).  The family is defined
     once, by :meth:`loc` and :meth:`scale`: the program emits
     :meth:`site_distribution` at the site itself (so an ELBO can use a closed-form KL
-    when one is registered for the prior), and every draw is :meth:`normal_draws`.
+    when one is registered for the prior), and every draw is :meth:`normal_draws` (the
+    fast step's, :meth:`fast_draw`: the same arithmetic, on the sites concatenated).
     """
 
     def site_distribution(self, site: BayesianSite) -> dist.Distribution:
