@@ -16,7 +16,7 @@ from twodg_pyro.baselines import train_deterministic, train_early_stopped
 from twodg_pyro.baselines.early_stopping import validation_nll
 from twodg_pyro.cli import main
 from twodg_pyro.data import make_loader
-from twodg_pyro.io import compact_load, export_compact, load_model
+from twodg_pyro.io import compact_load, export_compact, load_model, model_format
 from twodg_pyro.methods import (
     Ensemble,
     GuidePosterior,
@@ -27,6 +27,7 @@ from twodg_pyro.methods import (
     load_method,
     train_ensemble,
 )
+from twodg_pyro.methods import laplace as laplace_module
 from twodg_pyro.methods.laplace_fit import require_laplace
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.models import MLP, LeNet5
@@ -426,10 +427,11 @@ def test_laplace_around_the_2dg_bnns_posterior_means(dtype, residual, tmp_path, 
     compact = tmp_path / "run" / "model_laplace.2dgz"
     assert la["file"] == compact.name and la["file_bytes"] == compact.stat().st_size
     assert la["file_bytes"] < (tmp_path / "run" / "model_laplace.pt").stat().st_size
-    # the factors at the run's dtype; a residual's training features at float16
+    # the factors' upper triangles at the run's dtype; a residual's features at float16
     features = 0 if post.residual is None else post.residual.inducing.numel()
     size = post.prior_precision.element_size()
-    factor_bytes = size * (post.num_factor_values() - features) + 2 * features
+    packed = sum(p * (p + 1) // 2 for sizes in post.block_sizes for p in sizes)
+    factor_bytes = size * (post.prior_precision.numel() + packed) + 2 * features
     assert two_dg["file_bytes"] + factor_bytes < la["file_bytes"]
     assert la["file_bytes"] < two_dg["file_bytes"] + factor_bytes + 512  # + their header
     assert 0 <= la["file_prob_diff"] < 0.02
@@ -445,9 +447,9 @@ def test_laplace_around_the_2dg_bnns_posterior_means(dtype, residual, tmp_path, 
         torch.testing.assert_close(mine, theirs, rtol=1e-3, atol=1e-4)
     torch.testing.assert_close(loaded.prior_precision, post.prior_precision, rtol=0, atol=0)
     for mine, theirs in zip(loaded.factors, post.factors, strict=True):
-        for a, b in zip(mine, theirs, strict=True):
-            assert a.dtype == getattr(torch, dtype)
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        for a, b in zip(mine, theirs, strict=True):  # the triangle prediction reads
+            assert a.dtype == getattr(torch, dtype) and torch.equal(a, a.T)
+            torch.testing.assert_close(a.triu(), b.triu(), rtol=0, atol=0)
     file_bnn = GuidePosterior(*load_model(compact))  # the file's 2DG BNN and its means
     for name, mean in file_bnn.guide.mean_weights().items():
         torch.testing.assert_close(dict(loaded.net.named_parameters())[name], mean)
@@ -517,6 +519,24 @@ def test_baseline_files_are_safe_and_say_how_to_read_them(baseline_run, tmp_path
     assert torch.equal(loaded.sample_probs(x, 6, 0), art.trained["laplace"].sample_probs(x, 6, 0))
     with pytest.raises(ValueError, match="load_method"):
         load_model(path)
+    # each Kronecker factor is stored as its upper triangle, and a file from before that
+    # (square factors) loads and predicts the same
+    post = art.trained["laplace"]
+    fields, tensors = post.file_content()
+    for i, sizes in enumerate(post.block_sizes):
+        for j, p in enumerate(sizes):
+            f, packed = post.factors[i][j], tensors[f"laplace/kfac/{i}/{j}"]
+            assert packed.shape == (p * (p + 1) // 2,) and torch.equal(packed[:p], f[0])
+            assert torch.equal(model_format.unpack_upper(f, p), f)
+    with pytest.raises(ValueError, match="packed 3 x 3 factor has 6 values, not 5"):
+        model_format.unpack_upper(torch.ones(5), 3)
+    square = tmp_path / "square.pt"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(laplace_module, "pack_upper", lambda m: m.clone())
+        post.save(square)
+    assert square.stat().st_size > path.stat().st_size
+    x_old = load_method(square, net=MLP(64, (16,), 10)).sample_probs(x, 6, 0)
+    assert torch.equal(x_old, post.sample_probs(x, 6, 0))
     damaged = tmp_path / "damaged.pt"
     data = bytearray(path.read_bytes())
     i = data.find(b"kfac") + 200  # inside a tensor of the payload

@@ -57,7 +57,8 @@ network, or a method registered elsewhere:
 * ``member/<m>/<name>``: member ``m``'s ``state_dict`` (ensemble);
 * ``net/<name>``: the network's ``state_dict`` (Laplace: the MAP; network);
 * ``laplace/prior_precision``, ``laplace/kfac/<i>/<j>`` (Kronecker factor ``j`` of
-  covered tensor ``i``) or ``laplace/diag``;
+  covered tensor ``i``, its upper triangle row by row: :func:`pack_upper`;
+  files written before it hold the square factor) or ``laplace/diag``;
 * ``checksum``.
 
 **A guide's file support** is one :class:`GuideFile` in a registry
@@ -75,6 +76,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..bnn import BNNModel
@@ -110,6 +112,31 @@ def header_json(fmt: PayloadFormat, fields: dict, evaluation: dict | None = None
 def state_tensors(module: nn.Module, prefix: str) -> dict:
     """``module``'s ``state_dict`` as CPU copies keyed ``prefix + name``."""
     return {f"{prefix}{k}": v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+def pack_upper(m: torch.Tensor) -> torch.Tensor:
+    r"""The upper triangle of a square Kronecker factor, row by row: :math:`p(p+1)/2`
+    numbers instead of :math:`p^2`.  Prediction reads only this triangle (``eigh`` with
+    ``UPLO="U"``, and the diagonal), so a factor read back by :func:`unpack_upper`
+    predicts bit for bit as the one written."""
+    rows, cols = torch.triu_indices(m.shape[0], m.shape[0])
+    return m[rows, cols].clone()
+
+
+def unpack_upper(t: torch.Tensor, p: int) -> torch.Tensor:
+    """The symmetric ``(p, p)`` factor of :func:`pack_upper`'s ``t``; a square ``t`` (a
+    file written before the factors were packed) is returned as it is."""
+    if t.dim() == 2:
+        return t
+    if t.dim() != 1 or t.numel() != p * (p + 1) // 2:
+        raise ValueError(
+            f"a packed {p} x {p} factor has {p * (p + 1) // 2} values, not {t.numel()}"
+        )
+    rows, cols = torch.triu_indices(p, p)
+    m = t.new_zeros(p, p)
+    m[rows, cols] = t
+    m[cols, rows] = t
+    return m
 
 
 def header_error(header: dict, where: str, field: str, what: str) -> ValueError:

@@ -53,7 +53,7 @@ from torch import nn
 from torch.func import functional_call, jvp, vmap
 
 from ..bnn import match_input
-from ..io.model_format import state_tensors
+from ..io.model_format import pack_upper, state_tensors, unpack_upper
 from .base import TrainedMethod, header_table, net_section
 from .feature_residual import FeatureResidual, last_layer_module
 from .laplace_settings import LaplaceConfig
@@ -233,7 +233,7 @@ class LaplacePosterior(TrainedMethod):
             tensors["laplace/residual/inducing"] = self.residual.inducing.detach().cpu().clone()
         for i, block in enumerate(self.factors if self.hessian == "kron" else []):
             for j, f in enumerate(block):
-                tensors[f"laplace/kfac/{i}/{j}"] = f.detach().cpu().clone()
+                tensors[f"laplace/kfac/{i}/{j}"] = pack_upper(f.detach().cpu())
         return fields, tensors
 
     @classmethod
@@ -247,7 +247,7 @@ class LaplacePosterior(TrainedMethod):
                 factors = payload["laplace/diag"]
             else:
                 factors = [
-                    [payload[f"laplace/kfac/{i}/{j}"] for j in range(len(sizes))]
+                    [unpack_upper(payload[f"laplace/kfac/{i}/{j}"], p) for j, p in enumerate(sizes)]
                     for i, sizes in enumerate(la["block_sizes"])
                 ]
             residual = None
