@@ -368,7 +368,12 @@ def test_settle_epochs_and_the_resnet_nearest_per_layer_variants(frontier):
             "codebook": "per_layer",
             "assignment": "nearest",
         }
-    assert [v.get("stage3", {}).get("prune_snr") for v in variants.values()] == [None, 1.0, 2.0]
+    assert [v.get("stage3", {}).get("prune_snr") for v in variants.values()] == [
+        None,
+        1.0,
+        1.5,
+        2.0,
+    ]
     args.nearest = False
     assert frontier.variant_set(args) is frontier.RESNET_PER_LAYER_VARIANTS
     # --variants keeps the named ones, in the order given; an unknown name is refused
@@ -429,3 +434,44 @@ def test_a_longer_stage3_under_pruning_lifts_every_score_and_still_misses_resnet
     assert head["float32_ratio"] >= 8
     assert head["accuracy"] < det["accuracy"] - 0.005 and head["nll"] > det["nll"]
     assert head["mean_ood_auroc"] < lap["mean_ood_auroc"]
+
+
+def test_kronecker_triangles_shrink_the_head_file_and_buy_a_lower_threshold(frontier):
+    """The head frontier of seed 1 rerun after the Laplace files started storing each
+    Kronecker factor's upper triangle, with the thresholds 1 and 1.5 beside 2: every
+    point the two runs share is the same to the bit but the Laplace and head files'
+    bytes, about 8.4 KB fewer; at SNR < 1.5 the head file is still >= 8x smaller and
+    closer to each target than at SNR < 2, yet misses all three; validation chose SNR < 1,
+    below 8x."""
+    import json
+
+    res = ROOT / "experiments" / "results"
+    old, new = (
+        json.loads((res / f"frontier_resnet20_head_{s}_seed1.json").read_text())
+        for s in ("s3long", "packed")
+    )
+    rows = frontier.summarise(frontier.with_chosen(new["points"]))
+    assert json.loads(json.dumps(rows)) == new["summary"]
+    by = [{p["point"]: p for p in payload["points"]} for payload in (old, new)]
+    sizes = ("file", "file_bytes", "bytes_per_weight", "float32_ratio")
+    smaller = {}
+    for name, point in by[0].items():
+        mine, theirs = by[1][name], point
+        assert {k: v for k, v in mine.items() if k not in sizes} == {
+            k: v for k, v in theirs.items() if k not in sizes
+        }, name
+        if mine["file_bytes"] != theirs["file_bytes"]:
+            smaller[name] = theirs["file_bytes"] - mine["file_bytes"]
+    variant = "K=16 per layer nearest pruned in stage 3 SNR<{} zero, 20 stage-3 epochs small"
+    assert set(smaller) == {"laplace", f"2dg + laplace head {variant.format(2)}"}
+    assert all(8_000 < saved < 9_000 for saved in smaller.values())
+    det, lap = by[1]["deterministic float32"], by[1]["laplace"]
+    heads = {t: by[1][f"2dg + laplace head {variant.format(t)}"] for t in (1, 1.5, 2)}
+    assert heads[1.5]["float32_ratio"] >= 8 > heads[1]["float32_ratio"]
+    for worse, better in ((heads[2], heads[1.5]), (heads[1.5], heads[1])):
+        assert better["nll"] < worse["nll"] and better["mean_ood_auroc"] > worse["mean_ood_auroc"]
+    head = heads[1.5]
+    assert head["accuracy"] < det["accuracy"] - 0.005 and head["nll"] > det["nll"]
+    assert head["mean_ood_auroc"] < lap["mean_ood_auroc"]
+    chosen = by[1]["2dg + laplace head small, K and pruning chosen on validation"]
+    assert chosen["chosen"] == f"2dg + laplace head {variant.format(1)}"
