@@ -442,7 +442,7 @@ def test_kronecker_triangles_shrink_the_head_file_and_buy_a_lower_threshold(fron
     point the two runs share is the same to the bit but the Laplace and head files'
     bytes, about 8.4 KB fewer; at SNR < 1.5 the head file is still >= 8x smaller and
     closer to each target than at SNR < 2, yet misses all three; validation chose SNR < 1,
-    below 8x."""
+    below 8x.  Over three seeds the 8x head file misses the OOD target on every seed."""
     import json
 
     res = ROOT / "experiments" / "results"
@@ -475,3 +475,20 @@ def test_kronecker_triangles_shrink_the_head_file_and_buy_a_lower_threshold(fron
     assert head["mean_ood_auroc"] < lap["mean_ood_auroc"]
     chosen = by[1]["2dg + laplace head small, K and pruning chosen on validation"]
     assert chosen["chosen"] == f"2dg + laplace head {variant.format(1)}"
+    # three seeds: at SNR < 1.5 the head file is >= 8x and keeps accuracy and NLL on the
+    # mean, but its OOD score, and even the least pruned head file's, is below Laplace's
+    # on every seed
+    merged = json.loads((res / "frontier_resnet20_head_packed.json").read_text())
+    rows = frontier.summarise(frontier.with_chosen(merged["points"]))
+    assert json.loads(json.dumps(rows)) == merged["summary"] and merged["seeds"] == [0, 1, 2]
+    mean = {r["point"]: r for r in rows}
+    det, lap = mean["deterministic float32"], mean["laplace"]
+    head = mean[f"2dg + laplace head {variant.format(1.5)}"]
+    assert head["float32_ratio"] >= 8 and head["accuracy"] >= det["accuracy"] - 0.005
+    assert head["nll"] <= det["nll"] and head["mean_ood_auroc"] < lap["mean_ood_auroc"]
+    seeds = {(p["seed"], p["point"]): p for p in merged["points"]}
+    for seed in (0, 1, 2):
+        laplace_ood = seeds[seed, "laplace"]["mean_ood_auroc"]
+        for t in (1, 1.5):
+            point = seeds[seed, f"2dg + laplace head {variant.format(t)}"]
+            assert point["mean_ood_auroc"] < laplace_ood
