@@ -120,7 +120,7 @@ def pack_upper(m: torch.Tensor) -> torch.Tensor:
     ``UPLO="U"``, and the diagonal), so a factor read back by :func:`unpack_upper`
     predicts bit for bit as the one written."""
     rows, cols = torch.triu_indices(m.shape[0], m.shape[0])
-    return m[rows, cols].clone()
+    return m[rows, cols]  # advanced indexing: a copy, not a view of m
 
 
 def unpack_upper(t: torch.Tensor, p: int) -> torch.Tensor:
