@@ -85,7 +85,7 @@ from twodg_pyro.guides import prune_guide
 from twodg_pyro.io.compact import export_compact, export_int8_mean_field
 from twodg_pyro.io.compact_format import index_symbols
 from twodg_pyro.io.entropy import empirical_entropy_bits
-from twodg_pyro.methods import Network, fit_laplace, load_method
+from twodg_pyro.methods import Network, fit_laplace, load_method, with_feature_residual
 from twodg_pyro.metrics import classification_metrics
 from twodg_pyro.models import LeNet5
 from twodg_pyro.pipeline import config_from_dict
@@ -192,8 +192,18 @@ SMALL = {"outlier_mu_bits": 8, "outlier_sigma_bits": 4, "alpha_bits": 4}
 #: (``export_compact(..., laplace=)``): read back, it predicts with one forward pass of
 #: the mean body and the last layer's draws
 HEAD = "2dg + laplace head"
+#: ``--head-residual M ...``: the family of a head file whose last layer also carries the
+#: distance-aware GP residual conditioned on M k-means centres of the training features
+#: (``with_feature_residual(..., centres=M)``; the file stores the M centres at float16)
+HEAD_GP = "2dg + laplace head + GP residual"
 #: the 2DG families a user deploys, each with its own choice on the validation split
-FAMILIES = ("2dg", HEAD)
+FAMILIES = ("2dg", HEAD, HEAD_GP)
+#: how the targets name each family's file
+FILE_OF = {
+    "2dg": "2DG file",
+    HEAD: "2DG + Laplace head file",
+    HEAD_GP: "2DG + Laplace head + GP residual file",
+}
 #: pruned points (item 3): these variants' small files with every inlier of stage-1
 #: SNR |mu| / sigma below each threshold tied to a zero-mean component of each spread
 #: (:func:`~twodg_pyro.guides.prune_guide`)
@@ -567,6 +577,15 @@ def run_seed(args, seed: int) -> list[dict]:
                     )
                     name = f"{HEAD} {variant}{coding}"
                     add(name, HEAD, load_method(path), path.stat().st_size, path.name, **extra)
+                    for m in args.head_residual or ():
+                        gp = with_feature_residual(post, train_loader, centres=m, seed=seed)
+                        path = folder / f"2dg_{len(points)}_head_gp.2dgz"
+                        export_compact(
+                            path, trained.model, trained.guide, network=spec, laplace=gp, **options
+                        )
+                        name = f"{HEAD_GP} on {m} centres {variant}{coding}"
+                        file = load_method(path), path.stat().st_size, path.name
+                        add(name, HEAD_GP, *file, residual_centres=m, **extra)
             if args.arch != "lenet5" or variant not in PRUNED_VARIANTS:
                 continue  # after-training pruning: LeNet-5's frontier only
             for snr, spread in itertools.product(PRUNE_SNRS, PRUNE_SPREADS):
@@ -649,7 +668,7 @@ def targets(rows: list[dict], arch: str = "lenet5") -> dict:
         mine = [r for r in ours if r["family"] == family]
         if not mine:
             continue
-        what = "2DG file" if family == "2dg" else "2DG + Laplace head file"
+        what = FILE_OF[family]
         for rule, suffix in rules:
             chosen = [r for r in mine if r["point"].endswith(suffix)]
             if chosen:  # the file a user deploys: its choice never saw the test images
@@ -752,6 +771,7 @@ def figure(rows, path: Path, arch: str = "lenet5") -> None:
         "laplace": "v",
         "rank1": "P",
         HEAD: "*",
+        HEAD_GP: "X",
     }
     for ax, (key, label) in zip(axes, AXES, strict=True):
         for fam, marker in markers.items():
@@ -814,6 +834,15 @@ def main(argv: list[str] | None = None) -> int:
         "--laplace-head",
         action="store_true",
         help=f"each variant's small file also with a last-layer Laplace head ({HEAD!r})",
+    )
+    p.add_argument(
+        "--head-residual",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="M",
+        help=f"with --laplace-head: each head file also with the GP residual on M k-means "
+        f"centres of the training features ({HEAD_GP!r})",
     )
     p.add_argument(
         "--settle-epochs",

@@ -4,6 +4,8 @@ closed form, its settings, its draws on real digits and its model files."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from scipy.spatial.distance import pdist
@@ -152,3 +154,61 @@ def test_the_residual_is_the_last_layers_only(net_and_laplace, digits):
         )
     full = fit_laplace(net, make_loader(digits.train, 256), residual="gp", marglik_steps=5)
     assert full.residual.prior_precision == float(full.prior_precision[0])
+
+
+def test_a_residual_on_centres_conditions_on_scikit_learns_kmeans():
+    """``centres = M``: the residual's pseudo-data are the M k-means centres of the
+    features (scikit-learn's, same seed), its lengthscale the features' median distance;
+    bad M is refused naming it."""
+    from sklearn.cluster import KMeans
+
+    g = torch.Generator().manual_seed(2)
+    blobs = torch.randn(4, 6, generator=g) * 5
+    phi = (blobs.repeat_interleave(50, 0) + 0.2 * torch.randn(200, 6, generator=g)).float()
+    full = FeatureResidual.fit(phi, 3.0)
+    r = FeatureResidual.fit(phi, 3.0, seed=7, centres=8)
+    km = KMeans(n_clusters=8, n_init=4, random_state=7).fit(phi.double().numpy())
+    expected = torch.as_tensor(km.cluster_centers_, dtype=torch.float32)
+    assert r.inducing.shape == (8, 6) and r.inducing.dtype == torch.float32
+    torch.testing.assert_close(r.inducing, expected)
+    assert r.lengthscale == full.lengthscale and r.prior_precision == 3.0
+    v = r.variance(phi)
+    assert float(v.max()) < 0.1  # every feature near a centre: small variance
+    torch.testing.assert_close(r.variance(phi + 100.0), torch.ones(200))  # far: the prior's
+    torch.testing.assert_close(
+        FeatureResidual.fit(phi, 3.0, seed=7, centres=8).inducing, r.inducing
+    )
+    for bad in (-1, 201):
+        with pytest.raises(ValueError, match=f"centres = {bad}: .* 1 to 200"):
+            FeatureResidual.fit(phi, 3.0, centres=bad)
+    with pytest.raises(ConfigError, match="laplace.residual_centres = -2"):
+        config_from_dict({"laplace": {"residual": "gp", "residual_centres": -2}})
+
+
+def test_a_residual_on_centres_nears_the_full_one_and_shrinks_the_file(
+    net_and_laplace, digits, tmp_path
+):
+    """On real digits (1,437 training features) the residual on k-means centres keeps the
+    accuracy, nears the full residual's NLL as the centres grow (16: about 1.25x, 128:
+    within 5 %) and keeps its spread far from the data, in a file that stores 128
+    features instead of 1,437 (config route: ``residual_centres``)."""
+    net = copy.deepcopy(net_and_laplace[0]).float()  # a test above moves the shared one
+    loader = make_loader(digits.train, 256)
+    x, y = digits.test.tensors
+    fits, scores = {}, {}
+    for m in (0, 16, 128):
+        fits[m] = fit_laplace(net, loader, residual="gp", residual_centres=m)
+        scores[m] = classification_metrics(fits[m].predict((x, y), 30, 0).mean, y)
+    assert fits[128].residual.inducing.shape == (128, 32)
+    assert {s["accuracy"] for s in scores.values()} == {scores[0]["accuracy"]}
+    assert scores[16]["nll"] > scores[128]["nll"] > scores[0]["nll"]
+    assert scores[128]["nll"] < 1.05 * scores[0]["nll"] < scores[16]["nll"]
+    far = layer_inputs(net, net.layers[2], [5 * x])
+    assert float(fits[16].residual.variance(far).median()) > 0.9
+    spec = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [32], "num_classes": 10}}
+    sizes = {m: fits[m].save(tmp_path / f"m{m}.pt", network=spec).stat().st_size for m in (0, 128)}
+    assert sizes[0] - sizes[128] > (len(digits.train) - 128) * 32 * 4 * 0.9
+    torch.testing.assert_close(
+        load_method(tmp_path / "m128.pt").sample_probs(x[:50], 5, 1),
+        fits[128].sample_probs(x[:50], 5, 1),
+    )

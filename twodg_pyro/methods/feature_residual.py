@@ -29,6 +29,14 @@ uncertain as its prior. The lengthscale :math:`\ell` is the median distance betw
 training features (the median heuristic of kernel methods). Neither setting is tuned on
 a held-out split.
 
+**Conditioned on centres** (``centres = M``): the same formula with :math:`Z` the
+:math:`M` k-means centres of the training features, a pseudo-data set that costs
+:math:`M D` numbers in a file instead of :math:`N D` (on the MNIST subset's ResNet-20,
+32 centres are 4 KB at float16 against 460 KB for the 3,600 features) and an
+:math:`M \times M` solve instead of :math:`N \times N`. A training feature near its centre
+keeps a small :math:`v`; uniform noise and other far inputs reach :math:`v \approx 1` as
+with every feature.
+
 Example::
 
     post = fit_laplace(net, loader, residual="gp")   # LaplacePosterior(..., residual=r)
@@ -101,7 +109,8 @@ class FeatureResidual(nn.Module):
         if z.shape[0] > MAX_INDUCING:
             raise ValueError(
                 f"the residual conditions on every training feature, and {z.shape[0]:,} is "
-                f"more than it can hold (at most {MAX_INDUCING:,}: an M x M Gram matrix)"
+                f"more than it can hold (at most {MAX_INDUCING:,}: an M x M Gram matrix); "
+                "condition it on k-means centres (centres = M)"
             )
         for name, value, ok in (
             ("lengthscale", lengthscale, lengthscale > 0),
@@ -116,11 +125,29 @@ class FeatureResidual(nn.Module):
         self._chol: torch.Tensor | None = None
 
     @classmethod
-    def fit(cls, features: torch.Tensor, prior_precision: float, seed: int = 0) -> FeatureResidual:
+    def fit(
+        cls, features: torch.Tensor, prior_precision: float, seed: int = 0, centres: int = 0
+    ) -> FeatureResidual:
         r"""The residual of the training ``features`` ``(N, D)`` under a last layer whose
         prior precision is ``prior_precision`` (:math:`\ell` by the median heuristic, on
-        a seeded subset of at most 2,000 features)."""
+        a seeded subset of at most 2,000 features).
+
+        ``centres = M > 0`` conditions it on the :math:`M` k-means centres of the features
+        (scikit-learn's ``KMeans``, seeded) instead of all :math:`N`: the file stores
+        :math:`M \times D` numbers and a prediction solves against :math:`M`, while
+        :math:`\ell` stays the features' median distance. A training feature then keeps
+        the small variance :math:`v \approx 1 - k(\phi, c)^2` of its distance to the
+        nearest centres :math:`c`.
+
+        Raises:
+            ValueError: ``centres`` is negative or more than the features.
+        """
         f = torch.as_tensor(features).detach().double()
+        if not 0 <= int(centres) <= len(f):
+            raise ValueError(
+                f"centres = {centres!r}: the residual needs 0 (every feature) or 1 to "
+                f"{len(f):,} (the number of training features) k-means centres"
+            )
         sub = f
         if len(f) > _HEURISTIC_POINTS:
             g = torch.Generator().manual_seed(int(seed))
@@ -131,7 +158,13 @@ class FeatureResidual(nn.Module):
                 f"the residual needs at least 2 features and a positive prior precision, got "
                 f"{len(f)} and {prior_precision!r}"
             )
-        return cls(features, float(d.median()), float(prior_precision))
+        z = torch.as_tensor(features)
+        if centres:
+            from sklearn.cluster import KMeans
+
+            km = KMeans(n_clusters=int(centres), n_init=4, random_state=int(seed))
+            z = torch.as_tensor(km.fit(f.numpy()).cluster_centers_).to(features.dtype)
+        return cls(z, float(d.median()), float(prior_precision))
 
     def _cholesky(self) -> torch.Tensor:
         if self._chol is None or self._chol.device != self.inducing.device:

@@ -117,13 +117,19 @@ def fit_laplace(
             progress_bar=progress,
         )
     post = from_laplace(la, net, subset, hessian, pred_type)
-    return with_feature_residual(post, train_loader) if cfg.residual == "gp" else post
+    if cfg.residual == "gp":
+        return with_feature_residual(post, train_loader, cfg.residual_centres)
+    return post
 
 
-def with_feature_residual(post: LaplacePosterior, train_loader) -> LaplacePosterior:
+def with_feature_residual(
+    post: LaplacePosterior, train_loader, centres: int = 0, seed: int = 0
+) -> LaplacePosterior:
     """A copy of the last-layer ``post`` with the distance-aware residual
     (:class:`~twodg_pyro.methods.feature_residual.FeatureResidual`) of the last layer's
-    inputs on the training data (``train_loader``) and of ``post``'s prior precision.
+    inputs on the training data (``train_loader``) and of ``post``'s prior precision,
+    conditioned on every training feature (``centres = 0``) or on that many k-means
+    centres of them (seeded by ``seed``).
 
     Raises:
         ValueError: ``post`` is not a last-layer approximation.
@@ -133,7 +139,8 @@ def with_feature_residual(post: LaplacePosterior, train_loader) -> LaplacePoster
     net, was = post.net, post.net.training
     phi = layer_inputs(net.eval(), last_layer_module(net, post.param_names), train_loader)
     net.train(was)
-    return post.rebuilt(residual=FeatureResidual.fit(phi, float(post.prior_precision[0])))
+    prior = float(post.prior_precision[0])
+    return post.rebuilt(residual=FeatureResidual.fit(phi, prior, seed, centres))
 
 
 def _fix_unfactored(net: nn.Module) -> None:

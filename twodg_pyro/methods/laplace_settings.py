@@ -41,7 +41,9 @@ class LaplaceConfig(Section):
     layer the distance-aware residual of
     :mod:`~twodg_pyro.methods.feature_residual` (a Gaussian process on the last layer's
     input features, conditioned on the training set's), whose variance grows to the
-    prior's away from the training features.
+    prior's away from the training features; ``residual_centres = M > 0`` conditions it on
+    the :math:`M` k-means centres of those features instead (a file stores :math:`M`
+    features, not the training set's).
 
     Example::
 
@@ -62,6 +64,9 @@ class LaplaceConfig(Section):
     #: "diag"`` laplace-torch forms each batch's Jacobian, batch x classes x weights)
     batch_size: Annotated[int, at_least(1)] = 32
     residual: LaplaceResidual = "none"
+    #: ``residual = "gp"``: condition on every training feature (0) or on this many
+    #: k-means centres of them
+    residual_centres: Annotated[int, at_least(0)] = 0
 
     def _check(self) -> None:
         require(
