@@ -36,7 +36,11 @@ on the model **read back from the file it measures** where the library writes on
   file with laplace-torch's last-layer Laplace fitted around the 2DG BNN's mean network
   stored beside it; read back, it predicts from one forward pass of the mean body (the
   body's spread unused), and the validation split chooses among these files apart from
-  the plain ones.
+  the plain ones;
+* ``2dg + laplace head + GP residual on M centres ... small`` (``--head-residual M ...``):
+  that head file with the distance-aware residual of
+  :mod:`~twodg_pyro.methods.feature_residual` on ``M`` k-means centres of the training
+  features (stored at float16), a family of its own on the validation split.
 
 ``--methods`` names the methods of the run (default: all of the above and 2DG) and
 ``--no-variants`` runs none of the 2DG variants (``--variants NAME ...``: only those):

@@ -163,7 +163,7 @@ class FeatureResidual(nn.Module):
             from sklearn.cluster import KMeans
 
             km = KMeans(n_clusters=int(centres), n_init=4, random_state=int(seed))
-            z = torch.as_tensor(km.fit(f.numpy()).cluster_centers_).to(features.dtype)
+            z = torch.as_tensor(km.fit(f.numpy()).cluster_centers_).to(z.dtype)
         return cls(z, float(d.median()), float(prior_precision))
 
     def _cholesky(self) -> torch.Tensor:
