@@ -40,7 +40,9 @@ on the model **read back from the file it measures** where the library writes on
 * ``2dg + laplace head + GP residual on M centres ... small`` (``--head-residual M ...``):
   that head file with the distance-aware residual of
   :mod:`~twodg_pyro.methods.feature_residual` on ``M`` k-means centres of the training
-  features (stored at float16), a family of its own on the validation split.
+  features (stored at float16), a family of its own on the validation split; with
+  ``--head-residual-floor Q ...`` also its variance floored at the training features'
+  ``Q``-quantile (``floored at q=Q``).
 
 ``--methods`` names the methods of the run (default: all of the above and 2DG) and
 ``--no-variants`` runs none of the 2DG variants (``--variants NAME ...``: only those):
@@ -581,15 +583,17 @@ def run_seed(args, seed: int) -> list[dict]:
                     )
                     name = f"{HEAD} {variant}{coding}"
                     add(name, HEAD, load_method(path), path.stat().st_size, path.name, **extra)
-                    for m in args.head_residual or ():
-                        gp = with_feature_residual(post, train_loader, centres=m, seed=seed)
+                    floors = args.head_residual_floor or [0.0]
+                    for m, q in itertools.product(args.head_residual or (), floors):
+                        gp = with_feature_residual(post, train_loader, m, seed, q)
                         path = folder / f"2dg_{len(points)}_head_gp.2dgz"
                         export_compact(
                             path, trained.model, trained.guide, network=spec, laplace=gp, **options
                         )
-                        name = f"{HEAD_GP} on {m} centres {variant}{coding}"
+                        floor = f" floored at q={q:g}" if q else ""
+                        name = f"{HEAD_GP} on {m} centres{floor} {variant}{coding}"
                         file = load_method(path), path.stat().st_size, path.name
-                        add(name, HEAD_GP, *file, residual_centres=m, **extra)
+                        add(name, HEAD_GP, *file, residual_centres=m, floor_quantile=q, **extra)
             if args.arch != "lenet5" or variant not in PRUNED_VARIANTS:
                 continue  # after-training pruning: LeNet-5's frontier only
             for snr, spread in itertools.product(PRUNE_SNRS, PRUNE_SPREADS):
@@ -847,6 +851,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="M",
         help=f"with --laplace-head: each head file also with the GP residual on M k-means "
         f"centres of the training features ({HEAD_GP!r})",
+    )
+    p.add_argument(
+        "--head-residual-floor",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="Q",
+        help="with --head-residual: each residual with its variance floored at the training "
+        "features' Q-quantile (0: none; default 0 only)",
     )
     p.add_argument(
         "--settle-epochs",

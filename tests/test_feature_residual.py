@@ -212,3 +212,40 @@ def test_a_residual_on_centres_nears_the_full_one_and_shrinks_the_file(
         load_method(tmp_path / "m128.pt").sample_probs(x[:50], 5, 1),
         fits[128].sample_probs(x[:50], 5, 1),
     )
+
+
+def test_a_floor_subtracts_the_training_features_quantile_and_is_saved(
+    net_and_laplace, digits, tmp_path
+):
+    """``floor_quantile = q``: the variance read is max(0, v - v0) / (1 - v0) with v0 the
+    q-quantile of v over the training features (a q-share of them then add nothing), far
+    inputs keep about 1, and the floor survives a model file (a file without one reads
+    as 0)."""
+    g = torch.Generator().manual_seed(3)
+    phi = torch.randn(300, 5, generator=g, dtype=torch.float64)
+    plain = FeatureResidual.fit(phi, 2.0, seed=1, centres=12)
+    floored = FeatureResidual.fit(phi, 2.0, seed=1, centres=12, floor_quantile=0.5)
+    v = plain.variance(phi)
+    assert floored.floor == pytest.approx(float(v.quantile(0.5)))
+    torch.testing.assert_close(
+        floored.variance(phi), ((v - floored.floor) / (1 - floored.floor)).clamp(0, 1)
+    )
+    assert float((floored.variance(phi) == 0).double().mean()) >= 0.5
+    assert float(floored.variance(phi + 50).min()) > 0.99
+    assert "floor" not in plain.settings() and floored.settings()["floor"] == floored.floor
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=f"floor_quantile = {bad}"):
+            FeatureResidual.fit(phi, 2.0, centres=12, floor_quantile=bad)
+    with pytest.raises(ValueError, match="floor = 1.0 is out of range"):
+        FeatureResidual(phi[:3], 1.0, 1.0, floor=1.0)
+    with pytest.raises(ConfigError, match="laplace.residual_floor_quantile = 1.5"):
+        config_from_dict({"laplace": {"residual": "gp", "residual_floor_quantile": 1.5}})
+    net = copy.deepcopy(net_and_laplace[0]).float()
+    loader = make_loader(digits.train, 256)
+    post = fit_laplace(net, loader, residual="gp", residual_centres=16, residual_floor_quantile=0.9)
+    assert 0 < post.residual.floor < 1
+    spec = {"name": "mlp", "kwargs": {"in_features": 64, "hidden": [32], "num_classes": 10}}
+    loaded = load_method(post.save(tmp_path / "f.pt", network=spec))
+    assert loaded.residual.floor == post.residual.floor
+    x = digits.test.tensors[0][:50]
+    torch.testing.assert_close(loaded.sample_probs(x, 5, 1), post.sample_probs(x, 5, 1))

@@ -357,3 +357,33 @@ def test_a_pruned_file_with_a_laplace_head_reads_back_its_zeros_and_predictions(
     assert float((p_mem - p_file).abs().max()) < 0.05
     acc = classification_metrics(p_file, y)["accuracy"]
     assert acc == pytest.approx(classification_metrics(p_mem, y)["accuracy"], abs=0.01)
+
+
+def test_a_head_file_with_a_floored_residual_on_centres_costs_its_centres_only(
+    shared, digits, tmp_path
+):
+    """``frontier.py --head-residual 16 --head-residual-floor 0.5``: the pruned head file
+    with the GP residual on 16 k-means centres, floored at the training features' median:
+    the file grows by the 16 centres at float16 (and its header), and read back it keeps
+    the floor and the in-memory predictions up to the coding's rounding."""
+    pytest.importorskip("laplace")
+    from twodg_pyro.methods import GuidePosterior, fit_laplace, load_method, with_feature_residual
+
+    model, _, guide = shared
+    x = digits.test.tensors[0]
+    pruned, _ = prune_guide(model, guide, 2.0, "zero")
+    loader = make_loader(digits.train, 128)
+    post = fit_laplace(GuidePosterior(model, pruned).mean_network(), loader)
+    gp = with_feature_residual(post, loader, centres=16, seed=0, floor_quantile=0.5)
+    small = {"outlier_mu_bits": 8, "outlier_sigma_bits": 4, "alpha_bits": 4}
+    sizes = {}
+    for name, la in (("head", post), ("gp", gp)):
+        export_compact(tmp_path / f"{name}.2dgz", model, pruned, network=SPEC, laplace=la, **small)
+        sizes[name] = (tmp_path / f"{name}.2dgz").stat().st_size
+    centres = 16 * gp.residual.inducing.shape[1] * 2
+    assert centres < sizes["gp"] - sizes["head"] < centres + 300
+    loaded = load_method(tmp_path / "gp.2dgz")
+    assert loaded.residual.floor == pytest.approx(gp.residual.floor) and gp.residual.floor > 0
+    assert loaded.forwards_per_prediction(30) == 1
+    p_mem, p_file = gp.predict(x, 30, 0).mean, loaded.predict(x, 30, 0).mean
+    assert float((p_mem - p_file).abs().max()) < 0.05

@@ -35,7 +35,11 @@ a held-out split.
 32 centres are 4 KB at float16 against 460 KB for the 3,600 features) and an
 :math:`M \times M` solve instead of :math:`N \times N`. A training feature near its centre
 keeps a small :math:`v`; uniform noise and other far inputs reach :math:`v \approx 1` as
-with every feature.
+with every feature. That small :math:`v` is the centres' error, not distance from the
+data, and the prior's :math:`g(x)^2` multiplies it; a **floor** :math:`v_0` (the
+:math:`q`-quantile of :math:`v` over the training features, ``floor_quantile = q``) reads
+:math:`\max(0, v - v_0) / (1 - v_0)` instead, so that most training-like inputs add
+nothing and far ones still reach 1.
 
 Example::
 
@@ -89,6 +93,8 @@ class FeatureResidual(nn.Module):
         lengthscale: :math:`\ell > 0`.
         prior_precision: :math:`\delta > 0`, the last layer's prior precision.
         nugget: :math:`\nu`, the noise variance at :math:`Z` over :math:`g(z)^2`.
+        floor: :math:`v_0 \in [0, 1)`: the variance read is
+            :math:`\max(0, v - v_0) / (1 - v_0)` (0: :math:`v` itself).
 
     Raises:
         ValueError: no features, non-finite ones, more than :data:`MAX_INDUCING`, or a
@@ -101,6 +107,7 @@ class FeatureResidual(nn.Module):
         lengthscale: float,
         prior_precision: float,
         nugget: float = 1e-2,
+        floor: float = 0.0,
     ):
         super().__init__()
         z = torch.as_tensor(inducing).detach()
@@ -116,17 +123,23 @@ class FeatureResidual(nn.Module):
             ("lengthscale", lengthscale, lengthscale > 0),
             ("prior_precision", prior_precision, prior_precision > 0),
             ("nugget", nugget, nugget > 0),
+            ("floor", floor, 0 <= floor < 1),
         ):
             if not ok or value != value:
                 raise ValueError(f"{name} = {value!r} is out of range")
         self.register_buffer("inducing", z.clone())
-        self.lengthscale, self.nugget = float(lengthscale), float(nugget)
+        self.lengthscale, self.nugget, self.floor = float(lengthscale), float(nugget), float(floor)
         self.prior_precision = float(prior_precision)
         self._chol: torch.Tensor | None = None
 
     @classmethod
     def fit(
-        cls, features: torch.Tensor, prior_precision: float, seed: int = 0, centres: int = 0
+        cls,
+        features: torch.Tensor,
+        prior_precision: float,
+        seed: int = 0,
+        centres: int = 0,
+        floor_quantile: float = 0.0,
     ) -> FeatureResidual:
         r"""The residual of the training ``features`` ``(N, D)`` under a last layer whose
         prior precision is ``prior_precision`` (:math:`\ell` by the median heuristic, on
@@ -137,12 +150,18 @@ class FeatureResidual(nn.Module):
         :math:`M \times D` numbers and a prediction solves against :math:`M`, while
         :math:`\ell` stays the features' median distance. A training feature then keeps
         the small variance :math:`v \approx 1 - k(\phi, c)^2` of its distance to the
-        nearest centres :math:`c`.
+        nearest centres :math:`c`. ``floor_quantile = q > 0`` sets the floor
+        :math:`v_0` (class docstring) to the :math:`q`-quantile of :math:`v` over the
+        training features: the part of :math:`v` the centres leave on the training set
+        itself is then not read as distance from it.
 
         Raises:
-            ValueError: ``centres`` is negative or more than the features.
+            ValueError: ``centres`` is negative or more than the features, or
+                ``floor_quantile`` is outside ``[0, 1)``.
         """
         f = torch.as_tensor(features).detach().double()
+        if not 0 <= floor_quantile < 1:
+            raise ValueError(f"floor_quantile = {floor_quantile!r} is outside [0, 1)")
         if not 0 <= int(centres) <= len(f):
             raise ValueError(
                 f"centres = {centres!r}: the residual needs 0 (every feature) or 1 to "
@@ -164,7 +183,11 @@ class FeatureResidual(nn.Module):
 
             km = KMeans(n_clusters=int(centres), n_init=4, random_state=int(seed))
             z = torch.as_tensor(km.fit(f.numpy()).cluster_centers_).to(z.dtype)
-        return cls(z, float(d.median()), float(prior_precision))
+        out = cls(z, float(d.median()), float(prior_precision))
+        if floor_quantile:
+            floor = float(out.variance(f).quantile(floor_quantile))
+            out = cls(z, out.lengthscale, out.prior_precision, floor=min(floor, 0.99))
+        return out
 
     def _cholesky(self) -> torch.Tensor:
         if self._chol is None or self._chol.device != self.inducing.device:
@@ -182,7 +205,10 @@ class FeatureResidual(nn.Module):
         features' dtype."""
         kx = self._kernel(self.inducing.double(), features.double())
         w = torch.linalg.solve_triangular(self._cholesky(), kx, upper=False)
-        return (1 - w.pow(2).sum(0)).clamp(0, 1).to(features.dtype)
+        v = 1 - w.pow(2).sum(0)
+        if self.floor:
+            v = (v - self.floor) / (1 - self.floor)
+        return v.clamp(0, 1).to(features.dtype)
 
     def logit_std(self, features: torch.Tensor) -> torch.Tensor:
         r""":math:`g(x)\sqrt{v(x)}`, the residual's standard deviation of each logit at the
@@ -192,8 +218,9 @@ class FeatureResidual(nn.Module):
 
     def settings(self) -> dict:
         """Its scalars (JSON-able; the model file's ``residual`` table)."""
-        return {
+        out = {
             "lengthscale": self.lengthscale,
             "prior_precision": self.prior_precision,
             "nugget": self.nugget,
         }
+        return {**out, "floor": self.floor} if self.floor else out

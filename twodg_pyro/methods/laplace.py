@@ -254,7 +254,12 @@ class LaplacePosterior(TrainedMethod):
             if la.get("residual") is not None:
                 r = header_table(la, "residual", where, "residual settings", **_RESIDUAL)
                 inducing = payload["laplace/residual/inducing"]
-                residual = FeatureResidual(inducing, *(float(r[k]) for k in _RESIDUAL))
+                floor = r.get("floor", 0.0)  # files before the floor have none
+                if not isinstance(floor, int | float):
+                    raise ValueError(f"the residual's floor {floor!r:.40} is not a number")
+                residual = FeatureResidual(
+                    inducing, *(float(r[k]) for k in _RESIDUAL), floor=float(floor)
+                )
             return cls(
                 net,
                 factors=factors,

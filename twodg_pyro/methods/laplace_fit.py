@@ -118,18 +118,25 @@ def fit_laplace(
         )
     post = from_laplace(la, net, subset, hessian, pred_type)
     if cfg.residual == "gp":
-        return with_feature_residual(post, train_loader, cfg.residual_centres)
+        centres, q = cfg.residual_centres, cfg.residual_floor_quantile
+        return with_feature_residual(post, train_loader, centres, floor_quantile=q)
     return post
 
 
 def with_feature_residual(
-    post: LaplacePosterior, train_loader, centres: int = 0, seed: int = 0
+    post: LaplacePosterior,
+    train_loader,
+    centres: int = 0,
+    seed: int = 0,
+    floor_quantile: float = 0.0,
 ) -> LaplacePosterior:
     """A copy of the last-layer ``post`` with the distance-aware residual
     (:class:`~twodg_pyro.methods.feature_residual.FeatureResidual`) of the last layer's
     inputs on the training data (``train_loader``) and of ``post``'s prior precision,
     conditioned on every training feature (``centres = 0``) or on that many k-means
-    centres of them (seeded by ``seed``).
+    centres of them (seeded by ``seed``), its variance floored at the training features'
+    ``floor_quantile`` (:meth:`FeatureResidual.fit
+    <twodg_pyro.methods.feature_residual.FeatureResidual.fit>`).
 
     Raises:
         ValueError: ``post`` is not a last-layer approximation.
@@ -140,7 +147,8 @@ def with_feature_residual(
     phi = layer_inputs(net.eval(), last_layer_module(net, post.param_names), train_loader)
     net.train(was)
     prior = float(post.prior_precision[0])
-    return post.rebuilt(residual=FeatureResidual.fit(phi, prior, seed, centres))
+    residual = FeatureResidual.fit(phi, prior, seed, centres, floor_quantile)
+    return post.rebuilt(residual=residual)
 
 
 def _fix_unfactored(net: nn.Module) -> None:

@@ -43,7 +43,8 @@ class LaplaceConfig(Section):
     input features, conditioned on the training set's), whose variance grows to the
     prior's away from the training features; ``residual_centres = M > 0`` conditions it on
     the :math:`M` k-means centres of those features instead (a file stores :math:`M`
-    features, not the training set's).
+    features, not the training set's) and ``residual_floor_quantile = q`` floors its
+    variance at its training features' :math:`q`-quantile.
 
     Example::
 
@@ -67,6 +68,9 @@ class LaplaceConfig(Section):
     #: ``residual = "gp"``: condition on every training feature (0) or on this many
     #: k-means centres of them
     residual_centres: Annotated[int, at_least(0)] = 0
+    #: the residual's variance floored at this quantile of its value over the training
+    #: features (0: no floor)
+    residual_floor_quantile: float = 0.0
 
     def _check(self) -> None:
         require(
@@ -75,6 +79,12 @@ class LaplaceConfig(Section):
             self.prior_structure,
             "laplace-torch fits a scalar prior precision for subset = 'last_layer'; use "
             "'scalar' (or subset = 'all')",
+        )
+        require(
+            0 <= self.residual_floor_quantile < 1,
+            "laplace.residual_floor_quantile",
+            self.residual_floor_quantile,
+            "a quantile in [0, 1)",
         )
         require(
             not (self.residual == "gp" and self.subset != "last_layer"),
