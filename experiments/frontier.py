@@ -372,14 +372,46 @@ def choose_pruned(points: list[dict], family: str = "2dg") -> dict | None:
     return max(ok, key=lambda p: p["stage3_prune_snr"]) if ok else None
 
 
-def deployable(p: dict, family: str = "2dg") -> bool:
+def deployable(p: dict, family: str = "2dg", once: bool = False) -> bool:
     """A stage-3 variant's file of ``family`` (every K, pruned in stage 3 or not), not an
-    after-training pruned point nor a chosen one."""
+    after-training pruned point nor a chosen one; of a residual's floors, only the one
+    :func:`mark_floors` chose (on the seed's validation, or ``once`` on the seeds')."""
     return (
         p["family"] == family
         and " small pruned SNR<" not in p["point"]
         and " chosen " not in p["point"]
+        and p.get("floor_once" if once else "floor_chosen", True)
     )
+
+
+def without_floor(name: str) -> str:
+    """A residual point's name without its floor (``floored at q=Q``)."""
+    head, sep, rest = name.partition(" floored at q=")
+    return head + (" " + rest.split(" ", 1)[1] if sep else "")
+
+
+def mark_floors(points: list[dict]) -> None:
+    """The residual's floor is a setting, chosen on the validation split by NLL (stated
+    after seed 0 of ``frontier_resnet20_head_gpf`` was scored, before seeds 1 and 2):
+    among the floors of one variant and number of centres, ``floor_chosen`` marks the one
+    of lowest validation NLL on each seed, ``floor_once`` the one of lowest mean
+    validation NLL over the seeds. The size rules then choose among the marked files."""
+    gp = [p for p in points if p["family"] == HEAD_GP and p.get("val_nll") is not None]
+    by_seed: dict[tuple, list[dict]] = {}
+    for p in gp:
+        by_seed.setdefault((p["seed"], without_floor(p["point"])), []).append(p)
+    for group in by_seed.values():
+        best = min(group, key=lambda p: p["val_nll"])
+        for p in group:
+            p["floor_chosen"] = p is best
+    names: dict[str, dict[str, list[float]]] = {}
+    for p in gp:
+        names.setdefault(without_floor(p["point"]), {}).setdefault(p["point"], []).append(
+            p["val_nll"]
+        )
+    once = {k: min(v, key=lambda n: statistics.fmean(v[n])) for k, v in names.items()}
+    for p in gp:
+        p["floor_once"] = p["point"] == once[without_floor(p["point"])]
 
 
 def choose_variant(points: list[dict], family: str = "2dg") -> dict | None:
@@ -409,7 +441,10 @@ def choose_for_recipe(points: list[dict], family: str = "2dg") -> str | None:
         name
         for name, ps in by.items()
         if set(ps) == seeds
-        and all(deployable(q, family) and q.get("val_accuracy") is not None for q in ps.values())
+        and all(
+            deployable(q, family, once=True) and q.get("val_accuracy") is not None
+            for q in ps.values()
+        )
         and keeps_on_validation(mean(name, "val_accuracy"), mean(name, "val_nll"), *det)
     ]
     return min(ok, key=lambda n: mean(n, "file_bytes")) if ok else None
@@ -426,6 +461,7 @@ def with_chosen(points: list[dict]) -> list[dict]:
     (:func:`choose_for_recipe`), made anew from the other points (so that
     ``--from-json`` recomputes them too)."""
     base = [p for p in points if " chosen " not in p["point"]]  # older runs: no "chosen" key
+    mark_floors(base)
     out = list(base)
     codings = [(c, f) for f in FAMILIES for c in ("", " small")]
     for seed in sorted({p["seed"] for p in base}):
