@@ -241,6 +241,40 @@ def test_the_file_chosen_once_keeps_the_targets_on_the_seeds_mean_validation(fro
     assert frontier.choose_for_recipe(points) == "2dg K=32"
 
 
+def test_a_residuals_floor_is_chosen_by_validation_nll_before_the_size_rules(frontier):
+    """``--head-residual-floor``: among the floors of one variant and number of centres,
+    only the one of lowest validation NLL (per seed; once, by the seeds' mean) is a
+    candidate, though the unfloored file is a few bytes smaller; the size rules then pick
+    among the candidates."""
+    gp, det = frontier.HEAD_GP, "deterministic float32"
+
+    def point(floor, seed, n_bytes, nll, m=16):
+        q = f" floored at q={floor}" if floor else ""
+        name = f"{gp} on {m} centres{q} K=16 SNR<2 small"
+        return _val_point(name, n_bytes, 0.97, nll, seed=seed, family=gp)
+
+    points = [
+        _val_point(det, 1000, 0.970, 0.120, seed=0, family="deterministic"),
+        _val_point(det, 1000, 0.970, 0.120, seed=1, family="deterministic"),
+        point(None, 0, 100, 0.119),  # smallest, keeps, but not its group's best NLL
+        point(0.5, 0, 101, 0.110),
+        point(0.9, 0, 101, 0.100),  # seed 0's floor
+        point(None, 1, 100, 0.118),
+        point(0.5, 1, 101, 0.090),  # seed 1's floor
+        point(0.9, 1, 101, 0.115),  # the seeds' mean: 0.1075 against 0.100 at q=0.5
+        point(0.9, 0, 140, 0.080, m=64),  # another group: its own choice, larger
+        point(0.9, 1, 140, 0.080, m=64),
+    ]
+    out = frontier.with_chosen(points)
+    chosen = {(p["seed"], p["point"]): p["chosen"] for p in out if "chosen" in p}
+    per_seed = f"{gp} small, K and pruning chosen on validation"
+    assert chosen[(0, per_seed)] == points[4]["point"]
+    assert chosen[(1, per_seed)] == points[6]["point"]
+    assert chosen[(0, f"{gp} small, {frontier.ONCE}")] == points[6]["point"]
+    assert frontier.without_floor(points[4]["point"]) == points[2]["point"]
+    assert [p["floor_chosen"] for p in points[2:8]] == [False, False, True, False, True, False]
+
+
 def test_runs_of_the_same_seeds_merge_with_each_baseline_once(frontier, tmp_path):
     """``--from-json`` of the committed seed-0 stage-3 frontier and the nearest rule's
     run of the same seed (``--nearest``): each (seed, point) once, the first file's
