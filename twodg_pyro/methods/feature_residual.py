@@ -184,9 +184,8 @@ class FeatureResidual(nn.Module):
             km = KMeans(n_clusters=int(centres), n_init=4, random_state=int(seed))
             z = torch.as_tensor(km.fit(f.numpy()).cluster_centers_).to(z.dtype)
         out = cls(z, float(d.median()), float(prior_precision))
-        if floor_quantile:
-            floor = float(out.variance(f).quantile(floor_quantile))
-            out = cls(z, out.lengthscale, out.prior_precision, floor=min(floor, 0.99))
+        if floor_quantile:  # read before the floor is set; its Cholesky factor is kept
+            out.floor = min(float(out.variance(f).quantile(floor_quantile)), 0.99)
         return out
 
     def _cholesky(self) -> torch.Tensor:

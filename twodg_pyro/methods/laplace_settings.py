@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
-from ..settings import Section, at_least, positive, require
+from ..settings import Section, at_least, in_range, positive, require
 
 #: which weights the approximation covers
 LaplaceSubset = Literal["last_layer", "all"]
@@ -70,7 +70,7 @@ class LaplaceConfig(Section):
     residual_centres: Annotated[int, at_least(0)] = 0
     #: the residual's variance floored at this quantile of its value over the training
     #: features (0: no floor)
-    residual_floor_quantile: float = 0.0
+    residual_floor_quantile: Annotated[float, in_range(0, 1, (True, False))] = 0.0
 
     def _check(self) -> None:
         require(
@@ -79,12 +79,6 @@ class LaplaceConfig(Section):
             self.prior_structure,
             "laplace-torch fits a scalar prior precision for subset = 'last_layer'; use "
             "'scalar' (or subset = 'all')",
-        )
-        require(
-            0 <= self.residual_floor_quantile < 1,
-            "laplace.residual_floor_quantile",
-            self.residual_floor_quantile,
-            "a quantile in [0, 1)",
         )
         require(
             not (self.residual == "gp" and self.subset != "last_layer"),
