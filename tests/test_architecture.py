@@ -135,10 +135,14 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             if len(comp) > 1:
                 out.append(sorted(comp))
 
-    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
+    limit = sys.getrecursionlimit()  # restored: a raised limit outlives the test in its
+    sys.setrecursionlimit(max(10_000, limit))  # worker (a deep YAML test then took 11 s)
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
     return out
 
 

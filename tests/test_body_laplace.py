@@ -95,9 +95,10 @@ def test_under_the_body_draws_the_curvature_moves(study, trained_mean_field, loa
             torch.testing.assert_close(fa, fb, rtol=0, atol=0)
 
 
-def test_a_laplace_over_all_layers_is_refused(study, trained_mean_field, loader):
+def test_a_laplace_over_all_layers_is_refused(study, trained_mean_field, digits):
     model, guide = trained_mean_field
     bnn = GuidePosterior(model, guide)
-    post = fit_laplace(bnn.mean_network(), loader, subset="all", hessian="diag", marglik_steps=0)
+    few = make_loader(torch.utils.data.Subset(digits.train, range(64)), 64)  # the fit's size
+    post = fit_laplace(bnn.mean_network(), few, subset="all", hessian="diag", marglik_steps=0)
     with pytest.raises(ValueError, match="last-layer Laplace is needed, not subset = 'all'"):
         study.BodyDrawLaplace(bnn, post, "body draws")
