@@ -280,9 +280,10 @@ def test_magic_is_the_first_bytes(compact_file):
 
 
 # ---------------------------------------------------------------------------- ResNet-20
-def test_resnet20_round_trip_on_digits_images(tmp_path):
+@pytest.fixture(scope="module")
+def resnet20_digits():
     """A ResNet-20 BNN briefly trained on the 8x8 digits (2 mean-field epochs, stage 2
-    with 16 components, 2 stage-3 epochs): the compact file predicts like the full one."""
+    with 16 components, 2 stage-3 epochs): (model, guide, split)."""
     from twodg_pyro.data import make_loader
     from twodg_pyro.infer import fit
     from twodg_pyro.models import resnet20
@@ -304,6 +305,12 @@ def test_resnet20_round_trip_on_digits_images(tmp_path):
     structure, _ = build_sharing(model, mf, loader, cfg)
     guide = SharedGMMGuide(model, structure)
     fit(model, guide, loader, epochs=2, lr=1e-2, progress=False)
+    return model, guide, split
+
+
+def test_resnet20_round_trip_on_digits_images(resnet20_digits, tmp_path):
+    """The ResNet-20 BNN on the digits: the compact file predicts like the full one."""
+    model, guide, _ = resnet20_digits
     spec = {"name": "resnet20", "kwargs": {"num_classes": 10, "in_channels": 1}}
     full, small = tmp_path / "r.pt", tmp_path / "r.2dgz"
     save_2dg(full, model, guide, network=spec)
@@ -320,6 +327,32 @@ def test_resnet20_round_trip_on_digits_images(tmp_path):
     b = evaluate_model_file(small, num_samples=10, seed=0)
     assert abs(a["accuracy"] - b["accuracy"]) <= 0.001
     assert abs(a["nll"] - b["nll"]) <= 0.01 and abs(a["ece"] - b["ece"]) <= 0.005
+
+
+def test_a_head_file_over_the_mean_bodys_own_batchnorm_statistics(resnet20_digits, tmp_path):
+    """A Laplace head fitted on the mean body with BatchNorm statistics recomputed at the
+    mean (``GuidePosterior.with_mean_norm_stats``) is written with that model: read
+    back, its body holds those statistics and it predicts as in memory; the same head
+    beside the model whose statistics are the draws' is refused, naming a statistic."""
+    pytest.importorskip("laplace")
+    from twodg_pyro.data import make_loader
+    from twodg_pyro.methods import GuidePosterior, fit_laplace, load_method
+
+    model, guide, split = resnet20_digits
+    loader = make_loader(split.train, 128)
+    at_mean = GuidePosterior(model, guide).with_mean_norm_stats(loader)
+    post = fit_laplace(at_mean.mean_network(), loader, marglik_steps=10)
+    spec = {"name": "resnet20", "kwargs": {"num_classes": 10, "in_channels": 1}}
+    with pytest.raises(ValueError, match="running_"):
+        export_compact(tmp_path / "wrong.2dgz", model, guide, network=spec, laplace=post)
+    export_compact(tmp_path / "head.2dgz", at_mean.model, guide, network=spec, laplace=post)
+    loaded = load_method(tmp_path / "head.2dgz")
+    mine = dict(at_mean.model.net.named_buffers())
+    for name, b in loaded.net.named_buffers():
+        assert torch.equal(b, mine[name]), name
+    x = split.test.tensors[0]
+    p_mem, p_file = post.predict(x, 30, 0).mean, loaded.predict(x, 30, 0).mean
+    assert float((p_mem - p_file).abs().max()) < 0.05
 
 
 def test_float64_network_and_pretrained_prior(trained_mean_field, stage2_structure, tmp_path):

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..evaluation import seeded_predict
+from ..nn import recompute_norm_stats
 from ..prediction import Prediction
 from .base import TrainedMethod
 
@@ -80,6 +81,26 @@ class GuidePosterior(TrainedMethod):
             for name, mean in means().items():
                 params[name].copy_(mean)
         return net.requires_grad_(True)
+
+    def with_mean_norm_stats(self, batches) -> GuidePosterior:
+        """This posterior with its network's normalisation statistics (BatchNorm's running
+        averages) recomputed for :meth:`mean_network` over ``batches``
+        (:func:`~twodg_pyro.nn.recompute_norm_stats`): what a prediction from one pass of
+        the mean network needs (a Laplace head over it: fit it on the result's
+        ``mean_network()`` and store it with ``export_compact(..., laplace=)``); the draws
+        then normalise with them too.  The model is copied, the guide shared.
+
+        Raises:
+            TypeError: as :meth:`mean_network`.
+            ValueError: ``batches`` holds no batch.
+        """
+        mean = recompute_norm_stats(self.mean_network(), batches)
+        model = copy.deepcopy(self.model)
+        buffers = dict(mean.named_buffers())
+        with torch.no_grad():
+            for name, b in model.net.named_buffers():
+                b.copy_(buffers[name])
+        return type(self)(model, self.guide, self.name, self.state, self.structure)
 
     def predict(self, data, num_samples: int = 30, seed: int = 0, **kw) -> Prediction:  # type: ignore[override]
         """:func:`~twodg_pyro.evaluation.seeded_predict` (``kw``: ``batch_size``,
