@@ -54,12 +54,15 @@ on LeNet-5), named so.
 Accuracy, NLL and ECE: the test images (1,000) with the run's 30 seeded draws (an
 ensemble: its members); mean OOD AUROC: the predictive entropy over the built-in OOD sets
 (``--ood-size`` images each, ``--draws`` draws; the mutual information's too for the
-Bayesian points).  Writes ``experiments/results/frontier.{json,md,png}``.
+Bayesian points).  Writes ``experiments/results/frontier.{json,md,png}``; ``--keep DIR``
+keeps each seed's files in ``DIR/seedS`` (each point's ``file`` names its own), for a
+study of the files themselves (``experiments/head_nll.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import itertools
 import json
@@ -516,6 +519,19 @@ def variant_set(args) -> dict[str, dict]:
     return {n: every[n] for n in names}
 
 
+@contextlib.contextmanager
+def _files_folder(keep: str | None, seed: int):
+    """Where a seed's files are written: ``KEEP/seed{seed}`` (made; kept) or a temporary
+    folder (removed)."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix="frontier-") as tmp:
+            yield Path(tmp)
+        return
+    folder = Path(keep) / f"seed{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    yield folder
+
+
 def run_seed(args, seed: int) -> list[dict]:
     """Every point of one seed (module docstring)."""
     cfg = config_from_dict(seed_settings(args, seed))
@@ -560,8 +576,7 @@ def run_seed(args, seed: int) -> list[dict]:
             flush=True,
         )
 
-    with tempfile.TemporaryDirectory(prefix="frontier-") as tmp:
-        folder = Path(tmp)
+    with _files_folder(args.keep, seed) as folder:
         files = write_model_files(art, cfg, folder)["files"]
         add("deterministic float32", "deterministic", Network(det), f32, "computed")
         calib = x[:512]
@@ -849,6 +864,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default="experiments/results")
     p.add_argument("--stem", default="frontier")
+    p.add_argument(
+        "--keep",
+        default=None,
+        metavar="DIR",
+        help="keep each seed's files in DIR/seedS (default: a temporary folder)",
+    )
     p.add_argument("--from-json", nargs="+", default=None, metavar="JSON")
     p.add_argument("--methods", nargs="+", default=None, help="the run's methods (docstring)")
     p.add_argument("--no-variants", action="store_true", help="no 2DG variant (a baseline run)")
