@@ -32,6 +32,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from .likelihoods import Categorical, Likelihood
+from .nn.functional import match_input
 from .nn.sites import DEFAULT_LAYER_TYPES, BayesianSite, find_sites
 from .priors import Prior, as_prior
 from .pyro_params import PyroParamsMixin, params_are_local
@@ -54,16 +55,6 @@ LOGITS_SITE = "logits"
 #: ``BNNModel(norm_stats=...)``: normalisation statistics while training
 NormStats = Literal["batch", "frozen"]
 NORM_STATS: tuple[str, ...] = get_args(NormStats)
-
-
-def match_input(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``x`` on ``like``'s device, in ``like``'s dtype if ``x`` is floating (integer inputs,
-    e.g. token ids, keep theirs); ``x`` itself when it is there already."""
-    if x.is_floating_point():
-        if x.dtype != like.dtype or x.device != like.device:
-            return x.to(device=like.device, dtype=like.dtype)
-        return x
-    return x if x.device == like.device else x.to(like.device)
 
 
 def require_model(model, who: str, needs: Sequence[str] = ("sites",)) -> nn.Module:

@@ -53,6 +53,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..nn.functional import match_input
+
 #: features used for the median heuristic (a seeded subset beyond it)
 _HEURISTIC_POINTS = 2000
 #: the most training features the exact residual conditions on: its Gram matrix holds
@@ -79,7 +81,7 @@ def layer_inputs(net: nn.Module, module: nn.Module, batches) -> torch.Tensor:
         like = next(net.parameters())
         for b in batches:
             x = b[0] if isinstance(b, list | tuple) else b
-            net(x.to(device=like.device, dtype=like.dtype if x.is_floating_point() else x.dtype))
+            net(match_input(x, like))
     finally:
         hook.remove()
     return torch.cat(out)

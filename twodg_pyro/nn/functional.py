@@ -90,3 +90,13 @@ def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
     em1 = v - 1.0
     em1.div_(v.log_()).nan_to_num_(nan=1.0).mul_(low)  # expm1(low), low where v = 1
     return em1.log_().add_(_above_linear(x))
+
+
+def match_input(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``x`` on ``like``'s device, in ``like``'s dtype if ``x`` is floating (integer inputs,
+    e.g. token ids, keep theirs); ``x`` itself when it is there already."""
+    if x.is_floating_point():
+        if x.dtype != like.dtype or x.device != like.device:
+            return x.to(device=like.device, dtype=like.dtype)
+        return x
+    return x if x.device == like.device else x.to(like.device)

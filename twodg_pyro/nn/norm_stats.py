@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .functional import match_input
+
 
 @torch.no_grad()
 def recompute_norm_stats(net: nn.Module, batches) -> nn.Module:
@@ -52,8 +54,7 @@ def recompute_norm_stats(net: nn.Module, batches) -> nn.Module:
         net.train()
         for b in batches:
             x = b[0] if isinstance(b, list | tuple) else b
-            float_x = x.is_floating_point()
-            net(x.to(device=like.device, dtype=like.dtype if float_x else x.dtype))
+            net(match_input(x, like))
             seen += 1
     finally:
         for m, momentum in zip(layers, momenta, strict=True):
