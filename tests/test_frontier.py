@@ -68,11 +68,18 @@ def _row(point, family, nbytes, acc, nll, auroc, seeds=3):
     }
 
 
+def _baselines(*ood):
+    """The deterministic float32 and 4-bit and the INT8 mean-field rows the targets read,
+    with these OOD AUROCs."""
+    return [
+        _row("deterministic float32", "deterministic", 1000, 0.97, 0.15, ood[0]),
+        _row("deterministic 4-bit", "deterministic", 130, 0.96, 0.16, ood[1]),
+        _row("mean-field INT8 mu, 1-bit sigma", "mean_field", 300, 0.95, 0.20, ood[2]),
+    ]
+
+
 def test_targets_pick_the_smallest_2dg_file_that_keeps_the_uncertainty(frontier):
-    rows = [
-        _row("deterministic float32", "deterministic", 1000, 0.97, 0.15, 0.90),
-        _row("deterministic 4-bit", "deterministic", 130, 0.96, 0.16, 0.89),
-        _row("mean-field INT8 mu, 1-bit sigma", "mean_field", 300, 0.95, 0.20, 0.93),
+    rows = _baselines(0.90, 0.89, 0.93) + [
         _row("ensemble", "ensemble", 5000, 0.975, 0.10, 0.94),
         _row("2dg small", "2dg", 20, 0.90, 0.30, 0.95),  # too inaccurate
         _row("2dg mid", "2dg", 25, 0.97, 0.12, 0.95),  # keeps all: 40x
@@ -101,6 +108,22 @@ def test_targets_pick_the_smallest_2dg_file_that_keeps_the_uncertainty(frontier)
     assert checks["a 2DG point beats INT8-mu / 1-bit-sigma mean-field on every axis"]["met"]
     baselines = [r for r in rows if r["family"] != "2dg"]  # a --no-variants run's table
     assert frontier.targets(baselines) == {}
+
+
+def test_resnet20s_heads_face_the_stronger_laplace_baseline(frontier):
+    rows = _baselines(0.70, 0.69, 0.80) + [
+        _row("laplace", "laplace", 1000, 0.97, 0.10, 0.85),
+        _row("2dg + laplace head small", frontier.HEAD, 100, 0.97, 0.12, 0.88),
+    ]
+    kept = "keeping acc >= det - 0.5 pp, NLL <= det, OOD >= laplace"
+    bound = "(chosen on the test images: a bound, not a choice)"
+    name = f"smallest 2DG + Laplace head file {kept} {bound}"
+    assert frontier.targets(rows, "resnet20")[name]["met"]  # 10x, OOD above Laplace's 0.85
+    # the baseline given BatchNorm statistics at its mean scores 0.90: now the bar
+    rows.append(_row(frontier.LAPLACE_AT_MEAN, "laplace", 1000, 0.97, 0.09, 0.90))
+    assert not frontier.targets(rows, "resnet20")[name]["met"]
+    rows[-1]["mean_ood_auroc"] = 0.80  # weaker than the plain one: the plain one stays the bar
+    assert frontier.targets(rows, "resnet20")[name]["met"]
 
 
 def test_the_committed_frontier_follows_from_its_points(frontier):
