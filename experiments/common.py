@@ -39,17 +39,26 @@ def setup(threads: int, mnist_root: str | None = None) -> bool:
 
 def environment() -> dict:
     """What a seeded figure depends on besides the code and its seed: torch's version and
-    threads and the CPU (the same command on another torch build or thread count trains
-    other numbers; stamped on each record, so merged tables keep it per run)."""
-    cpu = platform.processor() or platform.machine()
+    threads, the CPU's name, family and model, and the vector instructions torch's kernels
+    use (``isa``, e.g. AVX2 or AVX512: two machines named alike, "AMD EPYC", trained other
+    numbers); stamped on each record, so merged tables keep it per run."""
+    fields: dict[str, str] = {}  # the first processor's (Linux)
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
+            for ln in f:
+                key, _, value = ln.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu}
+    cpu = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        cpu += f" (family {fields['cpu family']}, model {fields['model']})"
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": cpu,
+        "isa": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def command(script: str, argv: list[str] | None = None) -> str:

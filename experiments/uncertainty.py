@@ -600,6 +600,7 @@ def environments_line(records: list[dict]) -> list[str]:
         return []
     runs = "; ".join(
         f"torch {e['torch']}, {e['threads']} thread{'s' * (e['threads'] != 1)}, {e['cpu']}"
+        + (f", {e['isa']} kernels" if "isa" in e else "")
         for e in envs
     )
     older = " (older runs: not recorded)" if any("environment" not in r for r in records) else ""

@@ -269,11 +269,16 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     assert [r["method"] for r in recs] == ["mean_field", "2dg (representative)", lap]
     # each record states the torch build and threads it was trained with, and a table
     # merged with older records says which were not recorded
-    env = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    env = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "isa": torch.backends.cpu.get_cpu_capability(),
+    }
     assert all({k: r["environment"][k] for k in env} == env for r in recs)
     (line, blank) = script.environments_line(recs + [{"method": "older"}])
     threads = f"{env['threads']} thread" + ("s" if env["threads"] != 1 else "")
     assert line.startswith(f"Trained in: torch {torch.__version__}, {threads}, ")
+    assert f", {env['isa']} kernels" in line
     assert "(older runs: not recorded)" in line and blank == ""
     assert script.environments_line([{"method": "older"}]) == []
 
