@@ -591,3 +591,34 @@ def test_a_floored_residual_on_16_centres_lifts_the_8x_head_file_past_laplaces_o
     assert bound["met"] and bound["value"].startswith(gp.format(" floored at q=0.9"))
     once = mean[f"{frontier.HEAD_GP} small, {frontier.ONCE}"]
     assert once["nll"] > det["nll"] and once["mean_ood_auroc"] >= lap["mean_ood_auroc"]
+
+
+def test_head_files_around_the_mean_statistics_keep_resnet20s_targets_only_on_the_mean(
+    frontier,
+):
+    """``frontier_resnet20_head_at_mean`` (``--head-norm-stats``, three seeds): the head
+    file chosen once on the seeds' mean validation is >= 8x smaller than the float32
+    network and keeps accuracy, NLL and OOD >= the stronger Laplace row on the seeds' mean;
+    per seed its NLL is above the deterministic network's on seeds 1 and 2 (seed 0's
+    deterministic network is the weak one), so the mean rests on one seed."""
+    import json
+
+    res = ROOT / "experiments" / "results"
+    merged = json.loads((res / "frontier_resnet20_head_at_mean.json").read_text())
+    rows = frontier.summarise(frontier.with_chosen(merged["points"]))
+    assert json.loads(json.dumps(rows)) == merged["summary"] and merged["seeds"] == [0, 1, 2]
+    mean = {r["point"]: r for r in rows}
+    det = mean["deterministic float32"]
+    lap = max(mean["laplace"], mean[frontier.LAPLACE_AT_MEAN], key=lambda r: r["mean_ood_auroc"])
+    once = mean[f"{frontier.HEAD} small, {frontier.ONCE}"]
+    assert once["float32_ratio"] >= 8 and once["accuracy"] >= det["accuracy"] - 0.005
+    assert once["nll"] <= det["nll"] and once["mean_ood_auroc"] >= lap["mean_ood_auroc"]
+    key = next(
+        k for k in merged["targets"] if k.startswith("the 2DG + Laplace head file chosen once")
+    )
+    assert merged["targets"][key]["met"]
+    by = {(p["seed"], p["point"]): p for p in merged["points"]}
+    name = by[0, once["point"]]["chosen"]
+    assert "SNR<2" in name
+    nll = [by[s, name]["nll"] - by[s, "deterministic float32"]["nll"] for s in (0, 1, 2)]
+    assert nll[0] < 0 < min(nll[1:])
