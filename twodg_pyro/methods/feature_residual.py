@@ -53,7 +53,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..nn.functional import match_input
+from ..nn.functional import batch_input
 
 #: features used for the median heuristic (a seeded subset beyond it)
 _HEURISTIC_POINTS = 2000
@@ -80,8 +80,7 @@ def layer_inputs(net: nn.Module, module: nn.Module, batches) -> torch.Tensor:
     try:
         like = next(net.parameters())
         for b in batches:
-            x = b[0] if isinstance(b, list | tuple) else b
-            net(match_input(x, like))
+            net(batch_input(b, like))
     finally:
         hook.remove()
     return torch.cat(out)

@@ -100,3 +100,9 @@ def match_input(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
             return x.to(device=like.device, dtype=like.dtype)
         return x
     return x if x.device == like.device else x.to(like.device)
+
+
+def batch_input(batch, like: torch.Tensor) -> torch.Tensor:
+    """The inputs of one batch (a tensor, or the first of an ``(x, y, ...)`` pair or list)
+    as :func:`match_input` places them for ``like``."""
+    return match_input(batch[0] if isinstance(batch, list | tuple) else batch, like)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .functional import match_input
+from .functional import batch_input
 
 
 @torch.no_grad()
@@ -53,8 +53,7 @@ def recompute_norm_stats(net: nn.Module, batches) -> nn.Module:
             m.momentum = None  # a cumulative average
         net.train()
         for b in batches:
-            x = b[0] if isinstance(b, list | tuple) else b
-            net(match_input(x, like))
+            net(batch_input(b, like))
             seen += 1
     finally:
         for m, momentum in zip(layers, momenta, strict=True):
