@@ -47,7 +47,13 @@ on the model **read back from the file it measures** where the library writes on
   at its mean (:meth:`~twodg_pyro.methods.GuidePosterior.with_mean_norm_stats`: one pass
   over the training images, no training, no bytes), and the baseline
   ``laplace, BatchNorm statistics at the mean`` (stage 1's mean network given the same),
-  so that the targets compare the heads with the stronger of the two Laplace baselines.
+  so that the targets compare the heads with the stronger of the two Laplace baselines;
+* ``... mean tuned lr=LR ... small`` (``--head-tune-lr LR ...``): each head file also
+  around its body with the **mean network fine-tuned** (:func:`tune_mean`: the shared
+  centres, the outlier means and BatchNorm's affine trained on the mean network's
+  cross-entropy for ``--head-tune-epochs``, the pruned weights held at zero, the epoch of
+  lowest validation NLL kept): the same bytes, in the same family, so that the
+  validation split chooses between tuned and untuned bodies.
 
 ``--methods`` names the methods of the run (default: all of the above and 2DG) and
 ``--no-variants`` runs none of the 2DG variants (``--variants NAME ...``: only those):
@@ -213,6 +219,8 @@ HEAD_GP = "2dg + laplace head + GP residual"
 #: ``--head-norm-stats``: the Laplace baseline around stage 1's mean network with its
 #: BatchNorm statistics recomputed at that mean, as the head files' bodies have them
 LAPLACE_AT_MEAN = "laplace, BatchNorm statistics at the mean"
+#: a head file around a body whose mean network was fine-tuned (``--head-tune-lr``)
+TUNED = "mean tuned"
 #: the 2DG families a user deploys, each with its own choice on the validation split
 FAMILIES = ("2dg", HEAD, HEAD_GP)
 #: how the targets name each family's file
@@ -540,6 +548,53 @@ def _files_folder(keep: str | None, seed: int):
     yield folder
 
 
+def tune_mean(body, art, train_loader, args, lr: float, seed: int) -> tuple[object, dict]:
+    r"""``body`` (a 2DG :class:`~twodg_pyro.methods.GuidePosterior`) with its **mean
+    network fine-tuned**: the centres :math:`m_{k,0}`, the outlier means and the
+    point-estimated parameters (BatchNorm's affine) trained by Adam (``lr``) on the mean
+    network's cross-entropy :math:`-\frac1B\sum_b \log p(y_b \mid f_{\bar w}(x_b))`,
+    :math:`\bar w` = ``mean_weights(differentiable=True)``, for ``--head-tune-epochs``
+    epochs of the training split (batches of 50, shuffled by ``seed``); the pinned
+    (pruned) centres stay at zero, the scales as they are.  After each epoch the
+    BatchNorm statistics are recomputed at the mean
+    (:meth:`~twodg_pyro.methods.GuidePosterior.with_mean_norm_stats`) and the mean
+    network scored on the validation split; the epoch of lowest validation NLL (0: the
+    body as given) is kept.  Only the mean is trained: a head file predicts from it (its
+    Laplace head is fitted afterwards), the stored draws' spread is the body's.  Returns
+    the chosen body and ``{"tune_val_nll": [per epoch, from 0], "tune_epoch": e}``."""
+    xv, yv = data_tensors(DataLoader(art.split.val, batch_size=1000))
+
+    def val_nll(post) -> float:
+        with torch.no_grad():
+            net = post.mean_network().eval()
+            return classification_metrics(net(xv.to(post.dtype)).softmax(-1), yv)["nll"]
+
+    post = copy.deepcopy(body)
+    model, guide = post.model, post.guide
+    pinned = guide.n_pinned
+    opt = torch.optim.Adam(
+        [guide.centre_mu, guide.outlier_loc, *model.deterministic_parameters()], lr=lr
+    )
+    loader = make_loader(art.split.train, 50, shuffle=True, seed=seed)
+    best, nlls = post, [val_nll(post)]
+    for _ in range(args.head_tune_epochs):
+        model.train()
+        for x, y in loader:
+            logits = model.network_forward(guide.mean_weights(differentiable=True), x)
+            loss = nn.functional.cross_entropy(logits, y.to(logits.device))
+            opt.zero_grad()
+            loss.backward()
+            if pinned:  # the pruned weights' components: Adam's moments stay zero
+                guide.centre_mu.grad[-pinned:] = 0
+            opt.step()
+        model.eval()
+        done = post.with_mean_norm_stats(train_loader)
+        nlls.append(val_nll(done))
+        if nlls[-1] == min(nlls):
+            best = copy.deepcopy(done)
+    return best, {"tune_val_nll": nlls, "tune_epoch": nlls.index(min(nlls))}
+
+
 def run_seed(args, seed: int) -> list[dict]:
     """Every point of one seed (module docstring)."""
     cfg = config_from_dict(seed_settings(args, seed))
@@ -584,6 +639,36 @@ def run_seed(args, seed: int) -> list[dict]:
             f"OOD {m['mean_ood_auroc']:.3f} ({time.perf_counter() - t1:.0f} s)",
             flush=True,
         )
+
+    def heads(body, name: str, extra: dict, **more) -> None:
+        """A body's head file (around its mean network) and its GP-residual files."""
+        post = fit_laplace(body.mean_network(), train_loader, cfg.laplace)
+        path = folder / f"2dg_{len(points)}_head.2dgz"
+        export_compact(path, body.model, body.guide, network=spec, laplace=post, **SMALL)
+        add(
+            f"{HEAD} {name}",
+            HEAD,
+            load_method(path),
+            path.stat().st_size,
+            path.name,
+            **extra,
+            **more,
+        )
+        for m, q in itertools.product(args.head_residual or (), args.head_residual_floor or [0.0]):
+            gp = with_feature_residual(post, train_loader, m, seed, q)
+            path = folder / f"2dg_{len(points)}_head_gp.2dgz"
+            export_compact(path, body.model, body.guide, network=spec, laplace=gp, **SMALL)
+            floor = f" floored at q={q:g}" if q else ""
+            file = load_method(path), path.stat().st_size, path.name
+            add(
+                f"{HEAD_GP} on {m} centres{floor} {name}",
+                HEAD_GP,
+                *file,
+                residual_centres=m,
+                floor_quantile=q,
+                **extra,
+                **more,
+            )
 
     with _files_folder(args.keep, seed) as folder:
         files = write_model_files(art, cfg, folder)["files"]
@@ -643,24 +728,10 @@ def run_seed(args, seed: int) -> list[dict]:
                 )
                 if coding and args.laplace_head:  # the small file with a Laplace head
                     body = trained.with_mean_norm_stats(train_loader) if at_mean else trained
-                    post = fit_laplace(body.mean_network(), train_loader, cfg.laplace)
-                    path = folder / f"2dg_{len(points)}_head.2dgz"
-                    export_compact(
-                        path, body.model, body.guide, network=spec, laplace=post, **options
-                    )
-                    name = f"{HEAD} {variant}{coding}"
-                    add(name, HEAD, load_method(path), path.stat().st_size, path.name, **extra)
-                    floors = args.head_residual_floor or [0.0]
-                    for m, q in itertools.product(args.head_residual or (), floors):
-                        gp = with_feature_residual(post, train_loader, m, seed, q)
-                        path = folder / f"2dg_{len(points)}_head_gp.2dgz"
-                        export_compact(
-                            path, body.model, body.guide, network=spec, laplace=gp, **options
-                        )
-                        floor = f" floored at q={q:g}" if q else ""
-                        name = f"{HEAD_GP} on {m} centres{floor} {variant}{coding}"
-                        file = load_method(path), path.stat().st_size, path.name
-                        add(name, HEAD_GP, *file, residual_centres=m, floor_quantile=q, **extra)
+                    heads(body, f"{variant}{coding}", extra)
+                    for lr in args.head_tune_lr or ():
+                        tuned, log = tune_mean(body, art, train_loader, args, lr, seed)
+                        heads(tuned, f"{variant}, {TUNED} lr={lr:g}{coding}", extra, **log)
             if args.arch != "lenet5" or variant not in PRUNED_VARIANTS:
                 continue  # after-training pruning: LeNet-5's frontier only
             for snr, spread in itertools.product(PRUNE_SNRS, PRUNE_SPREADS):
@@ -944,6 +1015,21 @@ def main(argv: list[str] | None = None) -> int:
         help="with --laplace-head: each head file's body with BatchNorm statistics "
         "recomputed at its mean (GuidePosterior.with_mean_norm_stats), and the Laplace "
         f"baseline around stage 1's mean with them too ({LAPLACE_AT_MEAN!r})",
+    )
+    p.add_argument(
+        "--head-tune-lr",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="LR",
+        help=f"with --laplace-head: each head file also around its body with the mean network "
+        f"fine-tuned at Adam learning rate LR (tune_mean; {TUNED!r})",
+    )
+    p.add_argument(
+        "--head-tune-epochs",
+        type=int,
+        default=4,
+        help="with --head-tune-lr: the epochs of tune_mean (the best on validation is kept)",
     )
     p.add_argument(
         "--settle-epochs",

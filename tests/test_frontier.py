@@ -622,3 +622,39 @@ def test_head_files_around_the_mean_statistics_keep_resnet20s_targets_only_on_th
     assert "SNR<2" in name
     nll = [by[s, name]["nll"] - by[s, "deterministic float32"]["nll"] for s in (0, 1, 2)]
     assert nll[0] < 0 < min(nll[1:])
+
+
+def test_tuning_the_mean_network_lowers_its_validation_nll_and_leaves_the_rest(
+    frontier, trained_mean_field, stage2_structure, digits
+):
+    from twodg_pyro.data import make_loader
+    from twodg_pyro.guides import SharedGMMGuide
+    from twodg_pyro.methods import GuidePosterior
+    from twodg_pyro.sharing import prune_structure
+
+    model, _ = trained_mean_field
+    structure, rep = prune_structure(stage2_structure, 2.0, "zero")  # most weights
+    guide = SharedGMMGuide(model, structure)
+    body = GuidePosterior(model, guide)
+    n = guide.n_pinned
+    # the differentiable means are the means, and carry gradients to centres and outliers
+    means = guide.mean_weights(differentiable=True)
+    plain = guide.mean_weights()
+    assert all(torch.equal(means[k].detach(), v) and not v.requires_grad for k, v in plain.items())
+    sum(m.sum() for m in means.values()).backward()
+    assert guide.centre_mu.grad.abs().sum() > 0 and guide.outlier_loc.grad.abs().sum() > 0
+    guide.zero_grad()
+    before = {k: v.detach().clone() for k, v in guide.named_parameters()}
+    args = SimpleNamespace(head_tune_epochs=3)
+    train = make_loader(digits.train, 128)
+    tuned, log = frontier.tune_mean(body, SimpleNamespace(split=digits), train, args, 1e-2, 0)
+    nll = log["tune_val_nll"]
+    assert len(nll) == 4 and log["tune_epoch"] > 0 and nll[log["tune_epoch"]] == min(nll) < nll[0]
+    got = dict(tuned.guide.named_parameters())
+    assert not torch.equal(got["centre_mu"], before["centre_mu"])
+    assert not torch.equal(got["outlier_loc"], before["outlier_loc"])
+    assert torch.all(got["centre_mu"][-n:] == 0) and rep.n_pruned > 0  # pruned stay removed
+    for name in ("centre_raw", "outlier_rho"):  # the scales are the body's
+        assert torch.equal(got[name], before[name]), name
+    # the body given is untouched
+    assert all(torch.equal(v, before[k]) for k, v in guide.named_parameters())

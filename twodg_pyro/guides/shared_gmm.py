@@ -148,17 +148,19 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
             for lay, part in zip(layouts, parts, strict=True)
         }
 
-    @torch.no_grad()
-    def mean_weights(self) -> dict[str, torch.Tensor]:
+    def mean_weights(self, differentiable: bool = False) -> dict[str, torch.Tensor]:
         r"""Every weight's posterior mean, per site: its component's centre
         :math:`m_{c,0}` (under every tying: the mean of :math:`\tilde\mu` and of
         :math:`z_{c,0}` too), :math:`\sum_k \alpha_{ik} m_{k,0}` for an ellipse weight,
-        its own :math:`\mu` for an outlier (0 for a weight pinned by pruning)."""
-        loc = torch.cat([self.centre_mu, self.outlier_loc]).index_select(0, self.nat_index)
-        if self.kinds.ellipses:
-            ell = (self.ellipse_alphas * self.centre_mu[self.ellipse_components]).sum(1)
-            loc = loc.index_copy(0, self.ellipse_index, ell.to(loc.dtype))
-        return self._split(loc)
+        its own :math:`\mu` for an outlier (0 for a weight pinned by pruning); detached,
+        or ``differentiable`` in the centres and the outlier means (to train the mean
+        network, e.g. ``experiments/frontier.py``'s ``tune_mean``)."""
+        with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
+            loc = torch.cat([self.centre_mu, self.outlier_loc]).index_select(0, self.nat_index)
+            if self.kinds.ellipses:
+                ell = (self.ellipse_alphas * self.centre_mu[self.ellipse_components]).sum(1)
+                loc = loc.index_copy(0, self.ellipse_index, ell.to(loc.dtype))
+            return self._split(loc)
 
     def draw(self, num_samples: int | None = None) -> GuideSample:
         """All weights in one draw: ``site.shape`` each, or ``(num_samples, *site.shape)``;
