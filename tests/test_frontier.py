@@ -644,6 +644,7 @@ def test_tuning_the_mean_network_lowers_its_validation_nll_and_leaves_the_rest(
     sum(m.sum() for m in means.values()).backward()
     assert guide.centre_mu.grad.abs().sum() > 0 and guide.outlier_loc.grad.abs().sum() > 0
     guide.zero_grad()
+    guide.draw()  # a draw with its graph, as stage 3 leaves the guide: copies leave it out
     before = {k: v.detach().clone() for k, v in guide.named_parameters()}
     args = SimpleNamespace(head_tune_epochs=3)
     train = make_loader(digits.train, 128)

@@ -95,6 +95,11 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
         #: the latest differentiable draw (its program's): what site_kl and log_density use
         self._last: SharedDraw | None = None
 
+    def __getstate__(self):
+        # a copy (deepcopy, pickle) leaves out the latest draw: it holds its graph
+        state = super().__getstate__()
+        return {**state, "_last": None} if state.get("_last") is not None else state
+
     @property
     def tying(self) -> str:
         """The tying's name: ``"representative"``, ``"stochastic"`` or ``"tied"``."""
