@@ -548,21 +548,24 @@ def _files_folder(keep: str | None, seed: int):
     yield folder
 
 
-def tune_mean(body, art, train_loader, args, lr: float, seed: int) -> tuple[object, dict]:
+def tune_mean(
+    body, train, val, train_loader, epochs: int, lr: float, seed: int
+) -> tuple[object, dict]:
     r"""``body`` (a 2DG :class:`~twodg_pyro.methods.GuidePosterior`) with its **mean
     network fine-tuned**: the centres :math:`m_{k,0}`, the outlier means and the
     point-estimated parameters (BatchNorm's affine) trained by Adam (``lr``) on the mean
     network's cross-entropy :math:`-\frac1B\sum_b \log p(y_b \mid f_{\bar w}(x_b))`,
-    :math:`\bar w` = ``mean_weights(differentiable=True)``, for ``--head-tune-epochs``
-    epochs of the training split (batches of 50, shuffled by ``seed``); the pinned
-    (pruned) centres stay at zero, the scales as they are.  After each epoch the
-    BatchNorm statistics are recomputed at the mean
+    :math:`\bar w` = ``mean_weights(differentiable=True)``, for ``epochs`` epochs of the
+    training set ``train`` (batches of 50, shuffled by ``seed``); the pinned (pruned)
+    centres stay at zero, the scales as they are.  After each epoch the BatchNorm
+    statistics are recomputed at the mean over ``train_loader``
     (:meth:`~twodg_pyro.methods.GuidePosterior.with_mean_norm_stats`) and the mean
-    network scored on the validation split; the epoch of lowest validation NLL (0: the
-    body as given) is kept.  Only the mean is trained: a head file predicts from it (its
-    Laplace head is fitted afterwards), the stored draws' spread is the body's.  Returns
-    the chosen body and ``{"tune_val_nll": [per epoch, from 0], "tune_epoch": e}``."""
-    xv, yv = data_tensors(DataLoader(art.split.val, batch_size=1000))
+    network scored on the validation tensors ``val = (x, y)``; the epoch of lowest
+    validation NLL (0: the body as given) is kept.  Only the mean is trained: a head file
+    predicts from it (its Laplace head is fitted afterwards), the stored draws' spread is
+    the body's.  Returns the chosen body and ``{"tune_val_nll": [per epoch, from 0],
+    "tune_epoch": e}``."""
+    xv, yv = val
 
     def val_nll(post) -> float:
         with torch.no_grad():
@@ -575,9 +578,9 @@ def tune_mean(body, art, train_loader, args, lr: float, seed: int) -> tuple[obje
     opt = torch.optim.Adam(
         [guide.centre_mu, guide.outlier_loc, *model.deterministic_parameters()], lr=lr
     )
-    loader = make_loader(art.split.train, 50, shuffle=True, seed=seed)
+    loader = make_loader(train, 50, shuffle=True, seed=seed)
     best, nlls = post, [val_nll(post)]
-    for _ in range(args.head_tune_epochs):
+    for _ in range(epochs):
         model.train()
         for x, y in loader:
             logits = model.network_forward(guide.mean_weights(differentiable=True), x)
@@ -624,6 +627,7 @@ def run_seed(args, seed: int) -> list[dict]:
     points: list[dict] = []
     stamp = {"recipe": recipe_label(args), "environment": environment()}
     at_mean = args.laplace_head and args.head_norm_stats
+    E = args.head_tune_epochs
 
     def add(name, family, method, file_bytes, file, **extra):
         t1 = time.perf_counter()
@@ -730,7 +734,9 @@ def run_seed(args, seed: int) -> list[dict]:
                     body = trained.with_mean_norm_stats(train_loader) if at_mean else trained
                     heads(body, f"{variant}{coding}", extra)
                     for lr in args.head_tune_lr or ():
-                        tuned, log = tune_mean(body, art, train_loader, args, lr, seed)
+                        tuned, log = tune_mean(
+                            body, art.split.train, (xv, yv), train_loader, E, lr, seed
+                        )
                         heads(tuned, f"{variant}, {TUNED} lr={lr:g}{coding}", extra, **log)
             if args.arch != "lenet5" or variant not in PRUNED_VARIANTS:
                 continue  # after-training pruning: LeNet-5's frontier only

@@ -646,9 +646,9 @@ def test_tuning_the_mean_network_lowers_its_validation_nll_and_leaves_the_rest(
     guide.zero_grad()
     guide.draw()  # a draw with its graph, as stage 3 leaves the guide: copies leave it out
     before = {k: v.detach().clone() for k, v in guide.named_parameters()}
-    args = SimpleNamespace(head_tune_epochs=3)
+    val = frontier.data_tensors(make_loader(digits.val, 1000))
     train = make_loader(digits.train, 128)
-    tuned, log = frontier.tune_mean(body, SimpleNamespace(split=digits), train, args, 1e-2, 0)
+    tuned, log = frontier.tune_mean(body, digits.train, val, train, 3, 1e-2, 0)
     nll = log["tune_val_nll"]
     assert len(nll) == 4 and log["tune_epoch"] > 0 and nll[log["tune_epoch"]] == min(nll) < nll[0]
     got = dict(tuned.guide.named_parameters())

@@ -97,8 +97,7 @@ class SharedGMMGuide(SharedMixture, SharedGMMFastStep, BNNGuide):
 
     def __getstate__(self):
         # a copy (deepcopy, pickle) leaves out the latest draw: it holds its graph
-        state = super().__getstate__()
-        return {**state, "_last": None} if state.get("_last") is not None else state
+        return {**super().__getstate__(), "_last": None}
 
     @property
     def tying(self) -> str:
