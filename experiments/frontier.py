@@ -77,6 +77,7 @@ import contextlib
 import copy
 import itertools
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -393,13 +394,14 @@ def choose_pruned(points: list[dict], family: str = "2dg") -> dict | None:
 
 def deployable(p: dict, family: str = "2dg", once: bool = False) -> bool:
     """A stage-3 variant's file of ``family`` (every K, pruned in stage 3 or not), not an
-    after-training pruned point nor a chosen one; of a residual's floors, only the one
-    :func:`mark_floors` chose (on the seed's validation, or ``once`` on the seeds')."""
+    after-training pruned point nor a chosen one; of a file's settings (a residual's
+    floor, a tuned mean), only the one :func:`mark_settings` chose (on the seed's
+    validation, or ``once`` on the seeds')."""
     return (
         p["family"] == family
         and " small pruned SNR<" not in p["point"]
         and " chosen " not in p["point"]
-        and p.get("floor_once" if once else "floor_chosen", True)
+        and p.get("setting_once" if once else "setting_chosen", True)
     )
 
 
@@ -409,28 +411,38 @@ def without_floor(name: str) -> str:
     return head + (" " + rest.split(" ", 1)[1] if sep else "")
 
 
-def mark_floors(points: list[dict]) -> None:
-    """The residual's floor is a setting, chosen on the validation split by NLL (stated
-    after seed 0 of ``frontier_resnet20_head_gpf`` was scored, before seeds 1 and 2):
-    among the floors of one variant and number of centres, ``floor_chosen`` marks the one
-    of lowest validation NLL on each seed, ``floor_once`` the one of lowest mean
-    validation NLL over the seeds. The size rules then choose among the marked files."""
-    gp = [p for p in points if p["family"] == HEAD_GP and p.get("val_nll") is not None]
+def without_settings(name: str) -> str:
+    """A file's name without the settings :func:`mark_settings` chooses: the residual's
+    floor and the mean's tuning (``, mean tuned lr=LR``)."""
+    return re.sub(f", {TUNED} lr=[^ ,]+", "", without_floor(name))
+
+
+def mark_settings(points: list[dict]) -> None:
+    """A file's settings that leave its size alone are chosen on the validation split by
+    NLL: the residual's floor (stated after seed 0 of ``frontier_resnet20_head_gpf`` was
+    scored, before seeds 1 and 2) and the mean's tuning, untuned or at each
+    ``--head-tune-lr`` (stated after ``frontier_resnet20_head_tuned`` was scored, before
+    ``frontier_resnet20_head_tuned8`` was run). Among the files of one variant that differ
+    only in these (:func:`without_settings`), ``setting_chosen`` marks the one of lowest
+    validation NLL on each seed, ``setting_once`` the one of lowest mean validation NLL
+    over the seeds. The size rules then choose among the marked files."""
+    heads = (HEAD, HEAD_GP)  # the families with such settings
+    mine = [p for p in points if p["family"] in heads and p.get("val_nll") is not None]
     by_seed: dict[tuple, list[dict]] = {}
-    for p in gp:
-        by_seed.setdefault((p["seed"], without_floor(p["point"])), []).append(p)
+    for p in mine:
+        by_seed.setdefault((p["seed"], without_settings(p["point"])), []).append(p)
     for group in by_seed.values():
         best = min(group, key=lambda p: p["val_nll"])
         for p in group:
-            p["floor_chosen"] = p is best
+            p["setting_chosen"] = p is best
     names: dict[str, dict[str, list[float]]] = {}
-    for p in gp:
-        names.setdefault(without_floor(p["point"]), {}).setdefault(p["point"], []).append(
+    for p in mine:
+        names.setdefault(without_settings(p["point"]), {}).setdefault(p["point"], []).append(
             p["val_nll"]
         )
     once = {k: min(v, key=lambda n: statistics.fmean(v[n])) for k, v in names.items()}
-    for p in gp:
-        p["floor_once"] = p["point"] == once[without_floor(p["point"])]
+    for p in mine:
+        p["setting_once"] = p["point"] == once[without_settings(p["point"])]
 
 
 def choose_variant(points: list[dict], family: str = "2dg") -> dict | None:
@@ -479,8 +491,8 @@ def with_chosen(points: list[dict]) -> list[dict]:
     :func:`choose_variant`), and those chosen once for every seed
     (:func:`choose_for_recipe`), made anew from the other points (so that
     ``--from-json`` recomputes them too)."""
-    base = [p for p in points if " chosen " not in p["point"]]  # older runs: no "chosen" key
-    mark_floors(base)
+    base = [dict(p) for p in points if " chosen " not in p["point"]]  # older runs: no "chosen"
+    mark_settings(base)
     out = list(base)
     codings = [(c, f) for f in FAMILIES for c in ("", " small")]
     for seed in sorted({p["seed"] for p in base}):

@@ -295,7 +295,42 @@ def test_a_residuals_floor_is_chosen_by_validation_nll_before_the_size_rules(fro
     assert chosen[(1, per_seed)] == points[6]["point"]
     assert chosen[(0, f"{gp} small, {frontier.ONCE}")] == points[6]["point"]
     assert frontier.without_floor(points[4]["point"]) == points[2]["point"]
-    assert [p["floor_chosen"] for p in points[2:8]] == [False, False, True, False, True, False]
+    assert [p["setting_chosen"] for p in out[2:8]] == [False, False, True, False, True, False]
+
+
+def test_a_tuned_mean_is_chosen_over_the_untuned_body_by_validation_nll(frontier):
+    """``--head-tune-lr``: a head file around its tuned body and the same file around
+    the untuned body differ only in a setting; validation NLL picks one of them (per
+    seed; once, by the seeds' mean), though the untuned file is a few bytes smaller, and
+    the size rules then choose among the picked files.  ``with_chosen`` marks copies:
+    the points passed in are left as they are."""
+    head, det = frontier.HEAD, "deterministic float32"
+
+    def point(lr, seed, n_bytes, nll, k=16):
+        tuned = f", {frontier.TUNED} lr={lr:g}" if lr else ""
+        return _val_point(f"{head} K={k} SNR<2{tuned} small", n_bytes, 0.97, nll, seed, head)
+
+    points = [
+        _val_point(det, 1000, 0.970, 0.120, seed=0, family="deterministic"),
+        _val_point(det, 1000, 0.970, 0.120, seed=1, family="deterministic"),
+        point(None, 0, 100, 0.110),
+        point(1e-3, 0, 102, 0.100),  # seed 0's pick
+        point(3e-3, 0, 102, 0.105),
+        point(None, 1, 100, 0.115),
+        point(1e-3, 1, 102, 0.119),
+        point(3e-3, 1, 102, 0.090),  # seed 1's pick, and the seeds' mean (0.0975)
+        point(None, 0, 140, 0.050, k=32),  # another variant: larger
+        point(None, 1, 140, 0.050, k=32),
+    ]
+    assert frontier.without_settings(points[3]["point"]) == points[2]["point"]
+    out = frontier.with_chosen(points)
+    chosen = {(p["seed"], p["point"]): p["chosen"] for p in out if "chosen" in p}
+    per_seed = f"{head} small, K and pruning chosen on validation"
+    assert chosen[(0, per_seed)] == points[3]["point"]
+    assert chosen[(1, per_seed)] == points[7]["point"]
+    assert chosen[(0, f"{head} small, {frontier.ONCE}")] == points[4]["point"]
+    assert [p["setting_chosen"] for p in out[2:8]] == [False, True, False, False, False, True]
+    assert all("setting_chosen" not in p for p in points)
 
 
 def test_runs_of_the_same_seeds_merge_with_each_baseline_once(frontier, tmp_path):
@@ -569,7 +604,7 @@ def test_a_floored_residual_on_16_centres_lifts_the_8x_head_file_past_laplaces_o
         mine = {p["point"]: p for p in merged["points"] if p["seed"] == seed}
         for p in old["points"]:
             if " chosen " not in p["point"] and p["point"] in mine:
-                drop = ("file", "floor_chosen", "floor_once")
+                drop = ("file", "floor_chosen", "floor_once", "setting_chosen", "setting_once")
                 new = {k: v for k, v in mine[p["point"]].items() if k not in drop}
                 assert new == {k: v for k, v in p.items() if k != "file"}, p["point"]
     mean = {r["point"]: r for r in rows}
@@ -685,3 +720,14 @@ def test_tuning_the_head_files_mean_lowers_resnet20s_nll_on_every_seed_but_seed_
         assert b["file_bytes"] == a["file_bytes"] and b["tune_epoch"] == 4
     beats = [by[s, tuned]["nll"] < by[s, "deterministic float32"]["nll"] for s in (0, 1, 2)]
     assert beats == [True, True, False]
+    once = {  # the tuning is a setting chosen by validation NLL (mark_settings)
+        p["point"]: p["chosen"]
+        for p in frontier.with_chosen(merged["points"])
+        if p["seed"] == 0 and p["point"].endswith(frontier.ONCE)
+    }
+    gp = f"{frontier.HEAD_GP} on 16 centres floored at q=0.9 {variant}"
+    assert once[f"{frontier.HEAD} small, {frontier.ONCE}"] == tuned
+    assert (
+        once[f"{frontier.HEAD_GP} small, {frontier.ONCE}"]
+        == f"{gp}, {frontier.TUNED} lr=0.001 small"
+    )
