@@ -188,7 +188,7 @@ RESNET_NEAREST_PER_LAYER_VARIANTS: dict[str, dict] = {
             "sharing": _NEAREST_16_PER_LAYER,
             "stage3": {"prune_snr": t, "prune_spread": "zero"},
         }
-        for t in (1.0, 1.5, 2.0)
+        for t in (1.0, 1.5, 2.0, 3.0, 5.0)  # 3 and 5: towards issue 47's 16x moonshot
     },
 }
 #: ``--nearest`` (LeNet-5): each inlier tied to its W2-nearest component
