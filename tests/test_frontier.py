@@ -734,3 +734,40 @@ def test_tuning_the_head_files_mean_lowers_resnet20s_nll_on_every_seed_but_seed_
         once[f"{frontier.HEAD_GP} small, {frontier.ONCE}"]
         == f"{gp}, {frontier.TUNED} lr=0.001 small"
     )
+
+
+def test_eight_tuning_epochs_on_another_cpu_keep_the_gp_file_on_the_mean_not_per_seed(
+    frontier,
+):
+    """``frontier_resnet20_head_tuned8`` (``--head-tune-lr 1e-3 3e-3 --head-tune-epochs
+    8``, three seeds, another CPU model than ``frontier_resnet20_head_tuned``): the GP
+    file chosen once on validation is a tuned one, >= 8x smaller than the float32 network,
+    and keeps every target on the seeds' mean; per seed the tuned head file beats the
+    deterministic network's test NLL on seed 0 only, and no seed kept its 8th epoch."""
+    import json
+
+    merged = json.loads(
+        (ROOT / "experiments" / "results" / "frontier_resnet20_head_tuned8.json").read_text()
+    )
+    rows = frontier.summarise(frontier.with_chosen(merged["points"]))
+    assert json.loads(json.dumps(rows)) == merged["summary"] and merged["seeds"] == [0, 1, 2]
+    mean = {r["point"]: r for r in rows}
+    det, lap = mean["deterministic float32"], mean["laplace"]
+    gp = mean[f"{frontier.HEAD_GP} small, {frontier.ONCE}"]
+    assert gp["float32_ratio"] >= 8 and gp["accuracy"] >= det["accuracy"] - 0.005
+    assert gp["nll"] <= det["nll"] and gp["mean_ood_auroc"] >= lap["mean_ood_auroc"]
+    head = mean[f"{frontier.HEAD} small, {frontier.ONCE}"]
+    assert head["nll"] <= det["nll"] and head["mean_ood_auroc"] < lap["mean_ood_auroc"]
+    once = {
+        p["point"]: p["chosen"]
+        for p in frontier.with_chosen(merged["points"])
+        if p["seed"] == 0 and p["point"].endswith(frontier.ONCE)
+    }
+    assert f"{frontier.TUNED} lr=0.001" in once[f"{frontier.HEAD_GP} small, {frontier.ONCE}"]
+    by = {(p["seed"], p["point"]): p for p in merged["points"]}
+    variant = "K=16 per layer nearest pruned in stage 3 SNR<2 zero, 20 stage-3 epochs"
+    tuned = f"{frontier.HEAD} {variant}, {frontier.TUNED} lr=0.001 small"
+    beats = [by[s, tuned]["nll"] < by[s, "deterministic float32"]["nll"] for s in (0, 1, 2)]
+    assert beats == [True, False, False]
+    epochs = [p["tune_epoch"] for p in merged["points"] if "tune_epoch" in p]
+    assert len(epochs) >= 12 and max(epochs) < 8
