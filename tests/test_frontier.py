@@ -264,6 +264,29 @@ def test_the_file_chosen_once_keeps_the_targets_on_the_seeds_mean_validation(fro
     assert frontier.choose_for_recipe(points) == "2dg K=32"
 
 
+def _three_seed_means(frontier, stem: str) -> tuple[dict, dict]:
+    """A committed merged frontier of seeds 0, 1, 2 (``experiments/results/STEM.json``)
+    and its summary by point, which must regenerate from its points."""
+    import json
+
+    merged = json.loads((ROOT / "experiments" / "results" / f"{stem}.json").read_text())
+    rows = frontier.summarise(frontier.with_chosen(merged["points"]))
+    assert json.loads(json.dumps(rows)) == merged["summary"] and merged["seeds"] == [0, 1, 2]
+    return merged, {r["point"]: r for r in rows}
+
+
+def _setting_picks(frontier, points: list[dict], family: str) -> tuple:
+    """What ``with_chosen`` picks of ``family`` among files that differ in a setting
+    (two seeds): seed 0's and seed 1's file, the one chosen once, and the
+    ``setting_chosen`` markers of ``points[2:8]``."""
+    out = frontier.with_chosen(points)
+    chosen = {(p["seed"], p["point"]): p["chosen"] for p in out if "chosen" in p}
+    per_seed = f"{family} small, K and pruning chosen on validation"
+    once = chosen[(0, f"{family} small, {frontier.ONCE}")]
+    marks = [p["setting_chosen"] for p in out[2:8]]
+    return chosen[(0, per_seed)], chosen[(1, per_seed)], once, marks
+
+
 def test_a_residuals_floor_is_chosen_by_validation_nll_before_the_size_rules(frontier):
     """``--head-residual-floor``: among the floors of one variant and number of centres,
     only the one of lowest validation NLL (per seed; once, by the seeds' mean) is a
@@ -288,14 +311,10 @@ def test_a_residuals_floor_is_chosen_by_validation_nll_before_the_size_rules(fro
         point(0.9, 0, 140, 0.080, m=64),  # another group: its own choice, larger
         point(0.9, 1, 140, 0.080, m=64),
     ]
-    out = frontier.with_chosen(points)
-    chosen = {(p["seed"], p["point"]): p["chosen"] for p in out if "chosen" in p}
-    per_seed = f"{gp} small, K and pruning chosen on validation"
-    assert chosen[(0, per_seed)] == points[4]["point"]
-    assert chosen[(1, per_seed)] == points[6]["point"]
-    assert chosen[(0, f"{gp} small, {frontier.ONCE}")] == points[6]["point"]
+    picks = _setting_picks(frontier, points, gp)
+    marks = [False, False, True, False, True, False]
+    assert picks == (points[4]["point"], points[6]["point"], points[6]["point"], marks)
     assert frontier.without_floor(points[4]["point"]) == points[2]["point"]
-    assert [p["setting_chosen"] for p in out[2:8]] == [False, False, True, False, True, False]
 
 
 def test_a_tuned_mean_is_chosen_over_the_untuned_body_by_validation_nll(frontier):
@@ -323,13 +342,9 @@ def test_a_tuned_mean_is_chosen_over_the_untuned_body_by_validation_nll(frontier
         point(None, 1, 140, 0.050, k=32),
     ]
     assert frontier.without_settings(points[3]["point"]) == points[2]["point"]
-    out = frontier.with_chosen(points)
-    chosen = {(p["seed"], p["point"]): p["chosen"] for p in out if "chosen" in p}
-    per_seed = f"{head} small, K and pruning chosen on validation"
-    assert chosen[(0, per_seed)] == points[3]["point"]
-    assert chosen[(1, per_seed)] == points[7]["point"]
-    assert chosen[(0, f"{head} small, {frontier.ONCE}")] == points[4]["point"]
-    assert [p["setting_chosen"] for p in out[2:8]] == [False, True, False, False, False, True]
+    picks = _setting_picks(frontier, points, head)
+    marks = [False, True, False, False, False, True]
+    assert picks == (points[3]["point"], points[7]["point"], points[4]["point"], marks)
     assert all("setting_chosen" not in p for p in points)
 
 
@@ -572,10 +587,7 @@ def test_kronecker_triangles_shrink_the_head_file_and_buy_a_lower_threshold(fron
     # three seeds: at SNR < 1.5 the head file is >= 8x and keeps accuracy and NLL on the
     # mean, but its OOD score, and even the least pruned head file's, is below Laplace's
     # on every seed
-    merged = json.loads((res / "frontier_resnet20_head_packed.json").read_text())
-    rows = frontier.summarise(frontier.with_chosen(merged["points"]))
-    assert json.loads(json.dumps(rows)) == merged["summary"] and merged["seeds"] == [0, 1, 2]
-    mean = {r["point"]: r for r in rows}
+    merged, mean = _three_seed_means(frontier, "frontier_resnet20_head_packed")
     det, lap = mean["deterministic float32"], mean["laplace"]
     head = mean[f"2dg + laplace head {variant.format(1.5)}"]
     assert head["float32_ratio"] >= 8 and head["accuracy"] >= det["accuracy"] - 0.005
@@ -744,14 +756,8 @@ def test_eight_tuning_epochs_on_another_cpu_keep_the_gp_file_on_the_mean_not_per
     file chosen once on validation is a tuned one, >= 8x smaller than the float32 network,
     and keeps every target on the seeds' mean; per seed the tuned head file beats the
     deterministic network's test NLL on seed 0 only, and no seed kept its 8th epoch."""
-    import json
 
-    merged = json.loads(
-        (ROOT / "experiments" / "results" / "frontier_resnet20_head_tuned8.json").read_text()
-    )
-    rows = frontier.summarise(frontier.with_chosen(merged["points"]))
-    assert json.loads(json.dumps(rows)) == merged["summary"] and merged["seeds"] == [0, 1, 2]
-    mean = {r["point"]: r for r in rows}
+    merged, mean = _three_seed_means(frontier, "frontier_resnet20_head_tuned8")
     det, lap = mean["deterministic float32"], mean["laplace"]
     gp = mean[f"{frontier.HEAD_GP} small, {frontier.ONCE}"]
     assert gp["float32_ratio"] >= 8 and gp["accuracy"] >= det["accuracy"] - 0.005
