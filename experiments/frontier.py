@@ -639,7 +639,7 @@ def run_seed(args, seed: int) -> list[dict]:
     points: list[dict] = []
     stamp = {"recipe": recipe_label(args), "environment": environment()}
     at_mean = args.laplace_head and args.head_norm_stats
-    E = args.head_tune_epochs
+    tune_epochs = args.head_tune_epochs
 
     def add(name, family, method, file_bytes, file, **extra):
         t1 = time.perf_counter()
@@ -747,7 +747,7 @@ def run_seed(args, seed: int) -> list[dict]:
                     heads(body, f"{variant}{coding}", extra)
                     for lr in args.head_tune_lr or ():
                         tuned, log = tune_mean(
-                            body, art.split.train, (xv, yv), train_loader, E, lr, seed
+                            body, art.split.train, (xv, yv), train_loader, tune_epochs, lr, seed
                         )
                         heads(tuned, f"{variant}, {TUNED} lr={lr:g}{coding}", extra, **log)
             if args.arch != "lenet5" or variant not in PRUNED_VARIANTS:

@@ -275,6 +275,16 @@ def _three_seed_means(frontier, stem: str) -> tuple[dict, dict]:
     return merged, {r["point"]: r for r in rows}
 
 
+def _chosen_once(frontier, merged: dict) -> dict[str, str]:
+    """The files chosen once on the seeds' mean validation of a merged frontier: each
+    family and coding's point name to the name of the file it chose."""
+    return {
+        p["point"]: p["chosen"]
+        for p in frontier.with_chosen(merged["points"])
+        if p["seed"] == 0 and p["point"].endswith(frontier.ONCE)
+    }
+
+
 def _setting_picks(frontier, points: list[dict], family: str) -> tuple:
     """What ``with_chosen`` picks of ``family`` among files that differ in a setting
     (two seeds): seed 0's and seed 1's file, the one chosen once, and the
@@ -610,9 +620,7 @@ def test_a_floored_residual_on_16_centres_lifts_the_8x_head_file_past_laplaces_o
     import json
 
     res = ROOT / "experiments" / "results"
-    merged = json.loads((res / "frontier_resnet20_head_gpf.json").read_text())
-    rows = frontier.summarise(frontier.with_chosen(merged["points"]))
-    assert json.loads(json.dumps(rows)) == merged["summary"] and merged["seeds"] == [0, 1, 2]
+    merged, mean = _three_seed_means(frontier, "frontier_resnet20_head_gpf")
     for seed in (0, 1, 2):
         old = json.loads((res / f"frontier_resnet20_head_packed_seed{seed}.json").read_text())
         mine = {p["point"]: p for p in merged["points"] if p["seed"] == seed}
@@ -621,7 +629,6 @@ def test_a_floored_residual_on_16_centres_lifts_the_8x_head_file_past_laplaces_o
                 drop = ("file", "floor_chosen", "floor_once", "setting_chosen", "setting_once")
                 new = {k: v for k, v in mine[p["point"]].items() if k not in drop}
                 assert new == {k: v for k, v in p.items() if k != "file"}, p["point"]
-    mean = {r["point"]: r for r in rows}
     det, lap = mean["deterministic float32"], mean["laplace"]
     variant = "K=16 per layer nearest pruned in stage 3 SNR<1.5 zero, 20 stage-3 epochs small"
     gp = f"{frontier.HEAD_GP} on 16 centres{{}} {variant}"
@@ -650,13 +657,7 @@ def test_head_files_around_the_mean_statistics_keep_resnet20s_targets_only_on_th
     network and keeps accuracy, NLL and OOD >= the stronger Laplace row on the seeds' mean;
     per seed its NLL is above the deterministic network's on seeds 1 and 2 (seed 0's
     deterministic network is the weak one), so the mean rests on one seed."""
-    import json
-
-    res = ROOT / "experiments" / "results"
-    merged = json.loads((res / "frontier_resnet20_head_at_mean.json").read_text())
-    rows = frontier.summarise(frontier.with_chosen(merged["points"]))
-    assert json.loads(json.dumps(rows)) == merged["summary"] and merged["seeds"] == [0, 1, 2]
-    mean = {r["point"]: r for r in rows}
+    merged, mean = _three_seed_means(frontier, "frontier_resnet20_head_at_mean")
     det = mean["deterministic float32"]
     lap = max(mean["laplace"], mean[frontier.LAPLACE_AT_MEAN], key=lambda r: r["mean_ood_auroc"])
     once = mean[f"{frontier.HEAD} small, {frontier.ONCE}"]
@@ -718,13 +719,7 @@ def test_tuning_the_head_files_mean_lowers_resnet20s_nll_on_every_seed_but_seed_
     validation NLL than the untuned one on every seed, at the same bytes, beats the
     deterministic network's test NLL on seeds 0 and 1 and misses it on seed 2; the
     tuning chosen once on validation (``mark_settings``) is lr 1e-3, for both files."""
-    import json
-
-    merged = json.loads(
-        (ROOT / "experiments" / "results" / "frontier_resnet20_head_tuned.json").read_text()
-    )
-    rows = frontier.summarise(frontier.with_chosen(merged["points"]))
-    assert json.loads(json.dumps(rows)) == merged["summary"] and merged["seeds"] == [0, 1, 2]
+    merged, _ = _three_seed_means(frontier, "frontier_resnet20_head_tuned")
     by = {(p["seed"], p["point"]): p for p in merged["points"]}
     variant = "K=16 per layer nearest pruned in stage 3 SNR<2 zero, 20 stage-3 epochs"
     plain = f"{frontier.HEAD} {variant} small"
@@ -735,11 +730,7 @@ def test_tuning_the_head_files_mean_lowers_resnet20s_nll_on_every_seed_but_seed_
         assert b["file_bytes"] == a["file_bytes"] and b["tune_epoch"] == 4
     beats = [by[s, tuned]["nll"] < by[s, "deterministic float32"]["nll"] for s in (0, 1, 2)]
     assert beats == [True, True, False]
-    once = {  # the tuning is a setting chosen by validation NLL (mark_settings)
-        p["point"]: p["chosen"]
-        for p in frontier.with_chosen(merged["points"])
-        if p["seed"] == 0 and p["point"].endswith(frontier.ONCE)
-    }
+    once = _chosen_once(frontier, merged)  # the tuning: chosen by validation NLL too
     gp = f"{frontier.HEAD_GP} on 16 centres floored at q=0.9 {variant}"
     assert once[f"{frontier.HEAD} small, {frontier.ONCE}"] == tuned
     assert (
@@ -764,11 +755,7 @@ def test_eight_tuning_epochs_on_another_cpu_keep_the_gp_file_on_the_mean_not_per
     assert gp["nll"] <= det["nll"] and gp["mean_ood_auroc"] >= lap["mean_ood_auroc"]
     head = mean[f"{frontier.HEAD} small, {frontier.ONCE}"]
     assert head["nll"] <= det["nll"] and head["mean_ood_auroc"] < lap["mean_ood_auroc"]
-    once = {
-        p["point"]: p["chosen"]
-        for p in frontier.with_chosen(merged["points"])
-        if p["seed"] == 0 and p["point"].endswith(frontier.ONCE)
-    }
+    once = _chosen_once(frontier, merged)
     assert f"{frontier.TUNED} lr=0.001" in once[f"{frontier.HEAD_GP} small, {frontier.ONCE}"]
     by = {(p["seed"], p["point"]): p for p in merged["points"]}
     variant = "K=16 per layer nearest pruned in stage 3 SNR<2 zero, 20 stage-3 epochs"
