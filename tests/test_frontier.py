@@ -764,3 +764,24 @@ def test_eight_tuning_epochs_on_another_cpu_keep_the_gp_file_on_the_mean_not_per
     assert beats == [True, False, False]
     epochs = [p["tune_epoch"] for p in merged["points"] if "tune_epoch" in p]
     assert len(epochs) >= 12 and max(epochs) < 8
+
+
+def test_full_size_laplace_misses_the_per_seed_nll_bar_that_the_head_files_miss():
+    """The per-seed bar (each seed's test NLL <= its own deterministic network's) is at
+    the test split's noise on ResNet-20's seed 2, whose network is the strongest: in four
+    of the five independent committed three-seed runs of the head files (each trained in
+    another environment) the full-size last-layer Laplace misses it there, while on the
+    validation split it beats the network in four of five; on seed 0, the weakest
+    network, it always beats it."""
+    import json
+
+    test_gap, val_gap, seed0 = [], [], []
+    for stem in ("head", "head_gpf", "head_tuned", "head_tuned8", "head_at_mean"):
+        path = ROOT / "experiments" / "results" / f"frontier_resnet20_{stem}.json"
+        by = {(p["seed"], p["point"]): p for p in json.loads(path.read_text())["points"]}
+        det, lap = by[2, "deterministic float32"], by[2, "laplace"]
+        test_gap.append(lap["nll"] - det["nll"])
+        val_gap.append(lap["val_nll"] - det["val_nll"])
+        seed0.append(by[0, "laplace"]["nll"] < by[0, "deterministic float32"]["nll"])
+    assert sum(g > 0 for g in test_gap) == 4 and sum(g < 0 for g in val_gap) == 4
+    assert all(seed0) and max(test_gap) < 0.01
