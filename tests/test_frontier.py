@@ -785,3 +785,41 @@ def test_full_size_laplace_misses_the_per_seed_nll_bar_that_the_head_files_miss(
         seed0.append(by[0, "laplace"]["nll"] < by[0, "deterministic float32"]["nll"])
     assert sum(g > 0 for g in test_gap) == 4 and sum(g < 0 for g in val_gap) == 4
     assert all(seed0) and max(test_gap) < 0.01
+
+
+def test_pruning_at_snr_3_keeps_resnet20s_targets_at_11x_and_snr_5_loses_the_network(
+    frontier,
+):
+    """``frontier_resnet20_snr`` (the SNR < 2 run ``frontier_resnet20_head_tuned`` merged
+    with its SNR < 3 and SNR < 5 reruns, whose baselines repeat it to the bit): the GP file
+    chosen once on validation is the tuned SNR < 3 one, 11x smaller than the float32
+    network, and keeps every target on the seeds' mean; SNR < 5 prunes 80 % of the
+    weights for a 15x head file whose network stage 3 does not bring back, so no file
+    reaches the 16x moonshot with the targets.  Per seed the chosen file keeps the accuracy
+    and misses the NLL on seeds 1 and 2."""
+    merged, mean = _three_seed_means(frontier, "frontier_resnet20_snr")
+    det, lap = mean["deterministic float32"], mean["laplace"]
+    gp = mean[f"{frontier.HEAD_GP} small, {frontier.ONCE}"]
+    assert 11 <= gp["float32_ratio"] < 12 and gp["accuracy"] >= det["accuracy"] - 0.005
+    assert gp["nll"] <= det["nll"] and gp["mean_ood_auroc"] >= lap["mean_ood_auroc"]
+    once = _chosen_once(frontier, merged)[f"{frontier.HEAD_GP} small, {frontier.ONCE}"]
+    assert "SNR<3" in once and f"{frontier.TUNED} lr=0.001" in once
+    by = {(p["seed"], p["point"]): p for p in merged["points"]}
+    det_of = [by[s, "deterministic float32"] for s in (0, 1, 2)]
+    assert all(by[s, once]["accuracy"] >= d["accuracy"] - 0.005 for s, d in enumerate(det_of))
+    assert [by[s, once]["nll"] <= d["nll"] for s, d in enumerate(det_of)] == [True, False, False]
+    snr5 = "K=16 per layer nearest pruned in stage 3 SNR<5 zero, 20 stage-3 epochs"
+    head5 = mean[f"{frontier.HEAD} {snr5}, {frontier.TUNED} lr=0.001 small"]
+    assert head5["float32_ratio"] > 15 and head5["pruned_fraction"] > 0.8
+    assert head5["accuracy"] < det["accuracy"] - 0.01 and head5["nll"] > det["nll"]
+    assert mean[f"2dg {snr5} small"]["accuracy"] < 0.7
+    keeping = [
+        r
+        for r in mean.values()
+        if r["family"] != "deterministic"
+        and r.get("pruned_fraction")
+        and r["accuracy"] >= det["accuracy"] - 0.005
+        and r["nll"] <= det["nll"]
+        and r["mean_ood_auroc"] >= lap["mean_ood_auroc"]
+    ]
+    assert keeping and max(r["float32_ratio"] for r in keeping) < 16
