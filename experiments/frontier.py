@@ -190,6 +190,12 @@ RESNET_NEAREST_PER_LAYER_VARIANTS: dict[str, dict] = {
         }
         for t in (1.0, 1.5, 2.0, 3.0, 5.0)  # 3 and 5: towards issue 47's 16x moonshot
     },
+    # at SNR < 5 pruned at once the network did not recover in 20 stage-3 epochs
+    # (frontier_resnet20_snr.md): the same weights pruned over the first 10 of them
+    "K=16 per layer nearest pruned in stage 3 SNR<5 zero, ramped over 10 epochs": {
+        "sharing": _NEAREST_16_PER_LAYER,
+        "stage3": {"prune_snr": 5.0, "prune_spread": "zero", "prune_ramp_epochs": 10},
+    },
 }
 #: ``--nearest`` (LeNet-5): each inlier tied to its W2-nearest component
 #: (``sharing.assignment = "nearest"``) at K = 32, unpruned and pruned inside stage 3

@@ -492,7 +492,9 @@ def test_settle_epochs_and_the_resnet_nearest_per_layer_variants(frontier):
         2.0,
         3.0,
         5.0,
+        5.0,
     ]
+    assert [v.get("stage3", {}).get("prune_ramp_epochs") for v in variants.values()][-1] == 10
     args.nearest = False
     assert frontier.variant_set(args) is frontier.RESNET_PER_LAYER_VARIANTS
     # --variants keeps the named ones, in the order given; an unknown name is refused

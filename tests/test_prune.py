@@ -17,7 +17,9 @@ from twodg_pyro.sharing import (
     MahalanobisHook,
     MergeHook,
     PinPruned,
+    PruneRamp,
     inlier_snr,
+    prune_further,
     prune_structure,
     reassign,
 )
@@ -300,25 +302,73 @@ def test_a_zero_spread_component_is_held_whole():
     assert pin.log == [{"epoch": 0, "components": 1, "parameters": ["centre_mu", "centre_raw"]}]
 
 
+def test_a_ramp_prunes_the_lowest_snr_first_and_ends_where_pruning_at_once_does(
+    shared, stage2_structure, digits
+):
+    """Gradual pruning (:class:`PruneRamp`): its shares follow the cubic schedule up to
+    every weight below the threshold; ``limit`` and :func:`prune_further` tie the weights
+    of lowest SNR; a fit with the ramp ends with exactly the weights that pruning at once
+    ties, and predicts the digits better than chance by far."""
+    model, _, _ = shared
+    s = stage2_structure
+    once, rep = prune_structure(s, 1.0, "zero")
+    ramp = PruneRamp(s, 1.0, epochs=4)
+    counts = [ramp.count(e) for e in range(6)]
+    n = rep.n_pruned
+    assert counts == [round(n * (1 - (1 - min(e + 1, 4) / 4) ** 3) + 0.4999) for e in range(6)]
+    assert counts[0] < counts[1] < counts[2] < counts[3] == counts[5] == n
+    first, rep0 = prune_structure(s, 1.0, "zero", limit=counts[0])
+    K = s.n_gaussians
+    idx = torch.cat([s.plain_index, s.ellipse_index])
+    snr = inlier_snr(s)
+    tied = set(first.plain_index[first.plain_component == K].tolist())
+    assert rep0.n_pruned == len(tied) == counts[0]
+    assert float(snr[torch.isin(idx, torch.tensor(sorted(tied)))].max()) <= float(
+        snr[~torch.isin(idx, torch.tensor(sorted(tied)))].min()
+    )
+    more = prune_further(first, ramp.order[: counts[1]])
+    assert more.info["pruned"]["n"] == counts[1] and more.n_gaussians == K + 1
+    with pytest.raises(ValueError, match="spread 'zero'"):
+        prune_further(s, ramp.order)
+    guide = SharedGMMGuide(model, first, tying="representative")
+    loader = make_loader(digits.train, 128, shuffle=True)
+    fit(model, guide, loader, 6, lr=1e-3, progress=False, callbacks=[ramp, PinPruned()])
+    end = guide.structure()
+    assert set(end.plain_index[end.plain_component == K].tolist()) == set(
+        once.plain_index[once.plain_component == K].tolist()
+    )
+    assert guide.pruning["n"] == n and [e["epoch"] for e in ramp.log] == [1, 2, 3]
+    x, y = digits.test.tensors
+    assert classification_metrics(predict(model, guide, x, 8).mean, y)["accuracy"] > 0.8
+
+
 @pytest.mark.parametrize(
     ("field", "value", "match"),
-    [("prune_snr", -1.0, "stage3.prune_snr"), ("prune_spread", "half", "stage3.prune_spread")],
+    [
+        ("prune_snr", -1.0, "stage3.prune_snr"),
+        ("prune_spread", "half", "stage3.prune_spread"),
+        ("prune_ramp_epochs", 1, "stage3.prune_ramp_epochs"),  # no prune_snr
+        ("prune_ramp_epochs", 99, "stage3.prune_ramp_epochs"),
+    ],
 )
 def test_stage3_pruning_settings_are_checked(tiny_run_config, field, value, match):
     from twodg_pyro.pipeline import ConfigError, config_from_dict
 
+    if value == 99:
+        tiny_run_config["stage3"]["prune_snr"] = 1.0
     tiny_run_config["stage3"][field] = value
     with pytest.raises(ConfigError, match=match):
         config_from_dict(tiny_run_config)
 
 
+@pytest.mark.parametrize("ramp", [0, 2])
 def test_a_run_prunes_inside_stage3_and_its_file_stores_the_pruned_structure(
-    tiny_run_config, tmp_path
+    tiny_run_config, tmp_path, ramp
 ):
     from twodg_pyro.pipeline import config_from_dict, run
 
     cfg = tiny_run_config
-    cfg["stage3"].update(prune_snr=3.0, merge_every=1, reassign_every=1)
+    cfg["stage3"].update(prune_snr=3.0, merge_every=1, reassign_every=1, prune_ramp_epochs=ramp)
     run(config_from_dict(cfg), tmp_path)
     model, guide = load_compact(tmp_path / "model_2dg.2dgz")
     n, K = guide.n_pinned, guide.n_components
@@ -328,6 +378,9 @@ def test_a_run_prunes_inside_stage3_and_its_file_stores_the_pruned_structure(
     assert bool((s.means[-n:, 0] == 0).all())
     record = json.loads((tmp_path / "results.json").read_text())["records"][-1]
     assert record["hooks"]["PinPruned"][0]["components"] == n
+    if ramp:  # the second epoch tied the rest, with the merges and reassignments around it
+        assert [e["epoch"] for e in record["hooks"]["PruneRamp"]] == [1]
+        assert guide.pruning["n"] == record["hooks"]["PruneRamp"][0]["pruned"]
 
 
 def test_a_pruned_file_with_a_laplace_head_reads_back_its_zeros_and_predictions(

@@ -272,6 +272,7 @@ class SharedMixture:
         else:  # the structure's points are current: they ride from the centres as they are
             self.anchor_centres = self.centres().detach().clone()
         self._set_assignments(structure)
+        self._info = dict(structure.info)  # e.g. how many weights a pruning ramp has tied
         self._last = None
 
     def merge(self, mapping: torch.Tensor, means: torch.Tensor, covs: torch.Tensor) -> None:

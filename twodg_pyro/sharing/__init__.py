@@ -22,9 +22,9 @@ from .build import (
     weight_points,
 )
 from .config import SharingConfig
-from .hooks import MahalanobisHook, MergeHook, PinPruned
+from .hooks import MahalanobisHook, MergeHook, PinPruned, PruneRamp
 from .outliers import OutlierReport, mean_gradients, select_outliers
-from .prune import PruneReport, inlier_snr, prune_structure
+from .prune import PruneReport, inlier_snr, prune_further, prune_structure
 from .refine import (
     apply_mapping,
     drop_small_components,
@@ -41,6 +41,7 @@ __all__ = [
     "MergeHook",
     "OutlierReport",
     "PinPruned",
+    "PruneRamp",
     "PruneReport",
     "SharingConfig",
     "SharingStructure",
@@ -65,6 +66,7 @@ __all__ = [
     "outlier_gradients",
     "inlier_snr",
     "points_from_arrays",
+    "prune_further",
     "prune_structure",
     "reassign",
     "reduce_cluster_sizes",

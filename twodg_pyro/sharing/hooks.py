@@ -26,6 +26,7 @@ from ..guide import require_sharing
 from ..infer.callbacks import Callback
 from ..infer.optim import remap_optimizer_rows
 from .config import Assignment, EllipseScope
+from .prune import inlier_snr, prune_further
 from .refine import reassign
 
 
@@ -259,6 +260,57 @@ class PinPruned(Callback):
 
     def on_epoch_begin(self, state) -> None:
         self._pin(state)
+
+
+class PruneRamp(Callback):
+    r"""Pruning inside stage 3 spread over its first :math:`R` epochs (gradual pruning,
+    Zhu and Gupta 2018): before epoch :math:`e` (0-based) the share
+
+    .. math:: s_e = 1 - \big(1 - \min(e + 1, R) / R\big)^3
+
+    of the :math:`n_t` inliers whose stage-1 :math:`\mathrm{SNR} < t` (those that
+    :func:`~twodg_pyro.sharing.prune_structure` would tie at once), lowest SNR first, is
+    tied to the zero component (:func:`~twodg_pyro.sharing.prune.prune_further`), so that
+    the rest of the network adapts while the weights go, fast at first and slowly at the
+    end; epochs :math:`\ge R` train the network pruned in full.  The guide must start
+    pruned with the ``"zero"`` spread and its first share (:meth:`count`); assignments
+    change, the components and the optimiser do not.  Holds no state: the epoch says the
+    share (a resumed run's checkpoint holds the structure as it was).
+
+    Example::
+
+        ramp = PruneRamp(stage2, snr=5.0, epochs=10)
+        structure, _ = prune_structure(stage2, 5.0, "zero", limit=ramp.count(0))
+        guide = SharedGMMGuide(model, structure)
+        fit(model, guide, loader, epochs=20, callbacks=[ramp, PinPruned()])
+    """
+
+    def __init__(self, structure, snr: float, epochs: int):
+        if int(epochs) < 1:
+            raise ValueError(f"PruneRamp: epochs must be >= 1, got {epochs!r}")
+        ratio = inlier_snr(structure)
+        below = ratio < snr
+        index = torch.cat([structure.plain_index, structure.ellipse_index])[below]
+        self.order = index[torch.argsort(ratio[below], stable=True)]  # lowest SNR first
+        self.snr, self.epochs = float(snr), int(epochs)
+        self.log: list[dict] = []
+
+    def count(self, epoch: int) -> int:
+        r"""How many weights are pruned before (0-based) ``epoch``: :math:`\lceil s_e n_t
+        \rceil`."""
+        share = 1.0 - (1.0 - min(epoch + 1, self.epochs) / self.epochs) ** 3
+        return min(len(self.order), math.ceil(share * len(self.order) - 1e-9))
+
+    def on_epoch_begin(self, state) -> None:
+        guide = state.guide
+        require_sharing(guide, type(self).__name__)
+        target = self.order[: self.count(state.epoch)]
+        now = guide.structure(current_points=True)
+        tied = now.plain_index[now.plain_component == now.n_gaussians - 1]
+        todo = target[~torch.isin(target, tied)]
+        if todo.numel():
+            guide.load_structure(prune_further(now, todo), components=False)
+            self.log.append({"epoch": state.epoch, "pruned": len(target), "added": len(todo)})
 
 
 def _n_changed(a, b) -> int:

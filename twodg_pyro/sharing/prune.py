@@ -85,7 +85,7 @@ def _spread_of(points: torch.Tensor) -> torch.Tensor:
 
 
 def prune_structure(
-    s: SharingStructure, snr: float, spread: Spread = "zero"
+    s: SharingStructure, snr: float, spread: Spread = "zero", limit: int | None = None
 ) -> tuple[SharingStructure, PruneReport]:
     r"""``s`` with every inlier of :math:`\mathrm{SNR}_i < ` ``snr`` tied to a new
     zero-mean component (module docstring); the old components keep their index.
@@ -95,6 +95,8 @@ def prune_structure(
         snr: the threshold :math:`t \ge 0` (0 prunes nothing; 1.96: the weights whose
             95 % interval covers zero).
         spread: ``"zero"`` (removed weights) or ``"matched"`` (per-site moment match).
+        limit: tie only the ``limit`` inliers of lowest SNR below ``snr`` (the first share
+            of a ramp, :class:`~twodg_pyro.sharing.PruneRamp`; ``None``: all of them).
 
     Raises:
         ValueError: a negative or non-finite ``snr``, an unknown ``spread``,
@@ -115,9 +117,12 @@ def prune_structure(
         )
     if not bool(torch.isfinite(s.inlier_points).all()):
         raise ValueError("the structure's inlier points are not finite: nothing to prune by")
-    n_plain = int(s.plain_index.numel())
     idx = torch.cat([s.plain_index, s.ellipse_index])
-    pruned = inlier_snr(s) < snr
+    ratio = inlier_snr(s)
+    pruned = ratio < snr
+    if limit is not None and int(pruned.sum()) > limit:  # the lowest SNR first
+        pruned = torch.zeros_like(pruned)
+        pruned[torch.argsort(ratio, stable=True)[: max(int(limit), 0)]] = True
     K, dtype = s.n_gaussians, s.means.dtype
     n_w = s.num_weights
     if not bool(pruned.any()):
@@ -143,14 +148,7 @@ def prune_structure(
             new_means.append(_centre(max(scale, MIN_SIGMA), s.coordinates))
             new_covs.append(_spread_of(points[here]))
             scales[site.name] = scale
-    # the inliers' fields: pruned ellipse weights become plain weights of their component
-    component = torch.cat([s.plain_component, torch.zeros(idx.numel() - n_plain, dtype=torch.long)])
-    component = torch.where(pruned, new_comp, component)
-    kept = ~pruned[n_plain:]  # the ellipse weights left, in (ascending) index order
-    ellipse = torch.cat([torch.zeros(n_plain, dtype=torch.bool), kept])
-    order = torch.argsort(idx)  # the fields keep index order within each kind
-    ellipses = (ellipse[order], s.ellipse_components[kept], s.ellipse_alphas[kept])
-    fields = inlier_fields(idx[order], points[order], component[order], ellipses)
+    fields = _tied(s, pruned, new_comp)
     means = torch.cat([s.means, torch.tensor(new_means, dtype=dtype)])
     covs = torch.cat([s.covariances, torch.stack(new_covs).to(dtype)])
     n = int(pruned.sum())
@@ -158,3 +156,40 @@ def prune_structure(
     info = dict(s.info, pruned=pruned_info)
     out = dataclasses.replace(s, means=means, covariances=covs, info=info, **fields)
     return out, PruneReport(float(snr), spread, n, n / max(n_w, 1), len(new_means), scales)
+
+
+def _tied(s: SharingStructure, pruned: torch.Tensor, new_comp: torch.Tensor) -> dict:
+    """The inlier fields of ``s`` with the ``pruned`` inliers (a mask over ``plain_index``
+    then ``ellipse_index``) tied to ``new_comp``: pruned ellipse weights become plain
+    weights of their component; the fields keep index order within each kind."""
+    n_plain = int(s.plain_index.numel())
+    idx = torch.cat([s.plain_index, s.ellipse_index])
+    component = torch.cat([s.plain_component, torch.zeros(idx.numel() - n_plain, dtype=torch.long)])
+    component = torch.where(pruned, new_comp, component)
+    kept = ~pruned[n_plain:]  # the ellipse weights left, in (ascending) index order
+    ellipse = torch.cat([torch.zeros(n_plain, dtype=torch.bool), kept])
+    order = torch.argsort(idx)
+    ellipses = (ellipse[order], s.ellipse_components[kept], s.ellipse_alphas[kept])
+    return inlier_fields(idx[order], s.inlier_points[order], component[order], ellipses)
+
+
+def prune_further(s: SharingStructure, weights: torch.Tensor) -> SharingStructure:
+    """``s``, pruned with the ``"zero"`` spread, with the inliers whose flat index is in
+    ``weights`` also tied to its zero component (the last one): a ramp's later shares
+    (:class:`~twodg_pyro.sharing.PruneRamp`).  Indices of outliers or of weights tied
+    already change nothing.
+
+    Raises:
+        ValueError: ``s`` is not pruned with the ``"zero"`` spread.
+    """
+    done = s.info.get("pruned")
+    if not done or done.get("spread") != "zero":
+        raise ValueError(
+            f"prune_further extends a structure pruned with spread 'zero'; this one is "
+            f"{'not pruned' if not done else 'pruned with spread ' + repr(done.get('spread'))}"
+        )
+    zero = s.n_gaussians - 1
+    pruned = torch.isin(torch.cat([s.plain_index, s.ellipse_index]), weights.long().cpu())
+    fields = _tied(s, pruned, torch.full_like(pruned, zero, dtype=torch.long))
+    n = int((fields["plain_component"] == zero).sum())
+    return dataclasses.replace(s, info=dict(s.info, pruned=dict(done, n=n)), **fields)

@@ -45,6 +45,7 @@ from ...sharing import (
     MahalanobisHook,
     MergeHook,
     PinPruned,
+    PruneRamp,
     SharingStructure,
     build_sharing,
     prune_structure,
@@ -226,12 +227,15 @@ def stage3_shared_gmm(
     (the same minibatches on every rank), the SVI loop ``rt.execution.shard(loader)``.
     Its checkpoints (``stage3.pt``) also hold ``extra``.
     """
-    cfg = rt.cfg
-    if cfg.stage3.prune_snr:  # pruning inside stage 3: the pruned weights' neighbours adapt
-        structure, _ = prune_structure(structure, cfg.stage3.prune_snr, cfg.stage3.prune_spread)
-    guide = SharedGMMGuide(model, structure, tying=cfg.stage3.tying).to(cfg.device)
-    hooks = stage3_hooks(cfg, loader)
-    s3 = cfg.stage3
+    cfg, s3 = rt.cfg, rt.cfg.stage3
+    ramp = (
+        PruneRamp(structure, s3.prune_snr, s3.prune_ramp_epochs) if s3.prune_ramp_epochs else None
+    )
+    if s3.prune_snr:  # pruning inside stage 3: the pruned weights' neighbours adapt
+        limit = None if ramp is None else ramp.count(0)
+        structure, _ = prune_structure(structure, s3.prune_snr, s3.prune_spread, limit=limit)
+    guide = SharedGMMGuide(model, structure, tying=s3.tying).to(cfg.device)
+    hooks = stage3_hooks(cfg, loader) + ([] if ramp is None else [ramp])
     lr = {"centre": s3.lr_centre, "outlier": s3.lr_outlier, "default": s3.lr_centre}
     if guide.tying_rule.trains_covariances:
         lr["cov"] = s3.lr_cov

@@ -236,3 +236,22 @@ class Stage3Config(Section):
     #: the prior's: "zero" had the lower NLL at every threshold on three LeNet-5 seeds,
     #: ``experiments/results/frontier_stage3.md``)
     prune_spread: Literal["matched", "zero"] = "zero"
+    #: pruning reaches ``prune_snr`` over this many first epochs of stage 3, the weights
+    #: of lowest SNR first (gradual pruning, :class:`~twodg_pyro.sharing.PruneRamp`); 0:
+    #: all at once, before the first epoch
+    prune_ramp_epochs: Annotated[int, at_least(0)] = 0
+
+    def _check(self) -> None:
+        ramp = self.prune_ramp_epochs
+        require(
+            ramp == 0 or (self.prune_snr > 0 and self.prune_spread == "zero"),
+            "stage3.prune_ramp_epochs",
+            ramp,
+            "ramps pruning with stage3.prune_snr > 0 and prune_spread = 'zero'",
+        )
+        require(
+            ramp <= self.epochs,
+            "stage3.prune_ramp_epochs",
+            ramp,
+            f"must be at most stage3.epochs = {self.epochs}",
+        )
