@@ -108,6 +108,13 @@ def test_targets_pick_the_smallest_2dg_file_that_keeps_the_uncertainty(frontier)
     assert checks["a 2DG point beats INT8-mu / 1-bit-sigma mean-field on every axis"]["met"]
     baselines = [r for r in rows if r["family"] != "2dg"]  # a --no-variants run's table
     assert frontier.targets(baselines) == {}
+    # no file keeps the targets: the lines say so and quote no kept file's size
+    weak = baselines + [_row("2dg small", "2dg", 20, 0.90, 0.30, 0.95)]
+    checks = frontier.targets(weak)
+    first = checks[f"smallest 2DG file {kept} (chosen on the test images: a bound, not a choice)"]
+    assert first["value"] == "none keeps the uncertainty targets (the smallest file is 50.0x)"
+    moon = checks["moonshot: that file >= 50x smaller"]
+    assert not first["met"] and not moon["met"] and moon["value"] == "no file kept"
 
 
 def test_resnet20s_heads_face_the_stronger_laplace_baseline(frontier):
