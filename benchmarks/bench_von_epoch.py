@@ -12,18 +12,33 @@ of steps), and an epoch of the library's own trainers over one loader of 3,600
 MNIST-sized images (``train_deterministic`` with SGD against ``fit`` with VON: the
 loader's batching and each trainer's bookkeeping counted, as a user pays them).
 
+Those epochs run on random images, and the deterministic network at SGD's learning rate
+0.1 on random labels loses part of its ReLUs, which makes its max pooling and backward
+pass faster than at its initial weights while VON's means (learning rate 1e-3) stay put:
+the script reports the deterministic network's forward and backward time at its first
+and last weights.  So on LeNet-5 it also measures epochs on real images
+(``--mnist-root``, the MNIST subset of ``experiments/mnist_subset_data.py``): both
+trainers start from the same network pretrained for three epochs, the deterministic one
+continues with SGD (learning rate 0.05) and VON trains at the natural-gradient recipe's
+settings (learning rate 0.1, precision rate 0.01, KL weight 0.03, ``mnist-lenet5-von``).
+A run with ``--networks`` keeps the committed rows of the other networks.
+
 Run: python benchmarks/bench_von_epoch.py [--threads 1] [--repeats 15] [--networks lenet5]
+[--mnist-root data/mnist_subset]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
+import json
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
-from _common import interleaved, interleaved_rounds, paired_ratios, record
+from _common import RESULTS, interleaved, interleaved_rounds, paired_ratios, record
 
 from twodg_pyro.baselines.deterministic import train_deterministic
 from twodg_pyro.bnn import BNNModel
@@ -94,6 +109,8 @@ def epochs(arch: str, batch: int, n_data: int = 3600) -> dict:
     def det_epoch():
         train_deterministic(det, loader, 1, lr=0.1, optimizer="sgd", progress=False)
 
+    det_epoch.net = det  # its speed is measured at its first and last weights
+
     def von_epochs(fused: bool):
         model = BNNModel(
             build_network(arch, num_classes=10, in_channels=1),
@@ -116,6 +133,58 @@ def epochs(arch: str, batch: int, n_data: int = 3600) -> dict:
 
     return {
         "deterministic SGD": det_epoch,
+        "mean-field VON": von_epochs(False),
+        "mean-field VON, fused_kl": von_epochs(True),
+    }
+
+
+def forward_backward_ms(net, x: torch.Tensor, y: torch.Tensor, repeats: int = 30) -> float:
+    """Median milliseconds of one forward and backward pass of ``net`` on ``(x, y)``."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        F.cross_entropy(net(x), y).backward()
+        times.append(time.perf_counter() - start)
+    net.zero_grad(set_to_none=True)
+    return statistics.median(times) * 1e3
+
+
+def real_epochs(root: str, batch: int = 128) -> dict | None:
+    """Epochs of LeNet-5 on the MNIST subset's training images (module docstring), as
+    zero-argument functions; ``None`` without the subset."""
+    from twodg_pyro.data import load_dataset
+
+    try:
+        split = load_dataset("mnist", root)
+    except (FileNotFoundError, ValueError, OSError):
+        return None
+    xs, ys = zip(*make_loader(split.train, 512), strict=True)  # in memory: no decoding
+    data = torch.utils.data.TensorDataset(torch.cat(xs), torch.cat(ys))
+    torch.manual_seed(0)
+    loader = make_loader(data, batch, shuffle=True)
+    net = build_network("lenet5", num_classes=10, in_channels=1)
+    train_deterministic(net, loader, 3, lr=1e-3, progress=False)
+    det = copy.deepcopy(net)
+    von = functools.partial(VariationalOnlineNewton, kl_weight=0.03, beta2=0.99)
+
+    def von_epochs(fused: bool):
+        model = BNNModel(copy.deepcopy(net), LayerwiseNormalPrior(), Categorical(len(data)))
+        guide, state = MeanFieldGuide(model, init_scale=1e-3), None
+
+        def von_epoch():
+            nonlocal state
+            upto = 1 if state is None else state.epoch + 1
+            state = fit(
+                model, guide, loader, upto, lr=0.1, optimizer=von, progress=False, state=state,
+                elbo=DecomposedELBO(beta=0.03, fused_kl=fused),
+            )  # fmt: skip
+
+        return von_epoch
+
+    return {
+        "deterministic SGD": lambda: train_deterministic(
+            det, loader, 1, lr=0.05, optimizer="sgd", progress=False
+        ),
         "mean-field VON": von_epochs(False),
         "mean-field VON, fused_kl": von_epochs(True),
     }
@@ -175,13 +244,27 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--networks", nargs="+", choices=NETWORKS, default=list(NETWORKS))
+    p.add_argument("--mnist-root", default="data/mnist_subset")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    rows = []
+    rows, speed = [], {}
     for arch in args.networks:
         batch, inner = NETWORKS[arch]
-        for unit, make, n in (("step", steps, inner), ("epoch", epochs, 1)):
-            rounds = interleaved_rounds(make(arch, batch), repeats=args.repeats, inner=n)
+        units = [("step", steps, inner), ("epoch", epochs, 1)]
+        if arch == "lenet5":
+            units.append(("epoch, MNIST", lambda a, b: real_epochs(args.mnist_root, b), 1))
+        for unit, make, n in units:
+            fns = make(arch, batch)
+            if fns is None:
+                print(f"no MNIST subset at {args.mnist_root}: its epochs are not measured")
+                continue
+            net = getattr(fns["deterministic SGD"], "net", None)
+            if net is not None:
+                x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+                speed[arch] = [forward_backward_ms(net, x, y)]
+            rounds = interleaved_rounds(fns, repeats=args.repeats, inner=n)
+            if net is not None:
+                speed[arch].append(forward_backward_ms(net, x, y))
             ratios = paired_ratios(rounds, "deterministic SGD")
             for name, secs in rounds.items():
                 row = {"network": arch, "batch": batch, "unit": unit, "step": name}
@@ -193,6 +276,11 @@ def main() -> None:
             {"network": arch, "batch": batch, "unit": "step", "step": k, "operations": v}
             for k, v in ops.items()
         ]
+    old = RESULTS / "bench_von_epoch.json"
+    if set(args.networks) != set(NETWORKS) and old.exists():  # the other networks' rows
+        kept = json.loads(old.read_text())
+        rows = [r for r in kept["rows"] if r["network"] not in args.networks] + rows
+        speed = {**kept.get("deterministic_forward_backward_ms", {}), **speed}
     lines = [
         "# Stage-1 step time over a deterministic SGD step (target: VON <= 1.3x)",
         "",
@@ -201,7 +289,9 @@ def main() -> None:
         "rounds of each round's time over the deterministic one's, with its quartiles.",
         "",
         "An epoch: the library's trainers over one loader of 3,600 images "
-        "(`train_deterministic`, SGD; `fit`, VON).",
+        "(`train_deterministic`, SGD; `fit`, VON): random images, and (`epoch, MNIST`) "
+        "the MNIST subset's training images from one pretrained network, VON at the "
+        "natural-gradient recipe's settings (module docstring).",
         "",
         "| network | batch | per | trainer | ms | / deterministic | quartiles |",
         "|---|---|---|---|---|---|---|",
@@ -212,6 +302,16 @@ def main() -> None:
         f"| {r['ratio']:.2f}x | {r['ratio_q1']:.2f}-{r['ratio_q3']:.2f} |"
         for r in timed
     ]
+    lines += [
+        "",
+        "The deterministic network of the random-image epochs: one forward and backward "
+        "pass (ms) at its first weights and after the rounds (SGD at learning rate 0.1 on "
+        "random labels).",
+        "",
+        "| network | first weights | last weights |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {arch} | {a:.1f} | {b:.1f} |" for arch, (a, b) in speed.items()]
     lines += [
         "",
         "Operations one step dispatches (torch's `aten` calls, forward, backward and update).",
@@ -243,7 +343,12 @@ def main() -> None:
     ]
     sizes = dict.fromkeys(k.split()[0] for k in cross)
     lines += [f"| {n} | {cross[n + ' torch']:.0f} | {cross[n + ' forms']:.0f} |" for n in sizes]
-    payload = {"rows": rows, "scale_maps_us": maps, "softplus_by_size_us": cross}
+    payload = {
+        "rows": rows,
+        "deterministic_forward_backward_ms": speed,
+        "scale_maps_us": maps,
+        "softplus_by_size_us": cross,
+    }
     record("bench_von_epoch", payload, "\n".join(lines) + "\n")
 
 
