@@ -440,3 +440,29 @@ def test_a_head_file_with_a_floored_residual_on_centres_costs_its_centres_only(
     assert loaded.forwards_per_prediction(30) == 1
     p_mem, p_file = gp.predict(x, 30, 0).mean, loaded.predict(x, 30, 0).mean
     assert float((p_mem - p_file).abs().max()) < 0.05
+
+
+@pytest.mark.parametrize("ramp", [0, 3])
+def test_a_run_pruned_inside_stage3_resumes_to_the_uninterrupted_scores(
+    tiny_run_config, tmp_path, interrupt_after, ramp
+):
+    """A run interrupted after stage 3's second epoch (in the middle of a ramp of 3)
+    resumes from its checkpoint, whose structure is pruned already, to the scores of the
+    run that was never interrupted."""
+    from twodg_pyro.pipeline import config_from_dict, run
+
+    cfg = {**tiny_run_config, "methods": ["mean_field", "2dg"], "checkpoint_every": 1}
+    cfg["diagnostics"] = {"enabled": False}
+    cfg["stage3"] = {**cfg["stage3"], "epochs": 4, "prune_snr": 3.0, "prune_ramp_epochs": ramp}
+    run(config_from_dict(cfg), tmp_path / "ref")
+    interrupt_after("stage3", 1)
+    with pytest.raises(KeyboardInterrupt):
+        run(config_from_dict(cfg), tmp_path / "r")
+    interrupt_after(None)
+    run(config_from_dict(cfg), tmp_path / "r", resume=True)
+
+    def scores(folder):
+        records = json.loads((folder / "results.json").read_text())["records"]
+        return [{k: r[k] for k in ("method", "accuracy", "nll", "ece")} for r in records]
+
+    assert scores(tmp_path / "r") == scores(tmp_path / "ref")

@@ -274,8 +274,8 @@ class PruneRamp(Callback):
     the rest of the network adapts while the weights go, fast at first and slowly at the
     end; epochs :math:`\ge R` train the network pruned in full.  The guide must start
     pruned with the ``"zero"`` spread and its first share (:meth:`count`); assignments
-    change, the components and the optimiser do not.  Holds no state: the epoch says the
-    share (a resumed run's checkpoint holds the structure as it was).
+    change, the components and the optimiser do not.  The epoch says the share; a
+    checkpoint keeps the order (:meth:`state_dict`).
 
     Example::
 
@@ -300,6 +300,15 @@ class PruneRamp(Callback):
         \rceil`."""
         share = 1.0 - (1.0 - min(epoch + 1, self.epochs) / self.epochs) ** 3
         return min(len(self.order), math.ceil(share * len(self.order) - 1e-9))
+
+    def state_dict(self) -> dict:
+        """The order of the weights (a resumed run's structure no longer holds the stage-1
+        points it was read from) and the log."""
+        return {"order": self.order.tolist(), "log": list(self.log)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order = torch.tensor(state["order"], dtype=torch.long)
+        self.log = list(state["log"])
 
     def on_epoch_begin(self, state) -> None:
         guide = state.guide

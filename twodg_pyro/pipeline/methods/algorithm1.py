@@ -231,7 +231,9 @@ def stage3_shared_gmm(
     ramp = (
         PruneRamp(structure, s3.prune_snr, s3.prune_ramp_epochs) if s3.prune_ramp_epochs else None
     )
-    if s3.prune_snr:  # pruning inside stage 3: the pruned weights' neighbours adapt
+    # pruning inside stage 3: the pruned weights' neighbours adapt (a resumed run's
+    # structure, the checkpoint's, is pruned already)
+    if s3.prune_snr and "pruned" not in structure.info:
         limit = None if ramp is None else ramp.count(0)
         structure, _ = prune_structure(structure, s3.prune_snr, s3.prune_spread, limit=limit)
     guide = SharedGMMGuide(model, structure, tying=s3.tying).to(cfg.device)
