@@ -12,11 +12,11 @@ of steps), and an epoch of the library's own trainers over one loader of 3,600
 MNIST-sized images (``train_deterministic`` with SGD against ``fit`` with VON: the
 loader's batching and each trainer's bookkeeping counted, as a user pays them).
 
-Those epochs run on random images, and the deterministic network at SGD's learning rate
-0.1 on random labels loses part of its ReLUs, which makes its max pooling and backward
-pass faster than at its initial weights while VON's means (learning rate 1e-3) stay put:
-the script reports the deterministic network's forward and backward time at its first
-and last weights.  So on LeNet-5 it also measures epochs on real images
+Those epochs run on random images and labels, where the two trainers' networks drift
+apart (SGD at learning rate 0.1, VON's means at 1e-3), and a network's speed can depend
+on its activations (max pooling, ReLU's backward): the script reports the deterministic
+network's forward and backward time at its first and last weights, and on LeNet-5 it
+also measures epochs on real images
 (``--mnist-root``, the MNIST subset of ``experiments/mnist_subset_data.py``): both
 trainers start from the same network pretrained for three epochs, the deterministic one
 continues with SGD (learning rate 0.05) and VON trains at the natural-gradient recipe's
@@ -38,7 +38,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _common import RESULTS, interleaved, interleaved_rounds, paired_ratios, record
+from _common import RESULTS, interleaved, interleaved_rounds, machine, paired_ratios, record
 
 from twodg_pyro.baselines.deterministic import train_deterministic
 from twodg_pyro.bnn import BNNModel
@@ -247,7 +247,7 @@ def main() -> None:
     p.add_argument("--mnist-root", default="data/mnist_subset")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    rows, speed = [], {}
+    rows, speed, today = [], {}, machine()["date"]
     for arch in args.networks:
         batch, inner = NETWORKS[arch]
         units = [("step", steps, inner), ("epoch", epochs, 1)]
@@ -267,7 +267,7 @@ def main() -> None:
                 speed[arch].append(forward_backward_ms(net, x, y))
             ratios = paired_ratios(rounds, "deterministic SGD")
             for name, secs in rounds.items():
-                row = {"network": arch, "batch": batch, "unit": unit, "step": name}
+                row = {"network": arch, "batch": batch, "unit": unit, "step": name, "date": today}
                 q1, ratio, q3 = ratios[name]
                 ms = statistics.median(secs) * 1e3
                 rows.append({**row, "ms": ms, "ratio": ratio, "ratio_q1": q1, "ratio_q3": q3})
@@ -277,16 +277,24 @@ def main() -> None:
             for k, v in ops.items()
         ]
     old = RESULTS / "bench_von_epoch.json"
+    command = (
+        f"python benchmarks/bench_von_epoch.py --threads {args.threads} --repeats {args.repeats}"
+    )
+    note = ""
     if set(args.networks) != set(NETWORKS) and old.exists():  # the other networks' rows
         kept = json.loads(old.read_text())
         rows = [r for r in kept["rows"] if r["network"] not in args.networks] + rows
         speed = {**kept.get("deterministic_forward_backward_ms", {}), **speed}
+        others = sorted(set(NETWORKS) - set(args.networks))
+        command += f" --networks {' '.join(args.networks)}"
+        dates = {r.get("date", kept["machine"]["date"]) for r in rows if r["network"] in others}
+        note = f" (the {', '.join(others)} rows: kept from the run of {', '.join(sorted(dates))})"
     lines = [
         "# Stage-1 step time over a deterministic SGD step (target: VON <= 1.3x)",
         "",
-        f"`python benchmarks/bench_von_epoch.py --threads {args.threads} --repeats "
-        f"{args.repeats}`; medians of interleaved rounds. The ratio is the median over the "
-        "rounds of each round's time over the deterministic one's, with its quartiles.",
+        f"`{command}`{note}; medians of interleaved rounds. The ratio is the "
+        "median over the rounds of each round's time over the deterministic one's, with its "
+        "quartiles.",
         "",
         "An epoch: the library's trainers over one loader of 3,600 images "
         "(`train_deterministic`, SGD; `fit`, VON): random images, and (`epoch, MNIST`) "
