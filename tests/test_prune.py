@@ -369,7 +369,11 @@ def test_a_run_prunes_inside_stage3_and_its_file_stores_the_pruned_structure(
 
     cfg = tiny_run_config
     cfg["stage3"].update(prune_snr=3.0, merge_every=1, reassign_every=1, prune_ramp_epochs=ramp)
-    run(config_from_dict(cfg), tmp_path)
+    if ramp:  # the ramp end to end in float64 (it catches dtype slips on the CPU)
+        cfg["network"] = {**cfg["network"], "dtype": "float64"}
+    art = run(config_from_dict(cfg), tmp_path)
+    dtype = art.trained["2dg"].guide.centre_mu.dtype
+    assert dtype == (torch.float64 if ramp else torch.float32)
     model, guide = load_compact(tmp_path / "model_2dg.2dgz")
     n, K = guide.n_pinned, guide.n_components
     assert n >= 1 and guide.pruning["snr"] == 3.0 and guide.pruning["n"] > 0
