@@ -839,7 +839,9 @@ def targets(rows: list[dict], arch: str = "lenet5") -> dict:
         return ok and (ens is None or r["mean_ood_auroc"] >= ens["mean_ood_auroc"])
 
     out = {}
-    kept = f"keeping acc >= det - 0.5 pp, NLL <= det, OOD >= {reference}"
+    kept = "keeping acc >= det - 0.5 pp, NLL <= det, " + (
+        f"OOD >= {reference}" if ens else f"OOD not judged (no {reference} in this run)"
+    )
     rules = (
         ("on each seed's validation split", "K and pruning chosen on validation"),
         ("once, on the seeds' mean validation", ONCE),
