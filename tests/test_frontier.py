@@ -859,3 +859,22 @@ def test_a_pruning_ramp_lifts_the_pruned_2dg_network_but_not_the_deployed_files(
     assert "SNR<3" in chosen
     checks = frontier.targets(list(mean.values()), "resnet20")
     assert not any(v["met"] for k, v in checks.items() if k.startswith("moonshot"))
+
+
+def test_on_lenet5_a_pruning_ramp_scores_as_pruning_at_once(frontier):
+    """``frontier_lenet5_ramp`` (the 150-epoch recipe at T = 1.5 and 60 stage-3 epochs,
+    pruned at once and ramped over the first 30, seeds 0-2 in one environment): the
+    same 95.8 % of the weights pruned, and the two files score alike (accuracy within
+    0.1 pp, NLL within 0.003, OOD AUROC within 0.002), both 57x smaller than the float32
+    network with its accuracy and NLL kept on the mean: at 60 epochs stage 3 recovers
+    from pruning at once, and the ramp adds nothing."""
+    merged, mean = _three_seed_means(frontier, "frontier_lenet5_ramp")
+    det = mean["deterministic float32"]
+    once = "2dg K=32 nearest pruned in stage 3 SNR<1.5 zero, 60 stage-3 epochs small"
+    a, b = mean[once.replace("zero,", "zero, ramped over 30 epochs,")], mean[once]
+    assert a["pruned_fraction"] == b["pruned_fraction"] > 0.95
+    assert abs(a["accuracy"] - b["accuracy"]) < 0.001 and abs(a["nll"] - b["nll"]) < 0.003
+    assert abs(a["mean_ood_auroc"] - b["mean_ood_auroc"]) < 0.002
+    for r in (a, b):
+        assert r["float32_ratio"] > 56 and r["accuracy"] >= det["accuracy"] - 0.005
+        assert r["nll"] < det["nll"]
