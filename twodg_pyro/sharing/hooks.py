@@ -26,7 +26,7 @@ from ..guide import require_sharing
 from ..infer.callbacks import Callback
 from ..infer.optim import remap_optimizer_rows
 from .config import Assignment, EllipseScope
-from .prune import inlier_snr, prune_further
+from .prune import lowest_snr_first, prune_further
 from .refine import reassign
 
 
@@ -288,10 +288,8 @@ class PruneRamp(Callback):
     def __init__(self, structure, snr: float, epochs: int):
         if int(epochs) < 1:
             raise ValueError(f"PruneRamp: epochs must be >= 1, got {epochs!r}")
-        ratio = inlier_snr(structure)
-        below = ratio < snr
-        index = torch.cat([structure.plain_index, structure.ellipse_index])[below]
-        self.order = index[torch.argsort(ratio[below], stable=True)]  # lowest SNR first
+        index = torch.cat([structure.plain_index, structure.ellipse_index])
+        self.order = index[lowest_snr_first(structure, snr)]  # flat weight indices
         self.snr, self.epochs = float(snr), int(epochs)
         self.log: list[dict] = []
 

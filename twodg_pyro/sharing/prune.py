@@ -73,6 +73,15 @@ def inlier_snr(s: SharingStructure) -> torch.Tensor:
     return mu.abs() / plane_sigma(m1, s.coordinates).clamp_min(MIN_SIGMA)
 
 
+def lowest_snr_first(s: SharingStructure, snr: float) -> torch.Tensor:
+    r"""The positions (in ``plain_index`` then ``ellipse_index`` order) of the inliers of
+    :math:`\mathrm{SNR}_i <` ``snr``, lowest SNR first (ties in position order): the
+    order in which a limited or ramped pruning ties them."""
+    ratio = inlier_snr(s)
+    below = torch.nonzero(ratio < snr).squeeze(1)
+    return below[torch.argsort(ratio[below], stable=True)]
+
+
 def _centre(sigma: float, coordinates: str) -> list[float]:
     return [0.0, math.log(sigma) if coordinates == "log_sigma" else sigma]
 
@@ -118,11 +127,10 @@ def prune_structure(
     if not bool(torch.isfinite(s.inlier_points).all()):
         raise ValueError("the structure's inlier points are not finite: nothing to prune by")
     idx = torch.cat([s.plain_index, s.ellipse_index])
-    ratio = inlier_snr(s)
-    pruned = ratio < snr
-    if limit is not None and int(pruned.sum()) > limit:  # the lowest SNR first
+    pruned = inlier_snr(s) < snr
+    if limit is not None and int(pruned.sum()) > limit:
         pruned = torch.zeros_like(pruned)
-        pruned[torch.argsort(ratio, stable=True)[: max(int(limit), 0)]] = True
+        pruned[lowest_snr_first(s, snr)[: max(int(limit), 0)]] = True
     K, dtype = s.n_gaussians, s.means.dtype
     n_w = s.num_weights
     if not bool(pruned.any()):
