@@ -104,7 +104,6 @@ def epochs(arch: str, batch: int, n_data: int = 3600) -> dict:
     )
     loader = make_loader(data, batch, shuffle=True)
     det = build_network(arch, num_classes=10, in_channels=1)
-    von = functools.partial(VariationalOnlineNewton, kl_weight=0.1)
 
     def det_epoch():
         train_deterministic(det, loader, 1, lr=0.1, optimizer="sgd", progress=False)
@@ -112,30 +111,33 @@ def epochs(arch: str, batch: int, n_data: int = 3600) -> dict:
     det_epoch.net = det  # its speed is measured at its first and last weights
 
     def von_epochs(fused: bool):
-        model = BNNModel(
-            build_network(arch, num_classes=10, in_channels=1),
-            prior=LayerwiseNormalPrior(),
-            likelihood=Categorical(n_data),
-        )
-        guide = MeanFieldGuide(model, init_scale=1e-3)
-        state = None  # the VON run's TrainState, continued one epoch a call
-
-        def von_epoch():
-            nonlocal state
-            upto = 1 if state is None else state.epoch + 1
-            state = fit(
-                model, guide, loader, upto, lr=1e-3,
-                elbo=DecomposedELBO(beta=0.1, fused_kl=fused), optimizer=von,
-                progress=False, state=state,
-            )  # fmt: skip
-
-        return von_epoch
+        net = build_network(arch, num_classes=10, in_channels=1)
+        return von_epoch(net, loader, n_data, 1e-3, 0.1, fused)
 
     return {
         "deterministic SGD": det_epoch,
         "mean-field VON": von_epochs(False),
         "mean-field VON, fused_kl": von_epochs(True),
     }
+
+
+def von_epoch(net, loader, n_data: int, lr: float, kl_weight: float, fused: bool, **von):
+    """One more VON epoch of a mean-field BNN around ``net`` (``init_scale`` 1e-3, the
+    layer-wise prior) by the library's ``fit``, as a zero-argument function: each call
+    continues the same training (its ``TrainState``)."""
+    model = BNNModel(net, LayerwiseNormalPrior(), Categorical(n_data))
+    guide, state = MeanFieldGuide(model, init_scale=1e-3), None
+    optimizer = functools.partial(VariationalOnlineNewton, kl_weight=kl_weight, **von)
+
+    def epoch():
+        nonlocal state
+        upto = 1 if state is None else state.epoch + 1
+        state = fit(
+            model, guide, loader, upto, lr=lr, optimizer=optimizer, progress=False, state=state,
+            elbo=DecomposedELBO(beta=kl_weight, fused_kl=fused),
+        )  # fmt: skip
+
+    return epoch
 
 
 def forward_backward_ms(net, x: torch.Tensor, y: torch.Tensor, repeats: int = 30) -> float:
@@ -165,21 +167,9 @@ def real_epochs(root: str, batch: int = 128) -> dict | None:
     net = build_network("lenet5", num_classes=10, in_channels=1)
     train_deterministic(net, loader, 3, lr=1e-3, progress=False)
     det = copy.deepcopy(net)
-    von = functools.partial(VariationalOnlineNewton, kl_weight=0.03, beta2=0.99)
 
-    def von_epochs(fused: bool):
-        model = BNNModel(copy.deepcopy(net), LayerwiseNormalPrior(), Categorical(len(data)))
-        guide, state = MeanFieldGuide(model, init_scale=1e-3), None
-
-        def von_epoch():
-            nonlocal state
-            upto = 1 if state is None else state.epoch + 1
-            state = fit(
-                model, guide, loader, upto, lr=0.1, optimizer=von, progress=False, state=state,
-                elbo=DecomposedELBO(beta=0.03, fused_kl=fused),
-            )  # fmt: skip
-
-        return von_epoch
+    def von_epochs(fused: bool):  # the natural-gradient recipe's settings
+        return von_epoch(copy.deepcopy(net), loader, len(data), 0.1, 0.03, fused, beta2=0.99)
 
     return {
         "deterministic SGD": lambda: train_deterministic(
