@@ -211,8 +211,8 @@ NEAREST_VARIANTS: dict[str, dict] = {
         }
         for t in (0.5, 0.75, 1.0, 1.5)
     },
-    # at T = 1.5 (56x) pruning at once cost 1.7 pp and NLL 0.19 even after 60 stage-3
-    # epochs (frontier_stage3_nearest.md): the same weights pruned over the first 30
+    # the largest threshold (56x) pruned over the first 30 of 60 stage-3 epochs: on the
+    # 150-epoch recipe it scores as pruning at once (frontier_lenet5_ramp.md)
     "K=32 nearest pruned in stage 3 SNR<1.5 zero, ramped over 30 epochs": {
         "sharing": {"n_components": 32, "assignment": "nearest"},
         "stage3": {"prune_snr": 1.5, "prune_spread": "zero", "prune_ramp_epochs": 30},
