@@ -235,7 +235,8 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     lap = "2dg (representative) + laplace"
     body, under = f"{lap}, body draws", f"{lap}, under body draws"
     resid = f"{lap} + GP residual"
-    methods = ["mean_field", "laplace", "2dg (representative)", lap, resid, body, under]
+    chosen = f"2dg (representative), {script.CHOSEN}"
+    methods = ["mean_field", "laplace", "2dg (representative)", lap, resid, body, under, chosen]
     assert [r["method"] for r in recs] == methods
     multiple = data_size_multiple(VON_RECIPE["stage1"]["kl_weight"])
     beta = multiple * data_size_kl_weight(180, 61706)
@@ -256,6 +257,19 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     assert by[resid]["forwards_per_prediction"] == by[lap]["forwards_per_prediction"] == 1
     assert by[resid]["file_prob_diff"] < 0.1
     assert by[resid]["relative_predict_seconds"] > 0  # timed, as the other rows are
+    # the head chosen on the validation split's OOD sets: only the plain row and its
+    # Laplace row are scored there, and the chosen row is the better one's record
+    scored = [m for m in methods if "validation" in by[m]]
+    assert scored == ["2dg (representative)", lap, chosen]
+    ood = {m: by[m]["validation"]["mean_ood_entropy_auroc"] for m in scored[:2]}
+    assert by[chosen]["chosen"] == (lap if ood[lap] > ood["2dg (representative)"] else scored[0])
+    picked = by[by[chosen]["chosen"]]
+    assert {k: v for k, v in by[chosen].items() if k not in ("method", "chosen")} == {
+        k: v for k, v in picked.items() if k != "method"
+    }
+    v = by[lap]["validation"]
+    assert 0 <= v["accuracy"] <= 1 and v["nll"] > 0
+    assert set(v["ood_entropy_auroc"]) == set(by[lap]["ood"])
     # --laplace-rows: only the rows asked for
     recs, _ = script.run_recipe(
         script.NATURAL_GRADIENT,
@@ -266,7 +280,7 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
         methods=["mean_field", "2dg"],
         laplace_rows=(),
     )
-    assert [r["method"] for r in recs] == ["mean_field", "2dg (representative)", lap]
+    assert [r["method"] for r in recs] == ["mean_field", "2dg (representative)", lap, chosen]
     # each record states the torch build and threads it was trained with, and a table
     # merged with older records says which were not recorded
     env = {
@@ -281,6 +295,34 @@ def test_the_natural_gradient_recipe_trains_von_at_its_multiple_of_the_data_size
     assert f", {env['isa']} kernels" in line
     assert "(older runs: not recorded)" in line and blank == ""
     assert script.environments_line([{"method": "older"}]) == []
+
+
+def test_the_head_is_chosen_per_seed_and_variant_by_validation_ood_ties_keeping_the_plain_row():
+    """``uncertainty.head_on_validation``: per 2DG variant, the row (plain or with the
+    Laplace last layer) of the higher mean validation OOD AUROC; a tie keeps the plain
+    row; a variant without both rows scored gets no chosen row."""
+    script = _script_module("uncertainty")
+
+    def row(method, auroc, nll=0.1):
+        return {"method": method, "nll": nll, "validation": {"mean_ood_entropy_auroc": auroc}}
+
+    recs = [
+        row("2dg (representative)", 0.90),
+        row("2dg (representative) + laplace", 0.93, nll=0.2),
+        row("2dg (tied)", 0.95),
+        row("2dg (tied) + laplace", 0.95),
+        row("2dg (stochastic)", 0.80),
+        {"method": "2dg (stochastic) + laplace", "nll": 0.1},  # not scored on validation
+        row("2dg (representative) + laplace, body draws", 0.99),
+    ]
+    out = {r["method"]: r for r in script.head_on_validation(recs)}
+    rep, tied = (f"2dg ({v}), {script.CHOSEN}" for v in ("representative", "tied"))
+    assert list(out) == [rep, tied]
+    assert out[rep]["chosen"] == "2dg (representative) + laplace" and out[rep]["nll"] == 0.2
+    assert out[tied]["chosen"] == "2dg (tied)"
+    assert script.head_rule_rows("2dg (tied) + laplace") == ("2dg (tied)", "2dg (tied) + laplace")
+    assert script.head_rule_rows("2dg (representative) + laplace, body draws") == ()
+    assert script.head_rule_rows("mean_field") == ()
 
 
 @pytest.mark.slow
