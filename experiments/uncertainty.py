@@ -33,6 +33,11 @@ a CPU; the accuracy / NLL / ECE columns are the run's own 30-draw numbers) on:
   on a seeded ``--shift-size`` subset of the test images (200 by default): accuracy,
   NLL and ECE.
 
+The natural-gradient recipe's plain 2DG BNN and its row with the Laplace last layer are
+also scored on OOD sets made from the validation split's images (``validation`` in their
+records), and the row ``2dg (...), head chosen on validation`` takes per seed whichever
+detects them better (:func:`head_on_validation`: one rule for both networks).
+
 Writes ``experiments/results/uncertainty.json`` (``records``: one per (recipe, method,
 seed) with the fields the issue names) and ``uncertainty.md`` (means over seeds, the
 targets checked on the recommended recipe), and ``uncertainty_shift.png`` /
