@@ -96,6 +96,16 @@ GRID: dict[str, tuple[dict, float]] = {
     # and is now the preset's ("svi"), so 50 is named (the point "svi" of the
     # stage1_lenet5_longer* files, run before the preset changed)
     **{f"svi, {n} epochs": ({"stage1": {"epochs": n}}, 1.0) for n in (50, 100, 150, 300)},
+    # LeNet-5's natural-gradient stage 1 at the 50 epochs it was chosen at (the -von
+    # preset's) and at the SVI recipe's 150: whether its OOD detection, below the
+    # ensemble's on six seeds (uncertainty_lenet5_rule_seeds0to5.md), gains from the time
+    **{
+        f"von, frozen, x0.3, {n} epochs": (
+            {"network": {"norm_stats": "frozen"}, "stage1": {**VON, "epochs": n}},
+            0.3,
+        )
+        for n in (50, 150)
+    },
     # the recipes' stage 1 with the fused mean-field step (fused_kl: every site drawn and
     # its KL taken as one flat vector): the same bound to float rounding, cheaper steps
     "svi, fused": ({"fused_kl": True}, 1.0),

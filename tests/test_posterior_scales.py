@@ -90,9 +90,9 @@ def test_recommended_preset_is_valid_and_tempered():
     assert cfg.prior.kind == "layerwise"
     assert cfg.stage1.lr_scale == 1e-2
     # stage 1 until its small layers settle, chosen on validation (presets.py); the
-    # natural-gradient preset keeps the 50 epochs it was chosen at
+    # natural-gradient preset too (recipe_selection/stage1_lenet5_von_longer_seed*)
     assert cfg.stage1.epochs == 150
-    assert config_from_dict(preset("mnist-lenet5-von")).stage1.epochs == 50
+    assert config_from_dict(preset("mnist-lenet5-von")).stage1.epochs == 150
 
 
 def test_the_bar_shows_three_fields_and_the_records_keep_all(digits, capsys):

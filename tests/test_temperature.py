@@ -151,7 +151,7 @@ def test_every_von_preset_is_its_bayes_preset_under_the_natural_gradient_recipe(
     ]
     for name in names:
         bayes = preset(name.removesuffix("-von") + "-bayes")
-        # beyond the recipe, only the stated overrides (LeNet-5's stage-1 epochs)
+        # beyond the recipe, only the stated overrides (none now)
         override = VON_OVERRIDES.get(name.removesuffix("-von"), {})
         assert preset(name) == merge_settings(merge_settings(bayes, VON_RECIPE), override)
         cfg = config_from_dict(preset(name))

@@ -450,3 +450,18 @@ def test_three_held_out_lenet5_seeds_make_the_rule_miss_the_ensemble():
     assert rows[chosen]["nll"] <= 0.117 and rows[chosen]["seeds"] == 6
     t = six["targets"][f"natural gradient: {chosen}"]
     assert not t["mean entropy AUROC >= ensemble"]["met"] and t["nll <= det"]["met"]
+
+
+def test_the_von_preset_runs_150_stage1_epochs_because_validation_chose_them():
+    """``mnist-lenet5-von``'s 150 stage-1 epochs: on each of three seeds' validation split
+    150 epochs of the natural-gradient stage 1 have a lower NLL than 50 (the selection
+    files' rule), and the preset runs them."""
+    from twodg_pyro.pipeline import config_from_dict
+    from twodg_pyro.pipeline.settings.presets import preset
+
+    folder = RESULTS.parent / "recipe_selection"
+    for seed in (0, 1, 2):
+        payload = json.loads((folder / f"stage1_lenet5_von_longer_seed{seed}.json").read_text())
+        nll = {r["point"]: r["nll"] for r in payload["records"]}
+        assert nll["von, frozen, x0.3, 150 epochs"] < nll["von, frozen, x0.3, 50 epochs"]
+    assert config_from_dict(preset("mnist-lenet5-von")).stage1.epochs == 150
