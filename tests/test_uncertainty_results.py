@@ -25,6 +25,11 @@ def committed():
     return json.loads(RESULTS.read_text())
 
 
+def _mean_ood(row: dict) -> float:
+    """A record's or summary row's mean entropy AUROC over its OOD sets."""
+    return sum(v["entropy_auroc"] for v in row["ood"].values()) / len(row["ood"])
+
+
 def test_every_record_has_the_issue_fields(committed):
     fields = {"recipe", "method", "arch", "seed", "accuracy", "nll", "ece"}
     fields |= {"trainable_params", "stored_params", "ood", "shift", "mean_mi_clean"}
@@ -93,7 +98,7 @@ def test_natural_gradient_rows_are_checked_against_the_deterministic_laplace(ste
     targets = uq.targets(summary, payload.get("arch", "lenet5"))
     assert json.loads(json.dumps(targets)) == payload["targets"]
     lap = next(r for r in summary if r["recommended"] and r["method"] == "laplace")
-    goal = sum(v["entropy_auroc"] for v in lap["ood"].values()) / len(lap["ood"])
+    goal = _mean_ood(lap)
     key = "mean entropy AUROC >= last-layer Laplace"
     checked = [label for label, t in targets.items() if key in t]
     assert checked and all(label.startswith("natural gradient: 2dg") for label in checked)
@@ -194,13 +199,10 @@ def test_on_lenet5_the_body_draw_rows_cost_nll_and_detect_no_better():
     rows = {s["method"]: s for s in payload["summary"]}
     lap = "2dg (representative) + laplace"
 
-    def ood(row):
-        return sum(v["entropy_auroc"] for v in row["ood"].values()) / len(row["ood"])
-
     for tag in ("body draws", "under body draws"):
         row = rows[f"{lap}, {tag}"]
         assert row["seeds"] == 3 and row["nll"] > rows[lap]["nll"] + 0.015
-        assert ood(row) < ood(rows[lap])
+        assert _mean_ood(row) < _mean_ood(rows[lap])
 
 
 def test_six_resnet20_seeds_confirm_the_body_draw_rows_and_the_2dg_laplace_misses():
@@ -215,7 +217,7 @@ def test_six_resnet20_seeds_confirm_the_body_draw_rows_and_the_2dg_laplace_misse
     lap = "2dg (representative) + laplace"
 
     def ood(method, seed):
-        return sum(v["entropy_auroc"] for v in by[(method, seed)]["ood"].values()) / 6
+        return _mean_ood(by[(method, seed)])
 
     for tag in ("body draws", "under body draws"):
         diffs = [ood(f"{lap}, {tag}", s) - ood(lap, s) for s in range(6)]
@@ -240,12 +242,9 @@ def test_laplace_over_all_layers_is_worse_than_the_network_it_is_fitted_to(stem,
     rows = {s["method"]: s for s in payload["summary"]}
     det, lap = rows["deterministic"], rows["laplace"]
 
-    def ood(row):
-        return sum(v["entropy_auroc"] for v in row["ood"].values()) / len(row["ood"])
-
     assert lap["seeds"] == det["seeds"] == seeds
     assert lap["accuracy"] < det["accuracy"] - 0.01 and lap["nll"] > 2 * det["nll"]
-    assert lap["ece"] > 0.2 and ood(lap) < ood(det)
+    assert lap["ece"] > 0.2 and _mean_ood(lap) < _mean_ood(det)
     assert lap["stored_params"] > 2 * det["stored_params"]
     assert all(r["environment"]["threads"] == 1 for r in payload["records"])
 
@@ -279,15 +278,12 @@ def test_on_lenet5_the_gp_residual_changes_nothing_but_the_file():
     lap, resid = "2dg (representative) + laplace", RESIDUAL
     rows = {(r["recipe"], r["method"]): r for r in payload["summary"]}
 
-    def ood(row):
-        return sum(v["entropy_auroc"] for v in row["ood"].values()) / len(row["ood"])
-
     a, b = rows[("natural gradient", lap)], rows[("natural gradient", resid)]
     for k in ("accuracy", "nll"):
         assert abs(a[k] - b[k]) < 0.005
-    assert abs(ood(a) - ood(b)) < 0.005
-    ens = ood(rows[("KL weight 0.1", "ensemble")])
-    assert ood(b) < ens < ood(rows[("KL weight 0.1", "2dg (representative)")])
+    assert abs(_mean_ood(a) - _mean_ood(b)) < 0.005
+    ens = _mean_ood(rows[("KL weight 0.1", "ensemble")])
+    assert _mean_ood(b) < ens < _mean_ood(rows[("KL weight 0.1", "2dg (representative)")])
     checks = payload["targets"][f"natural gradient: {resid}"]
     assert not checks["mean entropy AUROC >= ensemble"]["met"]
 
@@ -400,9 +396,6 @@ def test_one_rule_chooses_the_laplace_last_layer_on_validation_for_both_networks
         for arch in ("lenet5", "resnet20")
     }
 
-    def ood(r):
-        return sum(v["entropy_auroc"] for v in r["ood"].values()) / len(r["ood"])
-
     agree = 0
     for arch, payload in payloads.items():
         by = {(r["method"], r["seed"]): r for r in payload["records"]}
@@ -412,16 +405,16 @@ def test_one_rule_chooses_the_laplace_last_layer_on_validation_for_both_networks
             val = {m: by[(m, s)]["validation"]["mean_ood_entropy_auroc"] for m in (plain, lap)}
             assert by[(chosen, s)]["chosen"] == max(val, key=lambda m: (val[m], m == plain))
             assert by[(chosen, s)]["nll"] == by[(picks[s], s)]["nll"]
-            agree += (ood(by[(lap, s)]) > ood(by[(plain, s)])) == (picks[s] == lap)
+            agree += (_mean_ood(by[(lap, s)]) > _mean_ood(by[(plain, s)])) == (picks[s] == lap)
             if arch == "resnet20":
                 assert by[(lap, s)]["validation"]["nll"] > by[(plain, s)]["validation"]["nll"]
     assert agree == 5
     rows = {s["method"]: s for s in payloads["lenet5"]["summary"]}
     t = payloads["lenet5"]["targets"][f"natural gradient: {chosen}"]
     assert rows[chosen]["nll"] <= 0.117 and t["nll <= det"]["met"]
-    gap = ood(rows["ensemble"]) - ood(rows[chosen])
+    gap = _mean_ood(rows["ensemble"]) - _mean_ood(rows[chosen])
     assert not t["mean entropy AUROC >= ensemble"]["met"] and 0 < gap < 1e-4
-    assert ood(rows[chosen]) > max(ood(rows[plain]), ood(rows[lap]))
+    assert _mean_ood(rows[chosen]) > max(_mean_ood(rows[plain]), _mean_ood(rows[lap]))
     t = payloads["resnet20"]["targets"][f"natural gradient: {chosen}"]
     assert all(t[k]["met"] for k in ("accuracy >= det - 0.005", "nll <= det", "ece <= 0.02"))
     assert not t["mean entropy AUROC >= last-layer Laplace"]["met"]
@@ -443,10 +436,7 @@ def test_three_held_out_lenet5_seeds_make_the_rule_miss_the_ensemble():
     assert six["seeds"] == [0, 1, 2, 3, 4, 5]
     rows = {s["method"]: s for s in six["summary"]}
 
-    def ood(row):
-        return sum(v["entropy_auroc"] for v in row["ood"].values()) / len(row["ood"])
-
-    assert 0.0015 < ood(rows["ensemble"]) - ood(rows[chosen]) < 0.003
+    assert 0.0015 < _mean_ood(rows["ensemble"]) - _mean_ood(rows[chosen]) < 0.003
     assert rows[chosen]["nll"] <= 0.117 and rows[chosen]["seeds"] == 6
     t = six["targets"][f"natural gradient: {chosen}"]
     assert not t["mean entropy AUROC >= ensemble"]["met"] and t["nll <= det"]["met"]
@@ -488,7 +478,7 @@ def test_on_the_150_epoch_von_preset_the_rule_meets_the_lenet5_targets():
 
     def row(p, method="2dg (representative)"):
         r = next(s for s in p["summary"] if s["method"] == method)
-        return r["nll"], sum(v["entropy_auroc"] for v in r["ood"].values()) / len(r["ood"])
+        return r["nll"], _mean_ood(r)
 
     (nll_new, ood_new), (nll_old, ood_old) = row(payload), row(old)
     assert nll_new < nll_old - 0.01 and ood_new > ood_old + 0.01
