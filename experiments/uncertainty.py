@@ -241,6 +241,8 @@ FIELDS = ("accuracy", "nll", "ece", "trainable_params", "stored_params")
 #: network weight, the forward passes of one prediction and its time over the
 #: deterministic network's in the same run
 COSTS = ("file_bytes", "bytes_per_weight", "forwards_per_prediction", "relative_predict_seconds")
+#: the label of a 2DG row with laplace-torch's last layer: ``2dg (variant)`` + this
+WITH_LAPLACE = " + laplace"
 #: the rows ``laplace_around_2dg`` adds to ``2dg (...) + laplace`` (``--laplace-rows``)
 LAPLACE_ROWS = ("GP residual", "body draws", "under body draws")
 
@@ -357,7 +359,7 @@ def run_recipe(
             trained, art.split.val, art.eval_data, ev_args["draws"], seed
         )
         rec["recommended"] = name == RECOMMENDED
-        if val_ev is not None and head_rule_rows(label):
+        if val_ev is not None and in_head_rule(label):
             rec["validation"] = validation_scores(trained, val_ev, ev_args["draws"], device)
         out.append(rec)
         print(
@@ -377,13 +379,11 @@ VALIDATION_SEED = 10_000
 CHOSEN = "head chosen on validation"
 
 
-def head_rule_rows(label: str) -> tuple[str, ...]:
-    """The rows :func:`head_on_validation` chooses between that ``label`` belongs to: a
-    plain 2DG row (``2dg (variant)``) and its row with the Laplace last layer."""
-    plain = label.removesuffix(" + laplace")
-    if not plain.startswith("2dg (") or not plain.endswith(")"):
-        return ()
-    return (plain, f"{plain} + laplace")
+def in_head_rule(label: str) -> bool:
+    """Whether :func:`head_on_validation` chooses between the row ``label`` and its pair:
+    a plain 2DG row (``2dg (variant)``) or that row with the Laplace last layer."""
+    plain = label.removesuffix(WITH_LAPLACE)
+    return plain.startswith("2dg (") and plain.endswith(")")
 
 
 def validation_sets(art, ood_size: int, seed: int) -> UncertaintySets:
@@ -418,7 +418,7 @@ def head_on_validation(records: list[dict]) -> list[dict]:
     rows = {r["method"]: r for r in records if "validation" in r}
     out = []
     for label, plain in rows.items():
-        with_laplace = rows.get(f"{label} + laplace")
+        with_laplace = rows.get(label + WITH_LAPLACE)
         if with_laplace is None:
             continue
         score = [r["validation"]["mean_ood_entropy_auroc"] for r in (plain, with_laplace)]
@@ -450,7 +450,7 @@ def laplace_around_2dg(art, records: list[dict], cfg, rows=LAPLACE_ROWS) -> dict
         one = time_call(lambda net=net: net.predict(art.eval_data, cfg.num_samples, cfg.seed))
         t0 = time.perf_counter()
         post = fit_laplace(net.net, loader, cfg.laplace)
-        label = f"2dg ({r['variant']}) + laplace"
+        label = f"2dg ({r['variant']})" + WITH_LAPLACE
         rec = _compact_laplace_row(art, cfg, r, bnn, post, label, t0, one)
         out[label] = (rec, post)
         if "GP residual" in rows:
@@ -465,11 +465,11 @@ def laplace_around_2dg(art, records: list[dict], cfg, rows=LAPLACE_ROWS) -> dict
                 continue
             t0 = time.perf_counter()
             head = fit_under_body_draws(bnn, loader, cfg.laplace, cfg.seed) if refit else post
-            label = f"2dg ({r['variant']}) + laplace, {tag}"
-            method = BodyDrawLaplace(bnn, head, label)
+            tagged = f"{label}, {tag}"
+            method = BodyDrawLaplace(bnn, head, tagged)
             probs = method.predict(art.eval_data, cfg.num_samples, cfg.seed).mean
             row = {
-                "method": label,
+                "method": tagged,
                 **classification_metrics(probs, data_tensors(art.eval_data)[1]),
                 "seconds": time.perf_counter() - t0,
                 "forwards_per_prediction": method.forwards_per_prediction(cfg.num_samples),
@@ -478,7 +478,7 @@ def laplace_around_2dg(art, records: list[dict], cfg, rows=LAPLACE_ROWS) -> dict
             }
             for k in ("trainable_params", "stored_params", "file_bytes", "bytes_per_weight"):
                 row[k] = rec[k]  # the 2DG + Laplace file: the same sections and sizes
-            out[label] = (row, method)
+            out[tagged] = (row, method)
     return out
 
 

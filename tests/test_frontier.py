@@ -24,6 +24,11 @@ def frontier():
     return module
 
 
+def _by_seed_point(points) -> dict:
+    """A frontier's points by ``(seed, point name)``."""
+    return {(p["seed"], p["point"]): p for p in points}
+
+
 def _net():
     torch.manual_seed(0)
     return LeNet5().eval()
@@ -453,7 +458,7 @@ def test_the_150_epoch_recipe_frontier_keeps_every_seeds_targets_beyond_30x(fron
     payload = json.loads(path.read_text())
     rows = frontier.summarise(frontier.with_chosen(payload["points"]))
     assert json.loads(json.dumps(rows)) == payload["summary"]
-    by = {(p["seed"], p["point"]): p for p in frontier.with_chosen(payload["points"])}
+    by = _by_seed_point(frontier.with_chosen(payload["points"]))
     assert payload["seeds"] == seeds
     for seed in payload["seeds"]:
         det, ens = by[seed, "deterministic float32"], by[seed, "ensemble"]
@@ -611,7 +616,7 @@ def test_kronecker_triangles_shrink_the_head_file_and_buy_a_lower_threshold(fron
     head = mean[f"2dg + laplace head {variant.format(1.5)}"]
     assert head["float32_ratio"] >= 8 and head["accuracy"] >= det["accuracy"] - 0.005
     assert head["nll"] <= det["nll"] and head["mean_ood_auroc"] < lap["mean_ood_auroc"]
-    seeds = {(p["seed"], p["point"]): p for p in merged["points"]}
+    seeds = _by_seed_point(merged["points"])
     for seed in (0, 1, 2):
         laplace_ood = seeds[seed, "laplace"]["mean_ood_auroc"]
         for t in (1, 1.5):
@@ -645,7 +650,7 @@ def test_a_floored_residual_on_16_centres_lifts_the_8x_head_file_past_laplaces_o
     assert floored["float32_ratio"] >= 8 and floored["accuracy"] >= det["accuracy"] - 0.005
     assert floored["nll"] <= det["nll"] and floored["mean_ood_auroc"] >= lap["mean_ood_auroc"]
     assert plain["nll"] > det["nll"]  # unfloored: the centres' own variance costs NLL
-    by = {(p["seed"], p["point"]): p for p in merged["points"]}
+    by = _by_seed_point(merged["points"])
     for seed in (0, 1, 2):
         assert (
             by[seed, gp.format(" floored at q=0.9")]["mean_ood_auroc"]
@@ -676,7 +681,7 @@ def test_head_files_around_the_mean_statistics_keep_resnet20s_targets_only_on_th
         k for k in merged["targets"] if k.startswith("the 2DG + Laplace head file chosen once")
     )
     assert merged["targets"][key]["met"]
-    by = {(p["seed"], p["point"]): p for p in merged["points"]}
+    by = _by_seed_point(merged["points"])
     name = by[0, once["point"]]["chosen"]
     assert "SNR<2" in name
     nll = [by[s, name]["nll"] - by[s, "deterministic float32"]["nll"] for s in (0, 1, 2)]
@@ -729,7 +734,7 @@ def test_tuning_the_head_files_mean_lowers_resnet20s_nll_on_every_seed_but_seed_
     deterministic network's test NLL on seeds 0 and 1 and misses it on seed 2; the
     tuning chosen once on validation (``mark_settings``) is lr 1e-3, for both files."""
     merged, _ = _three_seed_means(frontier, "frontier_resnet20_head_tuned")
-    by = {(p["seed"], p["point"]): p for p in merged["points"]}
+    by = _by_seed_point(merged["points"])
     variant = "K=16 per layer nearest pruned in stage 3 SNR<2 zero, 20 stage-3 epochs"
     plain = f"{frontier.HEAD} {variant} small"
     tuned = f"{frontier.HEAD} {variant}, {frontier.TUNED} lr=0.001 small"
@@ -766,7 +771,7 @@ def test_eight_tuning_epochs_on_another_cpu_keep_the_gp_file_on_the_mean_not_per
     assert head["nll"] <= det["nll"] and head["mean_ood_auroc"] < lap["mean_ood_auroc"]
     once = _chosen_once(frontier, merged)
     assert f"{frontier.TUNED} lr=0.001" in once[f"{frontier.HEAD_GP} small, {frontier.ONCE}"]
-    by = {(p["seed"], p["point"]): p for p in merged["points"]}
+    by = _by_seed_point(merged["points"])
     variant = "K=16 per layer nearest pruned in stage 3 SNR<2 zero, 20 stage-3 epochs"
     tuned = f"{frontier.HEAD} {variant}, {frontier.TUNED} lr=0.001 small"
     beats = [by[s, tuned]["nll"] < by[s, "deterministic float32"]["nll"] for s in (0, 1, 2)]
@@ -787,7 +792,7 @@ def test_full_size_laplace_misses_the_per_seed_nll_bar_that_the_head_files_miss(
     test_gap, val_gap, seed0 = [], [], []
     for stem in ("head", "head_gpf", "head_tuned", "head_tuned8", "head_at_mean"):
         path = ROOT / "experiments" / "results" / f"frontier_resnet20_{stem}.json"
-        by = {(p["seed"], p["point"]): p for p in json.loads(path.read_text())["points"]}
+        by = _by_seed_point(json.loads(path.read_text())["points"])
         det, lap = by[2, "deterministic float32"], by[2, "laplace"]
         test_gap.append(lap["nll"] - det["nll"])
         val_gap.append(lap["val_nll"] - det["val_nll"])
@@ -813,7 +818,7 @@ def test_pruning_at_snr_3_keeps_resnet20s_targets_at_11x_and_snr_5_loses_the_net
     assert gp["nll"] <= det["nll"] and gp["mean_ood_auroc"] >= lap["mean_ood_auroc"]
     once = _chosen_once(frontier, merged)[f"{frontier.HEAD_GP} small, {frontier.ONCE}"]
     assert "SNR<3" in once and f"{frontier.TUNED} lr=0.001" in once
-    by = {(p["seed"], p["point"]): p for p in merged["points"]}
+    by = _by_seed_point(merged["points"])
     det_of = [by[s, "deterministic float32"] for s in (0, 1, 2)]
     assert all(by[s, once]["accuracy"] >= d["accuracy"] - 0.005 for s, d in enumerate(det_of))
     assert [by[s, once]["nll"] <= d["nll"] for s, d in enumerate(det_of)] == [True, False, False]
@@ -844,7 +849,7 @@ def test_a_pruning_ramp_lifts_the_pruned_2dg_network_but_not_the_deployed_files(
     a, b = mean[f"2dg {ramp} small"], mean[f"2dg {once} small"]
     assert a["pruned_fraction"] == b["pruned_fraction"] > 0.8
     assert a["accuracy"] > b["accuracy"] + 0.05 and a["nll"] < b["nll"]
-    by = {(p["seed"], p["point"]): p for p in merged["points"]}
+    by = _by_seed_point(merged["points"])
     gains = [
         by[s, f"2dg {ramp} small"]["accuracy"] - by[s, f"2dg {once} small"]["accuracy"]
         for s in (0, 1, 2)
