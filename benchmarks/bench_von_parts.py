@@ -9,7 +9,8 @@ momentum 0.9) on the network, VON at the natural-gradient recipe's settings (lea
 0.1, precision rate 0.01, KL weight 0.03, ``init_scale`` 1e-3), site by site (the default,
 the traced step bit for bit) and with ``fused_kl``.  The VON step is the one
 :class:`~twodg_pyro.infer.DecomposedELBO`'s fast step takes, written out part by part (the
-same calls as :func:`~twodg_pyro.infer.fast_step.fast_particle_terms`):
+same calls as :func:`~twodg_pyro.infer.fast_step.fast_particle_terms`, less its check of the
+targets' shape):
 
 - ``draw and KL``: the guide's draw of every weight and the KL's closed form
   (``fast_draw``, ``fast_kl``); the deterministic step has none;
