@@ -151,21 +151,36 @@ def forward_backward_ms(net, x: torch.Tensor, y: torch.Tensor, repeats: int = 30
     return statistics.median(times) * 1e3
 
 
-def real_epochs(root: str, batch: int = 128) -> dict | None:
-    """Epochs of LeNet-5 on the MNIST subset's training images (module docstring), as
-    zero-argument functions; ``None`` without the subset."""
+def mnist_train(root: str) -> torch.utils.data.TensorDataset | None:
+    """The MNIST subset's training images in memory (no decoding per epoch); ``None``
+    without the subset."""
     from twodg_pyro.data import load_dataset
 
     try:
         split = load_dataset("mnist", root)
     except (FileNotFoundError, ValueError, OSError):
         return None
-    xs, ys = zip(*make_loader(split.train, 512), strict=True)  # in memory: no decoding
-    data = torch.utils.data.TensorDataset(torch.cat(xs), torch.cat(ys))
+    xs, ys = zip(*make_loader(split.train, 512), strict=True)
+    return torch.utils.data.TensorDataset(torch.cat(xs), torch.cat(ys))
+
+
+def pretrained_lenet5(data, batch: int) -> tuple:
+    """``(loader, net)``: ``data`` shuffled in minibatches of ``batch`` (seed 0) and a
+    LeNet-5 trained on them for three epochs, the start both trainers share."""
     torch.manual_seed(0)
     loader = make_loader(data, batch, shuffle=True)
     net = build_network("lenet5", num_classes=10, in_channels=1)
     train_deterministic(net, loader, 3, lr=1e-3, progress=False)
+    return loader, net
+
+
+def real_epochs(root: str, batch: int = 128) -> dict | None:
+    """Epochs of LeNet-5 on the MNIST subset's training images (module docstring), as
+    zero-argument functions; ``None`` without the subset."""
+    data = mnist_train(root)
+    if data is None:
+        return None
+    loader, net = pretrained_lenet5(data, batch)
     det = copy.deepcopy(net)
 
     def von_epochs(fused: bool):  # the natural-gradient recipe's settings

@@ -50,16 +50,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from _common import record
+from bench_von_epoch import mnist_train, pretrained_lenet5
 
-from twodg_pyro.baselines.deterministic import train_deterministic
 from twodg_pyro.bnn import BNNModel
-from twodg_pyro.data import load_dataset, make_loader
 from twodg_pyro.guides import MeanFieldGuide
 from twodg_pyro.infer import DecomposedELBO, VariationalOnlineNewton
 from twodg_pyro.infer.fast_step import site_priors
 from twodg_pyro.infer.optim import build_optimizer
 from twodg_pyro.likelihoods import Categorical
-from twodg_pyro.models import build_network
 from twodg_pyro.nn.functional import inverse_softplus, softplus
 from twodg_pyro.priors import LayerwiseNormalPrior
 
@@ -76,20 +74,6 @@ def keep_freed_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3  # mallopt's parameter numbers
     return bool(libc.mallopt(m_trim_threshold, 2**30) and libc.mallopt(m_mmap_threshold, 2**25))
-
-
-def data(root: str) -> tuple[torch.utils.data.DataLoader, str]:
-    """The loader of the training images (the MNIST subset's, else random ones) and what
-    they are."""
-    try:
-        split = load_dataset("mnist", root)
-        xs, ys = zip(*make_loader(split.train, 512), strict=True)
-        images, what = (torch.cat(xs), torch.cat(ys)), "the MNIST subset's training images"
-    except (FileNotFoundError, ValueError, OSError):
-        images = (torch.randn(N_DATA, 1, 28, 28), torch.randint(0, 10, (N_DATA,)))
-        what = "random images (no MNIST subset found)"
-    torch.manual_seed(0)
-    return make_loader(torch.utils.data.TensorDataset(*images), BATCH, shuffle=True), what
 
 
 def deterministic_step(net):
@@ -161,9 +145,13 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     kept = False if args.glibc_default else keep_freed_memory()
-    loader, images = data(args.mnist_root)
-    net = build_network("lenet5", num_classes=10, in_channels=1)
-    train_deterministic(net, loader, 3, lr=1e-3, progress=False)
+    data, images = mnist_train(args.mnist_root), "the MNIST subset's training images"
+    if data is None:
+        data = torch.utils.data.TensorDataset(
+            torch.randn(N_DATA, 1, 28, 28), torch.randint(0, 10, (N_DATA,))
+        )
+        images = "random images (no MNIST subset found)"
+    loader, net = pretrained_lenet5(data, BATCH)
     steps = {
         "deterministic SGD": deterministic_step(copy.deepcopy(net)),
         "mean-field VON": von_step(copy.deepcopy(net), fused=False),
