@@ -127,10 +127,9 @@ def prune_structure(
     if not bool(torch.isfinite(s.inlier_points).all()):
         raise ValueError("the structure's inlier points are not finite: nothing to prune by")
     idx = torch.cat([s.plain_index, s.ellipse_index])
-    pruned = inlier_snr(s) < snr
-    if limit is not None and int(pruned.sum()) > limit:
-        pruned = torch.zeros_like(pruned)
-        pruned[lowest_snr_first(s, snr)[: max(int(limit), 0)]] = True
+    order = lowest_snr_first(s, snr)
+    pruned = torch.zeros(idx.numel(), dtype=torch.bool)
+    pruned[order if limit is None else order[: max(int(limit), 0)]] = True
     K, dtype = s.n_gaussians, s.means.dtype
     n_w = s.num_weights
     if not bool(pruned.any()):
