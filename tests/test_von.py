@@ -79,6 +79,67 @@ def test_one_step_is_ivons_update(digits, dtype):
         )
 
 
+def test_fused_draws_take_the_updates_own_scale_and_the_default_step_never_does(digits):
+    """With fused_kl the update reuses the draw's sigma and leaves its sigma' (whose inverse
+    softplus is the rho it wrote, to the bit) for the next draw, which draws with it; an
+    edit of rho makes it stale; it goes with the guide.  The default step keeps the
+    traced step's arithmetic: three VON steps fast and traced train the same guide, bit
+    for bit."""
+    import gc
+
+    from twodg_pyro.guides.base import site_key
+    from twodg_pyro.infer.fast_step import site_priors
+    from twodg_pyro.nn import shared_scale
+    from twodg_pyro.nn.functional import inverse_softplus, softplus
+
+    x, y = digits.train.tensors[0][:64], digits.train.tensors[1][:64]
+    von = functools.partial(VariationalOnlineNewton, kl_weight=0.1, beta2=0.9)
+
+    def trained(fused: bool, fast: bool = True, steps: int = 1):
+        torch.manual_seed(0)
+        model = BNNModel(MLP(64, (16,), 10), prior=NormalPrior(0.5), likelihood=Categorical(500))
+        guide = MeanFieldGuide(model, init_scale=0.05)
+        opt = build_optimizer(model, guide, 0.1, von)
+        elbo = DecomposedELBO(beta=0.1, fast_step=fast, fused_kl=fused)
+        for _ in range(steps):
+            opt.zero_grad()
+            elbo.combine(elbo.loss_terms(model, guide, x, y)).backward()
+            opt.step()
+        return model, guide
+
+    model, guide = trained(fused=True, steps=2)
+    rhos = [guide.rhos[site_key(s.name)] for s in guide.sites]
+
+    def flat(tensors):
+        return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+    rho = flat(rhos)
+    assert shared_scale.scale_of_draw(rhos, rho) is None  # not drawn yet
+    torch.manual_seed(3)
+    values = guide.fast_draw(site_priors(model), fused=True)
+    sigma = shared_scale.scale_of_draw(rhos, rho)
+    assert torch.equal(inverse_softplus(sigma), rho)
+    torch.testing.assert_close(sigma, softplus(rho), rtol=1e-6, atol=0)
+    torch.manual_seed(3)
+    eps = flat([torch.randn(s.shape) for s in guide.sites])
+    locs = flat([guide.loc(s.name) for s in guide.sites])
+    assert torch.equal(flat(values.values()), locs + eps * sigma)
+
+    with torch.no_grad():
+        rhos[0].add_(0.01)  # any edit: the next draw computes softplus again
+    guide.fast_draw(site_priors(model), fused=True)
+    assert torch.equal(shared_scale.scale_of_draw(rhos, flat(rhos)), softplus(flat(rhos)))
+    before = len(shared_scale._SHARED)
+    del model, guide, rhos, values  # the draw's graph holds the parameters too
+    gc.collect()
+    assert len(shared_scale._SHARED) == before - 1
+
+    fast, traced = trained(False, steps=3)[1], trained(False, fast=False, steps=3)[1]
+    for (n, p), (_, q) in zip(fast.named_parameters(), traced.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+    assert not any(id(r) in shared_scale._SHARED for r in fast.rhos.values())  # none kept
+
+
 def _diabetes_regression(noise: float, beta: float, prior_scale: float = 1.0):
     """Bayesian linear regression on scikit-learn's diabetes data (standardised, float64):
     ``(x, y, model, precision)``, the last the mean-field optimum's diagonal precision

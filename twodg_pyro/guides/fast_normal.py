@@ -24,6 +24,9 @@ with the closed-form gradients (:math:`g_w`, :math:`g_\mathrm{KL}` the incoming 
 The noise :math:`\epsilon` is drawn site by site in site order, as the program draws it,
 so the fused step is the traced step's bound up to float rounding (the scale of a small
 site is computed by another kernel; the KL is summed in another order), not bit for bit.
+Under :class:`~twodg_pyro.infer.VariationalOnlineNewton` the draw's :math:`\sigma` is the
+one the last update computed (:mod:`twodg_pyro.nn.shared_scale`), not its softplus round
+trip: the same to rounding.
 
 **The default step** (:func:`draw_kl`) keeps the traced step's arithmetic to the bit.  On
 a small network it still does most of its work on flat vectors: each site's scale is
@@ -42,6 +45,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..nn.functional import softplus
+from ..nn.shared_scale import drawn_scale
 
 
 def normal_normal_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:
@@ -59,8 +63,9 @@ class _DrawKL(torch.autograd.Function):
     """``(w, KL)`` of flat ``(mu, rho)`` under flat Normal priors (module docstring)."""
 
     @staticmethod
-    def forward(ctx, loc, rho, eps, p_loc, p_scale):
-        sigma = softplus(rho)
+    def forward(ctx, loc, rho, eps, p_loc, p_scale, sigma=None):
+        # sigma: softplus(rho) computed by the caller (the shared scale), if given
+        sigma = softplus(rho) if sigma is None else sigma
         w = loc + eps * sigma  # two roundings, as Normal.rsample
         d = loc - p_loc
         precision = p_scale.pow(-2)
@@ -85,7 +90,7 @@ class _DrawKL(torch.autograd.Function):
         if ctx.needs_input_grad[4]:
             ratio = (sigma.square() + d.square()).mul_(precision)
             g_p_scale = (1.0 - ratio).div_(p_scale).mul_(g_kl)
-        return g_loc, g_rho, None, g_p_loc, g_p_scale
+        return g_loc, g_rho, None, g_p_loc, g_p_scale, None
 
 
 def _flat_priors(owner, shapes, normals: Sequence[tuple[torch.Tensor, torch.Tensor]]):
@@ -149,14 +154,16 @@ def fused_draw_kl(
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """``([w_s, ...], KL)``: one draw of every site of a diagonal Normal guide (``locs``
     and ``rhos`` in site order; the noise drawn site by site, in that order) and its KL to
-    the Normal priors ``normals`` (``[(m_s, s_s), ...]``), by :class:`_DrawKL`; ``owner``
-    (the guide) keeps the flat priors."""
+    the Normal priors ``normals`` (``[(m_s, s_s), ...]``), by :class:`_DrawKL`, at the
+    scale shared with the VON update (:func:`~twodg_pyro.nn.shared_scale.drawn_scale`);
+    ``owner`` (the guide) keeps the flat priors."""
     eps = torch.cat(
         [torch.randn(mu.shape, device=mu.device, dtype=mu.dtype).reshape(-1) for mu in locs]
     )
     loc = torch.cat([mu.reshape(-1) for mu in locs])
     rho = torch.cat([r.reshape(-1) for r in rhos])
     shapes = [mu.shape for mu in locs]
-    w, kl = _DrawKL.apply(loc, rho, eps, *_flat_priors(owner, shapes, normals))
+    sigma = drawn_scale(rhos, rho)
+    w, kl = _DrawKL.apply(loc, rho, eps, *_flat_priors(owner, shapes, normals), sigma)
     parts = w.split([mu.numel() for mu in locs])
     return [v.view(shape) for v, shape in zip(parts, shapes, strict=True)], kl

@@ -68,7 +68,9 @@ BatchNorm's affine ones: the group ``deterministic``) take Adam steps at their g
 learning rate.
 
 The cost of a step is that of one SGD step on one weight draw: one forward and backward
-pass, the KL's closed form, and a few elementwise operations per weight.  Gradients averaged
+pass, the KL's closed form, and a few elementwise operations per weight; with the fused
+step (``fused_kl``) the draw and the update share one :math:`\sigma` on the CPU, so that
+neither computes a softplus (:mod:`twodg_pyro.nn.shared_scale`).  Gradients averaged
 over the ranks of a process group (DDP, each rank with its own draw) average the Price
 estimates too: every rank takes the same step.
 
@@ -89,6 +91,7 @@ from collections.abc import Iterable
 import torch
 
 from ..nn.functional import MIN_SIGMA, inverse_softplus, softplus
+from ..nn.shared_scale import remember_scale, scale_of_draw
 
 #: the parameter groups VON trains as the guide's posterior, and the rest (Adam)
 _LOC, _SCALE, _OTHER = "loc", "scale", "deterministic"
@@ -224,10 +227,12 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
         return loss
 
     def _posterior_step(self, group: dict, locs: list, rhos: list, alpha: float, r: float):
-        """The update of the module docstring on every pair ``(mu, rho)`` of the ``loc``
+        r"""The update of the module docstring on every pair ``(mu, rho)`` of the ``loc``
         ``group`` at once: one flat vector of all the weights (a few elementwise operations
         in all, not a few per tensor); the momentum stays one state tensor per ``mu``
-        (checkpoints, and :func:`~twodg_pyro.infer.optim.remap_optimizer_rows`)."""
+        (checkpoints, and :func:`~twodg_pyro.infer.optim.remap_optimizer_rows`).  After a
+        fused draw (``fused_kl``) it takes the draw's :math:`\sigma` and leaves its own
+        :math:`\sigma'` for the next draw (:mod:`twodg_pyro.nn.shared_scale`)."""
         beta, b1, radius = group["kl_weight"], group["beta1"], group["clip_radius"]
         t = group["step"]
         for mu in locs:
@@ -241,7 +246,8 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
             return torch.cat([v.reshape(-1) for v in tensors])
 
         rho = flat(rhos)
-        sigma = softplus(rho)
+        drawn = scale_of_draw(rhos, rho)  # a fused draw's sigma at this rho, if any
+        sigma = softplus(rho) if drawn is None else drawn
         precision = sigma.pow(-2)
         # (dL/drho) / (sigmoid(rho) beta sigma) = S_hat - S: the precision's natural gradient
         delta = flat([p.grad for p in rhos]).div_(torch.sigmoid(rho).mul_(sigma).mul_(beta))
@@ -250,12 +256,15 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
         direction = flat(moms).div_(precision * ((1.0 - b1**t) * beta))
         if radius is not None:
             direction.clamp_(-radius, radius)
-        new_rho = inverse_softplus(precision.rsqrt_().clamp_min_(MIN_SIGMA))
+        new_sigma = precision.rsqrt_().clamp_min_(MIN_SIGMA)
+        new_rho = inverse_softplus(new_sigma)
         sizes = [mu.numel() for mu in locs]
         steps = [d.view_as(mu) for d, mu in zip(direction.split(sizes), locs, strict=True)]
         torch._foreach_add_(locs, steps, alpha=-alpha)
         for p, v in zip(rhos, new_rho.split(sizes), strict=True):
             p.copy_(v.view_as(p))
+        if drawn is not None:  # the next fused draw takes sigma' as it is
+            remember_scale(rhos, new_rho, new_sigma)
 
     def _adam(self, group: dict, t: int) -> None:
         """Adam on the ``deterministic`` group (no weight decay), at its scheduled rate."""
