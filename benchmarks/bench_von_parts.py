@@ -116,7 +116,7 @@ def von_step(net, fused: bool):
         output = model.run_network(values, x)
         t2 = time.perf_counter()
         likelihood = model.likelihood
-        log_p = likelihood.distribution(output).log_prob(y) * (N_DATA / output.shape[0])
+        log_p = likelihood.log_prob(output, y) * (N_DATA / output.shape[0])
         terms["nll"] = torch.zeros(()) - log_p.sum()
         loss = elbo.combine(terms)
         t3 = time.perf_counter()

@@ -214,6 +214,58 @@ def test_fused_mean_field_draw_and_kl_are_the_closed_forms_with_their_gradients(
     assert torch.autograd.gradcheck(lambda *a: _DrawKL.apply(*a)[1], args)
 
 
+def test_one_draw_runs_in_the_networks_parameter_slots_as_functional_call_runs_it():
+    """run_network puts one draw's tensors in the network's parameter slots for the call:
+    functional_call's output and gradients bit for bit, the network's own parameters back
+    after it (after an error too); a site whose parameter is shared with a name that is no
+    site runs through functional_call, which ties the two."""
+    from torch import nn
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    model = BNNModel(LeNet5(10, 1, 8), likelihood=Categorical(100))
+    own = [p for _, p in model.net.named_parameters()]
+    x = torch.randn(4, 1, 8, 8)
+    draws = {s.name: torch.randn(s.shape, requires_grad=True) for s in model.sites}
+    out = model.run_network(draws, x)
+    ref = functional_call(model.net, draws, (x,), strict=False)
+    assert torch.equal(out, ref)
+    grads = torch.autograd.grad(out.square().sum(), list(draws.values()))
+    ref_grads = torch.autograd.grad(ref.square().sum(), list(draws.values()))
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True))
+    assert all(a is b for a, (_, b) in zip(own, model.net.named_parameters(), strict=True))
+    with pytest.raises(ValueError, match="input"):
+        model.run_network(draws, torch.randn(4, 3, 8, 8))  # three channels for one
+    assert all(a is b for a, (_, b) in zip(own, model.net.named_parameters(), strict=True))
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    tied = BNNModel(Tied(), likelihood=10, include=["a.*"])
+    draws = {s.name: torch.randn(s.shape) for s in tied.sites}
+    x = torch.randn(3, 4)
+    ref = functional_call(tied.net, draws, (x,), strict=False)
+    assert torch.equal(tied.run_network(draws, x), ref)
+    assert not torch.equal(ref, tied.net(x))  # b's weight is the drawn one too
+
+
+def test_categorical_log_prob_is_torchs_bit_for_bit():
+    """The likelihood's per-example log-probability without building the distribution:
+    torch's Categorical log_prob to the bit, with leading particle dimensions too."""
+    g = torch.Generator().manual_seed(0)
+    lik = Categorical(50)
+    y = torch.randint(0, 10, (32,), generator=g)
+    for shape in ((32, 10), (5, 32, 10)):
+        logits = torch.randn(shape, generator=g) * 4
+        assert torch.equal(lik.log_prob(logits, y), lik.distribution(logits).log_prob(y))
+
+
 @pytest.mark.parametrize("kind", ["mean_field", "stochastic"])
 def test_fit_on_digits_trains_the_same_guide_fast_or_traced(kind):
     split = load_digits_split(seed=0)

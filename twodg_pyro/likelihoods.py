@@ -70,6 +70,12 @@ class Likelihood(nn.Module, ABC):
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
         """Distribution of the targets given the network ``output`` (batch first)."""
 
+    def log_prob(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        r""":math:`\log p(y_b \mid f_w(x_b))` of each example: ``distribution(output)``'s
+        ``log_prob(y)`` (a subclass may compute the same numbers without building the
+        distribution, as :class:`Categorical` does)."""
+        return self.distribution(output).log_prob(y)
+
     def batched_distribution(self, output: torch.Tensor, particle_dims: int) -> dist.Distribution:
         """The distribution for ``output`` with ``particle_dims`` leading particle
         dimensions (``(*particles, B, ...)``); the default suits any likelihood whose event
@@ -144,6 +150,14 @@ class Categorical(Likelihood):
 
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
         return dist.Categorical(logits=output, validate_args=False)
+
+    def log_prob(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The log-softmax of ``output`` at the labels ``y``: the operations of torch's
+        ``Categorical(logits=output).log_prob(y)`` (bit for bit), without building the
+        distribution (a quarter of a millisecond of a LeNet-5 step)."""
+        logits = output - output.logsumexp(dim=-1, keepdim=True)
+        labels, logits = torch.broadcast_tensors(y.long().unsqueeze(-1), logits)
+        return logits.gather(-1, labels[..., :1]).squeeze(-1)
 
     def check_targets(self, output: torch.Tensor, y: torch.Tensor, particle_dims: int = 0) -> None:
         """Raise ``ValueError`` naming the first bad label: not an integer or a class outside

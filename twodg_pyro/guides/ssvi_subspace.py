@@ -177,7 +177,7 @@ class SubspaceUpdate(Callback):
             for batch in itertools.islice(self.data, self.grad_batches):  # no batch more
                 x, y = batch[0].to(device), batch[1].to(device)
                 out = model.network_forward(weights, x)
-                nll = -model.likelihood.distribution(out).log_prob(y).sum()
+                nll = -model.likelihood.log_prob(out, y).sum()
                 grads = torch.autograd.grad(nll, list(weights.values()), allow_unused=True)
                 for (k, _), g in zip(weights.items(), grads, strict=True):
                     if g is not None:

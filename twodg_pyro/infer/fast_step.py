@@ -139,7 +139,7 @@ def fast_particle_terms(
     output = model.run_network(values, x)
     likelihood = model.likelihood
     likelihood.check_targets(output, y)
-    log_p = likelihood.distribution(output).log_prob(y)
+    log_p = likelihood.log_prob(output, y)
     # the data plate's scale, as Pyro's subsample messenger forms it
     scale = 1.0 * likelihood.dataset_size / output.shape[0]
     if scale != 1.0:

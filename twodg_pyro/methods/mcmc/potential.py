@@ -73,7 +73,7 @@ class FlatPotential:
             out = chain_forward(self.layers, weights, self.x)
         else:
             out = self.model.network_forward(weights, self.x)
-        return self.model.likelihood.distribution(out).log_prob(self.y).sum()
+        return self.model.likelihood.log_prob(out, self.y).sum()
 
     def __call__(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
         w = params["w"]
