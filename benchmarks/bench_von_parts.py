@@ -21,9 +21,10 @@ targets' shape):
 - ``backward`` and ``update``: the loss's backward pass and the optimiser's step.
 
 Beside them, the guide's scale map over all 61,706 weights at once: softplus (rho to sigma),
-which a VON step computes twice (the draw, the update), and its inverse (the update writes
-rho back).  Each part's time is the median over the rounds; the parts of one step add up to
-about that step's time.
+which the default VON step computes twice (the draw, the update), and its inverse (the
+update writes rho back); the fused step shares its sigma between the draw and the update
+(:mod:`twodg_pyro.nn.shared_scale`) and computes only the inverse.  Each part's time is
+the median over the rounds; the parts of one step add up to about that step's time.
 
 **The allocator.**  glibc gives freed memory back to the system (trimming, and ``mmap`` for
 large blocks), and the next large tensor then pays page faults as it is first written: a
@@ -200,8 +201,9 @@ def main() -> None:
         f"{totals[1] - totals[0]:+.2f} ({totals[1] / totals[0]:.2f}x) | {totals[2]:.2f} | "
         f"{totals[2] - totals[0]:+.2f} ({totals[2] / totals[0]:.2f}x) |",
         "",
-        "The guide's scale map over all the weights at once (a VON step computes softplus "
-        "twice and its inverse once):",
+        "The guide's scale map over all the weights at once (the default VON step computes "
+        "softplus twice and its inverse once; the fused one, which shares its sigma between "
+        "the draw and the update, only the inverse):",
         "",
         "| map | ms |",
         "|---|---|",

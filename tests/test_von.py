@@ -301,19 +301,23 @@ TINY_VON = {
 }
 
 
-def test_pipeline_trains_checkpoints_and_resumes_with_von(tmp_path, interrupt_after):
+@pytest.mark.parametrize("fused", [False, True])
+def test_pipeline_trains_checkpoints_and_resumes_with_von(tmp_path, interrupt_after, fused):
+    """Resumed, the run ends with the uninterrupted run's results; fused too (the shared
+    scale comes back with the optimiser's state)."""
     import json
 
-    ref = run(config_from_dict(TINY_VON), tmp_path / "ref")
+    settings = {**TINY_VON, "fused_kl": fused}
+    ref = run(config_from_dict(settings), tmp_path / "ref")
     mf = next(r for r in ref.records if r["method"] == "mean_field")
     assert mf["trainer"] == "von" and mf["accuracy"] > 0.9
     assert next(r for r in ref.records if r["method"] == "2dg")["accuracy"] > 0.85
 
     interrupt_after("stage1", 4)
     with pytest.raises(KeyboardInterrupt):
-        run(config_from_dict(TINY_VON), tmp_path / "cut")
+        run(config_from_dict(settings), tmp_path / "cut")
     interrupt_after(None)
-    run(config_from_dict(TINY_VON), tmp_path / "cut", resume=True)
+    run(config_from_dict(settings), tmp_path / "cut", resume=True)
 
     def untimed(obj):  # results.json without its timings
         if isinstance(obj, dict):

@@ -95,6 +95,8 @@ from ..nn.shared_scale import remember_scale, scale_of_draw
 
 #: the parameter groups VON trains as the guide's posterior, and the rest (Adam)
 _LOC, _SCALE, _OTHER = "loc", "scale", "deterministic"
+#: the state of a ``scale`` parameter that keeps a fused run's shared sigma'
+_SHARED = "shared_scale"
 
 
 class VariationalOnlineNewton(torch.optim.Optimizer):
@@ -263,8 +265,28 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
         torch._foreach_add_(locs, steps, alpha=-alpha)
         for p, v in zip(rhos, new_rho.split(sizes), strict=True):
             p.copy_(v.view_as(p))
-        if drawn is not None:  # the next fused draw takes sigma' as it is
+        # the next fused draw takes sigma' as it is; kept as state too, for a resume
+        shared = new_sigma.split(sizes) if drawn is not None else [None] * len(rhos)
+        for p, v in zip(rhos, shared, strict=True):
+            if v is None:
+                self.state[p].pop(_SHARED, None)
+            else:
+                self.state[p][_SHARED] = v.view_as(p)
+        if drawn is not None:
             remember_scale(rhos, new_rho, new_sigma)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        r"""``torch.optim.Optimizer.load_state_dict``; a fused run's shared scale
+        :math:`\sigma'` comes back with it (the state ``shared_scale`` of the ``scale``
+        parameters, taken while its inverse softplus is their :math:`\rho` to the bit), so
+        that a resumed run draws as the uninterrupted one does."""
+        super().load_state_dict(state_dict)
+        rhos = [p for p in self._group(_SCALE)["params"] if _SHARED in self.state[p]]
+        if rhos:
+            rho = torch.cat([p.detach().reshape(-1) for p in rhos])
+            sigma = torch.cat([self.state[p][_SHARED].reshape(-1) for p in rhos])
+            if torch.equal(inverse_softplus(sigma), rho):
+                remember_scale(rhos, rho, sigma)
 
     def _adam(self, group: dict, t: int) -> None:
         """Adam on the ``deterministic`` group (no weight decay), at its scheduled rate."""
