@@ -19,11 +19,11 @@ So a fused VON step computes neither softplus: the next draw's :math:`\sigma'` i
 update's own, whose inverse gave :math:`\rho'`, where the unshared step would draw with
 :math:`\operatorname{softplus}(\rho')`: the same to a few units in the last place (the
 round trip's rounding).  An entry is used only while :math:`\rho` equals, value for
-value, the :math:`\rho` it was stored with (any write to the parameters, a checkpoint's
-load included, makes it stale), and the update uses only a drawn one: the default,
-site-by-site step never marks one, so it stays the traced step's arithmetic to the bit.
-CPU tensors only (on a GPU the scale map is cheap and the equality check would wait for
-the device).
+value, the :math:`\rho` it was stored with (any other write to the parameters makes it
+stale; VON keeps :math:`\sigma'` in its state, so a resumed run gets it back), and the
+update uses only a drawn one: the default, site-by-site step never marks one, so it stays
+the traced step's arithmetic to the bit.  CPU tensors only (on a GPU the scale map is
+cheap and the equality check would wait for the device).
 """
 
 from __future__ import annotations
