@@ -303,7 +303,7 @@ class BNNModel(SiteTensors):
         """:meth:`network_forward` with the sites' tensors put in their modules'
         parameter slots for the call and put back after it: the same operations on the
         same tensors (bit for bit), without ``functional_call``'s set-up at every call
-        (about 0.3 ms on LeNet-5, ``benchmarks/bench_von_parts.py``)."""
+        (0.12 ms of a LeNet-5 step, docs/uncertainty.md)."""
         x = match_input(x, self.site_parameter(0))
         saved = [module._parameters[name] for module, name in self._site_slots]
         try:
