@@ -52,7 +52,12 @@ def trained_mean_field(digits):
     model = BNNModel(net, prior=1.0, likelihood=Categorical(len(digits.train)))
     guide = MeanFieldGuide(model, seed=0)
     loader = make_loader(digits.train, 128, shuffle=True, seed=0)
-    fit(model, guide, loader, epochs=200, lr=1e-2, progress=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread, as under xdist: the same network however run
+    try:
+        fit(model, guide, loader, epochs=200, lr=1e-2, progress=False)
+    finally:
+        torch.set_num_threads(threads)
     return model, guide
 
 
