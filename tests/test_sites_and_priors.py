@@ -88,6 +88,27 @@ def test_network_without_linear_or_conv_is_a_clear_error():
         BNNModel(nn.Sequential(nn.ReLU(), nn.BatchNorm1d(3)))
 
 
+def test_a_tied_weight_is_a_clear_error_naming_both_names_and_the_way_out():
+    """One tensor under two names (tied weights) can be one site only: the model names the
+    second name, the first, and the exclude that builds it."""
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    with pytest.raises(
+        ValueError, match=r"'b.weight' is the parameter 'a.weight'.*exclude=\['b.weight'\]"
+    ):
+        BNNModel(Tied(), likelihood=10)
+    model = BNNModel(Tied(), likelihood=10, exclude=["b.weight"])
+    assert [s.name for s in model.sites] == ["a.weight", "a.bias", "b.bias"]
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
 def test_non_positive_prior_scale_is_rejected(bad):
     with pytest.raises(ValueError, match="scale must be a positive finite number"):

@@ -242,6 +242,15 @@ class BNNModel(SiteTensors):
         # never used by the model (functional_call overrides them) but keep `net`
         # runnable on its own and give guides their initial means.
         params = dict(net.named_parameters())
+        tied = [s.name for s in self.sites if s.name not in params]  # a second name of one
+        if tied:
+            first = {id(p): n for n, p in net.named_parameters()}  # its first name
+            alias = first[id(net.get_parameter(tied[0]))]
+            raise ValueError(
+                f"site {tied[0]!r} is the parameter {alias!r} under a second name (tied "
+                f"weights): a tensor can be one Bayesian site only; leave one name out, "
+                f"e.g. exclude=[{tied[0]!r}]"
+            )
         for site in self.sites:
             params[site.name].requires_grad_(False)
         # (owning module, parameter name) of each site: the current parameter (its device
