@@ -30,6 +30,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+class TiedLinears(torch.nn.Module):
+    """Two Linear layers ``a`` and ``b`` sharing one weight (tied weights): one
+    ``nn.Parameter`` under the names ``a.weight`` and ``b.weight``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -12,6 +12,7 @@ import pyro.distributions as dist
 import pyro.poutine as poutine
 import pytest
 import torch
+from conftest import TiedLinears
 from pyro.infer.autoguide import AutoNormal
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -219,7 +220,6 @@ def test_one_draw_runs_in_the_networks_parameter_slots_as_functional_call_runs_i
     functional_call's output and gradients bit for bit, the network's own parameters back
     after it (after an error too); a site whose parameter is shared with a name that is no
     site runs through functional_call, which ties the two."""
-    from torch import nn
     from torch.func import functional_call
 
     torch.manual_seed(0)
@@ -238,16 +238,7 @@ def test_one_draw_runs_in_the_networks_parameter_slots_as_functional_call_runs_i
         model.run_network(draws, torch.randn(4, 3, 8, 8))  # three channels for one
     assert all(a is b for a, (_, b) in zip(own, model.net.named_parameters(), strict=True))
 
-    class Tied(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
-            self.b.weight = self.a.weight
-
-        def forward(self, x):
-            return self.b(torch.relu(self.a(x)))
-
-    tied = BNNModel(Tied(), likelihood=10, include=["a.*"])
+    tied = BNNModel(TiedLinears(), likelihood=10, include=["a.*"])
     draws = {s.name: torch.randn(s.shape) for s in tied.sites}
     x = torch.randn(3, 4)
     ref = functional_call(tied.net, draws, (x,), strict=False)

@@ -3,6 +3,7 @@ import math
 import pyro.distributions as dist
 import pytest
 import torch
+from conftest import TiedLinears
 from torch import nn
 
 from twodg_pyro.bnn import BNNModel
@@ -92,20 +93,11 @@ def test_a_tied_weight_is_a_clear_error_naming_both_names_and_the_way_out():
     """One tensor under two names (tied weights) can be one site only: the model names the
     second name, the first, and the exclude that builds it."""
 
-    class Tied(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
-            self.b.weight = self.a.weight
-
-        def forward(self, x):
-            return self.b(torch.relu(self.a(x)))
-
     with pytest.raises(
         ValueError, match=r"'b.weight' is the parameter 'a.weight'.*exclude=\['b.weight'\]"
     ):
-        BNNModel(Tied(), likelihood=10)
-    model = BNNModel(Tied(), likelihood=10, exclude=["b.weight"])
+        BNNModel(TiedLinears(), likelihood=10)
+    model = BNNModel(TiedLinears(), likelihood=10, exclude=["b.weight"])
     assert [s.name for s in model.sites] == ["a.weight", "a.bias", "b.bias"]
 
 
