@@ -99,6 +99,11 @@ _LOC, _SCALE, _OTHER = "loc", "scale", "deterministic"
 _SHARED = "shared_scale"
 
 
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors, flattened and concatenated in order (the update's flat vectors)."""
+    return torch.cat([v.reshape(-1) for v in tensors])
+
+
 class VariationalOnlineNewton(torch.optim.Optimizer):
     r"""Variational online Newton over a diagonal Normal guide's ``loc`` and ``scale`` groups
     (the :math:`\mu` and :math:`\rho` of :class:`~twodg_pyro.guides.MeanFieldGuide`, paired
@@ -243,19 +248,15 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
         moms = [self.state[mu]["momentum"] for mu in locs]
         torch._foreach_mul_(moms, b1)
         torch._foreach_add_(moms, [mu.grad for mu in locs], alpha=1.0 - b1)
-
-        def flat(tensors):
-            return torch.cat([v.reshape(-1) for v in tensors])
-
-        rho = flat(rhos)
+        rho = _flat(rhos)
         drawn = scale_of_draw(rhos, rho)  # a fused draw's sigma at this rho, if any
         sigma = softplus(rho) if drawn is None else drawn
         precision = sigma.pow(-2)
         # (dL/drho) / (sigmoid(rho) beta sigma) = S_hat - S: the precision's natural gradient
-        delta = flat([p.grad for p in rhos]).div_(torch.sigmoid(rho).mul_(sigma).mul_(beta))
+        delta = _flat([p.grad for p in rhos]).div_(torch.sigmoid(rho).mul_(sigma).mul_(beta))
         correction = delta.square().div_(precision).mul_(0.5 * r * r)
         precision.add_(delta, alpha=r).add_(correction)
-        direction = flat(moms).div_(precision * ((1.0 - b1**t) * beta))
+        direction = _flat(moms).div_(precision * ((1.0 - b1**t) * beta))
         if radius is not None:
             direction.clamp_(-radius, radius)
         new_sigma = precision.rsqrt_().clamp_min_(MIN_SIGMA)
@@ -265,14 +266,12 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
         torch._foreach_add_(locs, steps, alpha=-alpha)
         for p, v in zip(rhos, new_rho.split(sizes), strict=True):
             p.copy_(v.view_as(p))
-        # the next fused draw takes sigma' as it is; kept as state too, for a resume
-        shared = new_sigma.split(sizes) if drawn is not None else [None] * len(rhos)
-        for p, v in zip(rhos, shared, strict=True):
-            if v is None:
+        if drawn is None:
+            for p in rhos:
                 self.state[p].pop(_SHARED, None)
-            else:
+        else:  # the next fused draw takes sigma' as it is; kept as state too, for a resume
+            for p, v in zip(rhos, new_sigma.split(sizes), strict=True):
                 self.state[p][_SHARED] = v.view_as(p)
-        if drawn is not None:
             remember_scale(rhos, new_rho, new_sigma)
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -283,8 +282,8 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         rhos = [p for p in self._group(_SCALE)["params"] if _SHARED in self.state[p]]
         if rhos:
-            rho = torch.cat([p.detach().reshape(-1) for p in rhos])
-            sigma = torch.cat([self.state[p][_SHARED].reshape(-1) for p in rhos])
+            rho = _flat([p.detach() for p in rhos])
+            sigma = _flat([self.state[p][_SHARED] for p in rhos])
             if torch.equal(inverse_softplus(sigma), rho):
                 remember_scale(rhos, rho, sigma)
 
