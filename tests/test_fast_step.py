@@ -191,28 +191,40 @@ def test_fused_kl_is_the_traced_bound_to_float_rounding(kind, dtype):
             torch.testing.assert_close(g_fused[n], g_traced[n], **tol)
 
 
-def test_fused_mean_field_draw_and_kl_are_the_closed_forms_with_their_gradients():
+@pytest.mark.parametrize("packed", [False, True])
+def test_fused_mean_field_draw_and_kl_are_the_closed_forms_with_their_gradients(packed):
     """The fused node (twodg_pyro.guides.fast_normal): w = mu + eps softplus(rho) and the
-    Normal-Normal KL, against torch's KL, and its hand-written gradients against finite
-    differences (a learnt prior's too), float64."""
+    Normal-Normal KL over two sites, against torch's KL, and its hand-written gradients
+    against finite differences (a learnt prior's too), float64; with the sites' tensors
+    apart and laid end to end (flat views, twodg_pyro.nn.flat_storage)."""
     from twodg_pyro.guides.fast_normal import _DrawKL
+    from twodg_pyro.nn.flat_storage import flat_view, pack
 
     g = torch.Generator().manual_seed(0)
-    n = 7
-    loc, rho, eps, m = (torch.randn(n, generator=g, dtype=torch.float64) for _ in range(4))
+    shapes, n = [(3,), (2, 2)], 7
+    eps, m = (torch.randn(n, generator=g, dtype=torch.float64) for _ in range(2))
     s = torch.rand(n, generator=g, dtype=torch.float64) + 0.2
-    w, kl = _DrawKL.apply(loc, rho, eps, m, s)
+    sites = [torch.randn(sh, generator=g, dtype=torch.float64) for sh in shapes * 2]
+    if packed:
+        assert pack(sites[:2]) and pack(sites[2:]) and flat_view(sites[2:]) is not None
+    kl, *ws = _DrawKL.apply(eps, m, s, None, None, 2, *sites)
+    loc, rho = (torch.cat([t.reshape(-1) for t in ts]) for ts in (sites[:2], sites[2:]))
     sigma = torch.nn.functional.softplus(rho)
-    assert torch.equal(w, loc + eps * sigma)
+    assert [w.shape for w in ws] == [torch.Size(sh) for sh in shapes]
+    assert torch.equal(torch.cat([w.reshape(-1) for w in ws]), loc + eps * sigma)
     ref = torch.distributions.kl_divergence(
         torch.distributions.Normal(loc, sigma), torch.distributions.Normal(m, s)
     ).sum()
     torch.testing.assert_close(kl, ref, rtol=1e-12, atol=0)
-    args = [t.clone().requires_grad_(i != 2) for i, t in enumerate((loc, rho, eps, m, s))]
-    assert torch.autograd.gradcheck(_DrawKL.apply, args)
-    # only the draw used (the KL's gradient is None), and only the KL
-    assert torch.autograd.gradcheck(lambda *a: _DrawKL.apply(*a)[0], args)
-    assert torch.autograd.gradcheck(lambda *a: _DrawKL.apply(*a)[1], args)
+
+    def node(out):  # the outputs out (all, the draws only, or the KL only) of the node
+        return lambda e, m, s, *sites: _DrawKL.apply(e, m, s, None, None, 2, *sites)[out]
+
+    args = [eps, m.clone().requires_grad_(), s.clone().requires_grad_()]
+    args += [t.requires_grad_() for t in sites]
+    assert torch.autograd.gradcheck(node(slice(None)), args)
+    assert torch.autograd.gradcheck(node(slice(1, None)), args)
+    assert torch.autograd.gradcheck(node(0), args)
 
 
 def test_one_draw_runs_in_the_networks_parameter_slots_as_functional_call_runs_it():

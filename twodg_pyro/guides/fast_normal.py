@@ -5,8 +5,9 @@ Site by site, a step of the mean-field guide costs a dozen small operations per 
 as many autograd nodes (the scale, the draw, the closed-form KL and their backward
 passes): on a small network such as LeNet-5 (ten sites) that overhead, not the
 arithmetic, is what a Bayesian step pays over a deterministic one.  Fused, the sites'
-:math:`\mu` and :math:`\rho` are concatenated once and :class:`_DrawKL` computes, for all
-:math:`n` weights at once,
+:math:`\mu` and :math:`\rho` are read as one flat vector each (on the CPU a view: the first
+fused draw lays the guide's tensors end to end, :mod:`twodg_pyro.nn.flat_storage`; else
+a concatenated copy) and :class:`_DrawKL` computes, for all :math:`n` weights at once,
 
 .. math::
     \sigma = \operatorname{softplus}(\rho), \qquad w = \mu + \epsilon\sigma, \qquad
@@ -39,11 +40,13 @@ the traced ELBO adds them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..nn.flat_storage import flat, pack
 from ..nn.functional import softplus
 from ..nn.shared_scale import drawn_scale
 
@@ -59,11 +62,23 @@ def normal_normal_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:
     return 0.5 * (var_ratio + t1 - 1 - var_ratio.log())
 
 
+def _split(flat_tensor: torch.Tensor, shapes) -> list[torch.Tensor]:
+    """``flat_tensor`` cut into views of ``shapes``, in order."""
+    parts = flat_tensor.split([math.prod(shape) for shape in shapes])
+    return [v.view(shape) for v, shape in zip(parts, shapes, strict=True)]
+
+
 class _DrawKL(torch.autograd.Function):
-    """``(w, KL)`` of flat ``(mu, rho)`` under flat Normal priors (module docstring)."""
+    """``(KL, w_1, ..., w_k)`` of the sites' ``mu_1..mu_k, rho_1..rho_k`` (``sites``)
+    under flat Normal priors (module docstring).  The sites enter and leave one by one,
+    so autograd records no concatenation or split; inside they are one flat vector, a
+    view where the guide keeps them end to end (:mod:`twodg_pyro.nn.flat_storage`).
+    ``rho``: the flat rho (computed by the caller for its shared scale) or ``None``."""
 
     @staticmethod
-    def forward(ctx, loc, rho, eps, p_loc, p_scale, sigma=None):
+    def forward(ctx, eps, p_loc, p_scale, sigma, rho, k, *sites):
+        rho = flat(sites[k:]) if rho is None else rho
+        loc = flat(sites[:k])
         # sigma: softplus(rho) computed by the caller (the shared scale), if given
         sigma = softplus(rho) if sigma is None else sigma
         w = loc + eps * sigma  # two roundings, as Normal.rsample
@@ -72,25 +87,26 @@ class _DrawKL(torch.autograd.Function):
         var_ratio = sigma.square().mul_(precision)
         kl = (var_ratio + d.square().mul_(precision) - 1 - var_ratio.log()).sum() * 0.5
         ctx.save_for_backward(rho, eps, sigma, d, precision, p_scale)
-        return w, kl
+        ctx.shapes = [t.shape for t in sites[:k]]
+        return (kl, *_split(w, ctx.shapes))
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, g_w, g_kl):
+    def backward(ctx, g_kl, *g_ws):  # grads of unused outputs come as zeros
         rho, eps, sigma, d, precision, p_scale = ctx.saved_tensors
-        g_kl = sigma.new_zeros(()) if g_kl is None else g_kl
-        g_w = torch.zeros_like(sigma) if g_w is None else g_w
+        g_w = torch.cat([g.reshape(-1) for g in g_ws])
         kl_loc = (d * precision).mul_(g_kl)  # the KL's gradient in mu (minus it in m)
         g_loc = kl_loc + g_w
         g_sigma = (sigma * precision).sub_(sigma.reciprocal()).mul_(g_kl)
         g_rho = g_sigma.addcmul_(g_w, eps).mul_(torch.sigmoid(rho))
         g_p_loc = g_p_scale = None
-        if ctx.needs_input_grad[3]:
+        if ctx.needs_input_grad[1]:
             g_p_loc = kl_loc.neg_()
-        if ctx.needs_input_grad[4]:
+        if ctx.needs_input_grad[2]:
             ratio = (sigma.square() + d.square()).mul_(precision)
             g_p_scale = (1.0 - ratio).div_(p_scale).mul_(g_kl)
-        return g_loc, g_rho, None, g_p_loc, g_p_scale, None
+        sites = (*_split(g_loc, ctx.shapes), *_split(g_rho, ctx.shapes))
+        return (None, g_p_loc, g_p_scale, None, None, None, *sites)
 
 
 def _flat_priors(owner, shapes, normals: Sequence[tuple[torch.Tensor, torch.Tensor]]):
@@ -156,14 +172,19 @@ def fused_draw_kl(
     and ``rhos`` in site order; the noise drawn site by site, in that order) and its KL to
     the Normal priors ``normals`` (``[(m_s, s_s), ...]``), by :class:`_DrawKL`, at the
     scale shared with the VON update (:func:`~twodg_pyro.nn.shared_scale.drawn_scale`);
-    ``owner`` (the guide) keeps the flat priors."""
-    eps = torch.cat(
-        [torch.randn(mu.shape, device=mu.device, dtype=mu.dtype).reshape(-1) for mu in locs]
-    )
-    loc = torch.cat([mu.reshape(-1) for mu in locs])
-    rho = torch.cat([r.reshape(-1) for r in rhos])
+    ``owner`` (the guide) keeps the flat priors.  On the CPU the guide's ``locs`` and
+    ``rhos`` are laid end to end first (:func:`~twodg_pyro.nn.flat_storage.pack`, once:
+    values and tensors unchanged), so that this step and the update read them as views."""
+    if locs[0].device.type == "cpu":
+        pack(locs)
+        pack(rhos)
+    sizes = [mu.numel() for mu in locs]
+    eps = locs[0].new_empty(sum(sizes))
+    for part in eps.split(sizes):  # each site's noise as torch.randn(shape) draws it
+        part.normal_()
+    rho = flat(rhos)
     shapes = [mu.shape for mu in locs]
     sigma = drawn_scale(rhos, rho)
-    w, kl = _DrawKL.apply(loc, rho, eps, *_flat_priors(owner, shapes, normals), sigma)
-    parts = w.split([mu.numel() for mu in locs])
-    return [v.view(shape) for v, shape in zip(parts, shapes, strict=True)], kl
+    priors = _flat_priors(owner, shapes, normals)
+    kl, *values = _DrawKL.apply(eps, *priors, sigma, rho, len(locs), *locs, *rhos)
+    return values, kl

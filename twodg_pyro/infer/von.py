@@ -90,6 +90,7 @@ from collections.abc import Iterable
 
 import torch
 
+from ..nn.flat_storage import flat, flat_view
 from ..nn.functional import MIN_SIGMA, inverse_softplus, softplus
 from ..nn.shared_scale import remember_scale, scale_of_draw
 
@@ -97,11 +98,6 @@ from ..nn.shared_scale import remember_scale, scale_of_draw
 _LOC, _SCALE, _OTHER = "loc", "scale", "deterministic"
 #: the state of a ``scale`` parameter that keeps a fused run's shared sigma'
 _SHARED = "shared_scale"
-
-
-def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The tensors, flattened and concatenated in order (the update's flat vectors)."""
-    return torch.cat([v.reshape(-1) for v in tensors])
 
 
 class VariationalOnlineNewton(torch.optim.Optimizer):
@@ -242,30 +238,40 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
         :math:`\sigma'` for the next draw (:mod:`twodg_pyro.nn.shared_scale`)."""
         beta, b1, radius = group["kl_weight"], group["beta1"], group["clip_radius"]
         t = group["step"]
-        for mu in locs:
-            if "momentum" not in self.state[mu]:
-                self.state[mu]["momentum"] = torch.zeros_like(mu)
-        moms = [self.state[mu]["momentum"] for mu in locs]
-        torch._foreach_mul_(moms, b1)
-        torch._foreach_add_(moms, [mu.grad for mu in locs], alpha=1.0 - b1)
-        rho = _flat(rhos)
+        moms, grads = self._momenta(locs), [mu.grad for mu in locs]
+        mom, grad = flat_view(moms), flat_view(grads)
+        if mom is None or grad is None:
+            torch._foreach_mul_(moms, b1)
+            torch._foreach_add_(moms, grads, alpha=1.0 - b1)
+            mom = flat(moms)
+        else:  # the same arithmetic, as one operation on all the weights
+            mom.mul_(b1).add_(grad, alpha=1.0 - b1)
+        own_rho = flat_view(rhos)  # the parameters' own storage, where laid end to end
+        rho = flat(rhos) if own_rho is None else own_rho
         drawn = scale_of_draw(rhos, rho)  # a fused draw's sigma at this rho, if any
         sigma = softplus(rho) if drawn is None else drawn
         precision = sigma.pow(-2)
         # (dL/drho) / (sigmoid(rho) beta sigma) = S_hat - S: the precision's natural gradient
-        delta = _flat([p.grad for p in rhos]).div_(torch.sigmoid(rho).mul_(sigma).mul_(beta))
+        delta = flat([p.grad for p in rhos]).div(torch.sigmoid(rho).mul_(sigma).mul_(beta))
         correction = delta.square().div_(precision).mul_(0.5 * r * r)
         precision.add_(delta, alpha=r).add_(correction)
-        direction = _flat(moms).div_(precision * ((1.0 - b1**t) * beta))
+        direction = mom.div(precision * ((1.0 - b1**t) * beta))
         if radius is not None:
             direction.clamp_(-radius, radius)
         new_sigma = precision.rsqrt_().clamp_min_(MIN_SIGMA)
         new_rho = inverse_softplus(new_sigma)
         sizes = [mu.numel() for mu in locs]
-        steps = [d.view_as(mu) for d, mu in zip(direction.split(sizes), locs, strict=True)]
-        torch._foreach_add_(locs, steps, alpha=-alpha)
-        for p, v in zip(rhos, new_rho.split(sizes), strict=True):
-            p.copy_(v.view_as(p))
+        loc = flat_view(locs)
+        if loc is None:
+            steps = [d.view_as(mu) for d, mu in zip(direction.split(sizes), locs, strict=True)]
+            torch._foreach_add_(locs, steps, alpha=-alpha)
+        else:
+            loc.add_(direction, alpha=-alpha)
+        if own_rho is None:
+            for p, v in zip(rhos, new_rho.split(sizes), strict=True):
+                p.copy_(v.view_as(p))
+        else:
+            own_rho.copy_(new_rho)
         if drawn is None:
             for p in rhos:
                 self.state[p].pop(_SHARED, None)
@@ -273,6 +279,20 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
             for p, v in zip(rhos, new_sigma.split(sizes), strict=True):
                 self.state[p][_SHARED] = v.view_as(p)
             remember_scale(rhos, new_rho, new_sigma)
+
+    def _momenta(self, locs: list) -> list:
+        """Each mean's momentum (its state ``momentum``); those not yet made start at zero
+        as views of one flat tensor (:mod:`twodg_pyro.nn.flat_storage`)."""
+        new = [mu for mu in locs if "momentum" not in self.state[mu]]
+        if new and len({(mu.dtype, mu.device) for mu in new}) == 1:
+            zeros = torch.zeros(
+                sum(mu.numel() for mu in new), dtype=new[0].dtype, device=new[0].device
+            )
+            for mu, v in zip(new, zeros.split([mu.numel() for mu in new]), strict=True):
+                self.state[mu]["momentum"] = v.view_as(mu)
+        for mu in new:  # tensors of several dtypes or devices: one by one
+            self.state[mu].setdefault("momentum", torch.zeros_like(mu))
+        return [self.state[mu]["momentum"] for mu in locs]
 
     def load_state_dict(self, state_dict: dict) -> None:
         r"""``torch.optim.Optimizer.load_state_dict``; a fused run's shared scale
@@ -282,8 +302,8 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         rhos = [p for p in self._group(_SCALE)["params"] if _SHARED in self.state[p]]
         if rhos:
-            rho = _flat([p.detach() for p in rhos])
-            sigma = _flat([self.state[p][_SHARED] for p in rhos])
+            rho = flat(rhos).clone()  # kept by the shared scale: no view of the parameters
+            sigma = flat([self.state[p][_SHARED] for p in rhos])
             if torch.equal(inverse_softplus(sigma), rho):
                 remember_scale(rhos, rho, sigma)
 

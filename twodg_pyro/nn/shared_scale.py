@@ -64,8 +64,8 @@ def drawn_scale(rhos: Sequence[torch.Tensor], rho: torch.Tensor) -> torch.Tensor
     marked drawn for the update (module docstring).  No gradient flows through it."""
     hit = _entry(rhos, rho)
     sigma = hit[2] if hit is not None else softplus(rho.detach())
-    if rho.device.type == "cpu":
-        _store(rhos, rho, sigma, True)
+    if rho.device.type == "cpu":  # kept: a copy of rho (``rho`` may be a view of the guide's)
+        _store(rhos, hit[1] if hit is not None else rho.detach().clone(), sigma, True)
     return sigma
 
 
@@ -80,6 +80,6 @@ def scale_of_draw(rhos: Sequence[torch.Tensor], rho: torch.Tensor) -> torch.Tens
 def remember_scale(rhos: Sequence[torch.Tensor], rho: torch.Tensor, sigma: torch.Tensor) -> None:
     r"""Remember ``sigma`` as the scale of ``rhos`` while their flat :math:`\rho` is
     ``rho`` (an update's :math:`\sigma'` with the :math:`\rho'` it wrote), for the next
-    fused draw."""
+    fused draw.  ``rho`` is kept as it is: a tensor nothing writes afterwards."""
     if rho.device.type == "cpu":
         _store(rhos, rho, sigma, False)
