@@ -83,3 +83,22 @@ def test_nan_is_not_hidden():
     x = torch.tensor([float("nan"), -3.0])
     assert softplus(x)[0].isnan() and not softplus(x)[1].isnan()
     assert inverse_softplus(x.abs())[0].isnan()
+
+
+def test_in_range_tensors_skip_the_clamps_with_the_same_bits():
+    """Where every element lies below 20 (and sigma above MIN_SIGMA) one max pass skips the
+    clamps and the linear continuation: the same values, element by element, as the
+    clamped path that one element above 20 forces, and the same gradient."""
+    torch.manual_seed(1)
+    rho = torch.linspace(-30.0, 19.9, VECTORISED_FROM + 3) + 0.01 * torch.randn(VECTORISED_FROM + 3)
+    sigma = softplus(rho)
+    forced = torch.cat([rho, torch.tensor([25.0])])
+    assert torch.equal(sigma, softplus(forced)[:-1])
+    x = sigma.clamp_min(MIN_SIGMA)
+    assert torch.equal(
+        inverse_softplus(x), inverse_softplus(torch.cat([x, torch.tensor([25.0])]))[:-1]
+    )
+    a, b = rho.clone().requires_grad_(), forced.clone().requires_grad_()
+    softplus(a).sum().backward()
+    softplus(b).sum().backward()
+    assert torch.equal(a.grad, b.grad[:-1])
