@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributions import Distribution, register_kl
 
 from ..guide import BNNGuide, FastStepGuide, GuideSample, MarginalDensity, kl_or_estimate
+from ..nn.flat_storage import pack
 from ..nn.functional import softplus
 from ..nn.sites import BayesianSite
 from ..pyro_params import params_are_local, plate_batch_shape
@@ -241,15 +242,20 @@ class DiagonalNormalGuide(LocScaleParameters, FastStepGuide, BNNGuide):
         not a Normal (its KL is then no closed form here).  ``fused``: all sites as one
         flat vector with their KL in one node, to rounding
         (:func:`~twodg_pyro.guides.fast_normal.fused_draw_kl`).  Keeps the KL for
-        :meth:`fast_kl`."""
+        :meth:`fast_kl`.  On the CPU the first fast draw lays the ``loc`` and ``rho``
+        tensors end to end (:func:`~twodg_pyro.nn.flat_storage.pack`: the same tensors and
+        values), so that this step and the VON update read them as views, not copies."""
         if type(self).forward is not DiagonalNormalGuide.forward:
             return None
         normals = [_normal_base(priors[s.name], len(s.shape)) for s in self.sites]
         if any(n is None for n in normals):
             return None
         locs = [self.loc(s.name) for s in self.sites]
+        rhos = [self.rhos[site_key(s.name)] for s in self.sites]
+        if locs[0].device.type == "cpu":  # before any scale is taken from them
+            pack(locs)
+            pack(rhos)
         if fused:
-            rhos = [self.rhos[site_key(s.name)] for s in self.sites]
             values, self._fast = fused_draw_kl(self, locs, rhos, normals)
         else:
             scales = [self.scale(s.name) for s in self.sites]

@@ -6,7 +6,7 @@ as many autograd nodes (the scale, the draw, the closed-form KL and their backwa
 passes): on a small network such as LeNet-5 (ten sites) that overhead, not the
 arithmetic, is what a Bayesian step pays over a deterministic one.  Fused, the sites'
 :math:`\mu` and :math:`\rho` are read as one flat vector each (on the CPU a view: the first
-fused draw lays the guide's tensors end to end, :mod:`twodg_pyro.nn.flat_storage`; else
+fast draw lays the guide's tensors end to end, :mod:`twodg_pyro.nn.flat_storage`; else
 a concatenated copy) and :class:`_DrawKL` computes, for all :math:`n` weights at once,
 
 .. math::
@@ -46,7 +46,7 @@ from collections.abc import Sequence
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..nn.flat_storage import flat, pack
+from ..nn.flat_storage import flat
 from ..nn.functional import softplus
 from ..nn.shared_scale import drawn_scale
 
@@ -172,12 +172,8 @@ def fused_draw_kl(
     and ``rhos`` in site order; the noise drawn site by site, in that order) and its KL to
     the Normal priors ``normals`` (``[(m_s, s_s), ...]``), by :class:`_DrawKL`, at the
     scale shared with the VON update (:func:`~twodg_pyro.nn.shared_scale.drawn_scale`);
-    ``owner`` (the guide) keeps the flat priors.  On the CPU the guide's ``locs`` and
-    ``rhos`` are laid end to end first (:func:`~twodg_pyro.nn.flat_storage.pack`, once:
-    values and tensors unchanged), so that this step and the update read them as views."""
-    if locs[0].device.type == "cpu":
-        pack(locs)
-        pack(rhos)
+    ``owner`` (the guide) keeps the flat priors.  Where the guide keeps ``locs`` and
+    ``rhos`` end to end (:mod:`twodg_pyro.nn.flat_storage`) they are read as views."""
     sizes = [mu.numel() for mu in locs]
     eps = locs[0].new_empty(sum(sizes))
     for part in eps.split(sizes):  # each site's noise as torch.randn(shape) draws it
