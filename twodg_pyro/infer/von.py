@@ -90,7 +90,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..nn.flat_storage import flat, flat_view
+from ..nn.flat_storage import flat, flat_view, pack
 from ..nn.functional import MIN_SIGMA, inverse_softplus, softplus
 from ..nn.shared_scale import remember_scale, scale_of_draw
 
@@ -281,18 +281,15 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
             remember_scale(rhos, new_rho, new_sigma)
 
     def _momenta(self, locs: list) -> list:
-        """Each mean's momentum (its state ``momentum``); those not yet made start at zero
-        as views of one flat tensor (:mod:`twodg_pyro.nn.flat_storage`)."""
-        new = [mu for mu in locs if "momentum" not in self.state[mu]]
-        if new and len({(mu.dtype, mu.device) for mu in new}) == 1:
-            zeros = torch.zeros(
-                sum(mu.numel() for mu in new), dtype=new[0].dtype, device=new[0].device
-            )
-            for mu, v in zip(new, zeros.split([mu.numel() for mu in new]), strict=True):
-                self.state[mu]["momentum"] = v.view_as(mu)
-        for mu in new:  # tensors of several dtypes or devices: one by one
-            self.state[mu].setdefault("momentum", torch.zeros_like(mu))
-        return [self.state[mu]["momentum"] for mu in locs]
+        """Each mean's momentum (its state ``momentum``, zeros at first), laid end to end
+        (:func:`~twodg_pyro.nn.flat_storage.pack`: also after a resume, whose state comes
+        back one tensor at a time) so that the update reads them as one view."""
+        for mu in locs:
+            if "momentum" not in self.state[mu]:
+                self.state[mu]["momentum"] = torch.zeros_like(mu)
+        moms = [self.state[mu]["momentum"] for mu in locs]
+        pack(moms)
+        return moms
 
     def load_state_dict(self, state_dict: dict) -> None:
         r"""``torch.optim.Optimizer.load_state_dict``; a fused run's shared scale
