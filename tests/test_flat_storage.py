@@ -17,7 +17,7 @@ from twodg_pyro.guides.base import site_key
 from twodg_pyro.infer import DecomposedELBO, VariationalOnlineNewton, build_optimizer
 from twodg_pyro.likelihoods import Categorical
 from twodg_pyro.models import MLP
-from twodg_pyro.nn.flat_storage import flat, flat_view, pack
+from twodg_pyro.nn.flat_storage import flat, flat_view, pack, split_as
 from twodg_pyro.priors import NormalPrior
 
 
@@ -30,6 +30,8 @@ def test_pack_keeps_each_tensor_and_its_values_and_the_view_writes_through():
     assert all(torch.equal(p, v) for p, v in zip(params, values, strict=True))
     view = flat_view(params)
     assert torch.equal(view, torch.cat([v.reshape(-1) for v in values]))
+    parts = split_as(view, [p.shape for p in params])  # the inverse: the tensors' own memory
+    assert [(q.shape, q.data_ptr()) for q in parts] == [(p.shape, p.data_ptr()) for p in params]
     view.mul_(2.0)
     assert all(torch.equal(p, 2 * v) for p, v in zip(params, values, strict=True))
     assert flat(params).data_ptr() == params[0].data_ptr()  # the view, not a copy

@@ -40,13 +40,12 @@ the traced ELBO adds them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..nn.flat_storage import flat
+from ..nn.flat_storage import flat, split_as
 from ..nn.functional import softplus
 from ..nn.shared_scale import drawn_scale
 
@@ -60,12 +59,6 @@ def normal_normal_kl(loc, scale, p_loc, p_scale) -> torch.Tensor:
     var_ratio = (scale / p_scale).pow(2)
     t1 = ((loc - p_loc) / p_scale).pow(2)
     return 0.5 * (var_ratio + t1 - 1 - var_ratio.log())
-
-
-def _split(flat_tensor: torch.Tensor, shapes) -> list[torch.Tensor]:
-    """``flat_tensor`` cut into views of ``shapes``, in order."""
-    parts = flat_tensor.split([math.prod(shape) for shape in shapes])
-    return [v.view(shape) for v, shape in zip(parts, shapes, strict=True)]
 
 
 class _DrawKL(torch.autograd.Function):
@@ -88,7 +81,7 @@ class _DrawKL(torch.autograd.Function):
         kl = (var_ratio + d.square().mul_(precision) - 1 - var_ratio.log()).sum() * 0.5
         ctx.save_for_backward(rho, eps, sigma, d, precision, p_scale)
         ctx.shapes = [t.shape for t in sites[:k]]
-        return (kl, *_split(w, ctx.shapes))
+        return (kl, *split_as(w, ctx.shapes))
 
     @staticmethod
     @once_differentiable
@@ -105,7 +98,7 @@ class _DrawKL(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             ratio = (sigma.square() + d.square()).mul_(precision)
             g_p_scale = (1.0 - ratio).div_(p_scale).mul_(g_kl)
-        sites = (*_split(g_loc, ctx.shapes), *_split(g_rho, ctx.shapes))
+        sites = (*split_as(g_loc, ctx.shapes), *split_as(g_rho, ctx.shapes))
         return (None, g_p_loc, g_p_scale, None, None, None, *sites)
 
 
@@ -161,8 +154,7 @@ def draw_kl(
     w = loc + torch.cat([e.reshape(-1) for e in eps]) * scale  # as Normal.rsample
     kl = normal_normal_kl(loc, scale, *_flat_priors(owner, shapes, normals))
     total = sum(part.sum() for part in kl.split(sizes))
-    values = [v.view(shape) for v, shape in zip(w.split(sizes), shapes, strict=True)]
-    return values, total
+    return split_as(w, shapes), total
 
 
 def fused_draw_kl(

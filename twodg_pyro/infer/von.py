@@ -90,7 +90,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..nn.flat_storage import flat, flat_view, pack
+from ..nn.flat_storage import flat, flat_view, pack, split_as
 from ..nn.functional import MIN_SIGMA, inverse_softplus, softplus
 from ..nn.shared_scale import remember_scale, scale_of_draw
 
@@ -260,24 +260,23 @@ class VariationalOnlineNewton(torch.optim.Optimizer):
             direction.clamp_(-radius, radius)
         new_sigma = precision.rsqrt_().clamp_min_(MIN_SIGMA)
         new_rho = inverse_softplus(new_sigma)
-        sizes = [mu.numel() for mu in locs]
+        shapes = [mu.shape for mu in locs]
         loc = flat_view(locs)
         if loc is None:
-            steps = [d.view_as(mu) for d, mu in zip(direction.split(sizes), locs, strict=True)]
-            torch._foreach_add_(locs, steps, alpha=-alpha)
+            torch._foreach_add_(locs, split_as(direction, shapes), alpha=-alpha)
         else:
             loc.add_(direction, alpha=-alpha)
         if own_rho is None:
-            for p, v in zip(rhos, new_rho.split(sizes), strict=True):
-                p.copy_(v.view_as(p))
+            for p, v in zip(rhos, split_as(new_rho, shapes), strict=True):
+                p.copy_(v)
         else:
             own_rho.copy_(new_rho)
         if drawn is None:
             for p in rhos:
                 self.state[p].pop(_SHARED, None)
         else:  # the next fused draw takes sigma' as it is; kept as state too, for a resume
-            for p, v in zip(rhos, new_sigma.split(sizes), strict=True):
-                self.state[p][_SHARED] = v.view_as(p)
+            for p, v in zip(rhos, split_as(new_sigma, shapes), strict=True):
+                self.state[p][_SHARED] = v
             remember_scale(rhos, new_rho, new_sigma)
 
     def _momenta(self, locs: list) -> list:

@@ -10,7 +10,8 @@ Laid end to end in one storage (:func:`pack`), the same vectors are views
 :func:`flat` is the one entry point: the view where the layout allows it, else the
 concatenated copy; the numbers are the same either way, so the caller never asks which.
 A caller that writes into the result must check :func:`flat_view` itself (writing into
-the copy changes nothing).
+the copy changes nothing).  :func:`split_as` cuts a flat vector back into the tensors'
+shapes.
 
 Example::
 
@@ -21,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -50,6 +52,13 @@ def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return view if view is not None else torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
+def split_as(flat_tensor: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
+    """The inverse of :func:`flat`: ``flat_tensor`` cut, in order, into views of
+    ``shapes``."""
+    parts = flat_tensor.split([math.prod(shape) for shape in shapes])
+    return [v.view(shape) for v, shape in zip(parts, shapes, strict=True)]
+
+
 def pack(params: Sequence[torch.Tensor]) -> bool:
     """Lay ``params`` end to end in one new storage, values unchanged (each tensor keeps
     its identity: ``.data`` is rebound, so optimisers and modules holding it see the
@@ -61,11 +70,8 @@ def pack(params: Sequence[torch.Tensor]) -> bool:
     if any(p.device != first.device or p.dtype != first.dtype for p in params):
         return False
     buffer = torch.empty(sum(p.numel() for p in params), dtype=first.dtype, device=first.device)
-    offset = 0
     with torch.no_grad():
-        for p in params:
-            view = buffer[offset : offset + p.numel()].view_as(p)
+        for p, view in zip(params, split_as(buffer, [p.shape for p in params]), strict=True):
             view.copy_(p)
             p.data = view
-            offset += p.numel()
     return True
