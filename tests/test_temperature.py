@@ -151,9 +151,10 @@ def test_every_von_preset_is_its_bayes_preset_under_the_natural_gradient_recipe(
     ]
     for name in names:
         bayes = preset(name.removesuffix("-von") + "-bayes")
-        # beyond the recipe, only the stated overrides (none now)
+        # beyond the recipe, only the stated overrides: LeNet-5's fused step
         override = VON_OVERRIDES.get(name.removesuffix("-von"), {})
         assert preset(name) == merge_settings(merge_settings(bayes, VON_RECIPE), override)
         cfg = config_from_dict(preset(name))
+        assert cfg.fused_kl == (name == "mnist-lenet5-von")
         assert (cfg.stage1.trainer, cfg.network.norm_stats) == ("von", "frozen")
         assert cfg.stage1.kl_weight == cfg.stage3.kl_weight == "data_size * 0.3"

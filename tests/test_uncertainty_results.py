@@ -458,10 +458,11 @@ def test_the_von_preset_runs_150_stage1_epochs_because_validation_chose_them():
 
 
 def test_on_the_150_epoch_von_preset_the_rule_meets_the_lenet5_targets():
-    """docs/uncertainty.md's "The rule on the 150-epoch preset": on three and on six
-    seeds the head chosen on validation keeps the NLL target and detects OOD inputs
-    better than the ensemble, stage 1 meets the 2 % rule, and the plain 2DG BNN beats its
-    50-epoch self on the same six seeds."""
+    """docs/uncertainty.md's "The rule on the 150-epoch preset" (its fused step): on three
+    and on six seeds the head chosen on validation keeps the NLL target and detects OOD
+    inputs better than the ensemble, stage 1 misses the 2 % rule on one seed by less
+    than 0.5 points, and the plain 2DG BNN beats its 50-epoch self on the same six
+    seeds."""
     chosen = "2dg (representative), head chosen on validation"
     for stem, seeds in (("merged", 3), ("seeds0to5", 6)):
         payload = json.loads(
@@ -471,9 +472,10 @@ def test_on_the_150_epoch_von_preset_the_rule_meets_the_lenet5_targets():
         t = payload["targets"][f"natural gradient: {chosen}"]
         assert t["nll <= det"]["met"] and t["nll <= det"]["value"] <= 0.117
         assert t["mean entropy AUROC >= ensemble"]["met"]
-        assert t["stage 1 converged: median scale change over the last 10 % < 2 %"]["met"]
+        rule = t["stage 1 converged: median scale change over the last 10 % < 2 %"]
+        assert not rule["met"] and rule["value"] < 0.025
     picks = [r["chosen"] for r in payload["records"] if r["method"] == chosen]
-    assert picks.count("2dg (representative)") == 5
+    assert picks.count("2dg (representative)") == 6
     old = json.loads(RESULTS.with_name("uncertainty_lenet5_rule_seeds0to5.json").read_text())
 
     def row(p, method="2dg (representative)"):
@@ -482,3 +484,33 @@ def test_on_the_150_epoch_von_preset_the_rule_meets_the_lenet5_targets():
 
     (nll_new, ood_new), (nll_old, ood_old) = row(payload), row(old)
     assert nll_new < nll_old - 0.01 and ood_new > ood_old + 0.01
+
+
+def test_one_ulp_of_the_start_flips_the_2_percent_rule_at_the_von_presets_end():
+    """docs/uncertainty.md's "The rule on the 150-epoch preset": seed 2's stage 1 reads
+    1.96 % site by site, 2.04 % site by site from the start moved by one ulp and 2.48 %
+    fused, so the fused preset's miss is the rule's rounding noise; the table's fused
+    stage 1 is the selection's, to the bit, on seeds 0-2."""
+    folder = RESULTS.parent / "recipe_selection"
+
+    def changes(stem: str) -> dict[str, float]:
+        payload = json.loads((folder / f"{stem}.json").read_text())
+        return {
+            r["point"]: r["scale_convergence"]["median_scale_change"]
+            for r in payload["records"]
+            if r.get("scale_convergence")
+        }
+
+    point = "von, frozen, x0.3, 150 epochs"
+    site = changes("stage1_lenet5_von_longer_seed2")[point]
+    ulp = changes("stage1_lenet5_von150_ulp_seed2")
+    assert site < 0.02 <= ulp[f"{point}, start + 1 ulp"] < ulp[f"{point}, fused"] < 0.025
+    table = json.loads(RESULTS.with_name("uncertainty_lenet5_von150_rule.json").read_text())
+    by_seed = {
+        r["seed"]: r["scale_convergence"]["median_scale_change"]
+        for r in table["records"]
+        if r["method"] == "mean_field"
+    }
+    for seed in (0, 1, 2):  # the selection's fused stage 1 is the table's
+        fused = changes(f"stage1_lenet5_von150_ulp_seed{seed}")[f"{point}, fused"]
+        assert by_seed[seed] == fused
