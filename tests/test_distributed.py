@@ -107,6 +107,47 @@ def _stage3_epoch(inputs, batch_size=GLOBAL_BATCH):
     return {k: v.clone() for k, v in guide.state_dict().items()}, state.history
 
 
+def _von_epoch(inputs, batch_size=GLOBAL_BATCH):
+    """One stage-1 epoch of the mean-field guide by variational online Newton with the fused
+    step (``mnist-lenet5-von``'s), in float64, from the saved network."""
+    import functools
+
+    from torch.utils.data import TensorDataset
+
+    from twodg_pyro.bnn import BNNModel
+    from twodg_pyro.distributed import fit_distributed
+    from twodg_pyro.guides import MeanFieldGuide
+    from twodg_pyro.infer import DecomposedELBO, VariationalOnlineNewton
+    from twodg_pyro.likelihoods import Categorical
+    from twodg_pyro.models import MLP
+
+    net = MLP(64, (32,), 10)
+    net.load_state_dict(inputs["net"])
+    model = BNNModel(net, prior=1.0, likelihood=Categorical(inputs["n_train"])).double()
+    guide = MeanFieldGuide(model, init_scale=0.01, seed=0).double()
+    start = {k: v.clone() for k, v in guide.state_dict().items()}
+    x, y = _digits().train.tensors
+    beta = 0.1
+    von = functools.partial(VariationalOnlineNewton, kl_weight=beta, beta2=0.99, total_steps=20)
+    state = fit_distributed(
+        model,
+        guide,
+        TensorDataset(x.double(), y),
+        1,
+        batch_size=batch_size,
+        lr={"loc": 0.1, "scale": 0.1, "default": 0.1},
+        elbo=(elbo := DecomposedELBO(beta=beta, fused_kl=True)),
+        optimizer=von,
+        noise="shared",
+        progress=False,
+        seed=0,
+    )
+    # the fused step ran: no fallback to the traced program, and VON kept the shared scale
+    shared = [s for s in state.optimizer.state.values() if "shared_scale" in s]
+    fused = elbo.fallback_reason is None and len(shared) == len(list(guide.rhos.values()))
+    return start, {k: v.clone() for k, v in guide.state_dict().items()}, state.history, fused
+
+
 # ---------------------------------------------------------------------- the worker
 def _worker(tmp: Path) -> None:  # pragma: no cover - runs in the launched processes
     from twodg_pyro.distributed import DistributedGaussianMixture2D, MainOnly, env
@@ -168,6 +209,9 @@ def _worker(tmp: Path) -> None:  # pragma: no cover - runs in the launched proce
 
     # -- one stage-3 epoch, 2 ranks x 64 = one process x 128
     scenario("stage3", lambda: _stage3_epoch(inputs))
+
+    # -- one fused VON epoch of stage 1, 2 ranks x 64 = one process x 128
+    scenario("von", lambda: _von_epoch(inputs))
 
     # -- a world size that does not divide the batch: the same error on every rank
     def bad_batch():
@@ -347,6 +391,23 @@ def test_stage3_epoch_two_ranks_equals_one_process_with_twice_the_batch(dist_run
     assert (ref_state["centre_mu"] - init["centre_mu"]).abs().max() > 1e-3
     assert h0 == h1
     for key in ("loss", "nll", "kl_inlier", "kl_outlier"):
+        assert math.isclose(h0[0][key], ref_hist[0][key], rel_tol=1e-9), key
+
+
+def test_fused_von_epoch_two_ranks_equals_one_process_with_twice_the_batch(dist_run):
+    """Stage 1 by variational online Newton with the fused step (the ``mnist-lenet5-von``
+    preset's) under DDP: every rank takes the same steps, those of one process on the
+    global batch up to summation order, and the epoch moved every mean and scale tensor."""
+    start, ref_state, ref_hist, ref_fused = _von_epoch(dist_run["inputs"])
+    (_, s0, h0, fused0), (_, s1, h1, fused1) = (o["von"] for o in dist_run["ranks"])
+    assert ref_fused and fused0 and fused1
+    assert set(s0) == set(ref_state) and any("rho" in k for k in s0)
+    for k, v in ref_state.items():
+        assert torch.equal(s0[k], s1[k]), k  # the ranks never differ
+        torch.testing.assert_close(s0[k], v, atol=1e-9, rtol=1e-9, msg=k)
+        assert (v - start[k]).abs().max() > 1e-4, k  # not vacuous: the epoch moved it
+    assert h0 == h1 and len(h0) == 1
+    for key in ("loss", "nll", "kl"):
         assert math.isclose(h0[0][key], ref_hist[0][key], rel_tol=1e-9), key
 
 
