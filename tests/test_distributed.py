@@ -66,16 +66,22 @@ def _gmm_sets():
     }
 
 
-def _stage3_objects(inputs: dict, tying: str = "stochastic", dtype=torch.float32):
-    """Model and shared-GMM guide rebuilt from the saved network and structure."""
+def _model(inputs: dict, dtype=torch.float32):
+    """The model rebuilt from the saved network."""
     from twodg_pyro.bnn import BNNModel
-    from twodg_pyro.guides import SharedGMMGuide
     from twodg_pyro.likelihoods import Categorical
     from twodg_pyro.models import MLP
 
     net = MLP(64, (32,), 10)
     net.load_state_dict(inputs["net"])
-    model = BNNModel(net, prior=1.0, likelihood=Categorical(inputs["n_train"])).to(dtype)
+    return BNNModel(net, prior=1.0, likelihood=Categorical(inputs["n_train"])).to(dtype)
+
+
+def _stage3_objects(inputs: dict, tying: str = "stochastic", dtype=torch.float32):
+    """Model and shared-GMM guide rebuilt from the saved network and structure."""
+    from twodg_pyro.guides import SharedGMMGuide
+
+    model = _model(inputs, dtype)
     return model, SharedGMMGuide(model, inputs["structure"], tying=tying).to(dtype)
 
 
@@ -114,16 +120,11 @@ def _von_epoch(inputs, batch_size=GLOBAL_BATCH):
 
     from torch.utils.data import TensorDataset
 
-    from twodg_pyro.bnn import BNNModel
     from twodg_pyro.distributed import fit_distributed
     from twodg_pyro.guides import MeanFieldGuide
     from twodg_pyro.infer import DecomposedELBO, VariationalOnlineNewton
-    from twodg_pyro.likelihoods import Categorical
-    from twodg_pyro.models import MLP
 
-    net = MLP(64, (32,), 10)
-    net.load_state_dict(inputs["net"])
-    model = BNNModel(net, prior=1.0, likelihood=Categorical(inputs["n_train"])).double()
+    model = _model(inputs, torch.float64)
     guide = MeanFieldGuide(model, init_scale=0.01, seed=0).double()
     start = {k: v.clone() for k, v in guide.state_dict().items()}
     x, y = _digits().train.tensors
@@ -144,7 +145,7 @@ def _von_epoch(inputs, batch_size=GLOBAL_BATCH):
     )
     # the fused step ran: no fallback to the traced program, and VON kept the shared scale
     shared = [s for s in state.optimizer.state.values() if "shared_scale" in s]
-    fused = elbo.fallback_reason is None and len(shared) == len(list(guide.rhos.values()))
+    fused = elbo.fallback_reason is None and len(shared) == len(guide.rhos)
     return start, {k: v.clone() for k, v in guide.state_dict().items()}, state.history, fused
 
 
