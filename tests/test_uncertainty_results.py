@@ -339,9 +339,10 @@ def test_the_resnet20_residual_rows_rerun_at_one_forward_pass_with_float16_featu
 
 
 def test_the_settled_recipe_is_judged_against_the_baselines_it_trains():
-    """``natural gradient, settled`` trains its own deterministic network and Laplace:
-    its 2DG rows are judged against them, not the recommended recipe's (another run's
-    networks), and it runs on ResNet-20 only (a LeNet-5 run refuses it by name)."""
+    """``natural gradient, settled`` (and ``settled 120``) trains its own deterministic
+    network and Laplace: its 2DG rows are judged against them, not the recommended
+    recipe's (another run's networks), and it runs on ResNet-20 only (a LeNet-5 run
+    refuses it by name)."""
     uq = _script()
     sets, fams = ("a", "b"), ("noise",)
 
@@ -371,14 +372,15 @@ def test_the_settled_recipe_is_judged_against_the_baselines_it_trains():
     assert t["accuracy >= det - 0.005"]["met"] and t["nll <= det"]["met"]  # its own det
     assert t["mean entropy AUROC >= last-layer Laplace"]["target"] == ">= 0.900"
     assert uq.targets(summary[2:], "resnet20")  # no recommended recipe needed
-    assert uq.SETTLED in uq.RESNET_RECIPES and uq.SETTLED not in uq.RECIPES
-    for arch, stage1 in (("resnet20", 20), ("resnet20-full", None)):  # CPU and paper epochs
-        plain = uq.recipe_settings(uq.NATURAL_GRADIENT, "data", 0, arch=arch)[0]["stage1"]
-        mine = uq.recipe_settings(uq.SETTLED, "data", 0, arch=arch)[0]["stage1"]
-        assert stage1 in (None, plain["epochs"])
-        assert mine["epochs"] == plain["epochs"] + 80 and mine["von_settle_epochs"] == 80
-    with pytest.raises(SystemExit):
-        uq.main(["--recipes", uq.SETTLED, "--root", "/nonexistent"])
+    for name, n in ((uq.SETTLED, 80), (uq.SETTLED_120, 120)):
+        assert name in uq.RESNET_RECIPES and name not in uq.RECIPES
+        for arch, stage1 in (("resnet20", 20), ("resnet20-full", None)):  # CPU, paper epochs
+            plain = uq.recipe_settings(uq.NATURAL_GRADIENT, "data", 0, arch=arch)[0]["stage1"]
+            mine = uq.recipe_settings(name, "data", 0, arch=arch)[0]["stage1"]
+            assert stage1 in (None, plain["epochs"])
+            assert mine["epochs"] == plain["epochs"] + n and mine["von_settle_epochs"] == n
+        with pytest.raises(SystemExit):
+            uq.main(["--recipes", name, "--root", "/nonexistent"])
 
 
 def test_one_rule_chooses_the_laplace_last_layer_on_validation_for_both_networks():
@@ -531,3 +533,30 @@ def test_the_settled_resnet20_misses_the_2_percent_rule_by_its_trend_not_by_roun
     trajectory = [t["sigma_median"] for t in stage1["scale_trajectory"] if t["epoch"] >= 60]
     assert len(trajectory) == 5
     assert all(a < b for a, b in zip(trajectory[:-1], trajectory[1:], strict=True))
+
+
+def test_the_settled_120_recipe_meets_the_2_percent_rule_on_every_seed():
+    """docs/uncertainty.md's ``natural gradient, settled 120`` table: stage 1 meets the 2 %
+    rule on every seed (each over the last 14 of its 140 epochs), and stage 1 and the 2DG
+    rows keep the clean-data targets against the deterministic networks of the same
+    command; the 2DG BNN with the Laplace head misses the MI AUROC and severity-5 targets
+    by small margins, as the docs say. Trained in another environment than the
+    80-epoch table (the same seeds give other networks)."""
+    payload = json.loads(RESULTS.with_name("uncertainty_resnet20_settled120.json").read_text())
+    stage1 = [r for r in payload["records"] if r["method"] == "mean_field"]
+    assert sorted(r["seed"] for r in stage1) == [0, 1, 2]
+    for r in stage1:
+        conv = r["scale_convergence"]
+        assert conv["over_epochs"] == 14 and conv["median_scale_change"] < 0.02, r["seed"]
+    summary = {r["method"]: r for r in payload["summary"]}
+    det, mf = summary["deterministic"], summary["mean_field"]
+    assert mf["accuracy"] >= det["accuracy"] - 0.003 and mf["nll"] <= det["nll"]
+    assert mf["ece"] <= 0.02
+    t = payload["targets"]["natural gradient, settled 120: 2dg (representative) + laplace"]
+    for name in ("accuracy >= det - 0.005", "nll <= det", "ece <= 0.02"):
+        assert t[name]["met"], name
+    assert t["mean entropy AUROC >= last-layer Laplace"]["met"]
+    assert 0.88 < t["mean MI AUROC >= 0.90"]["value"] < 0.90
+    assert 0.80 < t["mean severity-5 NLL ratio <= 0.8"]["value"] < 0.81
+    old = json.loads(RESULTS.with_name("uncertainty_resnet20_settled.json").read_text())
+    assert stage1[0]["environment"]["cpu"] != old["records"][0]["environment"]["cpu"]
